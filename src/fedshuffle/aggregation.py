@@ -1,0 +1,99 @@
+"""Aggregation: the weights ω_i with which the server combines the client updates, Δ = Σ_{i∈S} ω_iΔ_i.
+
+FedShuffleGen (FedShuffle paper, Algorithm 4, line 15) writes ω_i = w̃_i / q_i^S with aggregation
+weights w̃ and a normalization q^S that may depend on the cohort:
+
+* ``normalization="unbiased"``: q_i^S = E[c_i] (= p_i, the inclusion probability, for samplers without
+  repeats), so E[Σ_{i∈S} ω_i·(·)_i] = Σ_i w̃_i(·)_i (§4.2: "use w_i/p_i").
+* ``normalization="sum_one"``: q_i^S = Σ_{j∈S} w̃_j, the practice of Algorithm 2 line 15 (we drop
+  its constant n/b, which only rescales η_g). Biased under partial participation with unequal
+  weights: for sizes (1, 2, 3) and 2-of-3 uniform sampling E[ω_i 1{i∈S}] = (7/36, 16/45, 9/20).
+
+and w̃ from ``weighting``:
+
+* ``"data"``: w̃_i = w_i (FedAvg, FedShuffle).
+* ``"normalized"``: w̃_i = w_i·τ_eff/π_i with π_i = η_i‖a_i‖₁/η_l the client's progress in units of
+  the base step. With c_i = 1 this is FedNova, x⁺ = x − τ_eff Σ w_i (x − y_i)/‖a_i‖₁ (Wang et al.
+  2020, eq. (5)); with FedShuffle's step sizes it is the hybrid of FedShuffle Appendix F.1, which
+  undoes unfinished local work.
+* explicit per-client values (FedShuffleGen's free parameter w̃).
+
+τ_eff convention (``tau_eff``): ``"planned"`` — τ_eff = Σ_{i∈[n]} w_i·E[π_i], Wang et al.'s
+Σ_i p_i‖a_i‖₁ over all clients with planned (expected) local work; a constant, so it rescales the
+server step without touching the fixed point. ``"cohort"`` — the same sum estimated on the cohort
+with the normalization's weights, as the FedShuffle reference code does. Under ``sum_one`` the
+constant cancels either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+from .local import ClientPlan
+
+WEIGHTINGS = ("data", "normalized")
+NORMALIZATIONS = ("unbiased", "sum_one")
+TAU_EFF = ("planned", "cohort")
+
+
+@dataclass(frozen=True)
+class Aggregator:
+    """ω_i = w̃_i / q_i^S; see the module docstring for the options."""
+
+    weighting: str | tuple[float, ...] = "data"
+    normalization: str = "unbiased"
+    tau_eff: str = "planned"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.weighting, str) and self.weighting not in WEIGHTINGS:
+            raise ConfigError("algorithm.weighting", f"unknown {self.weighting!r}; accepted: {', '.join(WEIGHTINGS)} or a list of per-client values")
+        if not isinstance(self.weighting, str) and any(not (v >= 0 and math.isfinite(v)) for v in self.weighting):
+            raise ConfigError("algorithm.weighting", "per-client aggregation weights must be finite and >= 0")
+        if self.normalization not in NORMALIZATIONS:
+            raise ConfigError("algorithm.normalization", f"unknown {self.normalization!r}; accepted: {', '.join(NORMALIZATIONS)}")
+        if self.tau_eff not in TAU_EFF:
+            raise ConfigError("algorithm.tau_eff", f"unknown {self.tau_eff!r}; accepted: {', '.join(TAU_EFF)}")
+
+    @property
+    def needs_planned_tau_eff(self) -> bool:
+        return self.weighting == "normalized" and self.tau_eff == "planned" and self.normalization == "unbiased"
+
+    def weights(
+        self,
+        plans: Sequence[ClientPlan],
+        objective_weights: np.ndarray,
+        expected_counts: np.ndarray,
+        base_lr: float,
+        planned_tau_eff: float | None = None,
+    ) -> np.ndarray:
+        """ω for each member of the cohort, in the order of ``plans``."""
+        if not plans:
+            return np.zeros(0)
+        clients = np.array([p.client for p in plans])
+        w = objective_weights[clients]
+        if not isinstance(self.weighting, str):
+            if len(self.weighting) != len(objective_weights):
+                raise ConfigError("algorithm.weighting", f"expected {len(objective_weights)} values (one per client), got {len(self.weighting)}")
+            base = np.asarray(self.weighting, dtype=np.float64)[clients]
+        elif self.weighting == "data":
+            base = w
+        else:
+            progress = np.array([p.a_l1 * p.lr / base_lr for p in plans])
+            if self.normalization == "sum_one":
+                tau = 1.0  # cancels
+            elif self.tau_eff == "planned":
+                if planned_tau_eff is None:
+                    raise ValueError("planned τ_eff is required for normalized weighting with tau_eff='planned'")
+                tau = planned_tau_eff
+            else:
+                tau = float(np.sum(w / expected_counts[clients] * progress))
+            base = w * tau / progress
+        if self.normalization == "unbiased":
+            return base / expected_counts[clients]
+        total = base.sum()
+        return base / total if total > 0 else base

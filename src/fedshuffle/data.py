@@ -1,0 +1,202 @@
+"""Federated datasets: clients as index sets over shared tensors, and the partitioners that make them.
+
+The objective of every run is
+
+    f(x) = Σ_i w_i f_i(x),    f_i(x) = (1/|D_i|) Σ_{j ∈ D_i} f_ij(x),
+
+with objective weights w_i (default |D_i|/|D|, FedShuffle paper eq. (1)). All samples live in one
+``features``/``labels`` pair; client i owns the rows ``client_indices[i]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import ConfigError
+
+
+@dataclass
+class FederatedDataset:
+    """Clients as index sets into shared tensors.
+
+    Parameters
+    ----------
+    features, labels:
+        All training samples, shape ``(N, ...)`` and ``(N,)``.
+    client_indices:
+        One int64 array per client, the rows of ``features`` it owns (disjoint, non-empty).
+    weights:
+        Objective weights w_i, non-negative and summing to one.
+    test_features, test_labels:
+        Optional held-out samples for test metrics.
+    """
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    client_indices: list[np.ndarray]
+    weights: np.ndarray
+    test_features: torch.Tensor | None = None
+    test_labels: torch.Tensor | None = None
+    name: str = "dataset"
+    sizes: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client_indices = [np.asarray(ix, dtype=np.int64) for ix in self.client_indices]
+        self.sizes = np.array([len(ix) for ix in self.client_indices], dtype=np.int64)
+        self.weights = np.asarray(self.weights, dtype=np.float64)
+        n_samples = self.features.shape[0]
+        if self.labels.shape[0] != n_samples:
+            raise ConfigError("data", f"{n_samples} feature rows but {self.labels.shape[0]} labels")
+        empty = np.flatnonzero(self.sizes == 0)
+        if empty.size:
+            raise ConfigError("data.client_sizes", f"client {int(empty[0])} has no samples; every client needs at least one")
+        if self.weights.shape != (self.num_clients,):
+            raise ConfigError("data.weights", f"expected {self.num_clients} weights, got {self.weights.shape[0]}")
+        if np.any(self.weights < 0) or not np.isclose(self.weights.sum(), 1.0, rtol=0, atol=1e-12):
+            raise ConfigError("data.weights", "objective weights must be non-negative and sum to 1")
+        flat = np.concatenate(self.client_indices)
+        if flat.min() < 0 or flat.max() >= n_samples:
+            raise ConfigError("data", "client index out of range of the sample tensor")
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sizes.sum())
+
+    def sample_weights(self) -> torch.Tensor:
+        """Per-sample weights s_j = w_i/|D_i| for j ∈ D_i, so that f(x) = Σ_j s_j f_j(x)."""
+        s = np.zeros(self.features.shape[0], dtype=np.float64)
+        for i, ix in enumerate(self.client_indices):
+            s[ix] = self.weights[i] / len(ix)
+        return torch.as_tensor(s, dtype=self.features.dtype)
+
+    def to(self, dtype: torch.dtype) -> FederatedDataset:
+        """The same dataset with floating features cast to ``dtype``."""
+
+        def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t.to(dtype) if t is not None and t.is_floating_point() else t
+
+        return FederatedDataset(
+            cast(self.features), cast(self.labels), self.client_indices, self.weights,
+            cast(self.test_features), cast(self.test_labels), self.name,
+        )
+
+
+def objective_weights(sizes: np.ndarray, kind: str | Sequence[float]) -> np.ndarray:
+    """Objective weights w_i: ``"size"`` (|D_i|/|D|), ``"uniform"`` (1/n) or explicit values (normalized)."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    if isinstance(kind, str):
+        if kind == "size":
+            return sizes / sizes.sum()
+        if kind == "uniform":
+            return np.full(len(sizes), 1.0 / len(sizes))
+        raise ConfigError("data.weights", f"unknown weights {kind!r}; accepted: 'size', 'uniform' or a list of numbers")
+    w = np.asarray(kind, dtype=np.float64)
+    if w.shape != sizes.shape:
+        raise ConfigError("data.weights", f"expected {len(sizes)} weights (one per client), got {w.size}")
+    if np.any(~np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ConfigError("data.weights", "weights must be finite, non-negative and not all zero")
+    return w / w.sum()
+
+
+# ----------------------------------------------------------------------------------------------
+# Partitioners: sample indices -> client index sets
+
+
+def contiguous_partition(sizes: Sequence[int]) -> list[np.ndarray]:
+    """Client i owns the next ``sizes[i]`` samples, in order (the FedShuffle quadratic (36))."""
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
+
+
+def iid_partition(num_samples: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffle uniformly, then split into ``num_clients`` nearly equal parts."""
+    if num_clients > num_samples:
+        raise ConfigError("data.clients", f"{num_clients} clients but only {num_samples} samples")
+    return [np.sort(part) for part in np.array_split(rng.permutation(num_samples), num_clients)]
+
+
+def dirichlet_partition(
+    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, min_size: int = 1
+) -> list[np.ndarray]:
+    """Label-Dirichlet (LDA) split: for each class, client shares ~ Dir(α·1) (Hsu et al. 2019).
+
+    Follows the FedNova reference code: a client's share of a class is zeroed once it holds
+    ≥ N/n samples, and the draw is repeated until every client has ≥ ``min_size`` samples.
+    """
+    if alpha <= 0:
+        raise ConfigError("data.alpha", f"Dirichlet concentration must be > 0, got {alpha}")
+    labels = np.asarray(labels)
+    n = len(labels)
+    for _ in range(1000):
+        parts: list[list[int]] = [[] for _ in range(num_clients)]
+        for c in np.unique(labels):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            share = rng.dirichlet(np.full(num_clients, alpha))
+            share *= np.array([len(p) < n / num_clients for p in parts])
+            share /= share.sum()
+            cuts = (np.cumsum(share) * len(idx)).astype(int)[:-1]
+            for k, chunk in enumerate(np.split(idx, cuts)):
+                parts[k].extend(chunk.tolist())
+        if min(len(p) for p in parts) >= min_size:
+            return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
+    raise ConfigError("data.alpha", f"could not give every client {min_size} samples with α={alpha}; raise α or lower the number of clients")
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources
+
+
+def load_targets(path: str | Path) -> np.ndarray:
+    """Per-sample targets e_ij for the quadratic problem, from an ``.npy`` file of shape (N, d)."""
+    path = Path(path)
+    try:
+        targets = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise ConfigError("problem.targets", f"file not found: {path}") from None
+    except (ValueError, OSError) as exc:
+        raise ConfigError("problem.targets", f"cannot read {path} as a .npy array ({exc})") from None
+    if targets.ndim != 2 or not np.issubdtype(targets.dtype, np.number):
+        raise ConfigError("problem.targets", f"{path} must hold a numeric array of shape (samples, dim), got shape {targets.shape}")
+    if not np.all(np.isfinite(targets)):
+        raise ConfigError("problem.targets", f"{path} contains NaN or infinite values")
+    return targets.astype(np.float64)
+
+
+def synthetic_classification(
+    num_samples: int, num_features: int, num_classes: int, rng: np.random.Generator, separation: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gaussian class clusters: x ~ N(μ_c, I) with μ_c ~ N(0, separation²·I); labels uniform over classes."""
+    centers = rng.normal(0.0, separation, size=(num_classes, num_features))
+    labels = rng.integers(0, num_classes, size=num_samples)
+    features = centers[labels] + rng.normal(size=(num_samples, num_features))
+    return features, labels
+
+
+def load_npz(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """Features ``x`` (N, ...) and integer labels ``y`` (N,) from an ``.npz`` file."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if "x" not in archive or "y" not in archive:
+                raise ConfigError("data.path", f"{path} must contain arrays 'x' and 'y', found {sorted(archive.files)}")
+            x, y = archive["x"], archive["y"]
+    except FileNotFoundError:
+        raise ConfigError("data.path", f"file not found: {path}") from None
+    except (ValueError, OSError) as exc:
+        raise ConfigError("data.path", f"cannot read {path} as .npz ({exc})") from None
+    if x.shape[0] != y.shape[0]:
+        raise ConfigError("data.path", f"{path}: {x.shape[0]} rows of x but {y.shape[0]} labels")
+    if not np.all(np.isfinite(x)):
+        raise ConfigError("data.path", f"{path}: features contain NaN or infinite values")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ConfigError("data.path", f"{path}: labels must be integers, got {y.dtype}")
+    return x.astype(np.float64), y.astype(np.int64)

@@ -1,0 +1,322 @@
+"""What a client does in a round: how much local work, in which data order, with which step size.
+
+The local solver is split in two so that every executor runs exactly the same arithmetic:
+
+* :class:`LocalSolver` *plans* each participating client's round — its epochs E_i, its sequence of
+  minibatches (random reshuffling, shuffle-once or with replacement), its step size η_i = η_l/c_i
+  and any unfinished work — from the run's seeded streams only (:mod:`fedshuffle.streams`).
+* :class:`LocalRule` says how one step turns a minibatch gradient into a move (weight decay,
+  clipping, local heavy-ball momentum, a FedProx term, the global-momentum drift of FedShuffle
+  eqs. (13)); :func:`run_client` is the reference implementation of a planned round.
+
+Notation follows FedShuffle Algorithm 4 (FedShuffleGen): client i runs τ_i steps
+y ← y − (η_l/c_i)·d with d built from ∇f_{iΠ}(y), and returns Δ_i = x − y_{τ_i}. (The paper writes
+Δ_i = y − x and x ← x − η_gΔ; the two signs cannot both hold. We send the pseudo-gradient x − y so
+that the server step x ← x − η_g Σ ω_iΔ_i reduces to FedAvg for η_g = 1.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .errors import ConfigError
+from .problems import Problem
+from .streams import Stream, generator
+
+ORDERS = ("rr", "so", "with_replacement")
+STEP_NORMALIZATIONS = ("none", "local_work", "max_local_work")
+STEP_MODES = ("min", "mean")
+
+
+@dataclass(frozen=True)
+class ClientPlan:
+    """One client's planned round.
+
+    ``batches[k]`` are the sample rows of step k (−1 pads a short last batch); ``lr`` is η_i;
+    ``a_l1`` is FedNova's ‖a_i‖₁ of the steps actually run.
+    """
+
+    client: int
+    batches: np.ndarray
+    lr: float
+    planned_steps: int
+    a_l1: float
+
+    @property
+    def steps(self) -> int:
+        """Steps actually run (fewer than ``planned_steps`` when the client does not finish)."""
+        return int(self.batches.shape[0])
+
+    @property
+    def sample_gradients(self) -> int:
+        """Per-sample gradient evaluations of the local steps."""
+        return int(np.count_nonzero(self.batches >= 0))
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Global momentum m^r broadcast to clients (FedShuffle eqs. (13)–(14), Appendix F).
+
+    With ``correction`` (FedShuffleMVR, eq. (13)): d = ∇f_{iΠ}(y) + (1−a)(m − ∇f_{iΠ}(x)).
+    Without (the real-data approximation of Appendix F): d = a∇f_{iΠ}(y) + (1−a)m.
+    """
+
+    a: float
+    momentum: torch.Tensor
+    correction: bool
+
+
+@dataclass(frozen=True)
+class LocalRule:
+    """How one local step turns a minibatch gradient into a move; shared by every client of a round."""
+
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+    momentum: float = 0.0
+    prox_mu: float = 0.0
+    drift: Drift | None = None
+
+
+def a_norm(steps: int, momentum: float = 0.0, prox: float = 0.0) -> float:
+    """‖a_i‖₁ of FedNova (Wang et al. 2020, §4): x − y_τ = η Σ_k a_k g_k.
+
+    Plain SGD: τ. Local heavy-ball ρ: [τ − ρ(1−ρ^τ)/(1−ρ)]/(1−ρ). Proximal SGD with α = ημ:
+    [1 − (1−α)^τ]/α. (Both at once has no principled normalizer and is rejected by the config.)
+    """
+    if momentum and prox:
+        raise ConfigError("algorithm", "local momentum and a proximal term together have no FedNova normalizer")
+    if momentum:
+        return (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
+    if prox:
+        return (1 - (1 - prox) ** steps) / prox
+    return float(steps)
+
+
+@dataclass(frozen=True)
+class LocalSolver:
+    """Plans client rounds (FedShuffle Algorithm 4, lines 4–11).
+
+    Parameters
+    ----------
+    lr:
+        Local step size η_l.
+    epochs:
+        E local epochs, or an inclusive range ``(a, b)`` drawn uniformly per client per round (the
+        paper's CIFAR-100 setup uses 2–5).
+    steps:
+        Instead of epochs: a fixed number K of steps, ``"min"`` (FedAvgMin: K = min over the cohort
+        of the epoch-based step counts) or ``"mean"`` (FedAvgMean: K = their rounded mean).
+    order:
+        ``"rr"`` fresh permutation every epoch, ``"so"`` one permutation per client for the whole
+        run, ``"with_replacement"`` an independent minibatch every step.
+    batch_size:
+        B; an epoch is ⌈|D_i|/B⌉ steps, the last batch possibly smaller.
+    step_normalization:
+        c_i in η_i = η_l/c_i: ``"none"`` (c_i = 1), ``"local_work"`` (c_i = τ_i, Algorithm 1's
+        η_l/|D_i| written per step), ``"max_local_work"`` (c_i = τ_i/τ_max, so the client with the
+        most local steps uses η_l — Appendix F's comparison), or explicit per-client values.
+        τ counts steps, τ_i = E_i⌈|D_i|/B⌉ (= E_i|D_i| at B = 1, the paper's setting).
+    weight_decay, clip_norm, momentum, prox_mu:
+        See :class:`LocalRule`.
+    drop_last_steps:
+        Every client leaves its last k planned steps undone (FedShuffle Appendix F.1), keeping ≥ 1.
+    straggler_probability:
+        With this probability a client completes only U{1..τ_i} of its steps (random drop-off, §4.3).
+    """
+
+    lr: float
+    epochs: int | tuple[int, int] = 1
+    steps: int | str | None = None
+    order: str = "rr"
+    batch_size: int = 1
+    step_normalization: str | tuple[float, ...] = "none"
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+    momentum: float = 0.0
+    prox_mu: float = 0.0
+    drop_last_steps: int = 0
+    straggler_probability: float = 0.0
+    _epoch_range: tuple[int, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rng = (self.epochs, self.epochs) if isinstance(self.epochs, int) else tuple(self.epochs)
+        if len(rng) != 2 or rng[0] < 1 or rng[1] < rng[0]:
+            raise ConfigError("algorithm.epochs", f"must be a positive integer or a range [a, b] with 1 <= a <= b, got {self.epochs}")
+        object.__setattr__(self, "_epoch_range", (int(rng[0]), int(rng[1])))
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError("algorithm.lr", f"local step size must be a positive number, got {self.lr}")
+        if self.order not in ORDERS:
+            raise ConfigError("algorithm.order", f"unknown data order {self.order!r}; accepted: {', '.join(ORDERS)}")
+        if isinstance(self.steps, str) and self.steps not in STEP_MODES:
+            raise ConfigError("algorithm.steps", f"accepted: a positive integer, 'min' or 'mean'; got {self.steps!r}")
+        if isinstance(self.steps, int) and self.steps < 1:
+            raise ConfigError("algorithm.steps", f"must be >= 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ConfigError("algorithm.batch_size", f"must be >= 1, got {self.batch_size}")
+        if isinstance(self.step_normalization, str) and self.step_normalization not in STEP_NORMALIZATIONS:
+            raise ConfigError("algorithm.step_normalization", f"unknown {self.step_normalization!r}; accepted: {', '.join(STEP_NORMALIZATIONS)} or a list of per-client values")
+        if not isinstance(self.step_normalization, str) and any(not (c > 0 and math.isfinite(c)) for c in self.step_normalization):
+            raise ConfigError("algorithm.step_normalization", "per-client values c_i must be positive numbers")
+        if self.weight_decay < 0:
+            raise ConfigError("algorithm.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        if self.clip_norm is not None and self.clip_norm <= 0:
+            raise ConfigError("algorithm.clip_norm", f"must be > 0 (or omitted for no clipping), got {self.clip_norm}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError("algorithm.local_momentum", f"must be in [0, 1), got {self.momentum}")
+        if self.prox_mu < 0:
+            raise ConfigError("algorithm.prox_mu", f"must be >= 0, got {self.prox_mu}")
+        if self.momentum and self.prox_mu:
+            raise ConfigError("algorithm.local_momentum", "local momentum together with a proximal term is not supported (no FedNova normalizer)")
+        if self.drop_last_steps < 0:
+            raise ConfigError("algorithm.drop_last_steps", f"must be >= 0, got {self.drop_last_steps}")
+        if not 0 <= self.straggler_probability <= 1:
+            raise ConfigError("algorithm.straggler_probability", f"must be in [0, 1], got {self.straggler_probability}")
+
+    # -- local work ------------------------------------------------------------------------------
+
+    def epoch_steps(self, size: int | np.ndarray) -> int | np.ndarray:
+        """Steps in one epoch: ⌈|D_i|/B⌉."""
+        return -(-np.asarray(size) // self.batch_size)
+
+    def draw_epochs(self, client: int, round_index: int, seed: int) -> int:
+        """E_i for this round: the fixed value, or uniform on the configured range."""
+        low, high = self._epoch_range
+        if low == high:
+            return low
+        return int(generator(seed, Stream.EPOCHS, round_index, client).integers(low, high + 1))
+
+    def max_planned_steps(self, sizes: np.ndarray) -> int:
+        """τ_max over all clients and rounds (fixed K, or max epochs × max ⌈|D_j|/B⌉)."""
+        if isinstance(self.steps, int):
+            return self.steps
+        return int(self._epoch_range[1] * np.max(self.epoch_steps(sizes)))
+
+    def normalizations(self, planned: np.ndarray, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """c_i for the given clients and their planned step counts τ_i."""
+        sn = self.step_normalization
+        if not isinstance(sn, str):
+            if len(sn) != len(sizes):
+                raise ConfigError("algorithm.step_normalization", f"expected {len(sizes)} values (one per client), got {len(sn)}")
+            return np.asarray(sn, dtype=np.float64)[clients]
+        if sn == "none":
+            return np.ones(len(clients))
+        if sn == "local_work":
+            return planned.astype(np.float64)
+        tau_max = planned.max() if isinstance(self.steps, str) else self.max_planned_steps(sizes)
+        return planned / tau_max
+
+    def expected_progress(self, sizes: np.ndarray) -> np.ndarray:
+        """E[‖a_i‖₁/c_i] of every client over its epoch draw (planned work, no unfinished steps).
+
+        ‖a_i‖₁/c_i = η_i‖a_i‖₁/η_l is client i's progress in units of the base step; FedNova's
+        τ_eff = Σ_i w_i·E[‖a_i‖₁/c_i] (Wang et al. 2020: Σ_i p_i‖a_i‖₁ when c_i = 1).
+        """
+        if self.steps in STEP_MODES:
+            raise ConfigError("algorithm.tau_eff", "steps = 'min'/'mean' depend on the cohort; use tau_eff = 'cohort'")
+        clients = np.arange(len(sizes))
+        low, high = self._epoch_range
+        total = np.zeros(len(sizes))
+        for epochs in range(low, high + 1):
+            planned = np.full(len(sizes), self.steps) if isinstance(self.steps, int) else epochs * self.epoch_steps(sizes)
+            c = self.normalizations(planned, clients, sizes)
+            total += np.array([a_norm(int(t), self.momentum, self.lr / ci * self.prox_mu) for t, ci in zip(planned, c)]) / c
+        return total / (high - low + 1)
+
+    # -- planning --------------------------------------------------------------------------------
+
+    def plan(self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int) -> list[ClientPlan]:
+        """Plans for every member of ``cohort`` (a repeated client gets independent runs)."""
+        sizes = np.array([len(ix) for ix in client_indices])
+        if len(cohort) == 0:
+            return []
+        epoch_based = np.array([self.draw_epochs(int(i), round_index, seed) * self.epoch_steps(sizes[i]) for i in cohort])
+        if self.steps is None:
+            planned = epoch_based
+        elif self.steps == "min":
+            planned = np.full(len(cohort), epoch_based.min())
+        elif self.steps == "mean":
+            planned = np.full(len(cohort), max(1, int(np.floor(epoch_based.mean() + 0.5))))
+        else:
+            planned = np.full(len(cohort), self.steps)
+        lrs = self.lr / self.normalizations(planned, cohort, sizes)
+        seen: dict[int, int] = {}
+        plans = []
+        for i, tau, lr in zip(cohort.tolist(), planned.tolist(), lrs.tolist()):
+            occurrence = seen[i] = seen.get(i, -1) + 1
+            rng = generator(seed, Stream.DATA_ORDER, round_index, i, occurrence)
+            rows = self._batches(client_indices[i], int(tau), rng, i, seed)
+            done = self._completed_steps(int(tau), i, occurrence, round_index, seed)
+            plans.append(ClientPlan(i, rows[:done], lr, int(tau), a_norm(done, self.momentum, lr * self.prox_mu)))
+        return plans
+
+    def _batches(self, rows: np.ndarray, steps: int, rng: np.random.Generator, client: int, seed: int) -> np.ndarray:
+        n, b = len(rows), self.batch_size
+        if self.order == "with_replacement":
+            k = min(b, n)
+            picks = np.stack([rng.choice(n, size=k, replace=False) for _ in range(steps)]) if k < n else np.tile(np.arange(n), (steps, 1))
+            out = np.full((steps, b), -1, dtype=np.int64)
+            out[:, :k] = rows[picks]
+            return out
+        per_epoch = int(self.epoch_steps(n))
+        padded = per_epoch * b
+        fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "so" else None
+        epochs = []
+        for _ in range(-(-steps // per_epoch)):
+            perm = fixed if fixed is not None else rng.permutation(n)
+            epoch = np.full(padded, -1, dtype=np.int64)
+            epoch[:n] = rows[perm]
+            epochs.append(epoch.reshape(per_epoch, b))
+        return np.concatenate(epochs)[:steps]
+
+    def _completed_steps(self, planned: int, client: int, occurrence: int, round_index: int, seed: int) -> int:
+        done = max(1, planned - self.drop_last_steps)
+        if self.straggler_probability > 0:
+            rng = generator(seed, Stream.UNFINISHED, round_index, client, occurrence)
+            if rng.random() < self.straggler_probability:
+                done = min(done, int(rng.integers(1, planned + 1)))
+        return done
+
+    def rule(self, drift: Drift | None = None) -> LocalRule:
+        return LocalRule(self.weight_decay, self.clip_norm, self.momentum, self.prox_mu, drift)
+
+
+def _direction(problem: Problem, rule: LocalRule, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """g(z) = clip(∇f_batch(z)) + wd·z."""
+    g = problem.gradient(params, features, labels)
+    if rule.clip_norm is not None:
+        g = g * torch.clamp(rule.clip_norm / (g.norm() + 1e-12), max=1.0)
+    if rule.weight_decay:
+        g = g + rule.weight_decay * params
+    return g
+
+
+def run_client(problem: Problem, features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, plan: ClientPlan, rule: LocalRule) -> torch.Tensor:
+    """Reference client loop; returns Δ_i = x − y_{τ_i}.
+
+    Each step: d = g(y) (with the drift of eq. (13) or its Appendix-F approximation when global
+    momentum is on) + μ(y − x) (FedProx); v ← ρv + d; y ← y − η_i v.
+    """
+    y = x.clone()
+    velocity = torch.zeros_like(x) if rule.momentum else None
+    drift = rule.drift
+    for batch in plan.batches:
+        rows = torch.from_numpy(batch[batch >= 0])
+        fb, lb = features[rows], labels[rows]
+        d = _direction(problem, rule, y, fb, lb)
+        if drift is not None:
+            if drift.correction:
+                d = d + (1 - drift.a) * (drift.momentum - _direction(problem, rule, x, fb, lb))
+            else:
+                d = drift.a * d + (1 - drift.a) * drift.momentum
+        if rule.prox_mu:
+            d = d + rule.prox_mu * (y - x)
+        if velocity is not None:
+            velocity = rule.momentum * velocity + d
+            d = velocity
+        y = y - plan.lr * d
+    return x - y

@@ -1,0 +1,240 @@
+"""Problems: a per-sample loss f_ij(x) on a flat parameter vector x ∈ R^d.
+
+Every problem works on one flat vector so that clients, aggregators and server optimizers see the
+same object whatever the model, and so that a cohort can later be stacked as a (C, d) tensor.
+Convex problems also give their minimizer x* in high precision (for f − f* and ‖x − x*‖²).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+from torch.func import grad
+
+from .errors import ConfigError
+
+
+class Problem(ABC):
+    """A per-sample loss on flat parameters.
+
+    Subclasses define :meth:`losses`; :meth:`gradient` defaults to autograd of the batch mean and is
+    overridden in closed form where that is faster (quadratic, logistic regression).
+    """
+
+    name: str = "problem"
+    convex: bool = False
+
+    @property
+    @abstractmethod
+    def dim(self) -> int:
+        """Number of parameters d."""
+
+    @abstractmethod
+    def losses(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Per-sample losses f_ij(x), shape ``(B,)``, regularizer included."""
+
+    def init_params(self, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+        """Initial model x⁰ (zeros unless the model needs symmetry breaking)."""
+        return torch.zeros(self.dim, dtype=dtype)
+
+    def gradient(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean gradient over the batch, (1/B) Σ_j ∇f_ij(x)."""
+        return grad(lambda p: self.losses(p, features, labels).mean())(params)
+
+    def weighted_loss(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Σ_j s_j f_j(x) — the objective f(x) when ``weights`` are the dataset's sample weights."""
+        return (self.losses(params, features, labels) * weights).sum()
+
+    def weighted_gradient(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """∇ Σ_j s_j f_j(x)."""
+        return grad(lambda p: self.weighted_loss(p, features, labels, weights))(params)
+
+    def accuracy(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> float | None:
+        """Fraction of correct predictions, or ``None`` for non-classification problems."""
+        return None
+
+    def minimizer(self, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor | None:
+        """argmin_x Σ_j s_j f_j(x) when it can be computed reliably, else ``None``."""
+        return None
+
+
+class Quadratic(Problem):
+    """f_ij(x) = ½‖x − e_ij‖² with per-sample targets e_ij given as the features.
+
+    The FedShuffle paper's (36) is this problem with targets e_1..e_6 (canonical basis of R⁶) split
+    1/2/3 over three clients; then f = Σ_i (|D_i|/|D|) f_i = (1/12) Σ_j ‖x − e_j‖² and x* = 1/6.
+    """
+
+    name = "quadratic"
+    convex = True
+
+    def __init__(self, dim: int) -> None:
+        self._dim = dim
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def losses(self, params, features, labels):
+        return 0.5 * ((params - features) ** 2).sum(dim=-1)
+
+    def gradient(self, params, features, labels):
+        return params - features.mean(dim=0)
+
+    def weighted_gradient(self, params, features, labels, weights):
+        return params * weights.sum() - weights @ features
+
+    def minimizer(self, features, labels, weights):
+        return (weights @ features) / weights.sum()
+
+
+class LogisticRegression(Problem):
+    """f_j(x) = log(1 + exp(−b_j a_jᵀx)) + (λ/2)‖x‖², labels b_j ∈ {−1, +1} (L2-regularized, μ = λ)."""
+
+    name = "logistic"
+    convex = True
+
+    def __init__(self, num_features: int, l2: float) -> None:
+        if l2 < 0:
+            raise ConfigError("problem.l2", f"must be >= 0, got {l2}")
+        self._dim = num_features
+        self.l2 = l2
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def losses(self, params, features, labels):
+        margins = labels * (features @ params)
+        return torch.nn.functional.softplus(-margins) + 0.5 * self.l2 * params.dot(params)
+
+    def gradient(self, params, features, labels):
+        coef = -labels * torch.sigmoid(-labels * (features @ params))
+        return features.T @ coef / features.shape[0] + self.l2 * params
+
+    def weighted_gradient(self, params, features, labels, weights):
+        coef = -labels * torch.sigmoid(-labels * (features @ params)) * weights
+        return features.T @ coef + self.l2 * weights.sum() * params
+
+    def accuracy(self, params, features, labels):
+        return float(((features @ params) * labels > 0).double().mean())
+
+    def minimizer(self, features, labels, weights):
+        """Damped Newton in float64 until ‖∇f‖ ≤ 1e-13 (requires λ > 0 for a unique x*)."""
+        if self.l2 <= 0:
+            return None
+        a, b, s = features.double(), labels.double(), weights.double()
+        x = torch.zeros(self.dim, dtype=torch.float64)
+        objective = lambda z: self.weighted_loss(z, a, b, s)  # noqa: E731
+        for _ in range(100):
+            g = self.weighted_gradient(x, a, b, s)
+            if g.norm() <= 1e-13:
+                break
+            sig = torch.sigmoid(b * (a @ x))
+            hess = (a.T * (s * sig * (1 - sig))) @ a + self.l2 * s.sum() * torch.eye(self.dim, dtype=torch.float64)
+            step = torch.linalg.solve(hess, g)
+            t, f0 = 1.0, objective(x)
+            while objective(x - t * step) > f0 - 0.25 * t * g.dot(step) and t > 1e-10:
+                t *= 0.5
+            x = x - t * step
+        return x
+
+
+class SoftmaxRegression(Problem):
+    """Multinomial logistic regression: f_j = CE(Wᵀa_j + c, y_j) + (λ/2)‖W‖², parameters (W, c) flattened."""
+
+    name = "softmax"
+    convex = True
+
+    def __init__(self, num_features: int, num_classes: int, l2: float) -> None:
+        if num_classes < 2:
+            raise ConfigError("problem.classes", f"softmax regression needs >= 2 classes, got {num_classes}")
+        self.num_features, self.num_classes, self.l2 = num_features, num_classes, l2
+
+    @property
+    def dim(self) -> int:
+        return (self.num_features + 1) * self.num_classes
+
+    def _logits(self, params, features):
+        k = self.num_features * self.num_classes
+        weight = params[:k].reshape(self.num_features, self.num_classes)
+        return features @ weight + params[k:], weight
+
+    def losses(self, params, features, labels):
+        logits, weight = self._logits(params, features)
+        ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        return ce + 0.5 * self.l2 * (weight**2).sum()
+
+    def accuracy(self, params, features, labels):
+        logits, _ = self._logits(params, features)
+        return float((logits.argmax(dim=-1) == labels).double().mean())
+
+    def minimizer(self, features, labels, weights):
+        """Full-batch L-BFGS in float64 (strongly convex in W for λ > 0)."""
+        if self.l2 <= 0:
+            return None
+        a, s = features.double(), weights.double()
+        x = torch.zeros(self.dim, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([x], lr=1, max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-15, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            loss = self.weighted_loss(x, a, labels, s)
+            loss.backward()
+            return loss
+
+        for _ in range(20):
+            opt.step(closure)
+        return x.detach()
+
+
+class MLP(Problem):
+    """Fully connected network with ReLU hidden layers and a cross-entropy loss (non-convex)."""
+
+    name = "mlp"
+
+    def __init__(self, num_features: int, hidden: Sequence[int], num_classes: int, l2: float = 0.0) -> None:
+        if not hidden or any(h < 1 for h in hidden):
+            raise ConfigError("problem.hidden", f"hidden layer sizes must be positive integers, got {list(hidden)}")
+        self.widths = [num_features, *hidden, num_classes]
+        self.l2 = l2
+        self.shapes = [(self.widths[k], self.widths[k + 1]) for k in range(len(self.widths) - 1)]
+
+    @property
+    def dim(self) -> int:
+        return sum(i * o + o for i, o in self.shapes)
+
+    def _layers(self, params):
+        offset = 0
+        for fan_in, fan_out in self.shapes:
+            weight = params[offset : offset + fan_in * fan_out].reshape(fan_in, fan_out)
+            offset += fan_in * fan_out
+            bias = params[offset : offset + fan_out]
+            offset += fan_out
+            yield weight, bias
+
+    def _logits(self, params, features):
+        h = features.reshape(features.shape[0], -1)
+        layers = list(self._layers(params))
+        for weight, bias in layers[:-1]:
+            h = torch.relu(h @ weight + bias)
+        weight, bias = layers[-1]
+        return h @ weight + bias
+
+    def init_params(self, generator, dtype):
+        """PyTorch's default Linear initialization, U(−1/√fan_in, 1/√fan_in), from ``generator``."""
+        chunks = []
+        for fan_in, fan_out in self.shapes:
+            bound = 1.0 / math.sqrt(fan_in)
+            chunks.append((torch.rand(fan_in * fan_out + fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound)
+        return torch.cat(chunks).to(dtype)
+
+    def losses(self, params, features, labels):
+        ce = torch.nn.functional.cross_entropy(self._logits(params, features), labels, reduction="none")
+        return ce + 0.5 * self.l2 * params.dot(params) if self.l2 else ce
+
+    def accuracy(self, params, features, labels):
+        return float((self._logits(params, features).argmax(dim=-1) == labels).double().mean())
