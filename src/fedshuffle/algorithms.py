@@ -65,6 +65,16 @@ class Algorithm:
     server: ServerOptimizer
     momentum: GlobalMomentum | None = None
 
+    def planned_tau_eff(self, weights: np.ndarray, sizes: np.ndarray) -> float | None:
+        """τ_eff = Σ_i w_i E[η_i‖a_i‖₁/η_l] when the aggregator needs it (see :mod:`fedshuffle.aggregation`)."""
+        if not self.aggregator.needs_planned_tau_eff:
+            return None
+        return float(weights @ self.local.expected_progress(sizes))
+
+    def aggregation_weights(self, plans: list, weights: np.ndarray, expected_counts: np.ndarray, tau_eff: float | None) -> np.ndarray:
+        """ω_i for the cohort's plans."""
+        return self.aggregator.weights(plans, weights, expected_counts, self.local.lr, tau_eff)
+
 
 def build_algorithm(name: str, settings: Mapping[str, Any]) -> Algorithm:
     """The method ``name`` with its defaults from :data:`METHODS` overridden by ``settings``.
@@ -137,10 +147,7 @@ class Simulation:
         self.momentum_state = self.algorithm.momentum.init(self.params) if self.algorithm.momentum else {}
         self.counters = Counters()
         self._expected_counts = self.sampler.expected_counts()
-        aggregator, local = self.algorithm.aggregator, self.algorithm.local
-        self._planned_tau_eff = None
-        if aggregator.needs_planned_tau_eff:
-            self._planned_tau_eff = float(self.data.weights @ local.expected_progress(self.data.sizes))
+        self._planned_tau_eff = self.algorithm.planned_tau_eff(self.data.weights, self.data.sizes)
 
     @property
     def bytes_per_model(self) -> int:
@@ -159,7 +166,7 @@ class Simulation:
             down_models += drift is not None
         plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed)
         deltas = self.executor.run(self.problem, self.data, self.params, plans, alg.local.rule(drift))
-        omega = alg.aggregator.weights(plans, self.data.weights, self._expected_counts, alg.local.lr, self._planned_tau_eff)
+        omega = alg.aggregation_weights(plans, self.data.weights, self._expected_counts, self._planned_tau_eff)
         direction = torch.as_tensor(omega, dtype=self.dtype) @ deltas if plans else torch.zeros_like(self.params)
         step, self.server_state = alg.server.update(direction, self.server_state, self.params)
         self.params = self.params - step

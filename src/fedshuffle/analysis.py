@@ -1,0 +1,176 @@
+"""Which objective does a configuration really minimize?
+
+To first order in the step sizes, a round moves the server model by
+η_g Σ_{i∈S} ω_i η_i‖a_i‖₁ ∇f_i(x), so client i's weight in the objective actually minimized is
+
+    ŵ_i ∝ E[ Σ_{occurrences of i in S} ω_i · η_i‖a_i‖₁ ],
+
+FedShuffle paper eq. (31) (ŵ_i ∝ w̃_i|D_i|E_i/(q_ic_i), with 1/q_i = E[1{i∈S}/q_i^S]) extended to
+minibatches, local momentum and unfinished work through FedNova's ‖a_i‖₁. The expected aggregation
+weight Ω_i = E[Σ ω_i] is the factor that sampling and normalization contribute (§4.2).
+
+Expectations are exact — by enumerating the sampler's cohorts — when the local work is a
+deterministic function of the cohort, and Monte Carlo over the run's own random streams otherwise
+(or when there are too many cohorts), with standard errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .algorithms import Algorithm
+from .local import ClientPlan
+from .samplers import MAX_ENUMERATION, Sampler
+
+
+@dataclass
+class ObjectiveReport:
+    """Result of :func:`inspect_objective`; every array has one entry per client."""
+
+    sizes: np.ndarray
+    weights: np.ndarray
+    inclusion_probabilities: np.ndarray
+    expected_counts: np.ndarray
+    expected_aggregation_weights: np.ndarray
+    effective_weights: np.ndarray
+    step_sizes: np.ndarray
+    local_steps: np.ndarray
+    method: str
+    aggregation_stderr: np.ndarray | None = None
+    effective_stderr: np.ndarray | None = None
+    samples: int | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.samples is None
+
+    @property
+    def max_deviation(self) -> float:
+        """max_i |ŵ_i − w_i|."""
+        return float(np.max(np.abs(self.effective_weights - self.weights)))
+
+    @property
+    def biased(self) -> bool:
+        """ŵ ≠ w beyond round-off (exact) or beyond 4 standard errors (Monte Carlo)."""
+        tolerance = 1e-9 if self.exact else 4 * float(np.max(self.effective_stderr)) + 1e-12
+        return self.max_deviation > tolerance
+
+    def to_dict(self) -> dict:
+        out = {
+            "method": self.method,
+            "mode": "exact" if self.exact else "monte_carlo",
+            "sizes": self.sizes.tolist(),
+            "weights": self.weights.tolist(),
+            "inclusion_probabilities": self.inclusion_probabilities.tolist(),
+            "expected_counts": self.expected_counts.tolist(),
+            "expected_aggregation_weights": self.expected_aggregation_weights.tolist(),
+            "effective_weights": self.effective_weights.tolist(),
+            "step_sizes": self.step_sizes.tolist(),
+            "local_steps": self.local_steps.tolist(),
+            "max_deviation": self.max_deviation,
+            "biased": self.biased,
+        }
+        if not self.exact:
+            out.update(samples=self.samples, expected_aggregation_weights_stderr=self.aggregation_stderr.tolist(), effective_weights_stderr=self.effective_stderr.tolist())
+        return out
+
+
+def _deterministic_work(algorithm: Algorithm) -> bool:
+    local = algorithm.local
+    return local._epoch_range[0] == local._epoch_range[1] and local.straggler_probability == 0
+
+
+def _outcomes(algorithm: Algorithm, sampler: Sampler, client_indices: list[np.ndarray], rounds: int, seed: int, exact: bool) -> Iterator[tuple[float, list[ClientPlan]]]:
+    if exact:
+        for prob, cohort in sampler.distribution():
+            yield prob, algorithm.local.plan(client_indices, np.array(cohort, dtype=np.int64), 0, seed)
+    else:
+        for r in range(rounds):
+            yield 1.0 / rounds, algorithm.local.plan(client_indices, sampler.sample(r, seed), r, seed)
+
+
+def round_expectation(algorithm: Algorithm, sampler: Sampler, sizes: np.ndarray, weights: np.ndarray, per_client, *, exact: bool | None = None, rounds: int = 20_000, seed: int = 0):
+    """E over one round of Σ_{i∈S} ω_i·per_client(plan_i), accumulated per client.
+
+    Returns ``(mean, stderr, samples)`` arrays of shape (n, k) for ``per_client`` returning k numbers;
+    ``stderr`` and ``samples`` are ``None`` when the expectation is exact.
+    """
+    sizes = np.asarray(sizes)
+    client_indices = [np.arange(s) for s in sizes]  # only the counts matter for ω, η_i and ‖a_i‖₁
+    if exact is None:
+        exact = _deterministic_work(algorithm) and sampler.num_outcomes() <= MAX_ENUMERATION
+    counts = sampler.expected_counts()
+    tau_eff = algorithm.planned_tau_eff(weights, sizes)
+    n = len(sizes)
+    total, total_sq = None, None
+    for prob, plans in _outcomes(algorithm, sampler, client_indices, rounds, seed, exact):
+        omega = algorithm.aggregation_weights(plans, weights, counts, tau_eff)
+        contribution = None
+        for w_i, plan in zip(omega, plans):
+            value = w_i * np.atleast_1d(np.asarray(per_client(plan), dtype=np.float64))
+            if contribution is None:
+                contribution = np.zeros((n, value.size))
+            contribution[plan.client] += value
+        if contribution is None:
+            continue
+        if total is None:
+            total, total_sq = np.zeros_like(contribution), np.zeros_like(contribution)
+        total += prob * contribution
+        total_sq += prob * contribution**2
+    if total is None:
+        raise ValueError("the sampler never selects a client")
+    if exact:
+        return total, None, None
+    stderr = np.sqrt(np.maximum(total_sq - total**2, 0.0) / rounds)
+    return total, stderr, rounds
+
+
+def inspect_objective(algorithm: Algorithm, sampler: Sampler, sizes, weights, *, exact: bool | None = None, rounds: int = 20_000, seed: int = 0) -> ObjectiveReport:
+    """Objective weights w, inclusion probabilities p, expected aggregation weights Ω and effective weights ŵ."""
+    sizes, weights = np.asarray(sizes), np.asarray(weights, dtype=np.float64)
+    base_lr = algorithm.local.lr
+    mean, stderr, samples = round_expectation(
+        algorithm, sampler, sizes, weights, lambda p: (1.0, p.lr * p.a_l1 / base_lr), exact=exact, rounds=rounds, seed=seed
+    )
+    effective = mean[:, 1] / mean[:, 1].sum()
+    first = algorithm.local.plan([np.arange(s) for s in sizes], np.arange(len(sizes)), 0, seed)
+    report = ObjectiveReport(
+        sizes=sizes, weights=weights,
+        inclusion_probabilities=sampler.inclusion_probabilities(), expected_counts=sampler.expected_counts(),
+        expected_aggregation_weights=mean[:, 0], effective_weights=effective,
+        step_sizes=np.array([p.lr for p in first]), local_steps=np.array([p.planned_steps for p in first]),
+        method=algorithm.name,
+    )
+    if stderr is not None:
+        report.aggregation_stderr, report.effective_stderr, report.samples = stderr[:, 0], stderr[:, 1] / mean[:, 1].sum(), samples
+    return report
+
+
+def unit_quadratic_fixed_point(algorithm: Algorithm, sampler: Sampler, sizes, weights, client_means: np.ndarray, *, exact: bool | None = None) -> np.ndarray:
+    """Stationary mean of the server iterate for f_ij(x) = ½‖x − e_ij‖² (unit Hessian), plain local SGD.
+
+    One client round is affine in x in expectation: E[y_i] = (1−η_i)^{τ_i}x + s_i c_i with
+    s_i = 1 − (1 − η_i)^{τ_i} and c_i the mean target of client i (any permutation or minibatch
+    order). With server step η_g the mean iterate moves by η_g E[Σ ω_i s_i (c_i − x)], so
+
+        x̂ = E[Σ_S ω_i s_i c_i] / E[Σ_S ω_i s_i]      (independent of η_g).
+
+    For full participation and FedAvg (ω = w, η_i = η, τ_i = E|D_i|) this is
+    x̂ = Σ w_i[1−(1−η)^{E|D_i|}]c_i / Σ w_i[1−(1−η)^{E|D_i|}], which tends to
+    Σ|D_i|²c_i/Σ|D_i|² as η → 0 (FedShuffle §4.1). Valid without local momentum, prox, weight decay,
+    clipping or global momentum.
+    """
+    local = algorithm.local
+    if local.momentum or local.prox_mu or local.weight_decay or local.clip_norm is not None or algorithm.momentum is not None:
+        raise ValueError("the closed form holds for plain local SGD only")
+    client_means = np.asarray(client_means, dtype=np.float64)
+
+    def stats(plan: ClientPlan):
+        s = 1.0 - (1.0 - plan.lr) ** plan.steps
+        return np.concatenate([[s], s * client_means[plan.client]])
+
+    mean, _, _ = round_expectation(algorithm, sampler, sizes, weights, stats, exact=exact)
+    return mean[:, 1:].sum(axis=0) / mean[:, 0].sum()
