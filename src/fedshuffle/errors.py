@@ -11,10 +11,3 @@ class ConfigError(ValueError):
         self.message = message
         super().__init__(f"{field}: {message}")
 
-
-class DivergenceError(RuntimeError):
-    """The iterate or the objective became NaN/inf at ``round``."""
-
-    def __init__(self, round_index: int, what: str) -> None:
-        self.round = round_index
-        super().__init__(f"run diverged at round {round_index}: {what} is not finite")

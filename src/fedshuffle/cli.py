@@ -1,0 +1,188 @@
+"""The ``fedshuffle`` command: run experiments and presets, list them, and inspect objectives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
+console = Console()
+err = Console(stderr=True)
+
+DEFAULT_PRESET = "quickstart"
+STEP_CONVENTIONS = {
+    "none": "η_i = η_l for every client",
+    "local_work": "η_i = η_l/τ_i (Algorithm 1: η_l/|D_i| per epoch at batch size 1)",
+    "max_local_work": "η_i = η_l·τ_max/τ_i: the client with the most local steps uses η_l (Appendix F's comparison)",
+}
+
+
+def _fail(exc: ConfigError) -> None:
+    err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _fresh_dir(path: Path) -> Path:
+    if not path.exists() or not any(path.iterdir()):
+        return path
+    k = 2
+    while (candidate := path.with_name(f"{path.name}-{k}")).exists():
+        k += 1
+    return candidate
+
+
+@app.command()
+def run(
+    config: Annotated[str, typer.Argument(help="preset name or TOML file")] = DEFAULT_PRESET,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, e.g. --set algorithm.lr=0.01")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="results folder (default: results/<name>)")] = None,
+    resume: Annotated[bool, typer.Option(help="continue the runs in --out from their checkpoints")] = False,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Run a preset or config file (every variant and seed), write results and a plot."""
+    from .config import load_experiment, parse_overrides
+    from .runner import run_experiment
+
+    try:
+        experiment = load_experiment(config)
+        overrides = parse_overrides(set_ or [])
+        experiment.runs(overrides)  # validate every variant before any work starts
+        if resume and out is None:
+            raise ConfigError("--resume", "name the results folder to resume with --out")
+        target = out if resume else _fresh_dir(out or Path("results") / experiment.experiment.name)
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / ".write-test"
+        try:
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError("--out", f"cannot write to {target} ({exc.strerror})") from None
+        summary = run_experiment(experiment, target, overrides=overrides, resume=resume, show_progress=not quiet)
+    except ConfigError as exc:
+        _fail(exc)
+    table = Table(title=experiment.experiment.title or experiment.experiment.name)
+    table.add_column("variant")
+    metrics = sorted({m for v in summary["variants"].values() for m in v["final"]}, key=["f_gap", "dist_sq", "loss", "grad_norm_sq", "train_accuracy", "test_accuracy"].index)
+    for m in metrics:
+        table.add_column(f"final {m}", justify="right")
+    table.add_column("status")
+    for label, v in summary["variants"].items():
+        cells = [f"{v['final'][m]['mean']:.4g} ± {v['final'][m]['std']:.2g}" if m in v["final"] else "" for m in metrics]
+        table.add_row(label, *cells, ", ".join(sorted(set(v["status"]))))
+    console.print(table)
+    console.print(f"results: {target}/ (plot: {target / 'plot.png'})")
+    if any(s != "complete" for v in summary["variants"].values() for s in v["status"]):
+        raise typer.Exit(3)
+
+
+@app.command()
+def presets() -> None:
+    """List the presets with the paper and figure they reproduce."""
+    from .config import load_experiment, preset_names
+
+    table = Table()
+    for col in ("preset", "paper", "figure", "what it compares"):
+        table.add_column(col)
+    for name in preset_names():
+        meta = load_experiment(name).experiment
+        table.add_row(name, meta.paper, meta.figure, meta.description)
+    console.print(table)
+
+
+@app.command()
+def show(config: Annotated[str, typer.Argument(help="preset name or TOML file")]) -> None:
+    """Print the resolved configuration of every variant as JSON."""
+    from .config import load_experiment
+
+    try:
+        experiment = load_experiment(config)
+        runs = experiment.runs()
+    except ConfigError as exc:
+        _fail(exc)
+    console.print_json(json.dumps({"experiment": experiment.experiment.model_dump(), "runs": {label or "run": spec.model_dump() for label, spec in runs}}))
+
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError("--sizes", f"expected comma-separated positive integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise ConfigError("--sizes", f"expected comma-separated positive integers, got {text!r}")
+    return sizes
+
+
+@app.command()
+def inspect(
+    algorithm: Annotated[str, typer.Option(help="method name")] = "fedavg",
+    sizes: Annotated[str, typer.Option(help="client dataset sizes, e.g. 1,2,3")] = "1,2,3",
+    sampler: Annotated[str, typer.Option(help="full, uniform, with_replacement, importance, independent, cyclic")] = "full",
+    cohort: Annotated[Optional[float], typer.Option(help="cohort size b (expected size for independent sampling)")] = None,
+    epochs: Annotated[str, typer.Option(help="local epochs E, or a range a-b drawn per client per round")] = "1",
+    lr: Annotated[float, typer.Option(help="local step size η_l")] = 0.01,
+    weights: Annotated[str, typer.Option(help="objective weights: size, uniform, or comma-separated values")] = "size",
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="any algorithm setting, e.g. --set algorithm.batch_size=2")] = None,
+    monte_carlo: Annotated[bool, typer.Option("--monte-carlo", help="force Monte Carlo even when exact enumeration is possible")] = False,
+    samples: Annotated[int, typer.Option(help="Monte Carlo rounds")] = 20000,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Which objective does this configuration minimize? Prints w, p, E[ω·1{i∈S}] and ŵ (eq. 31)."""
+    import numpy as np
+    import torch
+
+    from .analysis import inspect_objective
+    from .config import AlgorithmConfig, SamplerConfig, build_algorithm_from, build_sampler, parse_overrides, validate
+    from .data import FederatedDataset, contiguous_partition, objective_weights
+
+    try:
+        size_list = _parse_sizes(sizes)
+        weight_spec = weights if weights in ("size", "uniform") else [float(v) for v in weights.split(",")]
+        w = objective_weights(np.array(size_list), weight_spec)
+        epoch_spec: int | list[int] = [int(v) for v in epochs.split("-")] if "-" in epochs else int(epochs)
+        extra = parse_overrides(set_ or []).get("algorithm", {})
+        alg = build_algorithm_from(validate(AlgorithmConfig, {"name": algorithm, "lr": lr, "epochs": epoch_spec, **extra}, "algorithm."))
+        data = FederatedDataset(torch.zeros(sum(size_list), 1), torch.zeros(sum(size_list)), contiguous_partition(size_list), w)
+        smp = build_sampler(validate(SamplerConfig, {"name": sampler, "cohort": cohort}, "sampler."), data)
+        report = inspect_objective(alg, smp, np.array(size_list), w, exact=False if monte_carlo else None, rounds=samples)
+    except ConfigError as exc:
+        _fail(exc)
+    except ValueError as exc:
+        _fail(ConfigError("--epochs/--weights", str(exc)))
+    convention = alg.local.step_normalization if isinstance(alg.local.step_normalization, str) else "explicit c_i"
+    if as_json:
+        out = report.to_dict()
+        out["step_size_convention"] = STEP_CONVENTIONS.get(convention, convention)
+        out["sampler"] = smp.describe()
+        print(json.dumps(out))
+        return
+    table = Table(title=f"{alg.name} — {smp.describe()} — {'exact enumeration' if report.exact else f'Monte Carlo, {report.samples} rounds'}")
+    for col in ("client", "|D_i|", "w_i", "p_i", "E[ω_i·1{i∈S}]", "ŵ_i (eq. 31)", "ŵ_i/w_i", "τ_i", "η_i"):
+        table.add_column(col, justify="right")
+    for i in range(len(size_list)):
+        se = f" ±{report.aggregation_stderr[i]:.1e}" if not report.exact else ""
+        se2 = f" ±{report.effective_stderr[i]:.1e}" if not report.exact else ""
+        ratio = report.effective_weights[i] / w[i] if w[i] > 0 else float("nan")
+        table.add_row(str(i), str(size_list[i]), f"{w[i]:.6g}", f"{report.inclusion_probabilities[i]:.6g}",
+                      f"{report.expected_aggregation_weights[i]:.6g}{se}", f"{report.effective_weights[i]:.6g}{se2}", f"{ratio:.4f}",
+                      str(report.local_steps[i]), f"{report.step_sizes[i]:.4g}")
+    console.print(table)
+    console.print(f"step sizes: {STEP_CONVENTIONS.get(convention, convention)}")
+    if report.biased:
+        console.print(f"[yellow]warning:[/yellow] the effective objective differs from f = Σ w_i f_i (max |ŵ_i − w_i| = {report.max_deviation:.3g}); this configuration minimizes Σ ŵ_i f_i instead.")
+    else:
+        console.print("[green]consistent:[/green] ŵ = w, this configuration minimizes f = Σ w_i f_i.")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
