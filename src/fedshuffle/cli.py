@@ -88,7 +88,8 @@ def presets() -> None:
     from .config import load_experiment, preset_names
 
     table = Table()
-    for col in ("preset", "paper", "figure", "what it compares"):
+    table.add_column("preset", no_wrap=True)
+    for col in ("paper", "figure", "what it compares"):
         table.add_column(col)
     for name in preset_names():
         meta = load_experiment(name).experiment

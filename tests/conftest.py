@@ -1,0 +1,22 @@
+import numpy as np
+import pytest
+import torch
+
+from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
+
+
+def quadratic_dataset(sizes, targets=None):
+    """Clients with contiguous blocks of targets (default: canonical basis, the paper's (36))."""
+    total = sum(sizes)
+    x = torch.eye(total, dtype=torch.float64) if targets is None else torch.as_tensor(targets, dtype=torch.float64)
+    return FederatedDataset(x, torch.zeros(total), contiguous_partition(sizes), objective_weights(np.array(sizes), "size"))
+
+
+@pytest.fixture
+def toy():
+    """The FedShuffle paper's quadratic (36): e_1..e_6 split 1/2/3 over three clients."""
+    return quadratic_dataset([1, 2, 3])
+
+
+def client_means(data):
+    return np.stack([data.features[ix].mean(0).numpy() for ix in data.client_indices])

@@ -1,0 +1,150 @@
+"""Samplers, local planning and normalizers against their definitions."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import quadratic_dataset
+from fedshuffle import Cyclic, FullParticipation, Independent, LocalSolver, Quadratic, UniformWithoutReplacement, WithReplacement, water_filling
+from fedshuffle.errors import ConfigError
+from fedshuffle.local import LocalRule, a_norm, run_client
+
+
+def test_water_filling_matches_reference_example():
+    """REFERENCE-NOTES §10.4: sizes (1000, 400, 50, 30, 20, 10, 5, 5, 3, 2)."""
+    n = [1000, 400, 50, 30, 20, 10, 5, 5, 3, 2]
+    assert np.allclose(water_filling(n, 4), [1, 1, 0.8, 0.48, 0.32, 0.16, 0.08, 0.08, 0.048, 0.032], atol=1e-15)
+    q2 = water_filling(n, 2)
+    assert q2[0] == 1 and q2[1] == pytest.approx(0.761904761904762) and q2.sum() == pytest.approx(2, abs=1e-14)
+
+
+@pytest.mark.parametrize("b", [0.5, 1, 2.5, 7])
+def test_water_filling_is_exact_and_capped(b):
+    v = np.random.default_rng(3).lognormal(0, 2, size=12)
+    q = water_filling(v, b)
+    assert q.sum() == pytest.approx(b, abs=1e-12) and q.max() <= 1
+    uncapped = q < 1
+    assert np.allclose(q[uncapped] / v[uncapped], (q[uncapped] / v[uncapped])[0])
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [FullParticipation(5), UniformWithoutReplacement(5, 2), WithReplacement(5, 3, [0.1, 0.2, 0.3, 0.2, 0.2]), Independent.importance([1, 2, 3, 4, 10], 2), Cyclic(6, 2, "reshuffle"), Cyclic(6, 3, "fixed")],
+    ids=lambda s: type(s).__name__,
+)
+def test_distribution_matches_inclusion_probabilities_and_sampling(sampler):
+    dist = sampler.distribution()
+    assert sum(p for p, _ in dist) == pytest.approx(1.0)
+    n = sampler.num_clients
+    p_inc = np.zeros(n)
+    counts = np.zeros(n)
+    for prob, cohort in dist:
+        p_inc[list(set(cohort))] += prob
+        np.add.at(counts, list(cohort), prob)
+    assert np.allclose(p_inc, sampler.inclusion_probabilities())
+    assert np.allclose(counts, sampler.expected_counts())
+    empirical = np.zeros(n)
+    rounds = 6000
+    for r in range(rounds):
+        np.add.at(empirical, sampler.sample(r, seed=5), 1)
+    assert np.allclose(empirical / rounds, sampler.expected_counts(), atol=0.03)
+
+
+def test_cyclic_visits_every_client_once_per_meta_epoch():
+    sampler = Cyclic(12, 3, "reshuffle")
+    for meta in range(3):
+        seen = np.concatenate([sampler.sample(meta * 4 + k, seed=1) for k in range(4)])
+        assert sorted(seen) == list(range(12))
+    first = [sampler.sample(k, 1) for k in range(4)]
+    second = [sampler.sample(4 + k, 1) for k in range(4)]
+    assert any(not np.array_equal(a, b) for a, b in zip(first, second))
+    once = Cyclic(12, 3, "shuffle_once")
+    assert all(np.array_equal(once.sample(k, 1), once.sample(k + 4, 1)) for k in range(4))
+
+
+def test_cyclic_requires_divisible_cohort():
+    with pytest.raises(ConfigError, match="divide"):
+        Cyclic(10, 3)
+
+
+def test_rr_epochs_are_permutations_and_so_repeats_one():
+    clients = [np.arange(0, 5), np.arange(5, 12)]
+    for order in ("rr", "so"):
+        plan = LocalSolver(lr=0.1, epochs=3, order=order, batch_size=2).plan(clients, np.array([1]), 0, seed=2)[0]
+        assert plan.steps == 3 * 4 and plan.batches.shape == (12, 2)
+        epochs = plan.batches.reshape(3, 8)
+        for e in epochs:
+            assert sorted(e[e >= 0]) == list(range(5, 12))
+        same = all(np.array_equal(epochs[0], e) for e in epochs)
+        assert same == (order == "so")
+
+
+def test_random_epochs_are_within_range_and_cover_it():
+    solver = LocalSolver(lr=0.1, epochs=(2, 5))
+    draws = {solver.draw_epochs(0, r, seed=1) for r in range(200)}
+    assert draws == {2, 3, 4, 5}
+
+
+@pytest.mark.parametrize("momentum, prox", [(0.0, 0.0), (0.9, 0.0), (0.5, 0.0), (0.0, 0.5)])
+def test_a_norm_matches_accumulated_coefficients(momentum, prox):
+    """‖a‖₁ closed forms (REFERENCE-NOTES §1 and §10.1b) against running the local solver on a linear model."""
+    tau, lr = 5, 0.1
+    data = quadratic_dataset([1])
+    solver = LocalSolver(lr=lr, epochs=tau, momentum=momentum, prox_mu=prox / lr)
+    plan = solver.plan(data.client_indices, np.array([0]), 0, 0)[0]
+    # a constant-gradient problem: Δ = η Σ a_k g with g = x − e at x (zero-Hessian part removed by a tiny target step)
+    class Linear(Quadratic):
+        def gradient(self, params, features, labels):
+            return torch.ones_like(params)
+    delta = run_client(Linear(1), data.features, data.labels, torch.zeros(1, dtype=torch.float64), plan, solver.rule())
+    if prox:
+        assert plan.a_l1 == pytest.approx(a_norm(tau, 0, prox))
+        assert float(delta) / lr == pytest.approx(plan.a_l1, rel=1e-12)
+    else:
+        assert float(delta) / lr == pytest.approx(plan.a_l1, rel=1e-12)
+    if (momentum, prox) == (0.9, 0.0):
+        assert plan.a_l1 == pytest.approx(13.1441, rel=1e-6)
+    if (momentum, prox) == (0.0, 0.5):
+        assert plan.a_l1 == pytest.approx((1 - 0.5**5) / 0.5)
+
+
+def test_unfinished_work_truncates_plans():
+    clients = [np.arange(4)]
+    assert LocalSolver(lr=0.1, drop_last_steps=1).plan(clients, np.array([0]), 0, 0)[0].steps == 3
+    assert LocalSolver(lr=0.1, drop_last_steps=10).plan(clients, np.array([0]), 0, 0)[0].steps == 1
+    stragglers = [LocalSolver(lr=0.1, straggler_probability=1.0).plan(clients, np.array([0]), r, 0)[0].steps for r in range(100)]
+    assert set(stragglers) == {1, 2, 3, 4}
+
+
+def test_clipping_and_weight_decay_follow_their_definitions():
+    data = quadratic_dataset([1], np.array([[10.0, 0.0]]))
+    plan = LocalSolver(lr=0.5, epochs=1).plan(data.client_indices, np.array([0]), 0, 0)[0]
+    x = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    delta = run_client(Quadratic(2), data.features, data.labels, x, plan, LocalRule(clip_norm=1.0, weight_decay=0.1))
+    g = x - data.features[0]
+    expected = 0.5 * (g / g.norm() + 0.1 * x)
+    assert torch.allclose(delta, expected)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"lr": -1}, "algorithm.lr"), ({"lr": 0.1, "order": "random"}, "algorithm.order"), ({"lr": 0.1, "epochs": (3, 2)}, "algorithm.epochs"),
+     ({"lr": 0.1, "momentum": 0.9, "prox_mu": 0.1}, "algorithm.local_momentum"), ({"lr": 0.1, "steps": "median"}, "algorithm.steps")],
+)
+def test_local_solver_rejects_bad_settings(kwargs, field):
+    with pytest.raises(ConfigError) as info:
+        LocalSolver(**kwargs)
+    assert info.value.field == field
+
+
+def test_executor_independence_of_streams():
+    """Plans depend only on (seed, round, client): planning a client alone or within a cohort gives the same batches."""
+    clients = [np.arange(0, 4), np.arange(4, 10), np.arange(10, 13)]
+    solver = LocalSolver(lr=0.1, epochs=(1, 3), order="rr")
+    together = solver.plan(clients, np.array([0, 1, 2]), 7, seed=3)
+    for i, plan in enumerate(together):
+        alone = solver.plan(clients, np.array([i]), 7, seed=3)[0]
+        assert np.array_equal(alone.batches, plan.batches)
+    assert any(not np.array_equal(a.batches, b.batches) for a, b in itertools.pairwise([together[0], solver.plan(clients, np.array([0]), 8, seed=3)[0]]))
