@@ -147,8 +147,9 @@ class RunSpec(_Section):
 SECTIONS = tuple(RunSpec.model_fields)
 
 
-class Variant(_Section):
-    label: str
+class _PartialSections(_Section):
+    """Raw (not yet merged) sections; validated as a :class:`RunSpec` once merged."""
+
     problem: dict[str, Any] = Field(default_factory=dict)
     data: dict[str, Any] = Field(default_factory=dict)
     algorithm: dict[str, Any] = Field(default_factory=dict)
@@ -157,16 +158,14 @@ class Variant(_Section):
     plot: dict[str, Any] = Field(default_factory=dict)
 
 
-class Experiment(_Section):
+class Variant(_PartialSections):
+    label: str
+
+
+class Experiment(_PartialSections):
     """A validated experiment: metadata, base sections, and variants."""
 
     experiment: ExperimentMeta = Field(default_factory=ExperimentMeta)
-    problem: dict[str, Any] = Field(default_factory=dict)
-    data: dict[str, Any] = Field(default_factory=dict)
-    algorithm: dict[str, Any] = Field(default_factory=dict)
-    sampler: dict[str, Any] = Field(default_factory=dict)
-    run: dict[str, Any] = Field(default_factory=dict)
-    plot: dict[str, Any] = Field(default_factory=dict)
     variants: list[Variant] = Field(default_factory=list)
 
     def runs(self, overrides: Mapping[str, Any] | None = None) -> list[tuple[str, RunSpec]]:
