@@ -99,11 +99,8 @@ def test_a_norm_matches_accumulated_coefficients(momentum, prox):
         def gradient(self, params, features, labels):
             return torch.ones_like(params)
     delta = run_client(Linear(1), data.features, data.labels, torch.zeros(1, dtype=torch.float64), plan, solver.rule())
-    if prox:
-        assert plan.a_l1 == pytest.approx(a_norm(tau, 0, prox))
-        assert float(delta) / lr == pytest.approx(plan.a_l1, rel=1e-12)
-    else:
-        assert float(delta) / lr == pytest.approx(plan.a_l1, rel=1e-12)
+    assert plan.a_l1 == pytest.approx(a_norm(tau, momentum, prox))
+    assert float(delta) / lr == pytest.approx(plan.a_l1, rel=1e-12)
     if (momentum, prox) == (0.9, 0.0):
         assert plan.a_l1 == pytest.approx(13.1441, rel=1e-6)
     if (momentum, prox) == (0.0, 0.5):

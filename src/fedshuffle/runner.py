@@ -135,7 +135,10 @@ def run_single(spec: RunSpec, run_dir: Path, seed: int, *, resume: bool = False,
             if not finite or not math.isfinite(row["loss"]):
                 status, message = "diverged", f"diverged at round {r}: {'model' if not finite else 'loss'} is not finite"
                 break
-            save_checkpoint() if (ckpt_every == 0 or r % ckpt_every == 0) else write_metrics(run_dir / "metrics.csv", rows)
+            if ckpt_every == 0 or r % ckpt_every == 0:
+                save_checkpoint()
+            else:
+                write_metrics(run_dir / "metrics.csv", rows)
         elif ckpt_every and r % ckpt_every == 0:
             save_checkpoint()
         if on_round:
