@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -20,3 +22,22 @@ def toy():
 
 def client_means(data):
     return np.stack([data.features[ix].mean(0).numpy() for ix in data.client_indices])
+
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    """Every test gets its own download/solution cache and no inherited data folders."""
+    monkeypatch.setenv("FEDSHUFFLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FEDSHUFFLE_DATA", raising=False)
+    monkeypatch.delenv("FEDSHUFFLE_LIBSVM_URL", raising=False)
+
+
+@pytest.fixture
+def shared_data():
+    """The offline copies of the real datasets (LIBSVM, ...), beside the repository."""
+    if not (SHARED_DATA / "phishing" / "phishing").is_file():
+        pytest.skip("real datasets not found beside the repository")
+    return SHARED_DATA

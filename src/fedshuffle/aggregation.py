@@ -18,6 +18,11 @@ and w̃ from ``weighting``:
   undoes unfinished local work.
 * explicit per-client values (FedShuffleGen's free parameter w̃).
 
+and, with ``direction="mean_gradient"``, each update is first turned into the mean gradient along
+the client's path, g_i = Δ_i/(η_iτ_i) (Nastya, 002 Algorithm 1; RR-CLI, 003 Algorithm 1 line 12:
+g = (x − x^N)/(γN)), so that the server step size η is on the scale of a gradient step. With
+η = γN and equal τ_i this gives back the model average.
+
 τ_eff convention (``tau_eff``): ``"planned"`` — τ_eff = Σ_{i∈[n]} w_i·E[π_i], Wang et al.'s
 Σ_i p_i‖a_i‖₁ over all clients with planned (expected) local work; a constant, so it rescales the
 server step without touching the fixed point. ``"cohort"`` — the same sum estimated on the cohort
@@ -39,6 +44,7 @@ from .local import ClientPlan
 WEIGHTINGS = ("data", "normalized")
 NORMALIZATIONS = ("unbiased", "sum_one")
 TAU_EFF = ("planned", "cohort")
+DIRECTIONS = ("model_delta", "mean_gradient")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class Aggregator:
     weighting: str | tuple[float, ...] = "data"
     normalization: str = "unbiased"
     tau_eff: str = "planned"
+    direction: str = "model_delta"
 
     def __post_init__(self) -> None:
         if isinstance(self.weighting, str) and self.weighting not in WEIGHTINGS:
@@ -58,6 +65,8 @@ class Aggregator:
             raise ConfigError("algorithm.normalization", f"unknown {self.normalization!r}; accepted: {', '.join(NORMALIZATIONS)}")
         if self.tau_eff not in TAU_EFF:
             raise ConfigError("algorithm.tau_eff", f"unknown {self.tau_eff!r}; accepted: {', '.join(TAU_EFF)}")
+        if self.direction not in DIRECTIONS:
+            raise ConfigError("algorithm.direction", f"unknown {self.direction!r}; accepted: {', '.join(DIRECTIONS)}")
 
     @property
     def needs_planned_tau_eff(self) -> bool:
@@ -94,6 +103,10 @@ class Aggregator:
                 tau = float(np.sum(w / expected_counts[clients] * progress))
             base = w * tau / progress
         if self.normalization == "unbiased":
-            return base / expected_counts[clients]
-        total = base.sum()
-        return base / total if total > 0 else base
+            omega = base / expected_counts[clients]
+        else:
+            total = base.sum()
+            omega = base / total if total > 0 else base
+        if self.direction == "mean_gradient":
+            omega = omega / np.array([p.lr * p.steps for p in plans])
+        return omega

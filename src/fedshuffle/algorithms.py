@@ -7,9 +7,10 @@ One round (FedShuffleGen, FedShuffle paper Algorithm 4):
     plans = local.plan(S)               epochs, data order, η_i = η_l/c_i, unfinished work
     Δ_i = executor.run(plans)           x − y_i for every i ∈ S
     ω   = aggregator.weights(plans)     w̃_i / q_i^S
-    x  ← x − server.update(Σ ω_iΔ_i)    η_g, server momentum
+    x  ← x − server.update(Σ ω_iΔ_i)    η_g, server momentum or an adaptive server optimizer
 
-Every named method of :data:`METHODS` is one setting of these parts; none has its own loop.
+A schedule scales every step size of a round; RR-CLI adds a global step at the end of each
+meta-epoch around the server optimizer. Every named method of :data:`METHODS` is one setting of these parts; none has its own loop.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from .executors import Executor, SequentialExecutor
 from .local import LocalSolver
 from .problems import Problem
 from .samplers import Sampler
-from .server import GlobalMomentum, ServerHeavyBall, ServerOptimizer, ServerSGD
+from .schedules import Schedule
+from .server import ADAPTIVE, GlobalMomentum, MetaEpochExtrapolation, ServerAdaptive, ServerAdGD, ServerHeavyBall, ServerOptimizer, ServerSGD
 from .streams import Stream, generator
 
 #: Each method's defaults (FedShuffle paper, Table 4 and Appendix F; Wang et al. 2020 for FedNova).
@@ -50,8 +52,16 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedshuffle_gen": {"order": "rr", "step_normalization": "max_local_work", "weighting": "normalized", "normalization": "unbiased"},
     # §5.1: FedShuffle with the MVR global momentum of eqs. (12)–(14).
     "fedshuffle_mvr": {"order": "rr", "step_normalization": "max_local_work", "weighting": "data", "normalization": "unbiased", "global_momentum": 0.9, "momentum_estimator": "exact"},
+    # Nastya (002, Algorithm 1): one RR (or SO) pass with client step γ, g_i = (x − y_i)/(γN), x ← x − η·(1/C)Σ g_i.
+    "nastya": {"order": "rr", "step_normalization": "none", "weighting": "data", "normalization": "unbiased", "direction": "mean_gradient"},
+    # RR-CLI (003, Algorithm 1): Nastya's rounds over cyclic cohorts, then x_{t+1} = x_t − θ(x_t − x_t^R)/(ηR).
+    "rr_cli": {"order": "so", "step_normalization": "none", "weighting": "data", "normalization": "unbiased", "direction": "mean_gradient", "meta_epoch_step": True},
+    # Generalized FedAvg with two-sided learning rates (004, Algorithm 1): K unbiased local steps with η_L,
+    # x ← x + η·Δ; with sampling strategy 1 (with replacement) or 2 (without), aggregation w_i/E[c_i].
+    "generalized_fedavg": {"order": "with_replacement", "step_normalization": "none", "weighting": "data", "normalization": "unbiased"},
 }
 
+SERVER_OPTIMIZERS = ("sgd", "heavy_ball", "adam", "adagrad", "yogi", "adgd")
 LOCAL_KEYS = ("lr", "epochs", "steps", "order", "batch_size", "step_normalization", "weight_decay", "clip_norm", "prox_mu", "drop_last_steps", "straggler_probability")
 
 
@@ -64,6 +74,19 @@ class Algorithm:
     aggregator: Aggregator
     server: ServerOptimizer
     momentum: GlobalMomentum | None = None
+    schedule: Schedule = field(default_factory=Schedule)
+    meta_epoch_step: bool = False
+    global_lr: float | None = None
+
+    def server_for(self, sampler: Sampler) -> ServerOptimizer:
+        """The server optimizer, wrapped in RR-CLI's meta-epoch step when the method has one (θ = ηR by default)."""
+        if not self.meta_epoch_step:
+            return self.server
+        rounds = getattr(sampler, "rounds_per_meta_epoch", None)
+        if rounds is None:
+            raise ConfigError("sampler.name", f"{self.name} needs meta-epochs: use sampler.name = 'cyclic' (got {sampler.describe()})")
+        theta = self.global_lr if self.global_lr is not None else self.server.lr * rounds
+        return MetaEpochExtrapolation(self.server, theta, rounds)
 
     def planned_tau_eff(self, weights: np.ndarray, sizes: np.ndarray) -> float | None:
         """τ_eff = Σ_i w_i E[η_i‖a_i‖₁/η_l] when the aggregator needs it (see :mod:`fedshuffle.aggregation`)."""
@@ -71,18 +94,35 @@ class Algorithm:
             return None
         return float(weights @ self.local.expected_progress(sizes))
 
-    def aggregation_weights(self, plans: list, weights: np.ndarray, expected_counts: np.ndarray, tau_eff: float | None) -> np.ndarray:
-        """ω_i for the cohort's plans."""
-        return self.aggregator.weights(plans, weights, expected_counts, self.local.lr, tau_eff)
+    def aggregation_weights(self, plans: list, weights: np.ndarray, expected_counts: np.ndarray, tau_eff: float | None, lr_scale: float = 1.0) -> np.ndarray:
+        """ω_i for the cohort's plans (``lr_scale``: this round's schedule factor)."""
+        return self.aggregator.weights(plans, weights, expected_counts, self.local.lr * lr_scale, tau_eff)
 
 
-def build_algorithm(name: str, settings: Mapping[str, Any]) -> Algorithm:
+def build_server(s: Mapping[str, Any]) -> ServerOptimizer:
+    """The server optimizer named by ``server_optimizer`` (default: SGD, or heavy-ball when ``server_momentum`` > 0)."""
+    kind = s.get("server_optimizer") or ("heavy_ball" if s.get("server_momentum") else "sgd")
+    if kind not in SERVER_OPTIMIZERS:
+        raise ConfigError("algorithm.server_optimizer", f"unknown {kind!r}; accepted: {', '.join(SERVER_OPTIMIZERS)}")
+    if kind == "adgd":
+        return ServerAdGD(s.get("server_lr", 1e-6))
+    if kind in ADAPTIVE:
+        extra = {k: s[f"server_{k}"] for k in ("beta1", "beta2", "eps") if f"server_{k}" in s}
+        return ServerAdaptive(kind, s.get("server_lr", 0.01), **extra)
+    lr = s.get("server_lr", 1.0)
+    return ServerHeavyBall(lr, s.get("server_momentum") or 0.9) if kind == "heavy_ball" else ServerSGD(lr)
+
+
+def build_algorithm(name: str, settings: Mapping[str, Any], rounds: int = 1) -> Algorithm:
     """The method ``name`` with its defaults from :data:`METHODS` overridden by ``settings``.
 
     Keys: the :class:`LocalSolver` fields (``lr``, ``epochs``, ``steps``, ``order``, ...), plus
-    ``local_momentum``, ``weighting``, ``normalization``, ``tau_eff``, ``server_lr``,
-    ``server_momentum`` (heavy-ball on the server), ``global_momentum`` (β of eqs. (13)–(14)) and
-    ``momentum_estimator`` (``"exact"`` or ``"approx"``). ``None`` values mean "method default".
+    ``local_momentum``, ``weighting``, ``normalization``, ``tau_eff``, ``direction``, ``server_lr``,
+    ``server_optimizer`` (sgd, heavy_ball, adam, adagrad, yogi, adgd) with ``server_momentum``,
+    ``server_beta1``, ``server_beta2``, ``server_eps``; ``global_lr`` (RR-CLI's θ),
+    ``global_momentum`` (β of eqs. (13)–(14)), ``momentum_estimator`` (``"exact"`` or ``"approx"``),
+    and ``lr_schedule``, ``lr_decay_at``, ``lr_decay_factor`` (``rounds`` is the run length the step
+    schedule's milestones refer to). ``None`` values mean "method default".
     """
     if name not in METHODS:
         raise ConfigError("algorithm.name", f"unknown method {name!r}; accepted: {', '.join(METHODS)}")
@@ -94,12 +134,16 @@ def build_algorithm(name: str, settings: Mapping[str, Any]) -> Algorithm:
         momentum=s.get("local_momentum", 0.0),
     )
     weighting = s.get("weighting", "data")
-    aggregator = Aggregator(tuple(weighting) if isinstance(weighting, list) else weighting, s.get("normalization", "unbiased"), s.get("tau_eff", "planned"))
-    server_lr, server_momentum = s.get("server_lr", 1.0), s.get("server_momentum", 0.0)
-    server: ServerOptimizer = ServerHeavyBall(server_lr, server_momentum) if server_momentum else ServerSGD(server_lr)
+    aggregator = Aggregator(
+        tuple(weighting) if isinstance(weighting, list) else weighting, s.get("normalization", "unbiased"), s.get("tau_eff", "planned"), s.get("direction", "model_delta")
+    )
     beta = s.get("global_momentum", 0.0)
     momentum = GlobalMomentum(beta, s.get("momentum_estimator", "exact")) if beta else None
-    return Algorithm(name, local, aggregator, server, momentum)
+    schedule = Schedule(s.get("lr_schedule", "constant"), tuple(s.get("lr_decay_at", ())), s.get("lr_decay_factor", 0.1), rounds)
+    meta = bool(s.get("meta_epoch_step", False))
+    if s.get("global_lr") is not None and not meta:
+        raise ConfigError("algorithm.global_lr", f"a global (meta-epoch) step size applies to rr_cli only, not to {name}")
+    return Algorithm(name, local, aggregator, build_server(s), momentum, schedule, meta, s.get("global_lr"))
 
 
 @dataclass
@@ -143,7 +187,8 @@ class Simulation:
         self.data = self.data.to(self.dtype)
         torch_gen = torch.Generator().manual_seed(int(generator(self.seed, Stream.INIT).integers(2**62)))
         self.params = self.problem.init_params(torch_gen, self.dtype)
-        self.server_state = self.algorithm.server.init(self.params)
+        self.server = self.algorithm.server_for(self.sampler)
+        self.server_state = self.server.init(self.params)
         self.momentum_state = self.algorithm.momentum.init(self.params) if self.algorithm.momentum else {}
         self.counters = Counters()
         self._expected_counts = self.sampler.expected_counts()
@@ -164,11 +209,12 @@ class Simulation:
             drift, self.momentum_state = alg.momentum.broadcast(self.momentum_state, self.params, cohort, unbiased, grads)
             extra_gradients = alg.momentum.gradient_evaluations(self.data.sizes, cohort)
             down_models += drift is not None
-        plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed)
+        scale = alg.schedule(r, self.counters.sample_gradients / self.data.num_samples)
+        plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed, scale)
         deltas = self.executor.run(self.problem, self.data, self.params, plans, alg.local.rule(drift))
-        omega = alg.aggregation_weights(plans, self.data.weights, self._expected_counts, self._planned_tau_eff)
+        omega = alg.aggregation_weights(plans, self.data.weights, self._expected_counts, self._planned_tau_eff, scale)
         direction = torch.as_tensor(omega, dtype=self.dtype) @ deltas if plans else torch.zeros_like(self.params)
-        step, self.server_state = alg.server.update(direction, self.server_state, self.params)
+        step, self.server_state = self.server.update(direction, self.server_state, self.params, scale)
         self.params = self.params - step
         if alg.momentum is not None:
             self.momentum_state = alg.momentum.collect(self.momentum_state, plans, deltas, unbiased)
@@ -184,13 +230,18 @@ class Simulation:
     def state_dict(self) -> dict[str, Any]:
         return {
             "params": self.params.clone(),
-            "server": {k: v.clone() for k, v in self.server_state.items()},
-            "momentum": {k: v.clone() for k, v in self.momentum_state.items()},
+            "server": _clone(self.server_state),
+            "momentum": _clone(self.momentum_state),
             "counters": vars(self.counters).copy(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.params = state["params"].to(self.dtype)
-        self.server_state = dict(state["server"])
+        self.server_state = _clone(state["server"])
         self.momentum_state = dict(state["momentum"])
         self.counters = Counters(**state["counters"])
+
+
+def _clone(tree: Any) -> Any:
+    """A deep copy of nested dicts of tensors (server and momentum states)."""
+    return {k: _clone(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree.clone()

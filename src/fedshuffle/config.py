@@ -27,6 +27,8 @@ from .data import FederatedDataset
 from .errors import ConfigError
 from .problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
 from .samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement
+from . import theory
+from .datasets import LIBSVM_DATASETS, load_libsvm_dataset, read_svmlight
 from .streams import Stream, generator
 
 if sys.version_info >= (3, 11):
@@ -49,10 +51,15 @@ class ProblemConfig(_Section):
 
 
 class DataConfig(_Section):
-    source: Literal["targets", "synthetic", "npz"] = "targets"
+    source: Literal["targets", "synthetic", "npz", "libsvm"] = "targets"
+    dataset: str | None = Field(None, description="libsvm: a registered dataset (phishing, mushrooms, a3a, w3a, a9a); or give path")
+    data_dirs: list[str] = Field(default_factory=list, description="folders searched before the cache and the download (also $FEDSHUFFLE_DATA)")
+    download: bool = True
+    verify: bool = Field(True, description="check registered files against their SHA-256")
+    seed: int | None = Field(None, ge=0, description="seed of the split; default: the run's seed (set it to keep one split across seeds)")
     client_sizes: list[int] | None = None
     clients: int | None = Field(None, ge=1)
-    partition: Literal["sizes", "iid", "dirichlet"] = "sizes"
+    partition: Literal["sizes", "iid", "equal", "dirichlet"] = "sizes"
     alpha: float = Field(0.5, gt=0)
     weights: Literal["size", "uniform"] | list[float] = "size"
     samples: int = Field(1000, ge=1)
@@ -70,10 +77,23 @@ class DataConfig(_Section):
         return v
 
 
+Theory = Literal["theory"]
+
+
 class AlgorithmConfig(_Section):
     name: str = "fedshuffle"
-    lr: float | None = Field(None, gt=0)
-    server_lr: float | None = Field(None, gt=0)
+    lr: float | Theory | None = Field(None, description="local step size, or 'theory' (see fedshuffle.theory)")
+    lr_multiplier: float = Field(1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)")
+    server_lr: float | Theory | None = None
+    global_lr: float | Theory | None = Field(None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)")
+    server_optimizer: Literal["sgd", "heavy_ball", "adam", "adagrad", "yogi", "adgd"] | None = None
+    server_beta1: float | None = Field(None, ge=0, lt=1)
+    server_beta2: float | None = Field(None, ge=0, lt=1)
+    server_eps: float | None = Field(None, gt=0)
+    direction: Literal["model_delta", "mean_gradient"] | None = None
+    lr_schedule: Literal["constant", "inverse_epochs", "step"] | None = None
+    lr_decay_at: list[float] | None = None
+    lr_decay_factor: float | None = Field(None, gt=0, le=1)
     epochs: int | list[int] | None = None
     steps: int | Literal["min", "mean"] | None = None
     order: Literal["rr", "so", "with_replacement"] | None = None
@@ -91,6 +111,13 @@ class AlgorithmConfig(_Section):
     momentum_estimator: Literal["exact", "approx"] | None = None
     drop_last_steps: int | None = Field(None, ge=0)
     straggler_probability: float | None = Field(None, ge=0, le=1)
+
+    @field_validator("lr", "server_lr", "global_lr")
+    @classmethod
+    def _positive_step(cls, v):
+        if isinstance(v, float) and not (v > 0 and np.isfinite(v)):
+            raise ValueError("must be a positive number or 'theory'")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -272,7 +299,7 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
 def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
     """The problem and federated dataset a spec describes (partition seeded by ``run.seed``)."""
     p, d = spec.problem, spec.data
-    rng = generator(spec.run.seed, Stream.PARTITION)
+    rng = generator(spec.run.seed if d.seed is None else d.seed, Stream.PARTITION)
     if p.name == "quadratic":
         if d.source != "targets":
             raise ConfigError("data.source", "the quadratic problem takes its samples from problem.targets; use source = 'targets'")
@@ -291,6 +318,13 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
         raise ConfigError("data.source", f"problem {p.name!r} needs source = 'synthetic' or 'npz'")
     if d.source == "synthetic":
         x, y = data_mod.synthetic_classification(d.samples, d.features, d.classes, rng, d.separation)
+    elif d.source == "libsvm":
+        if (d.dataset is None) == (d.path is None):
+            raise ConfigError("data.dataset", f"source = 'libsvm' needs exactly one of dataset (one of {', '.join(LIBSVM_DATASETS)}) or path (an svmlight file)")
+        if d.dataset is not None:
+            x, y = load_libsvm_dataset(d.dataset, data_dirs=d.data_dirs, download=d.download, verify=d.verify)
+        else:
+            x, y = read_svmlight(d.path)
     else:
         if d.path is None:
             raise ConfigError("data.path", "source = 'npz' needs a path to an .npz file with arrays x and y")
@@ -310,6 +344,8 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
         raise ConfigError("data.clients", f"partition = {d.partition!r} needs the number of clients")
     elif d.partition == "iid":
         parts = data_mod.iid_partition(len(y_train), d.clients, rng)
+    elif d.partition == "equal":
+        parts = data_mod.equal_partition(len(y_train), d.clients, rng)
     else:
         parts = data_mod.dirichlet_partition(y_train, d.clients, d.alpha, rng)
     sizes = np.array([len(ix) for ix in parts])
@@ -325,7 +361,7 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
     features = torch.as_tensor(x.reshape(len(x), -1))
     dataset = FederatedDataset(
         features[train], labels[train], parts, data_mod.objective_weights(sizes, d.weights),
-        features[test] if n_test else None, labels[test] if n_test else None, name=d.source,
+        features[test] if n_test else None, labels[test] if n_test else None, name=d.dataset or d.source,
     )
     return problem, dataset
 
@@ -353,11 +389,37 @@ def build_sampler(spec: SamplerConfig, dataset: FederatedDataset) -> Sampler:
     return WithReplacement(n, b, probs)
 
 
-def build_algorithm_from(spec: AlgorithmConfig) -> Algorithm:
-    settings = spec.model_dump(exclude={"name"})
+def resolve_step_sizes(spec: AlgorithmConfig, problem: Problem, data: FederatedDataset, sampler: Sampler) -> tuple[AlgorithmConfig, dict[str, Any]]:
+    """Replace ``'theory'`` step sizes by the values of :func:`fedshuffle.theory.theoretical_step_sizes`.
+
+    Returns the resolved config and what was used (constants, N, R, the theory's values), for
+    display and for ``config.json``. ``lr_multiplier`` scales the local step size only.
+    """
+    wanted = [k for k in ("lr", "server_lr", "global_lr") if getattr(spec, k) == "theory"]
+    if not wanted:
+        return spec, {}
+    probe = build_algorithm(spec.name, {**spec.model_dump(exclude={"name", "lr", "server_lr", "global_lr", "lr_multiplier"}), "lr": 1.0})
+    local_steps = probe.local.max_planned_steps(data.sizes)
+    rounds = getattr(sampler, "rounds_per_meta_epoch", 1)
+    constants = theory.smoothness(problem, data)
+    values = theory.theoretical_step_sizes(spec.name, constants, local_steps, rounds)
+    missing = [k for k in wanted if k not in values]
+    if missing:
+        raise ConfigError(f"algorithm.{missing[0]}", f"{spec.name} has no theoretical {missing[0]}; give a number")
+    resolved = spec.model_copy(update={k: values[k] for k in wanted})
+    return resolved, {"constants": constants.to_dict(), "local_steps": local_steps, "rounds_per_meta_epoch": rounds, "theory": values, "used": {k: values[k] for k in wanted}}
+
+
+def build_algorithm_from(spec: AlgorithmConfig, rounds: int = 1) -> Algorithm:
+    """The :class:`Algorithm` of a config whose step sizes are numbers (see :func:`resolve_step_sizes`)."""
+    settings = spec.model_dump(exclude={"name", "lr_multiplier"})
     if settings["lr"] is None:
-        raise ConfigError("algorithm.lr", "a local step size is required (e.g. lr = 0.01)")
-    return build_algorithm(spec.name, settings)
+        raise ConfigError("algorithm.lr", "a local step size is required (e.g. lr = 0.01, or lr = 'theory')")
+    for key in ("lr", "server_lr", "global_lr"):
+        if settings[key] == "theory":
+            raise ConfigError(f"algorithm.{key}", "'theory' needs the problem and data; resolve it with resolve_step_sizes first")
+    settings["lr"] = settings["lr"] * spec.lr_multiplier
+    return build_algorithm(spec.name, settings, rounds)
 
 
 def slug(text: str) -> str:

@@ -124,6 +124,15 @@ def iid_partition(num_samples: int, num_clients: int, rng: np.random.Generator) 
     return [np.sort(part) for part in np.array_split(rng.permutation(num_samples), num_clients)]
 
 
+def equal_partition(num_samples: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffle uniformly and give each client ⌊N/M⌋ samples; the remainder is left out (RR-CLI paper §4.2)."""
+    per_client = num_samples // num_clients
+    if per_client < 1:
+        raise ConfigError("data.clients", f"{num_clients} clients but only {num_samples} samples")
+    order = rng.permutation(num_samples)[: per_client * num_clients]
+    return [np.sort(part) for part in order.reshape(num_clients, per_client)]
+
+
 def dirichlet_partition(
     labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, min_size: int = 1
 ) -> list[np.ndarray]:

@@ -11,3 +11,6 @@ class ConfigError(ValueError):
         self.message = message
         super().__init__(f"{field}: {message}")
 
+
+class DataError(ConfigError):
+    """A data file that cannot be used: ``field`` is the file (and line, where one is to blame)."""

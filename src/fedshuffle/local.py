@@ -229,8 +229,8 @@ class LocalSolver:
 
     # -- planning --------------------------------------------------------------------------------
 
-    def plan(self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int) -> list[ClientPlan]:
-        """Plans for every member of ``cohort`` (a repeated client gets independent runs)."""
+    def plan(self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, lr_scale: float = 1.0) -> list[ClientPlan]:
+        """Plans for every member of ``cohort`` (a repeated client gets independent runs); η_i = lr_scale·η_l/c_i."""
         sizes = np.array([len(ix) for ix in client_indices])
         if len(cohort) == 0:
             return []
@@ -243,7 +243,7 @@ class LocalSolver:
             planned = np.full(len(cohort), max(1, int(np.floor(epoch_based.mean() + 0.5))))
         else:
             planned = np.full(len(cohort), self.steps)
-        lrs = self.lr / self.normalizations(planned, cohort, sizes)
+        lrs = self.lr * lr_scale / self.normalizations(planned, cohort, sizes)
         seen: dict[int, int] = {}
         plans = []
         for i, tau, lr in zip(cohort.tolist(), planned.tolist(), lrs.tolist()):

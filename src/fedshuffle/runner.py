@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 from .algorithms import Simulation
-from .config import Experiment, RunSpec, build_algorithm_from, build_problem_and_data, build_sampler, slug
+from .config import Experiment, RunSpec, build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes, slug
 from .data import FederatedDataset
 from .problems import Problem
+from .theory import solution
 from .results import plot_comparison, summarize, write_atomic, write_json, write_metrics
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -44,13 +45,9 @@ class Evaluator:
     def __init__(self, problem: Problem, data: FederatedDataset) -> None:
         self.problem, self.data = problem, data
         self.sample_weights = data.sample_weights()
-        self.x_star: torch.Tensor | None = None
-        self.f_star: float | None = None
-        if problem.convex:
-            x_star = problem.minimizer(data.features, data.labels, self.sample_weights)
-            if x_star is not None:
-                self.x_star = x_star.to(data.features.dtype)
-                self.f_star = float(problem.weighted_loss(x_star.double(), data.features.double(), data.labels.to(torch.float64) if data.labels.is_floating_point() else data.labels, self.sample_weights.double()))
+        solved = solution(problem, data)
+        self.x_star = solved[0].to(data.features.dtype) if solved else None
+        self.f_star = solved[1] if solved else None
 
     def __call__(self, params: torch.Tensor) -> dict[str, float | None]:
         f, X, Y, s = self.problem, self.data.features, self.data.labels, self.sample_weights
@@ -94,10 +91,11 @@ def run_single(spec: RunSpec, run_dir: Path, seed: int, *, resume: bool = False,
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
     problem, data = build_problem_and_data(spec)
     sampler = build_sampler(spec.sampler, data)
-    algorithm = build_algorithm_from(spec.algorithm)
+    algorithm_spec, step_sizes = resolve_step_sizes(spec.algorithm, problem, data, sampler)
+    algorithm = build_algorithm_from(algorithm_spec, spec.run.rounds)
     sim = Simulation(problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype])
     evaluator = Evaluator(problem, sim.data)
-    write_json(run_dir / "config.json", {"spec": spec.model_dump(), "seed": seed, "environment": environment()})
+    write_json(run_dir / "config.json", {"spec": spec.model_dump(), "seed": seed, "step_sizes": step_sizes, "environment": environment()})
 
     rows: list[dict[str, Any]] = []
     checkpoint = run_dir / "checkpoint.pt"

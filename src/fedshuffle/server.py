@@ -11,6 +11,7 @@ States are plain dicts of tensors so that a checkpoint can store them as they ar
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,11 +25,17 @@ State = dict[str, torch.Tensor]
 
 
 class ServerOptimizer(Protocol):
-    """x ← x − step, with ``step, state = update(direction, state, params)``."""
+    """x ← x − step, with ``step, state = update(direction, state, params, lr_scale)``.
+
+    ``direction`` is the aggregated pseudo-gradient Σ ω_iΔ_i; ``lr_scale`` is the step-size
+    schedule's factor for this round (:class:`fedshuffle.schedules.Schedule`).
+    """
+
+    lr: float
 
     def init(self, params: torch.Tensor) -> State: ...
 
-    def update(self, direction: torch.Tensor, state: State, params: torch.Tensor) -> tuple[torch.Tensor, State]: ...
+    def update(self, direction: torch.Tensor, state: State, params: torch.Tensor, lr_scale: float = 1.0) -> tuple[torch.Tensor, State]: ...
 
 
 def _check_lr(lr: float) -> None:
@@ -48,8 +55,8 @@ class ServerSGD:
     def init(self, params):
         return {}
 
-    def update(self, direction, state, params):
-        return self.lr * direction, state
+    def update(self, direction, state, params, lr_scale=1.0):
+        return self.lr * lr_scale * direction, state
 
 
 @dataclass(frozen=True)
@@ -71,9 +78,133 @@ class ServerHeavyBall:
     def init(self, params):
         return {"velocity": torch.zeros_like(params), "started": torch.tensor(False)}
 
-    def update(self, direction, state, params):
+    def update(self, direction, state, params, lr_scale=1.0):
         velocity = self.beta * state["velocity"] + direction if bool(state["started"]) else direction.clone()
-        return self.lr * velocity, {"velocity": velocity, "started": torch.tensor(True)}
+        return self.lr * lr_scale * velocity, {"velocity": velocity, "started": torch.tensor(True)}
+
+
+ADAPTIVE = ("adam", "adagrad", "yogi")
+
+
+@dataclass(frozen=True)
+class ServerAdaptive:
+    """FedAdagrad / FedAdam / FedYogi (Reddi et al. 2021, Algorithm 2) on the pseudo-gradient Δ.
+
+        m ← β₁m + (1−β₁)Δ
+        v ← v + Δ²                                  (adagrad)
+        v ← β₂v + (1−β₂)Δ²                          (adam)
+        v ← v − (1−β₂)Δ²·sign(v − Δ²)               (yogi)
+        x ← x − η·m/(√v + τ)
+
+    with m₀ = 0 and v₀ = τ², as in that paper (no bias correction). Nastya §8 (002) uses Adam on the
+    aggregated direction in this way; τ (``eps``) is the adaptivity degree, 1e-3 by default.
+    """
+
+    kind: str = "adam"
+    lr: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-3
+
+    def __post_init__(self) -> None:
+        _check_lr(self.lr)
+        if self.kind not in ADAPTIVE:
+            raise ConfigError("algorithm.server_optimizer", f"unknown adaptive optimizer {self.kind!r}; accepted: {', '.join(ADAPTIVE)}")
+        for name, value in (("server_beta1", self.beta1), ("server_beta2", self.beta2)):
+            if not 0 <= value < 1:
+                raise ConfigError(f"algorithm.{name}", f"must be in [0, 1), got {value}")
+        if not self.eps > 0:
+            raise ConfigError("algorithm.server_eps", f"must be > 0, got {self.eps}")
+
+    def init(self, params):
+        return {"m": torch.zeros_like(params), "v": torch.full_like(params, self.eps**2)}
+
+    def update(self, direction, state, params, lr_scale=1.0):
+        m = self.beta1 * state["m"] + (1 - self.beta1) * direction
+        sq = direction * direction
+        if self.kind == "adagrad":
+            v = state["v"] + sq
+        elif self.kind == "adam":
+            v = self.beta2 * state["v"] + (1 - self.beta2) * sq
+        else:
+            v = state["v"] - (1 - self.beta2) * sq * torch.sign(state["v"] - sq)
+        return self.lr * lr_scale * m / (v.sqrt() + self.eps), {"m": m, "v": v}
+
+
+@dataclass(frozen=True)
+class ServerAdGD:
+    """Adaptive gradient descent without descent (Malitsky & Mishchenko 2020, Algorithm 1) on the server.
+
+    The pseudo-gradient g_k = Δ stands in for ∇f(x_k) (Nastya §8, 002):
+
+        λ_k = min{ √(1+θ_{k−1})·λ_{k−1},  ‖x_k − x_{k−1}‖ / (2‖g_k − g_{k−1}‖) },   θ_k = λ_k/λ_{k−1},
+        x_{k+1} = x_k − λ_k g_k,
+
+    with x₁ = x₀ − λ₀g₀ (λ₀ = ``lr``) and θ₀ = +∞, so λ₁ is set by the curvature estimate alone.
+    A zero ‖g_k − g_{k−1}‖ leaves only the first term. With Nastya's g = mean local gradient and a
+    small client step this is AdGD on f itself; the paper does not say which form its experiment
+    used, so this is the plain form of the AdGD paper.
+    """
+
+    lr: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _check_lr(self.lr)
+
+    def init(self, params):
+        return {"prev_params": params.clone(), "prev_direction": torch.zeros_like(params), "lr": torch.tensor(self.lr, dtype=torch.float64), "theta": torch.tensor(math.inf, dtype=torch.float64), "started": torch.tensor(False)}
+
+    def update(self, direction, state, params, lr_scale=1.0):
+        lam = float(state["lr"])
+        if bool(state["started"]):
+            growth = math.sqrt(1 + float(state["theta"])) * lam
+            diff = float((direction - state["prev_direction"]).norm())
+            curvature = float((params - state["prev_params"]).norm()) / (2 * diff) if diff > 0 else math.inf
+            new = min(growth, curvature)
+            theta, lam = new / lam, new
+        else:
+            theta = math.inf
+        new_state = {
+            "prev_params": params.clone(), "prev_direction": direction.clone(), "lr": torch.tensor(lam, dtype=torch.float64),
+            "theta": torch.tensor(theta, dtype=torch.float64), "started": torch.tensor(True),
+        }
+        return lam * lr_scale * direction, new_state
+
+
+@dataclass(frozen=True)
+class MetaEpochExtrapolation:
+    """RR-CLI's global step (003, Algorithm 1, line 18) around any server optimizer.
+
+    Rounds run ``inner`` from the meta-epoch's anchor x_t; after the R-th round of the meta-epoch
+
+        x_{t+1} = x_t − θ·(x_t − x_t^R)/(ηR),
+
+    with η the inner server step size. θ = ηR gives x_{t+1} = x_t^R (no extrapolation).
+    """
+
+    inner: ServerOptimizer
+    global_lr: float
+    rounds: int
+
+    def __post_init__(self) -> None:
+        if not self.global_lr > 0:
+            raise ConfigError("algorithm.global_lr", f"global step size θ must be > 0, got {self.global_lr}")
+
+    @property
+    def lr(self) -> float:
+        return self.inner.lr
+
+    def init(self, params):
+        return {"inner": self.inner.init(params), "anchor": params.clone(), "round": torch.tensor(0)}
+
+    def update(self, direction, state, params, lr_scale=1.0):
+        step, inner_state = self.inner.update(direction, state["inner"], params, lr_scale)
+        count = int(state["round"]) + 1
+        if count < self.rounds:
+            return step, {"inner": inner_state, "anchor": state["anchor"], "round": torch.tensor(count)}
+        anchor = state["anchor"]
+        end = anchor - self.global_lr / (self.inner.lr * self.rounds) * (anchor - (params - step))
+        return params - end, {"inner": inner_state, "anchor": end.clone(), "round": torch.tensor(0)}
 
 
 ClientGradients = Callable[[torch.Tensor, np.ndarray], torch.Tensor]

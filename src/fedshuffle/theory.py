@@ -1,0 +1,152 @@
+"""Theory made usable: smoothness constants, the exact solution x*, and the papers' step sizes.
+
+Smoothness of L2-regularized logistic regression, f_j(x) = log(1 + exp(−b_j a_jᵀx)) + (λ/2)‖x‖²:
+∇²f_j(x) = σ_j(1−σ_j)a_ja_jᵀ + λI with σ_j(1−σ_j) ≤ 1/4, equality at x = 0. Hence the constants
+below are exact (attained at x = 0), not just bounds:
+
+* per sample   L_j = ‖a_j‖²/4 + λ,
+* per client   L_m = λ_max(A_mᵀA_m/N_m)/4 + λ,
+* global       L = λ_max(Σ_j s_j a_ja_jᵀ)/4 + λ   (s_j the objective's sample weights, Σ s_j = 1),
+* strong convexity μ = λ (all of f, f_m, f_j).
+
+For the quadratic f_j = ½‖x − e_j‖² all constants are 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .data import FederatedDataset
+from .datasets.fetch import cache_dir
+from .errors import ConfigError
+from .problems import LogisticRegression, Problem, Quadratic
+from .results import write_atomic
+
+
+@dataclass(frozen=True)
+class Smoothness:
+    """Smoothness and strong-convexity constants of a problem on a federated dataset."""
+
+    sample_max: float
+    clients: np.ndarray
+    global_: float
+    mu: float
+
+    @property
+    def client_max(self) -> float:
+        return float(self.clients.max())
+
+    @property
+    def kappa(self) -> float:
+        """Condition number L_max/μ (the individual functions' constant, as RR-CLI's theorems use)."""
+        return self.sample_max / self.mu if self.mu > 0 else math.inf
+
+    def to_dict(self) -> dict[str, float]:
+        return {"L_sample_max": self.sample_max, "L_client_max": self.client_max, "L_global": self.global_, "mu": self.mu, "kappa": self.kappa}
+
+
+def smoothness(problem: Problem, data: FederatedDataset) -> Smoothness:
+    """Exact constants for logistic regression and the quadratic; other problems have none."""
+    if isinstance(problem, Quadratic):
+        return Smoothness(1.0, np.ones(data.num_clients), 1.0, 1.0)
+    if not isinstance(problem, LogisticRegression):
+        raise ConfigError("algorithm.lr", f"theoretical step sizes need known smoothness constants (logistic or quadratic problems), not {problem.name!r}")
+    a, lam = data.features.double(), problem.l2
+    per_sample = float((a * a).sum(dim=1).max()) / 4 + lam
+    clients = np.array([float(torch.linalg.eigvalsh(a[ix].T @ a[ix] / len(ix))[-1]) / 4 + lam for ix in map(torch.as_tensor, data.client_indices)])
+    s = data.sample_weights().double()
+    global_ = float(torch.linalg.eigvalsh((a.T * s) @ a)[-1]) / 4 + lam * float(s.sum())
+    return Smoothness(per_sample, clients, global_, lam)
+
+
+# ----------------------------------------------------------------------------------------------
+# x* and f*, cached by content
+
+
+_SOLUTIONS: dict[str, tuple[torch.Tensor, float]] = {}
+
+
+def _digest(problem: Problem, data: FederatedDataset) -> str:
+    h = hashlib.sha256(repr((type(problem).__name__, problem.dim, getattr(problem, "l2", None), getattr(problem, "num_classes", None))).encode())
+    for t in (data.features.double(), data.labels, data.sample_weights().double()):
+        h.update(np.ascontiguousarray(t.cpu().numpy()).tobytes())
+    return h.hexdigest()[:32]
+
+
+def solution(problem: Problem, data: FederatedDataset) -> tuple[torch.Tensor, float] | None:
+    """(x*, f*) in float64 for a convex problem with a computable minimizer, else ``None``.
+
+    Cached in memory and on disk (``<cache>/solutions/<content hash>.npy``) per problem and dataset
+    split, so that the variants and seeds of an experiment solve it once.
+    """
+    if not problem.convex:
+        return None
+    key = _digest(problem, data)
+    if key in _SOLUTIONS:
+        return _SOLUTIONS[key]
+    labels = data.labels.double() if data.labels.is_floating_point() else data.labels
+    a, s = data.features.double(), data.sample_weights().double()
+    path = cache_dir() / "solutions" / f"{key}.npy"
+    x_star = None
+    if path.is_file():
+        try:
+            x_star = torch.as_tensor(np.load(path, allow_pickle=False))
+        except (ValueError, OSError):
+            x_star = None
+    if x_star is None or x_star.shape != (problem.dim,):
+        x_star = problem.minimizer(a, labels, s)
+        if x_star is None:
+            return None
+        buf = io.BytesIO()
+        np.save(buf, x_star.double().numpy())
+        try:
+            write_atomic(path, buf.getvalue())
+        except OSError:
+            pass  # an unwritable cache only costs the next run a re-solve
+    x_star = x_star.double()
+    result = (x_star, float(problem.weighted_loss(x_star, a, labels, s)))
+    _SOLUTIONS[key] = result
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Step sizes from the papers' theorems
+
+THEORY_METHODS = ("rr_cli", "nastya", "fedavg", "fedavg_rr", "generalized_fedavg")
+
+
+def theoretical_step_sizes(method: str, constants: Smoothness, local_steps: int, rounds_per_meta_epoch: int = 1) -> dict[str, float]:
+    """Step sizes {lr, server_lr, global_lr} that a paper's theorem allows, at their upper limits.
+
+    ``local_steps`` is N (steps of one local pass) or K; L below is the smoothness of the
+    functions one local step samples (L_max of individual samples; a minibatch mean is no less smooth).
+
+    * ``rr_cli`` — 003 Theorem C.1: γ = 1/L_max, η = γN, θ = ηR.
+    * ``nastya`` — 002's theorems as we have them lack their formulas; we use the same authors'
+      analysis of these rounds in 003 Theorem C.2 (f_m strongly convex): η = 1/(4L_max),
+      γ = 1/(8N·L_max·√κ), κ = L_max/μ.
+    * ``fedavg``/``fedavg_rr`` — Karimireddy et al. (2020), Theorem I (strongly convex) with
+      η_g = 1 and the smallest dissimilarity constant B = 1: η_l = 1/(8(1+B²)·L·K) = 1/(16·L·K),
+      L the largest client smoothness (003 §4.3 uses this FedAvg step).
+    * ``generalized_fedavg`` — 004 Theorem 1: η_L = 1/(8LK) and η·η_L = 1/(KL), so η = 8.
+    """
+    if method not in THEORY_METHODS:
+        raise ConfigError("algorithm.lr", f"no theoretical step size for {method!r}; accepted: {', '.join(THEORY_METHODS)} (give a number instead)")
+    n = max(int(local_steps), 1)
+    if method == "rr_cli":
+        gamma = 1.0 / constants.sample_max
+        eta = gamma * n
+        return {"lr": gamma, "server_lr": eta, "global_lr": eta * rounds_per_meta_epoch}
+    if method == "nastya":
+        L = constants.sample_max
+        return {"lr": 1.0 / (8 * n * L * math.sqrt(constants.kappa)), "server_lr": 1.0 / (4 * L)}
+    if method == "generalized_fedavg":
+        eta_l = 1.0 / (8 * constants.client_max * n)
+        return {"lr": eta_l, "server_lr": 1.0 / (eta_l * n * constants.client_max)}
+    return {"lr": 1.0 / (16 * constants.client_max * n), "server_lr": 1.0}

@@ -1,0 +1,129 @@
+"""LIBSVM loading: offline copies, download from a local HTTP server, cache, checksums, bad files."""
+
+import functools
+import hashlib
+import http.server
+import threading
+
+import numpy as np
+import pytest
+
+from fedshuffle.datasets import LIBSVM_DATASETS, RemoteFile, load_libsvm_dataset, locate, read_svmlight
+from fedshuffle.datasets.fetch import cache_dir
+from fedshuffle.errors import DataError
+
+FIXTURE = "+1 1:0.5 3:1\n-1 2:-1.5\n+1 1:2 2:0.25 3:-1 # comment\n-1\n"
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A static HTTP server on 127.0.0.1 serving ``tmp_path/www``; yields (base URL, folder, request log)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            requests.append(self.path)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/", root, requests
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def sha(text: bytes) -> str:
+    return hashlib.sha256(text).hexdigest()
+
+
+def test_fixture_file_is_downloaded_verified_and_then_served_from_the_cache(server, tmp_path):
+    base, root, requests = server
+    (root / "toy").write_text(FIXTURE)
+    remote = RemoteFile("toy", "toy", base + "toy", sha(FIXTURE.encode()))
+    path = locate(remote)
+    assert path == cache_dir() / "toy" / "toy" and path.read_text() == FIXTURE
+    assert len(requests) == 1
+    assert locate(remote) == path and len(requests) == 1  # cached: no second request
+    x, y = read_svmlight(path, 3)
+    np.testing.assert_array_equal(x, [[0.5, 0, 1], [0, -1.5, 0], [2, 0.25, -1], [0, 0, 0]])
+    np.testing.assert_array_equal(y, [1, 0, 1, 0])
+    assert not list(path.parent.glob(".*.part"))  # no temporary file left behind
+
+
+def test_wrong_checksum_on_download_is_an_error_and_nothing_is_cached(server):
+    base, root, _ = server
+    (root / "toy").write_text(FIXTURE[:-10])  # truncated on the server
+    remote = RemoteFile("toy", "toy", base + "toy", sha(FIXTURE.encode()))
+    with pytest.raises(DataError, match="checksum mismatch for toy/toy"):
+        locate(remote)
+    assert not (cache_dir() / "toy").exists() or not any((cache_dir() / "toy").iterdir())
+
+
+def test_offline_without_a_copy_says_where_to_put_the_file(tmp_path):
+    remote = RemoteFile("toy", "toy", "http://127.0.0.1:9/toy", sha(FIXTURE.encode()))  # port 9: nothing listens
+    with pytest.raises(DataError, match="could not download toy/toy") as err:
+        locate(remote, timeout=5)
+    assert str(cache_dir() / "toy" / "toy") in str(err.value)
+    with pytest.raises(DataError, match="downloading is off"):
+        locate(remote, download=False)
+
+
+def test_registered_dataset_downloads_from_a_mirror_and_matches_the_offline_copy(server, shared_data, monkeypatch):
+    base, root, requests = server
+    (root / "a3a").write_bytes((shared_data / "a3a" / "a3a").read_bytes())
+    x, y = load_libsvm_dataset("a3a", base_url=base)
+    assert x.shape == (3185, 123) and requests == ["/a3a"]
+    monkeypatch.setenv("FEDSHUFFLE_DATA", str(shared_data))
+    x_offline, y_offline = load_libsvm_dataset("a3a", download=False)
+    np.testing.assert_array_equal(x, x_offline)
+    np.testing.assert_array_equal(y, y_offline)
+
+
+@pytest.mark.parametrize("name, rows, positives", [("phishing", 11055, 6157), ("mushrooms", 8124, 4208), ("w3a", 4912, 143), ("a3a", 3185, 773)])
+def test_offline_copies_load_with_their_shapes_and_labels(shared_data, name, rows, positives):
+    x, y = load_libsvm_dataset(name, data_dirs=[shared_data], download=False)
+    assert x.shape == (rows, LIBSVM_DATASETS[name][0]) and int(y.sum()) == positives and set(np.unique(y)) == {0, 1}
+
+
+def test_a_modified_local_copy_fails_its_checksum_unless_verification_is_off(tmp_path, shared_data):
+    folder = tmp_path / "data" / "phishing"
+    folder.mkdir(parents=True)
+    lines = (shared_data / "phishing" / "phishing").read_bytes().splitlines(keepends=True)
+    (folder / "phishing").write_bytes(b"".join(lines[:-100]))  # cut at a line boundary: still parseable
+    with pytest.raises(DataError, match="checksum mismatch"):
+        load_libsvm_dataset("phishing", data_dirs=[tmp_path / "data"], download=False)
+    x, _ = load_libsvm_dataset("phishing", data_dirs=[tmp_path / "data"], download=False, verify=False)
+    assert x.shape == (11055 - 100, 68)
+
+
+@pytest.mark.parametrize(
+    "content, line, reason",
+    [
+        ("+1 1:0.5\n-1 2:1.0 3:\n", 2, "'3:' is not index:value"),  # truncated mid-pair
+        ("+1 1:0.5\n+1 2:abc\n", 2, "value 'abc' is not a number"),
+        ("+1 1:0.5\n-1 2:1\nyes 1:1\n", 3, "label 'yes' is not a number"),
+        ("+1 3:0.5 2:1\n", 1, "feature indices must increase"),
+        ("+1 1:1\n-1 9:1\n", 2, "feature index 9 exceeds the 3 features"),
+    ],
+)
+def test_corrupted_file_names_the_file_and_the_line(tmp_path, content, line, reason):
+    path = tmp_path / "bad.svm"
+    path.write_text(content)
+    with pytest.raises(DataError) as err:
+        read_svmlight(path, 3)
+    assert f"{path}, line {line}" in str(err.value) and reason in str(err.value)
+
+
+def test_nan_features_and_single_class_files_are_rejected(tmp_path):
+    nan = tmp_path / "nan.svm"
+    nan.write_text("+1 1:0.5\n-1 2:nan\n")
+    with pytest.raises(DataError, match="line 2.*finite"):
+        read_svmlight(nan, 3)
+    single = tmp_path / "one.svm"
+    single.write_text("+1 1:0.5\n+1 2:1\n")
+    with pytest.raises(DataError, match="exactly two label values"):
+        read_svmlight(single, 3)
+    with pytest.raises(DataError, match="unknown LIBSVM dataset 'phishng'"):
+        load_libsvm_dataset("phishng")

@@ -1,0 +1,262 @@
+"""Server step sizes (Nastya, RR-CLI, generalized FedAvg): equivalences, closed forms, theory."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, UniformWithoutReplacement, WithReplacement, build_algorithm
+from fedshuffle.analysis import inspect_objective
+from fedshuffle.config import AlgorithmConfig, RunSpec, build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes, validate
+from fedshuffle.data import FederatedDataset, equal_partition, objective_weights
+from fedshuffle.errors import ConfigError
+from fedshuffle.schedules import Schedule
+from fedshuffle.server import ServerAdaptive
+from fedshuffle.theory import smoothness, solution
+
+from conftest import quadratic_dataset
+
+CLIENTS, PER_CLIENT, DIM = 12, 20, 5
+
+
+def logistic_data(seed=0, l2=1e-2):
+    """12 equal clients of a heterogeneous logistic-regression problem (labels from client-shifted planes)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(CLIENTS * PER_CLIENT, DIM)) + np.repeat(rng.normal(size=(CLIENTS, DIM)), PER_CLIENT, axis=0)
+    y = (x @ rng.normal(size=DIM) + rng.normal(size=len(x)) > 0).astype(float) * 2 - 1
+    parts = equal_partition(len(y), CLIENTS, rng)
+    data = FederatedDataset(torch.tensor(x), torch.tensor(y), parts, objective_weights(np.full(CLIENTS, PER_CLIENT), "size"))
+    return LogisticRegression(DIM, l2), data
+
+
+def trajectory(name, settings, sampler, rounds=24, seed=3):
+    problem, data = logistic_data()
+    sim = Simulation(problem, data, build_algorithm(name, settings), sampler, seed=seed)
+    out = []
+    for _ in range(rounds):
+        sim.step()
+        out.append(sim.params.clone())
+    return torch.stack(out)
+
+
+def assert_same(a, b, rtol=1e-12):
+    scale = b.abs().max()
+    assert float((a - b).abs().max()) <= rtol * float(scale), float((a - b).abs().max() / scale)
+
+
+# -- equivalences ---------------------------------------------------------------------------------
+
+GAMMA, BATCH = 0.05, 4  # 5 local steps of 4 samples per pass
+
+
+@pytest.mark.parametrize("order", ["rr", "so"])
+def test_nastya_with_server_step_gamma_n_is_fedavg(order):
+    """002 §5.1: with η = γN, x − η·(1/C)Σ(x − y_i)/(γN) is the cohort's model average."""
+    steps = PER_CLIENT // BATCH
+    local = {"lr": GAMMA, "order": order, "batch_size": BATCH}
+    nastya = trajectory("nastya", {**local, "server_lr": GAMMA * steps}, UniformWithoutReplacement(CLIENTS, 3))
+    fedavg = trajectory("fedavg_rr", local, UniformWithoutReplacement(CLIENTS, 3))
+    assert_same(nastya, fedavg)
+    different = trajectory("nastya", {**local, "server_lr": 2 * GAMMA * steps}, UniformWithoutReplacement(CLIENTS, 3))
+    assert float((different - fedavg).abs().max()) > 1e-3  # the server step matters
+
+
+@pytest.mark.parametrize("client_order", ["reshuffle", "shuffle_once", "fixed"])
+@pytest.mark.parametrize("data_order", ["rr", "so"])
+def test_rr_cli_with_theorem_steps_is_cyclic_fedavg(client_order, data_order):
+    """003 §3: η = γN and θ = ηR make every round a model average and the meta-epoch step the identity."""
+    steps, rounds = PER_CLIENT // BATCH, CLIENTS // 3
+    local = {"lr": GAMMA, "order": data_order, "batch_size": BATCH}
+    eta = GAMMA * steps
+    rr_cli = trajectory("rr_cli", {**local, "server_lr": eta, "global_lr": eta * rounds}, Cyclic(CLIENTS, 3, client_order))
+    fedavg = trajectory("fedavg_rr", local, Cyclic(CLIENTS, 3, client_order))
+    assert_same(rr_cli, fedavg)
+
+
+def test_rr_cli_global_step_extrapolates_the_meta_epoch():
+    """x_{t+1} = x_t − θ(x_t − x_t^R)/(ηR), checked against the plain meta-epoch's end point."""
+    rounds, eta = CLIENTS // 3, 0.5
+    local = {"lr": GAMMA, "batch_size": BATCH, "server_lr": eta}
+    sampler = Cyclic(CLIENTS, 3, "shuffle_once")
+    plain = trajectory("rr_cli", local, sampler, rounds=rounds)  # θ defaults to ηR
+    theta = 3.0
+    extrapolated = trajectory("rr_cli", {**local, "global_lr": theta}, sampler, rounds=rounds)
+    x0 = torch.zeros(DIM, dtype=torch.float64)
+    expected = x0 - theta / (eta * rounds) * (x0 - plain[-1])
+    assert_same(extrapolated[-1], expected)
+    assert_same(extrapolated[:-1], plain[:-1])  # inside the meta-epoch nothing changes
+
+
+def test_rr_cli_needs_cyclic_cohorts():
+    problem, data = logistic_data()
+    with pytest.raises(ConfigError) as err:
+        Simulation(problem, data, build_algorithm("rr_cli", {"lr": 0.1}), UniformWithoutReplacement(CLIENTS, 3))
+    assert err.value.field == "sampler.name" and "cyclic" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        build_algorithm("nastya", {"lr": 0.1, "global_lr": 2.0})
+    assert err.value.field == "algorithm.global_lr"
+
+
+# -- generalized FedAvg (004): sampling strategies --------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["with_replacement", "without_replacement"])
+def test_generalized_fedavg_sampling_strategies_are_unbiased_by_enumeration(strategy):
+    """004 §3.2: E[Σ_{i∈S} ω_iΔ_i] = Σ_i w_iΔ_i, over every cohort and its exact probability."""
+    sizes = np.array([1, 2, 3, 6])
+    w = objective_weights(sizes, "size")
+    sampler = WithReplacement(4, 2, w) if strategy == "with_replacement" else UniformWithoutReplacement(4, 2)
+    alg = build_algorithm("generalized_fedavg", {"lr": 0.1, "steps": 3, "server_lr": 2.0})
+    report = inspect_objective(alg, sampler, sizes, w, exact=True)
+    assert report.exact
+    np.testing.assert_allclose(report.expected_aggregation_weights, w, rtol=0, atol=1e-15)
+    # Strategy 1 aggregates by the plain mean over the multiset (ω = 1/n), strategy 2 by (m/n)·w_i.
+    plans = alg.local.plan([np.arange(s) for s in sizes], np.array([3, 3]), 0, 0)
+    omega = alg.aggregation_weights(plans, w, sampler.expected_counts(), None)
+    expected = [0.5, 0.5] if strategy == "with_replacement" else [4 / 2 * w[3]] * 2
+    np.testing.assert_allclose(omega, expected, rtol=1e-15)
+
+
+def test_sum_one_with_replacement_is_biased_where_unbiased_is_not():
+    sizes = np.array([1, 2, 3, 6])
+    w = objective_weights(sizes, "size")
+    sampler = WithReplacement(4, 2)  # uniform probabilities, unequal weights
+    fedavg = inspect_objective(build_algorithm("fedavg", {"lr": 0.1, "steps": 3}), sampler, sizes, w, exact=True)
+    assert fedavg.max_deviation > 0.01
+
+
+# -- server optimizers and schedules ------------------------------------------------------------------
+
+
+def test_adaptive_server_optimizers_follow_reddi_et_al():
+    g = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    x = torch.zeros(3, dtype=torch.float64)
+    for kind in ("adam", "adagrad", "yogi"):
+        opt = ServerAdaptive(kind, lr=0.1, beta1=0.9, beta2=0.99, eps=1e-3)
+        state = opt.init(x)
+        m, v = torch.zeros(3, dtype=torch.float64), torch.full((3,), 1e-6, dtype=torch.float64)
+        for k in range(3):
+            step, state = opt.update(g * (k + 1), state, x)
+            d = g * (k + 1)
+            m = 0.9 * m + 0.1 * d
+            v = {"adam": 0.99 * v + 0.01 * d**2, "adagrad": v + d**2, "yogi": v - 0.01 * d**2 * torch.sign(v - d**2)}[kind]
+            torch.testing.assert_close(step, 0.1 * m / (v.sqrt() + 1e-3), rtol=1e-14, atol=0)
+    yogi, adam = ServerAdaptive("yogi", lr=0.1), ServerAdaptive("adam", lr=0.1)
+    s_y, s_a = yogi.init(x), adam.init(x)
+    for _ in range(5):
+        _, s_y = yogi.update(g, s_y, x)
+        _, s_a = adam.update(g, s_a, x)
+    assert torch.all(s_y["v"] > s_a["v"])  # Yogi's additive growth is faster than Adam's while v < g²
+
+
+def test_adgd_on_the_server_takes_steps_of_at_least_one_over_2l():
+    """Single node (002 §8): with one full-batch local step Nastya sends g = ∇f(x) exactly, so the
+    server runs AdGD itself, whose steps stay ≥ 1/(2L) (Malitsky & Mishchenko 2020) and converge."""
+    problem, data = logistic_data(l2=0.05)
+    one = FederatedDataset(data.features, data.labels, [np.arange(data.num_samples)], np.ones(1))
+    L = smoothness(problem, one).global_
+    _, f_star = solution(problem, one)
+    alg = build_algorithm("nastya", {"lr": 1e-3, "server_optimizer": "adgd", "server_lr": 1e-3, "batch_size": data.num_samples})
+    sim = Simulation(problem, one, alg, FullParticipation(1))
+    steps, gaps = [], []
+    for _ in range(80):
+        sim.step()
+        steps.append(float(sim.server_state["lr"]))
+        gaps.append(float(problem.weighted_loss(sim.params, one.features, one.labels, one.sample_weights())) - f_star)
+    informative = [lam for lam, gap in zip(steps[1:], gaps) if gap > 1e-12]  # before round-off dominates ∇f differences
+    assert len(informative) > 10 and min(informative) >= 1 / (2 * L)
+    assert max(steps) > 1 / L  # AdGD exceeds 1/L where the local curvature allows it
+    assert gaps[-1] < 1e-12
+
+
+def test_schedules():
+    assert Schedule("inverse_epochs")(7, 2.5) == pytest.approx(1 / 3)
+    step = Schedule("step", (0.5, 0.75), 0.1, total_rounds=100)
+    assert [step(r, 0) for r in (0, 49, 50, 74, 75, 99)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+    with pytest.raises(ConfigError, match="lr_decay_at"):
+        Schedule("step", (0.8, 0.5))
+
+
+def test_inverse_epoch_schedule_scales_local_and_server_steps():
+    """One client with one sample: x_{r+1} = x_r − η_r·γ_r·(x_r − e) with γ_r, η_r ∝ 1/(1 + r)."""
+    data = quadratic_dataset([1], np.array([[1.0, -1.0]]))
+    gamma, eta = 0.3, 0.5
+    sim = Simulation(Quadratic(2), data, build_algorithm("fedavg_rr", {"lr": gamma, "server_lr": eta, "lr_schedule": "inverse_epochs"}), FullParticipation(1))
+    x, e = np.zeros(2), np.array([1.0, -1.0])
+    for r in range(6):
+        sim.step()
+        x = x - eta / (1 + r) * gamma / (1 + r) * (x - e)
+        np.testing.assert_allclose(sim.params.numpy(), x, rtol=1e-14)
+
+
+# -- theory ---------------------------------------------------------------------------------------------
+
+
+def test_logistic_smoothness_constants_equal_the_hessian_at_zero_and_bound_it_elsewhere():
+    problem, data = logistic_data()
+    c = smoothness(problem, data)
+    s = data.sample_weights()
+    hess = lambda x, X, Y, w: torch.func.hessian(lambda z: problem.weighted_loss(z, X, Y, w))(x)  # noqa: E731
+    top = lambda h: float(torch.linalg.eigvalsh(h)[-1])  # noqa: E731
+    zero = torch.zeros(DIM, dtype=torch.float64)
+    assert top(hess(zero, data.features, data.labels, s)) == pytest.approx(c.global_, rel=1e-12)
+    for m, ix in enumerate(data.client_indices):
+        ix = torch.as_tensor(ix)
+        w = torch.full((len(ix),), 1 / len(ix), dtype=torch.float64)
+        assert top(hess(zero, data.features[ix], data.labels[ix], w)) == pytest.approx(c.clients[m], rel=1e-12)
+    per_sample = max(top(hess(zero, data.features[j : j + 1], data.labels[j : j + 1], torch.ones(1, dtype=torch.float64))) for j in range(data.num_samples))
+    assert per_sample == pytest.approx(c.sample_max, rel=1e-12)
+    x = torch.randn(DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    h = hess(x, data.features, data.labels, s)
+    eig = torch.linalg.eigvalsh(h)
+    assert c.mu <= float(eig[0]) and float(eig[-1]) <= c.global_
+    assert c.mu == problem.l2
+
+
+def spec_for(dataset, **algorithm):
+    return validate(RunSpec, {
+        "problem": {"name": "logistic", "l2": 5e-4},
+        "data": {"source": "libsvm", "dataset": dataset, "partition": "equal", "clients": 12, "weights": "uniform", "seed": 0},
+        "algorithm": {"batch_size": 93, **algorithm},
+        "sampler": {"name": "cyclic", "cohort": 3},
+    })
+
+
+def test_phishing_split_solution_and_theory_steps(shared_data, monkeypatch):
+    monkeypatch.setenv("FEDSHUFFLE_DATA", str(shared_data))
+    spec = spec_for("phishing", name="rr_cli", lr="theory", server_lr="theory", global_lr="theory", lr_multiplier=5)
+    problem, data = build_problem_and_data(spec)
+    assert data.num_clients == 12 and set(data.sizes) == {11055 // 12}  # 003 §4.2: ⌊|D|/M⌋ each
+    x_star, _ = solution(problem, data)
+    grad = problem.weighted_gradient(x_star, data.features, data.labels, data.sample_weights())
+    assert float(grad.norm()) <= 1e-14
+    sampler = build_sampler(spec.sampler, data)
+    resolved, info = resolve_step_sizes(spec.algorithm, problem, data, sampler)
+    L = info["constants"]["L_sample_max"]
+    assert L == pytest.approx(30 * 0.18257**2 / 4 + 5e-4, rel=1e-12)  # each row: 30 values of 0.18257 ≈ 1/√30, L_j = ‖a_j‖²/4 + λ
+    assert info["local_steps"] == 10 and info["rounds_per_meta_epoch"] == 4
+    assert resolved.lr == pytest.approx(1 / L) and resolved.server_lr == pytest.approx(10 / L) and resolved.global_lr == pytest.approx(40 / L)
+    alg = build_algorithm_from(resolved)
+    assert alg.local.lr == pytest.approx(5 / L) and alg.server.lr == pytest.approx(10 / L)  # the multiplier is for γ only
+
+
+def test_theory_step_sizes_are_refused_where_no_theorem_applies():
+    problem, data = logistic_data()
+    spec = validate(AlgorithmConfig, {"name": "fedshuffle", "lr": "theory"})
+    with pytest.raises(ConfigError, match="no theoretical step size for 'fedshuffle'"):
+        resolve_step_sizes(spec, problem, data, FullParticipation(CLIENTS))
+    with pytest.raises(ConfigError, match="resolve_step_sizes"):
+        build_algorithm_from(spec)
+    with pytest.raises(ConfigError) as err:
+        validate(AlgorithmConfig, {"name": "nastya", "lr": -1.0}, "algorithm.")
+    assert "algorithm.lr" in str(err.value)
+
+
+def test_nastya_theory_matches_the_stated_formula():
+    problem, data = logistic_data()
+    spec = validate(AlgorithmConfig, {"name": "nastya", "lr": "theory", "server_lr": "theory", "batch_size": BATCH})
+    resolved, info = resolve_step_sizes(spec, problem, data, UniformWithoutReplacement(CLIENTS, 3))
+    c = smoothness(problem, data)
+    assert resolved.server_lr == pytest.approx(1 / (4 * c.sample_max))
+    assert resolved.lr == pytest.approx(1 / (8 * (PER_CLIENT // BATCH) * c.sample_max * math.sqrt(c.sample_max / c.mu)))
