@@ -135,3 +135,54 @@ def test_show_and_presets_commands():
     assert result.exit_code == 0 and "sum_one" in result.stdout
     listing = runner.invoke(app, ["presets"], terminal_width=200)
     assert listing.exit_code == 0 and "fedshuffle-fig4-unfinished" in listing.stdout
+
+
+RR_CLI = """
+[problem]
+name = "logistic"
+l2 = 0.01
+[data]
+source = "synthetic"
+samples = 240
+features = 5
+partition = "equal"
+clients = 12
+seed = 4
+[algorithm]
+name = "rr_cli"
+lr = "theory"
+server_lr = "theory"
+global_lr = 2.0
+batch_size = 5
+server_optimizer = "{server}"
+[sampler]
+name = "cyclic"
+cohort = 3
+[run]
+rounds = {rounds}
+eval_every = 1
+"""
+
+
+def test_rr_cli_resumes_mid_meta_epoch_with_nested_server_state(tmp_path):
+    """The meta-epoch anchor and an adaptive server's moments survive a checkpoint taken inside a meta-epoch."""
+    spec = lambda rounds: load_experiment(write_config(tmp_path, RR_CLI.format(server="adam", rounds=rounds))).runs()[0][1]  # noqa: E731
+    run_single(spec(10), tmp_path / "full", seed=1)
+    run_single(spec(6), tmp_path / "cut", seed=1)  # 6 = 1.5 meta-epochs of R = 4
+    (tmp_path / "cut" / "summary.json").unlink()
+    run_single(spec(10), tmp_path / "cut", seed=1, resume=True)
+    assert np.array_equal(np.load(tmp_path / "full" / "final_params.npy"), np.load(tmp_path / "cut" / "final_params.npy"))
+    assert (tmp_path / "full" / "metrics.csv").read_text() == (tmp_path / "cut" / "metrics.csv").read_text()
+
+
+def test_inspect_config_shows_theoretical_step_sizes(tmp_path):
+    path = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=5))
+    result = runner.invoke(app, ["inspect", "--config", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["run"]
+    c = row["constants"]
+    assert row["local_lr"] == pytest.approx(1 / c["L_sample_max"]) and row["server_lr"] == pytest.approx(row["local_lr"] * 4)  # N = 20/5 steps
+    assert row["global_lr"] == 2.0 and row["from_theory"] == ["lr", "server_lr"] and row["local_steps"] == 4
+    bad = write_config(tmp_path, RR_CLI.format(server="adamw", rounds=5))
+    result = runner.invoke(app, ["inspect", "--config", str(bad)])
+    assert result.exit_code == 2 and "algorithm.server_optimizer" in result.output

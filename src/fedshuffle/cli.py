@@ -133,8 +133,16 @@ def inspect(
     monte_carlo: Annotated[bool, typer.Option("--monte-carlo", help="force Monte Carlo even when exact enumeration is possible")] = False,
     samples: Annotated[int, typer.Option(help="Monte Carlo rounds")] = 20000,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    config: Annotated[Optional[str], typer.Option("--config", help="a preset or TOML file: show its smoothness constants and step sizes per variant instead")] = None,
 ) -> None:
-    """Which objective does this configuration minimize? Prints w, p, E[ω·1{i∈S}] and ŵ (eq. 31)."""
+    """Which objective does this configuration minimize? Prints w, p, E[ω·1{i∈S}] and ŵ (eq. 31).
+
+    With --config: the problem's smoothness constants and every variant's step sizes, with the
+    theoretical values where the config asks for them ('theory').
+    """
+    if config is not None:
+        _inspect_step_sizes(config, as_json)
+        return
     import numpy as np
     import torch
 
@@ -179,6 +187,40 @@ def inspect(
         console.print(f"[yellow]warning:[/yellow] the effective objective differs from f = Σ w_i f_i (max |ŵ_i − w_i| = {report.max_deviation:.3g}); this configuration minimizes Σ ŵ_i f_i instead.")
     else:
         console.print("[green]consistent:[/green] ŵ = w, this configuration minimizes f = Σ w_i f_i.")
+
+
+def _inspect_step_sizes(config: str, as_json: bool) -> None:
+    from .config import build_algorithm_from, build_problem_and_data, build_sampler, load_experiment, resolve_step_sizes
+    from .theory import smoothness
+
+    rows = {}
+    try:
+        for label, spec in load_experiment(config).runs():
+            problem, data = build_problem_and_data(spec)
+            sampler = build_sampler(spec.sampler, data)
+            resolved, info = resolve_step_sizes(spec.algorithm, problem, data, sampler)
+            alg = build_algorithm_from(resolved, spec.run.rounds)
+            server = alg.server_for(sampler)
+            rows[label or "run"] = {
+                "method": alg.name, "local_lr": alg.local.lr, "server_lr": server.lr, "global_lr": getattr(server, "global_lr", None),
+                "local_steps": alg.local.max_planned_steps(data.sizes), "from_theory": sorted(info.get("used", {})),
+                "constants": info.get("constants") or (smoothness(problem, data).to_dict() if problem.name in ("logistic", "quadratic") else None),
+            }
+    except ConfigError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(rows))
+        return
+    first = next(iter(rows.values()))["constants"]
+    if first:
+        console.print("constants: " + ", ".join(f"{k} = {v:.6g}" for k, v in first.items()))
+    table = Table(title=f"step sizes of {config}")
+    for col in ("variant", "method", "local γ", "server η", "global θ", "local steps", "from theory"):
+        table.add_column(col, justify="right" if col not in ("variant", "method") else "left")
+    for label, r in rows.items():
+        theta = f"{r['global_lr']:.6g}" if r["global_lr"] is not None else "—"
+        table.add_row(label, r["method"], f"{r['local_lr']:.6g}", f"{r['server_lr']:.6g}", theta, str(r["local_steps"]), ", ".join(r["from_theory"]) or "—")
+    console.print(table)
 
 
 def main() -> None:

@@ -144,8 +144,11 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations only")
 
 
+Metric = Literal["loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_accuracy", "test_loss"]
+
+
 class PlotConfig(_Section):
-    metric: Literal["loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_accuracy", "test_loss"] = "f_gap"
+    metric: Metric | list[Metric] = Field("f_gap", description="one metric, or a list for one panel each")
     x: Literal["round", "epochs", "sample_gradients", "bytes"] = "round"
     log_y: bool = True
     band: Literal["std", "minmax"] = "std"

@@ -72,43 +72,43 @@ def read_metrics(path: Path) -> dict[str, np.ndarray]:
 
 
 def plot_comparison(
-    curves: Mapping[str, Sequence[Path]], out_stem: Path, *, metric: str, x: str = "round", log_y: bool = True, band: str = "std", title: str = ""
+    curves: Mapping[str, Sequence[Path]], out_stem: Path, *, metric: str | Sequence[str], x: str = "round", log_y: bool = True, band: str = "std", title: str = ""
 ) -> list[Path]:
-    """Mean over seeds with a std or min–max band, one line per variant; writes PNG and PDF."""
+    """Mean over seeds with a std or min–max band, one line per variant, one panel per metric; PNG and PDF."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), constrained_layout=True)
-    plotted = False
-    for label, paths in curves.items():
-        tables = [read_metrics(p) for p in paths if Path(p).exists()]
-        tables = [t for t in tables if len(t["round"])]
-        if not tables:
-            continue
-        length = min(len(t["round"]) for t in tables)
-        xs_col = "bytes_up" if x == "bytes" else x
-        xs = tables[0][xs_col][:length] + (tables[0]["bytes_down"][:length] if x == "bytes" else 0)
-        ys = np.stack([t[metric][:length] for t in tables])
-        if np.all(np.isnan(ys)):
-            continue
-        mean = np.nanmean(ys, axis=0)
-        lo, hi = (mean - np.nanstd(ys, axis=0), mean + np.nanstd(ys, axis=0)) if band == "std" else (np.nanmin(ys, axis=0), np.nanmax(ys, axis=0))
-        (line,) = ax.plot(xs, mean, label=label or metric)
-        if len(tables) > 1:
-            lo = np.maximum(lo, np.nanmin(ys, axis=0)) if log_y else lo  # a std band must not reach below the lowest seed on a log axis
-            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-        plotted = True
-    if log_y and plotted:
-        ax.set_yscale("log")
-    ax.set_xlabel(METRIC_LABELS.get(x, x))
-    ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+    metrics = [metric] if isinstance(metric, str) else list(metric)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.4 * len(metrics), 4.2), constrained_layout=True, squeeze=False)
+    tables = {label: [t for t in (read_metrics(p) for p in paths if Path(p).exists()) if len(t["round"])] for label, paths in curves.items()}
+    for ax, name in zip(axes[0], metrics):
+        plotted = False
+        for label, runs in tables.items():
+            if not runs:
+                continue
+            length = min(len(t["round"]) for t in runs)
+            xs = runs[0]["bytes_up"][:length] + runs[0]["bytes_down"][:length] if x == "bytes" else runs[0][x][:length]
+            ys = np.stack([t[name][:length] for t in runs])
+            if np.all(np.isnan(ys)):
+                continue
+            mean = np.nanmean(ys, axis=0)
+            lo, hi = (mean - np.nanstd(ys, axis=0), mean + np.nanstd(ys, axis=0)) if band == "std" else (np.nanmin(ys, axis=0), np.nanmax(ys, axis=0))
+            (line,) = ax.plot(xs, mean, label=label or name)
+            if len(runs) > 1:
+                lo = np.maximum(lo, np.nanmin(ys, axis=0)) if log_y else lo  # a std band must not reach below the lowest seed on a log axis
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+            plotted = True
+        if log_y and plotted:
+            ax.set_yscale("log")
+        ax.set_xlabel(METRIC_LABELS.get(x, x))
+        ax.set_ylabel(METRIC_LABELS.get(name, name))
+        if plotted:
+            ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
     if title:
-        ax.set_title(title, fontsize=10)
-    if plotted:
-        ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+        fig.suptitle(title, fontsize=10)
     out = [out_stem.with_suffix(".png"), out_stem.with_suffix(".pdf")]
     for path in out:
         buf = io.BytesIO()
