@@ -127,3 +127,13 @@ def test_nan_features_and_single_class_files_are_rejected(tmp_path):
         read_svmlight(single, 3)
     with pytest.raises(DataError, match="unknown LIBSVM dataset 'phishng'"):
         load_libsvm_dataset("phishng")
+
+
+def test_official_test_split_is_used_for_test_metrics(shared_data, monkeypatch):
+    from fedshuffle.config import RunSpec, build_problem_and_data, validate
+
+    monkeypatch.setenv("FEDSHUFFLE_DATA", str(shared_data))
+    spec = validate(RunSpec, {"problem": {"name": "logistic", "l2": 1e-3}, "data": {"source": "libsvm", "dataset": "a3a", "partition": "equal", "clients": 5, "libsvm_test": True}})
+    _, data = build_problem_and_data(spec)
+    assert data.num_samples == 3185 // 5 * 5 and data.test_features.shape == (29376, 123)
+    assert float(data.test_labels.sum()) == 7068 - 22308  # a3a.t: 7068 positive, 22308 negative, as ±1

@@ -61,6 +61,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "generalized_fedavg": {"order": "with_replacement", "step_normalization": "none", "weighting": "data", "normalization": "unbiased"},
 }
 
+DEVICES = ("cpu", "cuda")
 SERVER_OPTIMIZERS = ("sgd", "heavy_ball", "adam", "adagrad", "yogi", "adgd")
 LOCAL_KEYS = ("lr", "epochs", "steps", "order", "batch_size", "step_normalization", "weight_decay", "clip_norm", "prox_mu", "drop_last_steps", "straggler_probability")
 
@@ -180,13 +181,18 @@ class Simulation:
     seed: int = 0
     dtype: torch.dtype = torch.float64
     executor: Executor = field(default_factory=SequentialExecutor)
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ConfigError("run.device", f"unknown device {self.device!r}; accepted: {', '.join(DEVICES)}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("run.device", "CUDA is not available on this machine (torch.cuda.is_available() is False); use device = 'cpu'")
         if self.sampler.num_clients != self.data.num_clients:
             raise ConfigError("sampler", f"sampler is for {self.sampler.num_clients} clients, data has {self.data.num_clients}")
-        self.data = self.data.to(self.dtype)
+        self.data = self.data.to(self.dtype, self.device)
         torch_gen = torch.Generator().manual_seed(int(generator(self.seed, Stream.INIT).integers(2**62)))
-        self.params = self.problem.init_params(torch_gen, self.dtype)
+        self.params = self.problem.init_params(torch_gen, self.dtype).to(self.device)
         self.server = self.algorithm.server_for(self.sampler)
         self.server_state = self.server.init(self.params)
         self.momentum_state = self.algorithm.momentum.init(self.params) if self.algorithm.momentum else {}
@@ -213,7 +219,7 @@ class Simulation:
         plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed, scale)
         deltas = self.executor.run(self.problem, self.data, self.params, plans, alg.local.rule(drift))
         omega = alg.aggregation_weights(plans, self.data.weights, self._expected_counts, self._planned_tau_eff, scale)
-        direction = torch.as_tensor(omega, dtype=self.dtype) @ deltas if plans else torch.zeros_like(self.params)
+        direction = torch.as_tensor(omega, dtype=self.dtype, device=self.device) @ deltas if plans else torch.zeros_like(self.params)
         step, self.server_state = self.server.update(direction, self.server_state, self.params, scale)
         self.params = self.params - step
         if alg.momentum is not None:
@@ -236,7 +242,7 @@ class Simulation:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.params = state["params"].to(self.dtype)
+        self.params = state["params"].to(self.device, self.dtype)
         self.server_state = _clone(state["server"])
         self.momentum_state = dict(state["momentum"])
         self.counters = Counters(**state["counters"])

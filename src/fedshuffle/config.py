@@ -25,6 +25,7 @@ from . import data as data_mod
 from .algorithms import METHODS, Algorithm, build_algorithm
 from .data import FederatedDataset
 from .errors import ConfigError
+from .executors import Executor, SequentialExecutor, VectorizedExecutor
 from .problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
 from .samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement
 from . import theory
@@ -67,6 +68,7 @@ class DataConfig(_Section):
     classes: int = Field(2, ge=2)
     separation: float = Field(1.0, ge=0)
     test_fraction: float = Field(0.0, ge=0, lt=1)
+    libsvm_test: bool = Field(False, description="libsvm: evaluate on LIBSVM's own test file (<dataset>.t), where it has one")
     path: str | None = None
 
     @field_validator("client_sizes")
@@ -140,7 +142,10 @@ class RunConfig(_Section):
     seed: int = Field(0, ge=0)
     dtype: Literal["float64", "float32"] = "float64"
     eval_every: int = Field(10, ge=1)
-    executor: Literal["sequential"] = "sequential"
+    executor: Literal["sequential", "vectorized"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers")
+    device: Literal["cpu", "cuda"] = "cpu"
+    chunk_size: int | None = Field(None, ge=1, description="vectorized: clients per batched chunk (default: as many as fit in memory_budget_mb)")
+    memory_budget_mb: int = Field(1024, ge=1, description="vectorized: memory one chunk may use")
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations only")
 
 
@@ -328,6 +333,12 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
             x, y = load_libsvm_dataset(d.dataset, data_dirs=d.data_dirs, download=d.download, verify=d.verify)
         else:
             x, y = read_svmlight(d.path)
+        if d.libsvm_test:
+            if d.dataset is None or d.test_fraction:
+                raise ConfigError("data.libsvm_test", "needs data.dataset and test_fraction = 0 (the test set is LIBSVM's own file)")
+            x_test, y_test = load_libsvm_dataset(d.dataset, "test", data_dirs=d.data_dirs, download=d.download, verify=d.verify)
+            official_test = np.arange(len(y), len(y) + len(y_test))
+            x, y = np.concatenate([x, x_test]), np.concatenate([y, y_test])
     else:
         if d.path is None:
             raise ConfigError("data.path", "source = 'npz' needs a path to an .npz file with arrays x and y")
@@ -335,9 +346,12 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
     num_classes = int(y.max()) + 1 if y.size else 0
     if y.min(initial=0) < 0:
         raise ConfigError("data.path", "labels must be 0..C-1")
-    order = rng.permutation(len(y))
-    n_test = int(round(d.test_fraction * len(y)))
-    test, train = order[:n_test], order[n_test:]
+    if d.source == "libsvm" and d.libsvm_test:
+        test, train = official_test, rng.permutation(official_test[0])
+    else:
+        order = rng.permutation(len(y))
+        test, train = order[: int(round(d.test_fraction * len(y)))], order[int(round(d.test_fraction * len(y))) :]
+    n_test = len(test)
     x_train, y_train = x[train], y[train]
     if d.partition == "sizes":
         if d.client_sizes is None or sum(d.client_sizes) != len(y_train):
@@ -411,6 +425,13 @@ def resolve_step_sizes(spec: AlgorithmConfig, problem: Problem, data: FederatedD
         raise ConfigError(f"algorithm.{missing[0]}", f"{spec.name} has no theoretical {missing[0]}; give a number")
     resolved = spec.model_copy(update={k: values[k] for k in wanted})
     return resolved, {"constants": constants.to_dict(), "local_steps": local_steps, "rounds_per_meta_epoch": rounds, "theory": values, "used": {k: values[k] for k in wanted}}
+
+
+def build_executor(run: RunConfig) -> Executor:
+    """The executor a run asks for."""
+    if run.executor == "vectorized":
+        return VectorizedExecutor(run.chunk_size, run.memory_budget_mb << 20)
+    return SequentialExecutor()
 
 
 def build_algorithm_from(spec: AlgorithmConfig, rounds: int = 1) -> Algorithm:

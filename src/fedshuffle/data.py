@@ -76,13 +76,15 @@ class FederatedDataset:
         s = np.zeros(self.features.shape[0], dtype=np.float64)
         for i, ix in enumerate(self.client_indices):
             s[ix] = self.weights[i] / len(ix)
-        return torch.as_tensor(s, dtype=self.features.dtype)
+        return torch.as_tensor(s, dtype=self.features.dtype, device=self.features.device)
 
-    def to(self, dtype: torch.dtype) -> FederatedDataset:
-        """The same dataset with floating features cast to ``dtype``."""
+    def to(self, dtype: torch.dtype, device: str | torch.device | None = None) -> FederatedDataset:
+        """The same dataset with floating tensors cast to ``dtype`` and every tensor moved to ``device``."""
 
         def cast(t: torch.Tensor | None) -> torch.Tensor | None:
-            return t.to(dtype) if t is not None and t.is_floating_point() else t
+            if t is None:
+                return None
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
 
         return FederatedDataset(
             cast(self.features), cast(self.labels), self.client_indices, self.weights,

@@ -285,36 +285,42 @@ class LocalSolver:
         return LocalRule(self.weight_decay, self.clip_norm, self.momentum, self.prox_mu, drift)
 
 
-def _direction(problem: Problem, rule: LocalRule, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """g(z) = clip(∇f_batch(z)) + wd·z."""
-    g = problem.gradient(params, features, labels)
+def _regularized(rule: LocalRule, g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """clip(g) + wd·z, along the last axis (one client ``(d,)`` or a stack ``(C, d)``)."""
     if rule.clip_norm is not None:
-        g = g * torch.clamp(rule.clip_norm / (g.norm() + 1e-12), max=1.0)
+        g = g * torch.clamp(rule.clip_norm / (g.norm(dim=-1, keepdim=True) + 1e-12), max=1.0)
     if rule.weight_decay:
-        g = g + rule.weight_decay * params
+        g = g + rule.weight_decay * z
     return g
 
 
-def run_client(problem: Problem, features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, plan: ClientPlan, rule: LocalRule) -> torch.Tensor:
-    """Reference client loop; returns Δ_i = x − y_{τ_i}.
+def local_direction(rule: LocalRule, grad_y: torch.Tensor, y: torch.Tensor, x: torch.Tensor, grad_x: torch.Tensor | None = None) -> torch.Tensor:
+    """The move d of one local step before momentum, for one client or a stack of clients.
 
-    Each step: d = g(y) (with the drift of eq. (13) or its Appendix-F approximation when global
-    momentum is on) + μ(y − x) (FedProx); v ← ρv + d; y ← y − η_i v.
+    d = g(y) with g(z) = clip(∇f_batch(z)) + wd·z; with global momentum, d + (1−a)(m − g(x)) (eq. (13),
+    ``grad_x`` = ∇f_batch(x) on the same minibatch) or a·d + (1−a)m (Appendix F); then + μ(y − x) (FedProx).
     """
+    d = _regularized(rule, grad_y, y)
+    drift = rule.drift
+    if drift is not None:
+        if drift.correction:
+            d = d + (1 - drift.a) * (drift.momentum - _regularized(rule, grad_x, x))
+        else:
+            d = drift.a * d + (1 - drift.a) * drift.momentum
+    if rule.prox_mu:
+        d = d + rule.prox_mu * (y - x)
+    return d
+
+
+def run_client(problem: Problem, features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, plan: ClientPlan, rule: LocalRule) -> torch.Tensor:
+    """Reference client loop; returns Δ_i = x − y_{τ_i}. Each step: d = :func:`local_direction`; v ← ρv + d; y ← y − η_i v."""
     y = x.clone()
     velocity = torch.zeros_like(x) if rule.momentum else None
-    drift = rule.drift
+    correction = rule.drift is not None and rule.drift.correction
     for batch in plan.batches:
-        rows = torch.from_numpy(batch[batch >= 0])
+        rows = torch.from_numpy(batch[batch >= 0]).to(features.device)
         fb, lb = features[rows], labels[rows]
-        d = _direction(problem, rule, y, fb, lb)
-        if drift is not None:
-            if drift.correction:
-                d = d + (1 - drift.a) * (drift.momentum - _direction(problem, rule, x, fb, lb))
-            else:
-                d = drift.a * d + (1 - drift.a) * drift.momentum
-        if rule.prox_mu:
-            d = d + rule.prox_mu * (y - x)
+        d = local_direction(rule, problem.gradient(y, fb, lb), y, x, problem.gradient(x, fb, lb) if correction else None)
         if velocity is not None:
             velocity = rule.momentum * velocity + d
             d = velocity

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .algorithms import Simulation
-from .config import Experiment, RunSpec, build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes, slug
+from .config import Experiment, RunSpec, build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes, slug
 from .data import FederatedDataset
 from .problems import Problem
 from .theory import solution
@@ -45,8 +45,8 @@ class Evaluator:
     def __init__(self, problem: Problem, data: FederatedDataset) -> None:
         self.problem, self.data = problem, data
         self.sample_weights = data.sample_weights()
-        solved = solution(problem, data)
-        self.x_star = solved[0].to(data.features.dtype) if solved else None
+        solved = solution(problem, data.to(torch.float64, "cpu"))
+        self.x_star = solved[0].to(data.features.device, data.features.dtype) if solved else None
         self.f_star = solved[1] if solved else None
 
     def __call__(self, params: torch.Tensor) -> dict[str, float | None]:
@@ -93,7 +93,7 @@ def run_single(spec: RunSpec, run_dir: Path, seed: int, *, resume: bool = False,
     sampler = build_sampler(spec.sampler, data)
     algorithm_spec, step_sizes = resolve_step_sizes(spec.algorithm, problem, data, sampler)
     algorithm = build_algorithm_from(algorithm_spec, spec.run.rounds)
-    sim = Simulation(problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype])
+    sim = Simulation(problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run), device=spec.run.device)
     evaluator = Evaluator(problem, sim.data)
     write_json(run_dir / "config.json", {"spec": spec.model_dump(), "seed": seed, "step_sizes": step_sizes, "environment": environment()})
 
@@ -143,7 +143,7 @@ def run_single(spec: RunSpec, run_dir: Path, seed: int, *, resume: bool = False,
             on_round(1)
     write_metrics(run_dir / "metrics.csv", rows)
     npy = io.BytesIO()
-    np.save(npy, sim.params.detach().double().numpy())
+    np.save(npy, sim.params.detach().double().cpu().numpy())
     write_atomic(run_dir / "final_params.npy", npy.getvalue())
     final = {k: v for k, v in rows[-1].items()}
     write_json(summary_path, {"status": status, "message": message, "final": final, "rounds": sim.counters.rounds, "seed": seed})

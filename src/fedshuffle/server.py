@@ -252,7 +252,7 @@ class GlobalMomentum:
             return (Drift(self.a, state["momentum"], False) if bool(state["started"]) else None), state
         m = (1 - self.a) * state["momentum"]
         if len(cohort):
-            weights = torch.as_tensor(unbiased, dtype=params.dtype)
+            weights = torch.as_tensor(unbiased, dtype=params.dtype, device=params.device)
             now = weights @ client_gradients(params, cohort)
             before = weights @ client_gradients(state["previous"], cohort)
             m = m + self.a * now + (1 - self.a) * (now - before)
@@ -263,7 +263,7 @@ class GlobalMomentum:
         """After the round (approx only): m ← Σ_S ω_iΔ_i/(τ_iη_i)."""
         if self.estimator != "approx" or not plans:
             return state
-        scale = torch.as_tensor([u / (p.steps * p.lr) for u, p in zip(unbiased, plans)], dtype=deltas.dtype)
+        scale = torch.as_tensor([u / (p.steps * p.lr) for u, p in zip(unbiased, plans)], dtype=deltas.dtype, device=deltas.device)
         return {**state, "momentum": scale @ deltas, "started": torch.tensor(True)}
 
     def gradient_evaluations(self, sizes: np.ndarray, cohort: np.ndarray) -> int:
