@@ -25,7 +25,7 @@ from . import data as data_mod
 from .algorithms import METHODS, Algorithm, build_algorithm
 from .data import FederatedDataset
 from .errors import ConfigError
-from .executors import Executor, SequentialExecutor, VectorizedExecutor
+from .executors import Executor, RayExecutor, SequentialExecutor, VectorizedExecutor
 from .problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
 from .samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement
 from . import theory
@@ -142,10 +142,12 @@ class RunConfig(_Section):
     seed: int = Field(0, ge=0)
     dtype: Literal["float64", "float32"] = "float64"
     eval_every: int = Field(10, ge=1)
-    executor: Literal["sequential", "vectorized"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers")
+    executor: Literal["sequential", "vectorized", "ray"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers")
     device: Literal["cpu", "cuda"] = "cpu"
     chunk_size: int | None = Field(None, ge=1, description="vectorized: clients per batched chunk (default: as many as fit in memory_budget_mb)")
     memory_budget_mb: int = Field(1024, ge=1, description="vectorized: memory one chunk may use")
+    ray_workers: int = Field(2, ge=1, description="ray: shares the cohort is split into (one Ray task each)")
+    ray_address: str | None = Field(None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray")
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations only")
 
 
@@ -431,6 +433,8 @@ def build_executor(run: RunConfig) -> Executor:
     """The executor a run asks for."""
     if run.executor == "vectorized":
         return VectorizedExecutor(run.chunk_size, run.memory_budget_mb << 20)
+    if run.executor == "ray":
+        return RayExecutor(run.ray_workers, run.ray_address, run.chunk_size, run.memory_budget_mb << 20)
     return SequentialExecutor()
 
 
