@@ -78,7 +78,7 @@ def test_vectorized_equals_sequential_for_a_network(method):
 def test_memory_budget_sets_the_chunk_size():
     data = dataset()
     small = VectorizedExecutor(memory_budget=1 << 20)
-    assert small.chunk_for(data, dim=10_000, batch=1) == (1 << 20) // ((6 * 10_000 + 3 * 5) * 8)
+    assert small.chunk_for(data, dim=10_000, batch=1, steps=4) == (1 << 20) // ((6 * 10_000 + 3 * 5 + 3 * 4) * 8)
     assert VectorizedExecutor(chunk_size=7).chunk_for(data, dim=10_000, batch=1) == 7
     with pytest.raises(ConfigError, match="run.chunk_size"):
         VectorizedExecutor(chunk_size=0)

@@ -72,45 +72,50 @@ class VectorizedExecutor:
             raise ConfigError("run.memory_budget", f"must be at least 1 MiB, got {memory_budget} bytes")
         self.chunk_size, self.memory_budget = chunk_size, memory_budget
 
-    def chunk_for(self, data: FederatedDataset, dim: int, batch: int) -> int:
-        """Clients per chunk: the budget over ≈ (6d + 3B·(features + 1)) elements per client."""
+    def chunk_for(self, data: FederatedDataset, dim: int, batch: int, steps: int = 1) -> int:
+        """Clients per chunk: the budget over ≈ 6d + 3B·(features + 1) + 3τB elements per client (models,
+        a gathered minibatch and its gradient work, and the row indices and masks of all τ steps)."""
         if self.chunk_size is not None:
             return self.chunk_size
         per_sample = int(np.prod(data.features.shape[1:])) + 1
-        per_client = (6 * dim + 3 * batch * per_sample) * data.features.element_size()
+        per_client = (6 * dim + 3 * batch * per_sample + 3 * steps * batch) * data.features.element_size()
         return max(1, self.memory_budget // per_client)
 
     def run(self, problem, data, params, plans, rule):
         if not plans:
             return params.new_zeros((0, params.numel()))
-        batch = max(p.batches.shape[1] for p in plans)
-        size = self.chunk_for(data, params.numel(), batch)
-        return torch.cat([self._run_chunk(problem, data, params, plans[k : k + size], rule) for k in range(0, len(plans), size)])
+        batch, steps = max(p.batches.shape[1] for p in plans), max(p.steps for p in plans)
+        size = self.chunk_for(data, params.numel(), batch, steps)
+        order = np.argsort([-p.steps for p in plans], kind="stable")  # longest first: the clients still working are a prefix
+        deltas = torch.cat([self._run_chunk(problem, data, params, [plans[i] for i in order[k : k + size]], rule) for k in range(0, len(plans), size)])
+        return deltas[torch.from_numpy(np.argsort(order, kind="stable")).to(deltas.device)]
 
     def _run_chunk(self, problem: Problem, data: FederatedDataset, x: torch.Tensor, plans: Sequence[ClientPlan], rule: LocalRule) -> torch.Tensor:
-        steps, batch = max(p.steps for p in plans), max(p.batches.shape[1] for p in plans)
+        """``plans`` sorted by decreasing step count, so that at step t the working clients are rows [0, k_t)."""
+        steps, batch = plans[0].steps, max(p.batches.shape[1] for p in plans)
         rows = np.full((len(plans), steps, batch), -1, dtype=np.int64)
         for c, plan in enumerate(plans):
             rows[c, : plan.steps, : plan.batches.shape[1]] = plan.batches
         rows_t = torch.from_numpy(rows).to(x.device)
         mask = (rows_t >= 0).to(x.dtype)
-        active = mask.sum(-1) > 0
+        weights = mask / mask.sum(-1, keepdim=True).clamp(min=1)  # 1/n on real rows, 0 on padding
         safe = rows_t.clamp(min=0)
-        lrs = torch.tensor([p.lr for p in plans], dtype=x.dtype, device=x.device)
+        working = np.searchsorted(-np.array([p.steps for p in plans]), -np.arange(steps), side="left")  # k_t = #{c: τ_c > t}
+        lrs = torch.tensor([p.lr for p in plans], dtype=x.dtype, device=x.device).unsqueeze(1)
         ys = x.expand(len(plans), -1).clone()
         xs = x.expand(len(plans), -1)
         velocity = torch.zeros_like(ys) if rule.momentum else None
         correction = rule.drift is not None and rule.drift.correction
         for t in range(steps):
-            idx, m = safe[:, t], mask[:, t]
-            f, lab = data.features[idx], data.labels[idx]
-            grad_x = problem.batched_gradient(xs, f, lab, m) if correction else None
-            d = local_direction(rule, problem.batched_gradient(ys, f, lab, m), ys, xs, grad_x)
-            on = active[:, t].unsqueeze(1)
+            k = int(working[t])
+            idx = safe[:k, t]
+            y, f, lab, m = ys[:k], data.features[idx], data.labels[idx], weights[:k, t]
+            grad_x = problem.batched_gradient(xs[:k], f, lab, m) if correction else None
+            d = local_direction(rule, problem.batched_gradient(y, f, lab, m), y, xs[:k], grad_x)
             if velocity is not None:
-                velocity = torch.where(on, rule.momentum * velocity + d, velocity)
-                d = velocity
-            ys = ys - (lrs.unsqueeze(1) * on) * d
+                velocity[:k] = rule.momentum * velocity[:k] + d
+                d = velocity[:k]
+            ys[:k] = y - lrs[:k] * d
         return x - ys
 
     def client_gradients(self, problem, data, params, clients):
@@ -125,8 +130,8 @@ class VectorizedExecutor:
             for c, i in enumerate(part):
                 rows[c, : len(data.client_indices[i])] = data.client_indices[i]
             rows_t = torch.from_numpy(rows).to(params.device)
-            safe = rows_t.clamp(min=0)
-            out.append(problem.batched_gradient(params.expand(len(part), -1), data.features[safe], data.labels[safe], (rows_t >= 0).to(params.dtype)))
+            safe, mask = rows_t.clamp(min=0), (rows_t >= 0).to(params.dtype)
+            out.append(problem.batched_gradient(params.expand(len(part), -1), data.features[safe], data.labels[safe], mask / mask.sum(1, keepdim=True)))
         return torch.cat(out)
 
 

@@ -44,18 +44,19 @@ class Problem(ABC):
         """Mean gradient over the batch, (1/B) Σ_j ∇f_ij(x)."""
         return grad(lambda p: self.losses(p, features, labels).mean())(params)
 
-    def batched_gradient(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Row c: (1/n_c) Σ_b m_cb ∇f(y_c; a_cb), n_c = Σ_b m_cb — one masked minibatch per client.
+    def batched_gradient(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Row c: Σ_b v_cb ∇f(y_c; a_cb) — one weighted minibatch per client.
 
-        ``params`` is ``(C, d)``, ``features`` ``(C, B, ...)``, ``labels`` and the 0/1 ``mask`` ``(C, B)``.
-        The default maps :func:`torch.func.grad` over clients with :func:`torch.func.vmap`; linear
-        models override it with batched closed forms. Rows with n_c = 0 are never used.
+        ``params`` is ``(C, d)``, ``features`` ``(C, B, ...)``, ``labels`` and ``weights`` ``(C, B)``;
+        v_cb = 1/n_c on the n_c real rows of client c's minibatch and 0 on padding, so a row is that
+        client's minibatch mean gradient. The default maps :func:`torch.func.grad` over clients with
+        :func:`torch.func.vmap`; linear models override it with batched closed forms.
         """
 
-        def client(p, f, y, m):
-            return grad(lambda q: (self.losses(q, f, y) * m).sum() / m.sum().clamp(min=1))(p)
+        def client(p, f, y, v):
+            return grad(lambda q: (self.losses(q, f, y) * v).sum())(p)
 
-        return vmap(client)(params, features, labels, mask)
+        return vmap(client)(params, features, labels, weights)
 
     def weighted_loss(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Σ_j s_j f_j(x) — the objective f(x) when ``weights`` are the dataset's sample weights."""
@@ -100,8 +101,8 @@ class Quadratic(Problem):
     def weighted_gradient(self, params, features, labels, weights):
         return params * weights.sum() - weights @ features
 
-    def batched_gradient(self, params, features, labels, mask):
-        return params - (features * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+    def batched_gradient(self, params, features, labels, weights):
+        return params * weights.sum(1, keepdim=True) - (features * weights.unsqueeze(-1)).sum(1)
 
     def minimizer(self, features, labels, weights):
         return (weights @ features) / weights.sum()
@@ -135,9 +136,11 @@ class LogisticRegression(Problem):
         coef = -labels * torch.sigmoid(-labels * (features @ params)) * weights
         return features.T @ coef + self.l2 * weights.sum() * params
 
-    def batched_gradient(self, params, features, labels, mask):
-        coef = -labels * torch.sigmoid(-labels * torch.einsum("cbp,cp->cb", features, params)) * mask
-        return torch.einsum("cbp,cb->cp", features, coef) / mask.sum(1, keepdim=True).clamp(min=1) + self.l2 * params
+    def batched_gradient(self, params, features, labels, weights):
+        # Broadcast products rather than batched matmuls: C tiny (1×B)(B×p) products are slower as bmm.
+        margins = (features * params.unsqueeze(1)).sum(-1)
+        coef = -labels * torch.sigmoid(-labels * margins) * weights
+        return (coef.unsqueeze(-1) * features).sum(1) + self.l2 * weights.sum(1, keepdim=True) * params
 
     def accuracy(self, params, features, labels):
         return float(((features @ params) * labels > 0).double().mean())

@@ -1,0 +1,80 @@
+"""Shared helpers of the benchmarks: timing, peak memory, machine description, JSON output.
+
+Each benchmark case runs in its own process (``python -m benchmarks.<name> --case ...``) so that
+its peak resident memory is its own; the driver runs the cases side by side and writes one JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(), "platform": platform.platform()}
+    try:
+        info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def time_rounds(step: Callable[[], Any], warmup: int, repeats: int, sync: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Median and spread of seconds per call of ``step`` after ``warmup`` calls."""
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "rounds": repeats, "warmup": warmup}
+
+
+def run_case(module: str, case: str, *args: str, timeout: float = 3600) -> dict[str, Any]:
+    """Run one case in a fresh interpreter and parse the JSON line it prints last."""
+    cmd = [sys.executable, "-m", module, "--case", case, *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).parents[1])
+    if out.returncode != 0:
+        return {"case": case, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def emit(result: dict[str, Any]) -> None:
+    result["peak_rss_mib"] = round(peak_rss_mib(), 1)
+    print(json.dumps(result))
+
+
+def write(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {"benchmark": name, "machine": machine(), "date": time.strftime("%Y-%m-%d"), **payload}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
