@@ -186,3 +186,16 @@ def test_inspect_config_shows_theoretical_step_sizes(tmp_path):
     bad = write_config(tmp_path, RR_CLI.format(server="adamw", rounds=5))
     result = runner.invoke(app, ["inspect", "--config", str(bad)])
     assert result.exit_code == 2 and "algorithm.server_optimizer" in result.output
+
+
+def test_executor_setting_runs_the_same_numbers(tmp_path):
+    """run.executor switches the executor, not the results (metrics files identical)."""
+    base = load_experiment(write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6))).runs()[0][1]
+    for name in ("sequential", "vectorized"):
+        spec = base.model_copy(update={"run": base.run.model_copy(update={"executor": name})})
+        run_single(spec, tmp_path / name, seed=2)
+    a, b = (read_metrics(tmp_path / n / "metrics.csv") for n in ("sequential", "vectorized"))
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-12)
+    bad = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6).replace('[run]', '[run]\nexecutor = "gpu"'))
+    result = runner.invoke(app, ["run", str(bad), "--out", str(tmp_path / "bad")])
+    assert result.exit_code == 2 and "run.executor" in result.output

@@ -102,3 +102,19 @@ def ray_executor():
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_ray_equals_sequential(ray_executor, method):
     assert_close(trajectory(method, ray_executor), trajectory(method, SequentialExecutor()))
+
+
+def test_lazy_dataset_gives_the_in_memory_trajectory():
+    """Clients generated on demand (LazyFederatedDataset) run exactly as the same data held in memory."""
+    from fedshuffle.data import LazyFederatedDataset
+
+    data = dataset()
+    x, y = data.features.numpy(), data.labels.numpy()
+    lazy = LazyFederatedDataset(data.sizes, data.weights, lambda i: (x[data.client_indices[i]], y[data.client_indices[i]]), (4,))
+    for method in ("fedshuffle", "fedshuffle_mvr", "fedavg"):
+        reference = trajectory(method, SequentialExecutor())
+        for executor in (SequentialExecutor(), VectorizedExecutor(chunk_size=2)):
+            assert_close(trajectory(method, executor, data=lazy), reference, rtol=1e-13)
+    rows = np.array([0, 4, 10, 33])
+    f, lab = lazy.gather(rows)
+    assert torch.equal(f, data.features[rows]) and torch.equal(lab, data.labels[rows])

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .aggregation import Aggregator
-from .data import FederatedDataset
+from .data import FederatedDataset, LazyFederatedDataset
 from .errors import ConfigError
 from .executors import Executor, SequentialExecutor
 from .local import LocalSolver
@@ -175,7 +175,7 @@ class Simulation:
     """
 
     problem: Problem
-    data: FederatedDataset
+    data: FederatedDataset | LazyFederatedDataset
     algorithm: Algorithm
     sampler: Sampler
     seed: int = 0
@@ -216,7 +216,7 @@ class Simulation:
             extra_gradients = alg.momentum.gradient_evaluations(self.data.sizes, cohort)
             down_models += drift is not None
         scale = alg.schedule(r, self.counters.sample_gradients / self.data.num_samples)
-        plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed, scale)
+        plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed, scale, self.data.sizes)
         deltas = self.executor.run(self.problem, self.data, self.params, plans, alg.local.rule(drift))
         omega = alg.aggregation_weights(plans, self.data.weights, self._expected_counts, self._planned_tau_eff, scale)
         direction = torch.as_tensor(omega, dtype=self.dtype, device=self.device) @ deltas if plans else torch.zeros_like(self.params)

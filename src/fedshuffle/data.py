@@ -5,13 +5,14 @@ The objective of every run is
     f(x) = Σ_i w_i f_i(x),    f_i(x) = (1/|D_i|) Σ_{j ∈ D_i} f_ij(x),
 
 with objective weights w_i (default |D_i|/|D|, FedShuffle paper eq. (1)). All samples live in one
-``features``/``labels`` pair; client i owns the rows ``client_indices[i]``.
+``features``/``labels`` pair; client i owns the rows ``client_indices[i]``. For populations too large
+to hold, :class:`LazyFederatedDataset` generates a client's rows when it takes part.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,74 @@ class FederatedDataset:
             cast(self.features), cast(self.labels), self.client_indices, self.weights,
             cast(self.test_features), cast(self.test_labels), self.name,
         )
+
+
+class ClientRows(Sequence):
+    """``client_indices`` of clients with contiguous rows, without storing them: client i owns
+    rows offsets[i] ≤ j < offsets[i+1]."""
+
+    def __init__(self, sizes: np.ndarray) -> None:
+        self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        return np.arange(self.offsets[i], self.offsets[i + 1], dtype=np.int64)
+
+
+@dataclass
+class LazyFederatedDataset:
+    """Clients whose samples are generated when they take part: memory grows with the cohort, not with n.
+
+    ``make_client(i)`` returns client i's ``(features, labels)`` as arrays and must be deterministic.
+    Rows are numbered globally (client i's j-th sample is row offsets[i] + j) as in
+    :class:`FederatedDataset`, so samplers, plans and executors treat both alike; executors fetch the
+    rows a round needs with :meth:`gather`. Whole-population quantities (f(x), x*) are not available.
+    """
+
+    sizes: np.ndarray
+    weights: np.ndarray
+    make_client: Callable[[int], tuple[np.ndarray, np.ndarray]]
+    feature_shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float64
+    device: str | torch.device = "cpu"
+    name: str = "lazy"
+    client_indices: ClientRows = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sizes = np.asarray(self.sizes, dtype=np.int64)
+        self.weights = np.asarray(self.weights, dtype=np.float64)
+        if self.sizes.ndim != 1 or self.sizes.min(initial=1) < 1:
+            raise ConfigError("data.client_sizes", "every client needs at least one sample")
+        if self.weights.shape != self.sizes.shape or not np.isclose(self.weights.sum(), 1.0, rtol=0, atol=1e-9):
+            raise ConfigError("data.weights", f"expected {len(self.sizes)} non-negative weights summing to 1")
+        self.client_indices = ClientRows(self.sizes)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sizes.sum())
+
+    def gather(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and labels of the sorted, distinct global ``rows``, generating only their clients."""
+        offsets = self.client_indices.offsets
+        owners = np.searchsorted(offsets, rows, side="right") - 1
+        parts_x, parts_y = [], []
+        for client in np.unique(owners):
+            x, y = self.make_client(int(client))
+            local = rows[owners == client] - offsets[client]
+            parts_x.append(np.asarray(x)[local])
+            parts_y.append(np.asarray(y)[local])
+        features = torch.as_tensor(np.concatenate(parts_x)).to(self.device, self.dtype)
+        labels = torch.as_tensor(np.concatenate(parts_y)).to(self.device)
+        return features, labels.to(self.dtype) if labels.is_floating_point() else labels
+
+    def to(self, dtype: torch.dtype, device: str | torch.device | None = None) -> LazyFederatedDataset:
+        return replace(self, dtype=dtype, device=device or self.device)
 
 
 def objective_weights(sizes: np.ndarray, kind: str | Sequence[float]) -> np.ndarray:

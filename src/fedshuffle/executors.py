@@ -10,12 +10,13 @@ return the same numbers up to floating-point reassociation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from .data import FederatedDataset
+from .data import FederatedDataset, LazyFederatedDataset
 from .errors import ConfigError
 from .local import ClientPlan, LocalRule, local_direction, run_client
 from .problems import Problem
@@ -33,6 +34,36 @@ class Executor(Protocol):
         ...
 
 
+Data = FederatedDataset | LazyFederatedDataset
+
+
+def rows_of(data: Data, plans: Sequence[ClientPlan]) -> tuple[torch.Tensor, torch.Tensor, list[ClientPlan]]:
+    """The sample tensors the plans index, and the plans: as they are for in-memory data; for lazy
+    data, only the rows the plans use, generated now, with the plans' rows renumbered into them."""
+    if not isinstance(data, LazyFederatedDataset):
+        return data.features, data.labels, list(plans)
+    rows = np.unique(np.concatenate([p.batches[p.batches >= 0] for p in plans]))
+    features, labels = data.gather(rows)
+    local = [replace(p, batches=np.where(p.batches >= 0, np.searchsorted(rows, p.batches), -1)) for p in plans]
+    return features, labels, local
+
+
+def client_rows(data: Data, clients: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+    """Sample tensors and, per client, its rows in them (all of its data), for full local gradients."""
+    if not isinstance(data, LazyFederatedDataset):
+        return data.features, data.labels, [data.client_indices[i] for i in clients]
+    rows = np.unique(np.concatenate([data.client_indices[i] for i in clients]))
+    features, labels = data.gather(rows)
+    return features, labels, [np.searchsorted(rows, data.client_indices[i]) for i in clients]
+
+
+def _sample_elements(data: Data) -> tuple[int, int]:
+    """Elements of one sample's features, and bytes per element."""
+    if isinstance(data, LazyFederatedDataset):
+        return int(np.prod(data.feature_shape)), torch.empty(0, dtype=data.dtype).element_size()
+    return int(np.prod(data.features.shape[1:])), data.features.element_size()
+
+
 class SequentialExecutor:
     """The reference: one client after another, one step after another."""
 
@@ -41,11 +72,13 @@ class SequentialExecutor:
     def run(self, problem, data, params, plans, rule):
         if not plans:
             return params.new_zeros((0, params.numel()))
-        return torch.stack([run_client(problem, data.features, data.labels, params, plan, rule) for plan in plans])
+        features, labels, plans = rows_of(data, plans)
+        return torch.stack([run_client(problem, features, labels, params, plan, rule) for plan in plans])
 
     def client_gradients(self, problem, data, params, clients):
-        rows = [torch.from_numpy(data.client_indices[i]).to(params.device) for i in clients]
-        return torch.stack([problem.gradient(params, data.features[r], data.labels[r]) for r in rows])
+        features, labels, rows = client_rows(data, clients)
+        rows = [torch.from_numpy(r).to(params.device) for r in rows]
+        return torch.stack([problem.gradient(params, features[r], labels[r]) for r in rows])
 
 
 class VectorizedExecutor:
@@ -72,13 +105,13 @@ class VectorizedExecutor:
             raise ConfigError("run.memory_budget", f"must be at least 1 MiB, got {memory_budget} bytes")
         self.chunk_size, self.memory_budget = chunk_size, memory_budget
 
-    def chunk_for(self, data: FederatedDataset, dim: int, batch: int, steps: int = 1) -> int:
+    def chunk_for(self, data: Data, dim: int, batch: int, steps: int = 1) -> int:
         """Clients per chunk: the budget over ≈ 6d + 3B·(features + 1) + 3τB elements per client (models,
         a gathered minibatch and its gradient work, and the row indices and masks of all τ steps)."""
         if self.chunk_size is not None:
             return self.chunk_size
-        per_sample = int(np.prod(data.features.shape[1:])) + 1
-        per_client = (6 * dim + 3 * batch * per_sample + 3 * steps * batch) * data.features.element_size()
+        elements, itemsize = _sample_elements(data)
+        per_client = (6 * dim + 3 * batch * (elements + 1) + 3 * steps * batch) * itemsize
         return max(1, self.memory_budget // per_client)
 
     def run(self, problem, data, params, plans, rule):
@@ -87,10 +120,14 @@ class VectorizedExecutor:
         batch, steps = max(p.batches.shape[1] for p in plans), max(p.steps for p in plans)
         size = self.chunk_for(data, params.numel(), batch, steps)
         order = np.argsort([-p.steps for p in plans], kind="stable")  # longest first: the clients still working are a prefix
-        deltas = torch.cat([self._run_chunk(problem, data, params, [plans[i] for i in order[k : k + size]], rule) for k in range(0, len(plans), size)])
+        chunks = []
+        for k in range(0, len(plans), size):
+            features, labels, chunk = rows_of(data, [plans[i] for i in order[k : k + size]])
+            chunks.append(self._run_chunk(problem, features, labels, params, chunk, rule))
+        deltas = torch.cat(chunks)
         return deltas[torch.from_numpy(np.argsort(order, kind="stable")).to(deltas.device)]
 
-    def _run_chunk(self, problem: Problem, data: FederatedDataset, x: torch.Tensor, plans: Sequence[ClientPlan], rule: LocalRule) -> torch.Tensor:
+    def _run_chunk(self, problem: Problem, features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, plans: Sequence[ClientPlan], rule: LocalRule) -> torch.Tensor:
         """``plans`` sorted by decreasing step count, so that at step t the working clients are rows [0, k_t)."""
         steps, batch = plans[0].steps, max(p.batches.shape[1] for p in plans)
         rows = np.full((len(plans), steps, batch), -1, dtype=np.int64)
@@ -109,7 +146,7 @@ class VectorizedExecutor:
         for t in range(steps):
             k = int(working[t])
             idx = safe[:k, t]
-            y, f, lab, m = ys[:k], data.features[idx], data.labels[idx], weights[:k, t]
+            y, f, lab, m = ys[:k], features[idx], labels[idx], weights[:k, t]
             grad_x = problem.batched_gradient(xs[:k], f, lab, m) if correction else None
             d = local_direction(rule, problem.batched_gradient(y, f, lab, m), y, xs[:k], grad_x)
             if velocity is not None:
@@ -121,17 +158,18 @@ class VectorizedExecutor:
     def client_gradients(self, problem, data, params, clients):
         if len(clients) == 0:
             return params.new_zeros((0, params.numel()))
-        width = max(len(data.client_indices[i]) for i in clients)
+        width = int(data.sizes[clients].max())
         size = self.chunk_for(data, params.numel(), width)
         out = []
         for k in range(0, len(clients), size):
             part = clients[k : k + size]
+            features, labels, own = client_rows(data, part)
             rows = np.full((len(part), width), -1, dtype=np.int64)
-            for c, i in enumerate(part):
-                rows[c, : len(data.client_indices[i])] = data.client_indices[i]
+            for c, r in enumerate(own):
+                rows[c, : len(r)] = r
             rows_t = torch.from_numpy(rows).to(params.device)
             safe, mask = rows_t.clamp(min=0), (rows_t >= 0).to(params.dtype)
-            out.append(problem.batched_gradient(params.expand(len(part), -1), data.features[safe], data.labels[safe], mask / mask.sum(1, keepdim=True)))
+            out.append(problem.batched_gradient(params.expand(len(part), -1), features[safe], labels[safe], mask / mask.sum(1, keepdim=True)))
         return torch.cat(out)
 
 

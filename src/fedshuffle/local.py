@@ -229,9 +229,14 @@ class LocalSolver:
 
     # -- planning --------------------------------------------------------------------------------
 
-    def plan(self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, lr_scale: float = 1.0) -> list[ClientPlan]:
-        """Plans for every member of ``cohort`` (a repeated client gets independent runs); η_i = lr_scale·η_l/c_i."""
-        sizes = np.array([len(ix) for ix in client_indices])
+    def plan(
+        self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, lr_scale: float = 1.0, sizes: np.ndarray | None = None
+    ) -> list[ClientPlan]:
+        """Plans for every member of ``cohort`` (a repeated client gets independent runs); η_i = lr_scale·η_l/c_i.
+
+        ``sizes`` (|D_i| of all clients) saves counting ``client_indices`` when the population is large.
+        """
+        sizes = np.array([len(ix) for ix in client_indices]) if sizes is None else sizes
         if len(cohort) == 0:
             return []
         epoch_based = np.array([self.draw_epochs(int(i), round_index, seed) * self.epoch_steps(sizes[i]) for i in cohort])

@@ -1,0 +1,69 @@
+"""Benchmark 3 — population size: the convex setup of benchmark 1 with 1,000 → 1,000,000 clients.
+
+Clients are generated when they take part (:class:`fedshuffle.data.LazyFederatedDataset`), cohort
+100, one local epoch of batch-1 RR (FedShuffle), vectorized executor, fp64. Seconds per round and
+peak resident memory for each population size, each in its own process.
+
+    python -m benchmarks.scale             # writes benchmarks/results/scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from benchmarks.common import emit, run_case, time_rounds, write
+from benchmarks.convex import COHORT, DIM, lognormal_sizes
+from fedshuffle import LogisticRegression, Simulation, UniformWithoutReplacement, build_algorithm
+from fedshuffle.data import LazyFederatedDataset, objective_weights
+from fedshuffle.executors import VectorizedExecutor
+from fedshuffle.streams import Stream, generator
+
+POPULATIONS = (1_000, 10_000, 100_000, 1_000_000)
+
+
+class Clients:
+    """Client i's samples from its own stream: sparse binary features around a client shift, labels from one plane."""
+
+    def __init__(self, sizes: np.ndarray, seed: int = 0) -> None:
+        self.sizes, self.seed = sizes, seed
+        self.plane = np.random.default_rng(seed).normal(size=DIM)
+
+    def __call__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = generator(self.seed, Stream.PARTITION, i)
+        x = (rng.random((int(self.sizes[i]), DIM)) < 0.11) * 1.0 + 0.1 * rng.normal(size=DIM)
+        return x, np.where(x @ self.plane + rng.normal(size=len(x)) > 1.0, 1.0, -1.0)
+
+
+def case(clients: int, warmup: int, repeats: int) -> None:
+    torch.set_num_threads(1)
+    sizes = lognormal_sizes(clients, np.random.default_rng(0))
+    data = LazyFederatedDataset(sizes, objective_weights(sizes, "size"), Clients(sizes), (DIM,))
+    alg = build_algorithm("fedshuffle", {"lr": 0.05, "epochs": 1, "batch_size": 1})
+    sim = Simulation(LogisticRegression(DIM, 1e-3), data, alg, UniformWithoutReplacement(clients, COHORT), seed=0, executor=VectorizedExecutor())
+    emit({"case": str(clients), "clients": clients, **time_rounds(sim.step, warmup, repeats), "threads": 1})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case")
+    args = parser.parse_args()
+    if args.case:
+        case(int(args.case), warmup=3, repeats=40)
+        return
+    results = {str(n): run_case("benchmarks.scale", str(n)) for n in POPULATIONS}
+    base = results[str(POPULATIONS[0])]
+    path = write("scale", {
+        "setup": {"cohort": COHORT, "dim": DIM, "sizes": "floor(LogNormal) + 1, mean 50", "local": "1 epoch, batch 1, RR (FedShuffle)", "data": "generated per client when sampled", "executor": "vectorized", "dtype": "float64", "threads": 1},
+        "cases": results,
+        "round_time_over_1000_clients": {n: round(r["median_s"] / base["median_s"], 2) for n, r in results.items()},
+        "peak_rss_mib": {n: r["peak_rss_mib"] for n, r in results.items()},
+        "goal": "round time at 1,000,000 within 1.2x of 1,000; memory independent of n",
+    })
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
