@@ -20,6 +20,21 @@ def toy():
     return quadratic_dataset([1, 2, 3])
 
 
+def params_trajectory(sim, rounds):
+    """The global model after each of ``rounds`` rounds, stacked ``(rounds, d)``."""
+    out = []
+    for _ in range(rounds):
+        sim.step()
+        out.append(sim.params.clone())
+    return torch.stack(out)
+
+
+def assert_relative_close(a, b, rtol):
+    """max |a − b| ≤ rtol · max |b|."""
+    err = float((a - b).abs().max() / b.abs().max())
+    assert err <= rtol, err
+
+
 def client_means(data):
     return np.stack([data.features[ix].mean(0).numpy() for ix in data.client_indices])
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import quadratic_dataset
+from conftest import params_trajectory, quadratic_dataset
 from fedshuffle import FullParticipation, Quadratic, Simulation, UniformWithoutReplacement, build_algorithm
 
 SIZES = [1, 2, 3, 5]
@@ -13,12 +13,7 @@ SIZES = [1, 2, 3, 5]
 def trajectory(method, settings, sampler, rounds=40, seed=11):
     rng = np.random.default_rng(0)
     data = quadratic_dataset(SIZES, rng.normal(size=(sum(SIZES), 4)))
-    sim = Simulation(Quadratic(4), data, build_algorithm(method, settings), sampler, seed=seed)
-    out = []
-    for _ in range(rounds):
-        sim.step()
-        out.append(sim.params.clone())
-    return torch.stack(out)
+    return params_trajectory(Simulation(Quadratic(4), data, build_algorithm(method, settings), sampler, seed=seed), rounds)
 
 
 def gen_parameters(method, lr, epochs, tau, sampler_counts):

@@ -10,6 +10,8 @@ from fedshuffle.data import FederatedDataset, objective_weights
 from fedshuffle.errors import ConfigError
 from fedshuffle.executors import RayExecutor, SequentialExecutor, VectorizedExecutor
 
+from conftest import assert_relative_close, params_trajectory
+
 SIZES = [3, 7, 5, 11, 2, 6]
 ROUNDS = 8
 
@@ -45,16 +47,11 @@ def trajectory(method, executor, problem=None, data=None):
     data = data or dataset()
     sampler = Cyclic(6, 3) if method == "rr_cli" else UniformWithoutReplacement(6, 3)
     sim = Simulation(problem, data, build_algorithm(method, {"lr": 0.1, **SETTINGS[method]}), sampler, seed=5, executor=executor)
-    out = []
-    for _ in range(ROUNDS):
-        sim.step()
-        out.append(sim.params.clone())
-    return torch.stack(out)
+    return params_trajectory(sim, ROUNDS)
 
 
 def assert_close(a, b, rtol=1e-10):
-    err = float((a - b).abs().max() / b.abs().max())
-    assert err <= rtol, err
+    assert_relative_close(a, b, rtol)
 
 
 def test_settings_cover_every_method():
@@ -118,3 +115,13 @@ def test_lazy_dataset_gives_the_in_memory_trajectory():
     rows = np.array([0, 4, 10, 33])
     f, lab = lazy.gather(rows)
     assert torch.equal(f, data.features[rows]) and torch.equal(lab, data.labels[rows])
+
+
+def test_device_setting_is_validated():
+    problem, data = LogisticRegression(4, 1e-2), dataset()
+    alg = build_algorithm("fedavg", {"lr": 0.1})
+    with pytest.raises(ConfigError, match="run.device"):
+        Simulation(problem, data, alg, UniformWithoutReplacement(6, 3), device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            Simulation(problem, data, alg, UniformWithoutReplacement(6, 3), device="cuda")

@@ -15,7 +15,7 @@ from fedshuffle.schedules import Schedule
 from fedshuffle.server import ServerAdaptive
 from fedshuffle.theory import smoothness, solution
 
-from conftest import quadratic_dataset
+from conftest import assert_relative_close, params_trajectory, quadratic_dataset
 
 CLIENTS, PER_CLIENT, DIM = 12, 20, 5
 
@@ -32,17 +32,11 @@ def logistic_data(seed=0, l2=1e-2):
 
 def trajectory(name, settings, sampler, rounds=24, seed=3):
     problem, data = logistic_data()
-    sim = Simulation(problem, data, build_algorithm(name, settings), sampler, seed=seed)
-    out = []
-    for _ in range(rounds):
-        sim.step()
-        out.append(sim.params.clone())
-    return torch.stack(out)
+    return params_trajectory(Simulation(problem, data, build_algorithm(name, settings), sampler, seed=seed), rounds)
 
 
 def assert_same(a, b, rtol=1e-12):
-    scale = b.abs().max()
-    assert float((a - b).abs().max()) <= rtol * float(scale), float((a - b).abs().max() / scale)
+    assert_relative_close(a, b, rtol)
 
 
 # -- equivalences ---------------------------------------------------------------------------------

@@ -21,8 +21,22 @@ import torch
 from .errors import ConfigError
 
 
+class _Population:
+    """Counts shared by in-memory and generated datasets."""
+
+    sizes: np.ndarray
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sizes.sum())
+
+
 @dataclass
-class FederatedDataset:
+class FederatedDataset(_Population):
     """Clients as index sets into shared tensors.
 
     Parameters
@@ -64,14 +78,6 @@ class FederatedDataset:
         if flat.min() < 0 or flat.max() >= n_samples:
             raise ConfigError("data", "client index out of range of the sample tensor")
 
-    @property
-    def num_clients(self) -> int:
-        return len(self.client_indices)
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.sizes.sum())
-
     def sample_weights(self) -> torch.Tensor:
         """Per-sample weights s_j = w_i/|D_i| for j ∈ D_i, so that f(x) = Σ_j s_j f_j(x)."""
         s = np.zeros(self.features.shape[0], dtype=np.float64)
@@ -108,7 +114,7 @@ class ClientRows(Sequence):
 
 
 @dataclass
-class LazyFederatedDataset:
+class LazyFederatedDataset(_Population):
     """Clients whose samples are generated when they take part: memory grows with the cohort, not with n.
 
     ``make_client(i)`` returns client i's ``(features, labels)`` as arrays and must be deterministic.
@@ -134,14 +140,6 @@ class LazyFederatedDataset:
         if self.weights.shape != self.sizes.shape or not np.isclose(self.weights.sum(), 1.0, rtol=0, atol=1e-9):
             raise ConfigError("data.weights", f"expected {len(self.sizes)} non-negative weights summing to 1")
         self.client_indices = ClientRows(self.sizes)
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.sizes)
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.sizes.sum())
 
     def gather(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and labels of the sorted, distinct global ``rows``, generating only their clients."""
