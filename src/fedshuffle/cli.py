@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,7 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import ConfigError
+from .errors import ConfigError, ResultsError
+from .results import write_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
 console = Console()
@@ -38,38 +40,16 @@ def _fresh_dir(path: Path) -> Path:
     return candidate
 
 
-@app.command()
-def run(
-    config: Annotated[str, typer.Argument(help="preset name or TOML file")] = DEFAULT_PRESET,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, e.g. --set algorithm.lr=0.01")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="results folder (default: results/<name>)")] = None,
-    resume: Annotated[bool, typer.Option(help="continue the runs in --out from their checkpoints")] = False,
-    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
-) -> None:
-    """Run a preset or config file (every variant and seed), write results and a plot."""
-    from .config import load_experiment, parse_overrides
-    from .runner import run_experiment
+def _fail_results(exc: OSError) -> None:
+    err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(4)
 
-    try:
-        experiment = load_experiment(config)
-        overrides = parse_overrides(set_ or [])
-        experiment.runs(overrides)  # validate every variant before any work starts
-        if resume and out is None:
-            raise ConfigError("--resume", "name the results folder to resume with --out")
-        target = out if resume else _fresh_dir(out or Path("results") / experiment.experiment.name)
-        target.mkdir(parents=True, exist_ok=True)
-        probe = target / ".write-test"
-        try:
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as exc:
-            raise ConfigError("--out", f"cannot write to {target} ({exc.strerror})") from None
-        summary = run_experiment(experiment, target, overrides=overrides, resume=resume, show_progress=not quiet)
-    except ConfigError as exc:
-        _fail(exc)
-    table = Table(title=experiment.experiment.title or experiment.experiment.name)
+
+def _print_summary(summary: dict, title: str) -> None:
+    table = Table(title=title)
     table.add_column("variant")
-    metrics = sorted({m for v in summary["variants"].values() for m in v["final"]}, key=["f_gap", "dist_sq", "loss", "grad_norm_sq", "train_accuracy", "test_accuracy"].index)
+    order = ["f_gap", "dist_sq", "loss", "grad_norm_sq", "train_accuracy", "test_accuracy", "test_loss"]
+    metrics = sorted({m for v in summary["variants"].values() for m in v["final"]}, key=order.index)
     for m in metrics:
         table.add_column(f"final {m}", justify="right")
     table.add_column("status")
@@ -77,9 +57,137 @@ def run(
         cells = [f"{v['final'][m]['mean']:.4g} ± {v['final'][m]['std']:.2g}" if m in v["final"] else "" for m in metrics]
         table.add_row(label, *cells, ", ".join(sorted(set(v["status"]))))
     console.print(table)
+
+
+@app.command()
+def run(
+    config: Annotated[str, typer.Argument(help="preset name or TOML file")] = DEFAULT_PRESET,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, e.g. --set algorithm.lr=0.01")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="results folder (default: results/<name>)")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="continue the runs of this results folder from their checkpoints")] = None,
+    workers: Annotated[int, typer.Option(help="runs in parallel worker processes")] = 1,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Run a preset or config file (every variant and seed), write results and a plot.
+
+    Exit status: 0 all runs complete, 2 bad input (nothing ran), 3 a run diverged or failed, 4 the
+    results folder cannot be written.
+    """
+    from .config import load_experiment, parse_overrides
+    from .runner import ensure_writable, run_experiment
+
+    try:
+        experiment = load_experiment(config)
+        overrides = parse_overrides(set_ or [])
+        experiment.runs(overrides)  # validate every variant before any work starts
+        if resume is not None and out is not None and out != resume:
+            raise ConfigError("--resume", "give the folder to continue either as --resume DIR or as --out, not two different folders")
+        target = resume if resume is not None else _fresh_dir(out or Path("results") / experiment.experiment.name)
+        if resume is not None and not resume.is_dir():
+            raise ConfigError("--resume", f"{resume} is not a results folder")
+        ensure_writable(target)
+        summary = run_experiment(experiment, target, overrides=overrides, resume=resume is not None, show_progress=not quiet, workers=workers)
+    except ConfigError as exc:
+        _fail(exc)
+    except ResultsError as exc:
+        _fail_results(exc)
+    _print_summary(summary, experiment.experiment.title or experiment.experiment.name)
     console.print(f"results: {target}/ (plot: {target / 'plot.png'})")
     if any(s != "complete" for v in summary["variants"].values() for s in v["status"]):
         raise typer.Exit(3)
+
+
+@app.command()
+def sweep(
+    config: Annotated[str, typer.Argument(help="preset name or TOML file")],
+    grid: Annotated[Optional[list[str]], typer.Option(help="section.setting=v1,v2,... (repeat for more axes; every combination runs)")] = None,
+    seeds: Annotated[Optional[str], typer.Option(help="seeds: a..b or a,b,c (default: the config's)")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override applied to every point")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="results folder (default: results/<name>-sweep); started again, finished runs are skipped")] = None,
+    workers: Annotated[int, typer.Option(help="runs in parallel worker processes")] = max(1, (os.cpu_count() or 1)),
+    pick: Annotated[Optional[str], typer.Option(help="choose the best point per variant by this final metric (min; max for accuracies)")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Every grid point × variant × seed, in parallel, each in its own folder; optionally pick the best point."""
+    from .config import load_experiment, parse_overrides
+    from .runner import ensure_writable, preflight
+    from .sweep import jobs_for, parse_grid, parse_seeds, run_jobs, select_best
+
+    try:
+        experiment = load_experiment(config)
+        points = parse_grid(grid or [])
+        seed_list = parse_seeds(seeds) if seeds else None
+        target = out or Path("results") / f"{experiment.experiment.name}-sweep"
+        jobs = jobs_for(experiment, target, points, seed_list, parse_overrides(set_ or []))
+        preflight(jobs)
+        ensure_writable(target)
+        outcomes = run_jobs(jobs, workers=workers, experiment=experiment.experiment.name, show_progress=not quiet, title=f"{experiment.experiment.name} sweep")
+        record = {"config": config, "grid": grid or [], "seeds": sorted({j.seed for j in jobs}), "points": points, "runs": len(jobs), "status": {s: sum(o.status == s for o in outcomes) for s in {o.status for o in outcomes}}}
+        if pick:
+            record["best"] = select_best(outcomes, pick)
+        write_json(target / "sweep.json", record)
+    except ConfigError as exc:
+        _fail(exc)
+    except ResultsError as exc:
+        _fail_results(exc)
+    console.print(f"{len(jobs)} runs in {target}/: " + ", ".join(f"{n} {s}" for s, n in record["status"].items()))
+    if pick:
+        table = Table(title=f"best point per variant by final {pick}")
+        for col in ("variant", "point", f"mean {pick}", "std", "points tried"):
+            table.add_column(col)
+        for label, b in record["best"].items():
+            table.add_row(label, _point(b["point"]), "—" if b["mean"] is None else f"{b['mean']:.4g}", "—" if b["std"] is None else f"{b['std']:.2g}", str(b["candidates"]))
+        console.print(table)
+
+
+def _point(point: dict | None) -> str:
+    from .report import point_text
+
+    return "none converged" if point is None else (point_text(point) or "base")
+
+
+@app.command()
+def plot(
+    paths: Annotated[list[Path], typer.Argument(help="run, experiment or sweep folders")],
+    metric: Annotated[Optional[list[str]], typer.Option(help="metric(s), one panel each (default: the config's)")] = None,
+    x: Annotated[Optional[str], typer.Option(help="round, epochs, sample_gradients or bytes (default: the config's)")] = None,
+    band: Annotated[str, typer.Option(help="std or minmax over seeds")] = "std",
+    linear: Annotated[bool, typer.Option(help="linear y axis (default: log)")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="output path without suffix (default: <first folder>/plot)")] = None,
+    title: Annotated[str, typer.Option()] = "",
+) -> None:
+    """Mean and band over seeds of every variant (and grid point) found under PATHS; PNG and PDF."""
+    from .report import collect_runs, group_runs, plot_defaults, plot_runs
+
+    try:
+        runs = collect_runs(paths)
+        defaults = plot_defaults(runs[0])
+        axis = x or defaults.get("x", "round")
+        if axis not in ("round", "epochs", "sample_gradients", "bytes"):
+            raise ConfigError("--x", f"unknown axis {axis!r}; accepted: round, epochs, sample_gradients, bytes")
+        if band not in ("std", "minmax"):
+            raise ConfigError("--band", f"unknown {band!r}; accepted: std, minmax")
+        files = plot_runs(group_runs(runs), out or paths[0] / "plot", metric=metric or defaults.get("metric", "loss"), x=axis, band=band, log_y=not linear, title=title)
+    except ConfigError as exc:
+        _fail(exc)
+    console.print("wrote " + ", ".join(map(str, files)))
+
+
+@app.command("table")
+def table_command(
+    paths: Annotated[list[Path], typer.Argument(help="run, experiment or sweep folders")],
+    metric: Annotated[Optional[list[str]], typer.Option(help="metric(s) (default: f_gap, dist_sq, loss, accuracies where present)")] = None,
+    stat: Annotated[str, typer.Option(help="final value, or best value along the run")] = "final",
+) -> None:
+    """Final (or best) values as a Markdown table: mean ± std over seeds per variant and grid point."""
+    from .report import SUMMARY_METRICS, collect_runs, group_runs, markdown_table
+
+    try:
+        runs = collect_runs(paths)
+        metrics = metric or [m for m in SUMMARY_METRICS if any(r.final.get(m) is not None for r in runs)]
+        print(markdown_table(group_runs(runs), metrics, stat))
+    except ConfigError as exc:
+        _fail(exc)
 
 
 @app.command()
@@ -110,16 +218,6 @@ def show(config: Annotated[str, typer.Argument(help="preset name or TOML file")]
     console.print_json(json.dumps({"experiment": experiment.experiment.model_dump(), "runs": {label or "run": spec.model_dump() for label, spec in runs}}))
 
 
-def _parse_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError("--sizes", f"expected comma-separated positive integers, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise ConfigError("--sizes", f"expected comma-separated positive integers, got {text!r}")
-    return sizes
-
-
 @app.command()
 def inspect(
     algorithm: Annotated[str, typer.Option(help="method name")] = "fedavg",
@@ -147,11 +245,12 @@ def inspect(
     import torch
 
     from .analysis import inspect_objective
+    from .sweep import parse_integers
     from .config import AlgorithmConfig, SamplerConfig, build_algorithm_from, build_sampler, parse_overrides, validate
     from .data import FederatedDataset, contiguous_partition, objective_weights
 
     try:
-        size_list = _parse_sizes(sizes)
+        size_list = parse_integers(sizes, "--sizes", minimum=1, ranges=False)
         weight_spec = weights if weights in ("size", "uniform") else [float(v) for v in weights.split(",")]
         w = objective_weights(np.array(size_list), weight_spec)
         epoch_spec: int | list[int] = [int(v) for v in epochs.split("-")] if "-" in epochs else int(epochs)

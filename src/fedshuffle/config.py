@@ -148,6 +148,8 @@ class RunConfig(_Section):
     memory_budget_mb: int = Field(1024, ge=1, description="vectorized: memory one chunk may use")
     ray_workers: int = Field(2, ge=1, description="ray: shares the cohort is split into (one Ray task each)")
     ray_address: str | None = Field(None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray")
+    sinks: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list, description="also send metrics to TensorBoard and/or MLflow")
+    mlflow_uri: str | None = Field(None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)")
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations only")
 
 

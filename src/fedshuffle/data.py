@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -240,8 +241,8 @@ def load_targets(path: str | Path) -> np.ndarray:
         targets = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise ConfigError("problem.targets", f"file not found: {path}") from None
-    except (ValueError, OSError) as exc:
-        raise ConfigError("problem.targets", f"cannot read {path} as a .npy array ({exc})") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise ConfigError("problem.targets", f"cannot read {path} as a .npy array ({exc or type(exc).__name__})") from None
     if targets.ndim != 2 or not np.issubdtype(targets.dtype, np.number):
         raise ConfigError("problem.targets", f"{path} must hold a numeric array of shape (samples, dim), got shape {targets.shape}")
     if not np.all(np.isfinite(targets)):
@@ -269,10 +270,16 @@ def load_npz(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
             x, y = archive["x"], archive["y"]
     except FileNotFoundError:
         raise ConfigError("data.path", f"file not found: {path}") from None
-    except (ValueError, OSError) as exc:
-        raise ConfigError("data.path", f"cannot read {path} as .npz ({exc})") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ConfigError("data.path", f"cannot read {path} as .npz ({exc or type(exc).__name__})") from None
+    if x.ndim == 0 or y.ndim != 1:
+        raise ConfigError("data.path", f"{path}: x must have one row per sample and y must be one label per sample, got shapes {x.shape} and {y.shape}")
     if x.shape[0] != y.shape[0]:
         raise ConfigError("data.path", f"{path}: {x.shape[0]} rows of x but {y.shape[0]} labels")
+    if x.shape[0] == 0:
+        raise ConfigError("data.path", f"{path}: the file holds no samples")
+    if not (np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.bool_)):
+        raise ConfigError("data.path", f"{path}: features must be numbers, got {x.dtype}")
     if not np.all(np.isfinite(x)):
         raise ConfigError("data.path", f"{path}: features contain NaN or infinite values")
     if not np.issubdtype(y.dtype, np.integer):

@@ -12,5 +12,9 @@ class ConfigError(ValueError):
         super().__init__(f"{field}: {message}")
 
 
+class ResultsError(OSError):
+    """The results folder cannot be written (permissions, disk full): nothing about the config is wrong."""
+
+
 class DataError(ConfigError):
     """A data file that cannot be used: ``field`` is the file (and line, where one is to blame)."""

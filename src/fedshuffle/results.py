@@ -7,6 +7,7 @@ import io
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ METRIC_COLUMNS = (
     "round", "sample_gradients", "epochs", "bytes_up", "bytes_down",
     "loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_loss", "test_accuracy",
 )
+
+PLOT_LIMIT = 1e100  # values beyond this (a run blowing up) are not drawn
+
+INTEGER_COLUMNS = ("round", "sample_gradients", "bytes_up", "bytes_down")
 
 METRIC_LABELS = {
     "loss": "f(x)", "f_gap": "f(x) − f*", "dist_sq": "‖x − x*‖²", "grad_norm_sq": "‖∇f(x)‖²",
@@ -64,6 +69,17 @@ def write_metrics(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     write_atomic(path, buf.getvalue())
 
 
+def write_parquet(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """The metric rows as a Parquet table (columns of :data:`METRIC_COLUMNS`, nulls where missing)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({col: pa.array([row.get(col) for row in rows], type=pa.int64() if col in INTEGER_COLUMNS else pa.float64()) for col in METRIC_COLUMNS})
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    write_atomic(path, buf.getvalue().to_pybytes())
+
+
 def read_metrics(path: Path) -> dict[str, np.ndarray]:
     """Columns of a ``metrics.csv`` as float arrays (NaN where a value is missing)."""
     with open(path, newline="") as fh:
@@ -91,13 +107,16 @@ def plot_comparison(
             length = min(len(t["round"]) for t in runs)
             xs = runs[0]["bytes_up"][:length] + runs[0]["bytes_down"][:length] if x == "bytes" else runs[0][x][:length]
             ys = np.stack([t[name][:length] for t in runs])
+            ys = np.where(np.isfinite(ys) & (np.abs(ys) < PLOT_LIMIT), ys, np.nan)  # a diverging seed ends its line instead of breaking the axis
             if np.all(np.isnan(ys)):
                 continue
-            mean = np.nanmean(ys, axis=0)
-            lo, hi = (mean - np.nanstd(ys, axis=0), mean + np.nanstd(ys, axis=0)) if band == "std" else (np.nanmin(ys, axis=0), np.nanmax(ys, axis=0))
+            with warnings.catch_warnings():  # columns where every seed has stopped are NaN, on purpose
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean, spread, lowest = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0), np.nanmin(ys, axis=0)
+                lo, hi = (mean - spread, mean + spread) if band == "std" else (lowest, np.nanmax(ys, axis=0))
             (line,) = ax.plot(xs, mean, label=label or name)
             if len(runs) > 1:
-                lo = np.maximum(lo, np.nanmin(ys, axis=0)) if log_y else lo  # a std band must not reach below the lowest seed on a log axis
+                lo = np.maximum(lo, lowest) if log_y else lo  # a std band must not reach below the lowest seed on a log axis
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
             plotted = True
         if log_y and plotted:

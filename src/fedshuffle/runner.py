@@ -19,8 +19,9 @@ import io
 import json
 import math
 import platform
+import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -30,11 +31,13 @@ import numpy as np
 import torch
 
 from .algorithms import Simulation
-from .config import Experiment, RunSpec, build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes, slug
+from .config import Experiment, RunSpec, build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
 from .data import FederatedDataset
+from .errors import ResultsError
 from .problems import Problem
+from .results import write_atomic, write_json, write_metrics, write_parquet
+from .sinks import flatten, open_sinks
 from .theory import solution
-from .results import plot_comparison, summarize, write_atomic, write_json, write_metrics
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -78,8 +81,57 @@ def environment() -> dict[str, str]:
     return {"fedshuffle": version, "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__, "platform": platform.platform()}
 
 
-def run_single(spec: RunSpec, run_dir: Path, seed: int, *, resume: bool = False, on_round: Callable[[int], None] | None = None) -> RunOutcome:
-    """Run one seeded spec into ``run_dir``; with ``resume``, continue from its checkpoint."""
+def ensure_writable(folder: Path, needed_bytes: int = 0) -> None:
+    """Fail before training when ``folder`` cannot be created or written, or its disk lacks ``needed_bytes``."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+        free = shutil.disk_usage(folder).free
+    except OSError as exc:
+        raise ResultsError(f"cannot write to {folder} ({exc.strerror or exc})") from None
+    if free < needed_bytes:
+        raise ResultsError(f"{folder} has {free / 2**20:.1f} MiB free, a run needs about {needed_bytes / 2**20:.1f} MiB for its checkpoints and results")
+
+
+def build_simulation(spec: RunSpec, seed: int) -> tuple[Simulation, dict[str, Any]]:
+    """The simulation a spec describes (and the step sizes it resolved), without running anything."""
+    spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
+    problem, data = build_problem_and_data(spec)
+    sampler = build_sampler(spec.sampler, data)
+    algorithm_spec, step_sizes = resolve_step_sizes(spec.algorithm, problem, data, sampler)
+    algorithm = build_algorithm_from(algorithm_spec, spec.run.rounds)
+    sim = Simulation(problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run), device=spec.run.device)
+    return sim, step_sizes
+
+
+def preflight(jobs: Sequence[Any]) -> None:
+    """Build every distinct run of ``jobs`` once, so that bad input stops everything before any work."""
+    seen = set()
+    for job in jobs:
+        key = json.dumps(job.spec.model_dump(exclude={"run": {"seed"}}), sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            build_simulation(job.spec, job.seed)
+
+
+def run_single(
+    spec: RunSpec,
+    run_dir: Path,
+    seed: int,
+    *,
+    resume: bool = False,
+    on_round: Callable[[int], None] | None = None,
+    label: str = "",
+    point: Mapping[str, Any] | None = None,
+    experiment: str = "fedshuffle",
+) -> RunOutcome:
+    """Run one seeded spec into ``run_dir``; with ``resume``, continue from its checkpoint.
+
+    ``label`` (the variant) and ``point`` (a sweep's overrides) are recorded for ``plot``/``table``.
+    A finished run (complete or diverged) is not run again when resuming.
+    """
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
     if resume and summary_path.exists():
@@ -89,34 +141,45 @@ def run_single(spec: RunSpec, run_dir: Path, seed: int, *, resume: bool = False,
                 on_round(spec.run.rounds)
             return RunOutcome(run_dir, done["status"], done.get("final", {}), done.get("message", ""))
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
-    problem, data = build_problem_and_data(spec)
-    sampler = build_sampler(spec.sampler, data)
-    algorithm_spec, step_sizes = resolve_step_sizes(spec.algorithm, problem, data, sampler)
-    algorithm = build_algorithm_from(algorithm_spec, spec.run.rounds)
-    sim = Simulation(problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run), device=spec.run.device)
-    evaluator = Evaluator(problem, sim.data)
-    write_json(run_dir / "config.json", {"spec": spec.model_dump(), "seed": seed, "step_sizes": step_sizes, "environment": environment()})
+    sim, step_sizes = build_simulation(spec, seed)
+    ensure_writable(run_dir, needed_bytes=4 * sim.bytes_per_model * (4 + len(sim.server_state)) + (1 << 20))
+    evaluator = Evaluator(sim.problem, sim.data)
+    meta = {"label": label, "point": dict(point or {}), "seed": seed}
+    try:
+        return _train(spec, run_dir, sim, evaluator, meta, step_sizes, resume, on_round, experiment)
+    except OSError as exc:
+        raise ResultsError(f"writing results to {run_dir} failed ({exc.strerror or exc}); everything written before is kept, continue with --resume") from None
 
+
+def _train(spec, run_dir, sim, evaluator, meta, step_sizes, resume, on_round, experiment) -> RunOutcome:
+    write_json(run_dir / "config.json", {"spec": spec.model_dump(), **meta, "step_sizes": step_sizes, "environment": environment()})
     rows: list[dict[str, Any]] = []
     checkpoint = run_dir / "checkpoint.pt"
     if resume and checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
         sim.load_state_dict(saved["simulation"])
         rows = saved["rows"]
-    total_samples = data.num_samples
+    sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, run_name=run_dir.parent.name + "/" + run_dir.name, params=flatten(spec.model_dump()))
+    total_samples = sim.data.num_samples
 
     def record() -> dict[str, Any]:
         c = sim.counters
         row = {"round": c.rounds, "sample_gradients": c.sample_gradients, "epochs": c.sample_gradients / total_samples, "bytes_up": c.bytes_up, "bytes_down": c.bytes_down}
         row.update(evaluator(sim.params))
         rows.append(row)
+        for sink in sinks:
+            sink.log(row)
         return row
+
+    def save_tables() -> None:
+        write_metrics(run_dir / "metrics.csv", rows)
+        write_parquet(run_dir / "metrics.parquet", rows)
 
     def save_checkpoint() -> None:
         buf = io.BytesIO()
         torch.save({"simulation": sim.state_dict(), "rows": rows}, buf)
         write_atomic(checkpoint, buf.getvalue())
-        write_metrics(run_dir / "metrics.csv", rows)
+        save_tables()
 
     if not rows:
         record()
@@ -124,74 +187,55 @@ def run_single(spec: RunSpec, run_dir: Path, seed: int, *, resume: bool = False,
     every, ckpt_every = spec.run.eval_every, spec.run.checkpoint_every
     if on_round and sim.counters.rounds:
         on_round(sim.counters.rounds)
-    while sim.counters.rounds < spec.run.rounds:
-        sim.step()
-        r = sim.counters.rounds
-        finite = bool(torch.isfinite(sim.params).all())
-        if not finite or r % every == 0 or r == spec.run.rounds:
-            row = record()
-            if not finite or not math.isfinite(row["loss"]):
-                status, message = "diverged", f"diverged at round {r}: {'model' if not finite else 'loss'} is not finite"
-                break
-            if ckpt_every == 0 or r % ckpt_every == 0:
+    try:
+        while sim.counters.rounds < spec.run.rounds:
+            sim.step()
+            r = sim.counters.rounds
+            finite = bool(torch.isfinite(sim.params).all())
+            if not finite or r % every == 0 or r == spec.run.rounds:
+                row = record()
+                if not finite or not math.isfinite(row["loss"]):
+                    status, message = "diverged", f"diverged at round {r}: {'model' if not finite else 'loss'} is not finite"
+                    break
+                if ckpt_every == 0 or r % ckpt_every == 0:
+                    save_checkpoint()
+                else:
+                    save_tables()
+            elif ckpt_every and r % ckpt_every == 0:
                 save_checkpoint()
-            else:
-                write_metrics(run_dir / "metrics.csv", rows)
-        elif ckpt_every and r % ckpt_every == 0:
-            save_checkpoint()
-        if on_round:
-            on_round(1)
-    write_metrics(run_dir / "metrics.csv", rows)
+            if on_round:
+                on_round(1)
+    finally:
+        for sink in sinks:
+            sink.close()
+    save_tables()
     npy = io.BytesIO()
     np.save(npy, sim.params.detach().double().cpu().numpy())
     write_atomic(run_dir / "final_params.npy", npy.getvalue())
-    final = {k: v for k, v in rows[-1].items()}
-    write_json(summary_path, {"status": status, "message": message, "final": final, "rounds": sim.counters.rounds, "seed": seed})
+    final = dict(rows[-1])
+    write_json(run_dir / "summary.json", {"status": status, "message": message, "final": final, "rounds": sim.counters.rounds, **meta})
     return RunOutcome(run_dir, status, final, message)
 
 
 def run_experiment(
-    experiment: Experiment, out_dir: Path, *, overrides: Mapping[str, Any] | None = None, resume: bool = False, show_progress: bool = True
+    experiment: Experiment, out_dir: Path, *, overrides: Mapping[str, Any] | None = None, resume: bool = False, show_progress: bool = True, workers: int = 1
 ) -> dict[str, Any]:
     """All variants × seeds of an experiment into ``out_dir``, then the plot and an overall summary."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from .report import StoredRun, group_runs, plot_runs, summarize_runs
+    from .sweep import jobs_for, run_jobs
 
-    runs = experiment.runs(overrides)
-    jobs = [(label, spec, seed) for label, spec in runs for seed in experiment.seeds(spec)]
     out_dir = Path(out_dir)
-    console = Console(stderr=True)
-    outcomes: dict[str, list[RunOutcome]] = {}
-    total_rounds = sum(spec.run.rounds for _, spec, _ in jobs)
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console, disable=not show_progress, transient=False,
-    ) as progress:
-        task = progress.add_task(experiment.experiment.name, total=total_rounds)
-        for label, spec, seed in jobs:
-            progress.update(task, description=f"{experiment.experiment.name}: {label or 'run'} (seed {seed})")
-            run_dir = out_dir / (slug(label) if label else "") / f"seed-{seed}"
-            outcome = run_single(spec, run_dir, seed, resume=resume, on_round=lambda k: progress.advance(task, k))
-            if outcome.status != "complete":
-                progress.advance(task, spec.run.rounds - outcome.final.get("round", 0))
-                console.print(f"[yellow]{label or 'run'} seed {seed}: {outcome.message}; results kept in {run_dir}")
-            outcomes.setdefault(label, []).append(outcome)
-    plot_spec = runs[0][1].plot
-    plots = plot_comparison(
-        {label: [o.run_dir / "metrics.csv" for o in outs] for label, outs in outcomes.items()}, out_dir / "plot",
-        metric=plot_spec.metric, x=plot_spec.x, log_y=plot_spec.log_y, band=plot_spec.band,
-        title=experiment.experiment.title or experiment.experiment.name,
-    )
+    jobs = jobs_for(experiment, out_dir, [{}], overrides=overrides)
+    preflight(jobs)
+    name = experiment.experiment.name
+    outcomes = run_jobs(jobs, workers=workers, resume=resume, experiment=name, show_progress=show_progress, title=name)
+    runs = [StoredRun(o.job.run_dir, o.job.label, o.job.point, o.job.seed, o.status, o.final, o.message) for o in outcomes]
+    groups = group_runs(runs)
+    plot = jobs[0].spec.plot
+    plots = plot_runs(groups, out_dir / "plot", metric=plot.metric, x=plot.x, band=plot.band, log_y=plot.log_y, title=experiment.experiment.title or name)
     summary = {
         "experiment": experiment.experiment.model_dump(),
-        "variants": {
-            label or "run": {
-                "status": [o.status for o in outs],
-                "final": {m: summarize(o.final.get(m) for o in outs) for m in ("loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_accuracy") if any(o.final.get(m) is not None for o in outs)},
-                "runs": [str(o.run_dir.relative_to(out_dir)) for o in outs],
-            }
-            for label, outs in outcomes.items()
-        },
+        "variants": {label: summarize_runs(group, out_dir) for label, group in groups.items()},
         "plots": [p.name for p in plots],
     }
     write_json(out_dir / "summary.json", summary)

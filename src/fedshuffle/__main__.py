@@ -1,0 +1,5 @@
+"""``python -m fedshuffle`` is the ``fedshuffle`` command."""
+
+from .cli import main
+
+main()

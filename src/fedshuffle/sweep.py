@@ -1,0 +1,265 @@
+"""Jobs, grids and parallel execution: what ``fedshuffle run`` and ``fedshuffle sweep`` share.
+
+A job is one (grid point, variant, seed) of an experiment, with its own results folder::
+
+    OUT/[<point>/]<variant>/seed-<s>/
+
+Jobs run in this process or in worker processes (spawned, so each has its own PyTorch state); every
+job resumes from its checkpoint and a finished one is skipped, so a sweep started again continues
+where it stopped. Choosing the best grid point per variant by a metric is
+:func:`select_best` (FedShuffle paper, Appendix F: grid search over lr × weight decay × clipping).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import multiprocessing as mp
+import os
+import queue as queue_mod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import SECTIONS, Experiment, RunSpec, parse_overrides, slug
+from .errors import ConfigError, ResultsError
+
+
+@dataclass(frozen=True)
+class Job:
+    label: str
+    point: dict[str, Any]
+    spec: RunSpec
+    seed: int
+    run_dir: Path
+
+
+@dataclass
+class Outcome:
+    job: Job
+    status: str
+    final: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+
+# -- grids and seeds ----------------------------------------------------------------------------------
+
+
+def parse_integers(text: str, option: str, minimum: int = 0, ranges: bool = True) -> list[int]:
+    """``"0..4"`` → 0,1,2,3,4 (when ``ranges``); ``"1,3,5"``; ``"7"`` — every value ≥ ``minimum``."""
+    accepted = f"{'a range a..b or ' if ranges else ''}comma-separated integers >= {minimum}"
+    try:
+        if ranges and ".." in text:
+            low, high = (int(v) for v in text.split("..", 1))
+            values = list(range(low, high + 1))
+        else:
+            values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(option, f"expected {accepted}, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise ConfigError(option, f"expected {accepted}, got {text!r}")
+    return values
+
+
+def parse_seeds(text: str) -> list[int]:
+    return parse_integers(text, "--seeds")
+
+
+def _split_values(text: str) -> list[str]:
+    """Split on commas outside brackets and quotes: ``0.1,[2,5],"x,y"`` → three values."""
+    parts, depth, quote, current = [], 0, "", []
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
+    """``["algorithm.lr=0.1,0.01", "algorithm.clip_norm=1,10"]`` → every combination as override dicts."""
+    axes: list[tuple[str, list[Any]]] = []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError("--grid", f"expected section.setting=v1,v2,..., got {item!r}")
+        key, values = item.split("=", 1)
+        try:
+            parsed = [parse_overrides([f"{key}={v}"]) for v in _split_values(values)]
+        except ConfigError as exc:
+            raise ConfigError("--grid", exc.message) from None
+        if not parsed:
+            raise ConfigError("--grid", f"{key}: no values given")
+        if key.strip() in (k for k, _ in axes):
+            raise ConfigError("--grid", f"{key} is given twice")
+        axes.append((key.strip(), parsed))
+    points = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        merged: dict[str, dict[str, Any]] = {}
+        for override in combo:
+            for section, settings in override.items():
+                merged.setdefault(section, {}).update(settings)
+        points.append(merged)
+    return points or [{}]
+
+
+def point_name(point: Mapping[str, Mapping[str, Any]]) -> str:
+    """A folder name for a grid point: ``algorithm.lr=0.1_algorithm.clip_norm=10``."""
+    return slug("_".join(f"{section}.{key}={value}" for section in SECTIONS for key, value in point.get(section, {}).items())) if point else ""
+
+
+def jobs_for(experiment: Experiment, out_dir: Path, points: Sequence[Mapping[str, Any]], seeds: Sequence[int] | None = None, overrides: Mapping[str, Any] | None = None) -> list[Job]:
+    """Every point × variant × seed, validated before anything runs."""
+    jobs = []
+    for point in points:
+        merged = _merge(overrides or {}, point)
+        folder = out_dir / point_name(point) if point else out_dir
+        for label, spec in experiment.runs(merged):
+            for seed in seeds or experiment.seeds(spec):
+                jobs.append(Job(label, dict(point), spec, seed, folder / (slug(label) if label else "") / f"seed-{seed}"))
+    return jobs
+
+
+def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: dict(v) for k, v in a.items()}
+    for section, settings in b.items():
+        out.setdefault(section, {}).update(settings)
+    return out
+
+
+# -- running --------------------------------------------------------------------------------------------
+
+
+def _execute(job: Job, resume: bool, experiment: str, on_round: Callable[[int], None] | None) -> Outcome:
+    from .runner import run_single
+
+    try:
+        result = run_single(job.spec, job.run_dir, job.seed, resume=resume, on_round=on_round, label=job.label, point=job.point, experiment=experiment)
+    except (ConfigError, ResultsError) as exc:
+        return Outcome(job, "failed", {}, str(exc))
+    return Outcome(job, result.status, result.final, result.message)
+
+
+def _worker(job: Job, resume: bool, experiment: str, progress: Any, index: int, threads: int) -> Outcome:
+    import torch
+
+    torch.set_num_threads(threads)
+    pending = 0
+
+    def tick(k: int) -> None:
+        nonlocal pending
+        pending += k
+        if pending >= 10:
+            progress.put((index, pending))
+            pending = 0
+
+    outcome = _execute(job, resume, experiment, tick)
+    if pending:
+        progress.put((index, pending))
+    return outcome
+
+
+def run_jobs(jobs: Sequence[Job], *, workers: int = 1, resume: bool = True, experiment: str = "fedshuffle", show_progress: bool = True, title: str = "") -> list[Outcome]:
+    """Run ``jobs`` (in order of the list in the result), ``workers`` at a time, with one progress bar."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    if workers < 1:
+        raise ConfigError("--workers", f"must be >= 1, got {workers}")
+    console = Console(stderr=True)
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+    total = sum(job.spec.run.rounds for job in jobs)
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=console, disable=not show_progress, transient=False,
+    ) as progress:
+        task = progress.add_task(title or experiment, total=total)
+
+        def finished(outcome: Outcome) -> None:
+            job = outcome.job
+            if outcome.status != "complete":
+                console.print(f"[yellow]{job.label or 'run'} seed {job.seed}{' ' + point_name(job.point) if job.point else ''}: {outcome.status}: {outcome.message}")
+
+        if workers == 1:
+            for k, job in enumerate(jobs):
+                progress.update(task, description=f"{title or experiment}: {job.label or 'run'} (seed {job.seed})")
+                before = progress.tasks[0].completed
+                outcome = _execute(job, resume, experiment, lambda n: progress.advance(task, n))
+                progress.update(task, completed=before + job.spec.run.rounds)
+                outcomes[k] = outcome
+                finished(outcome)
+            return [o for o in outcomes if o is not None]
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        context = mp.get_context("spawn")
+        with context.Manager() as manager, ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            ticks = manager.Queue()
+            futures: dict[Future, int] = {pool.submit(_worker, job, resume, experiment, ticks, k, threads): k for k, job in enumerate(jobs)}
+            done_rounds = [0] * len(jobs)
+            pending = set(futures)
+            while pending:
+                finished_now, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                _drain(ticks, done_rounds, progress, task)
+                for future in finished_now:
+                    k = futures[future]
+                    outcome = future.result()
+                    progress.advance(task, jobs[k].spec.run.rounds - done_rounds[k])
+                    done_rounds[k] = jobs[k].spec.run.rounds
+                    outcomes[k] = outcome
+                    finished(outcome)
+    return [o for o in outcomes if o is not None]
+
+
+def _drain(ticks: Any, done_rounds: list[int], progress: Any, task: Any) -> None:
+    while True:
+        try:
+            index, k = ticks.get_nowait()
+        except queue_mod.Empty:
+            return
+        done_rounds[index] += k
+        progress.advance(task, k)
+
+
+# -- choosing -------------------------------------------------------------------------------------------
+
+
+def higher_is_better(metric: str) -> bool:
+    return "accuracy" in metric
+
+
+def select_best(outcomes: Iterable[Outcome], metric: str) -> dict[str, dict[str, Any]]:
+    """Per variant: the grid point with the best mean final ``metric`` over seeds.
+
+    Lower is better, except for accuracies. A point with a diverged or failed seed is never chosen.
+    """
+    groups: dict[str, dict[str, list[Outcome]]] = {}
+    for o in outcomes:
+        groups.setdefault(o.job.label, {}).setdefault(point_name(o.job.point), []).append(o)
+    sign = -1.0 if higher_is_better(metric) else 1.0
+    best: dict[str, dict[str, Any]] = {}
+    for label, points in groups.items():
+        scores = {}
+        for name, runs in points.items():
+            values = [o.final.get(metric) for o in runs]
+            ok = all(o.status == "complete" for o in runs) and all(v is not None and math.isfinite(v) for v in values)
+            scores[name] = (float(np.mean(values)), float(np.std(values)), runs[0].job.point) if ok else (math.nan, math.nan, runs[0].job.point)
+        finite = {k: v for k, v in scores.items() if math.isfinite(v[0])}
+        if not finite:
+            best[label or "run"] = {"point": None, "metric": metric, "mean": None, "std": None, "candidates": len(scores)}
+            continue
+        name = min(finite, key=lambda k: sign * finite[k][0])
+        mean, std, point = finite[name]
+        best[label or "run"] = {"point": point, "folder": name, "metric": metric, "mean": mean, "std": std, "candidates": len(scores)}
+    return best

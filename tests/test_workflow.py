@@ -1,0 +1,183 @@
+"""The researcher's workflow: sweeps, tables, plots, sinks, kill -9 and resume, faults."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fedshuffle.cli import app
+from fedshuffle.config import load_experiment
+from fedshuffle.errors import ConfigError, ResultsError
+from fedshuffle.results import read_metrics
+from fedshuffle.runner import run_single
+from fedshuffle.sweep import parse_grid, parse_seeds, point_name
+
+runner = CliRunner()
+
+TOY = """
+[experiment]
+seeds = [0]
+[problem]
+name = "quadratic"
+[data]
+client_sizes = [1, 2, 3]
+[algorithm]
+name = "{method}"
+lr = 0.004
+server_momentum = 0.5
+[sampler]
+name = "uniform"
+cohort = 2
+[run]
+rounds = {rounds}
+eval_every = 10
+"""
+
+
+def config(tmp_path, method="fedshuffle_mvr", rounds=100, name="toy.toml"):
+    path = tmp_path / name
+    path.write_text(TOY.format(method=method, rounds=rounds))
+    return path
+
+
+def test_grid_and_seed_syntax():
+    assert parse_seeds("0..4") == [0, 1, 2, 3, 4] and parse_seeds("3,1") == [3, 1]
+    points = parse_grid(["algorithm.lr=0.1,0.01", "algorithm.epochs=[2,5],1"])
+    assert len(points) == 4 and points[1] == {"algorithm": {"lr": 0.1, "epochs": 1}} and points[0]["algorithm"]["epochs"] == [2, 5]
+    assert point_name(points[0]) == "algorithm.lr-0.1_algorithm.epochs-2-5"
+    for bad, field in ((lambda: parse_seeds("4..1"), "--seeds"), (lambda: parse_grid(["lr"]), "--grid"), (lambda: parse_grid(["algorithm.lr=1", "algorithm.lr=2"]), "--grid"), (lambda: parse_grid(["model.lr=1"]), "--grid")):
+        with pytest.raises(ConfigError) as err:
+            bad()
+        assert err.value.field == field
+
+
+def test_sweep_runs_every_combination_in_parallel_skips_finished_runs_and_picks_the_best(tmp_path):
+    cfg, out = config(tmp_path, method="fedavg", rounds=60), tmp_path / "sweep"
+    args = ["sweep", str(cfg), "--grid", "algorithm.lr=0.0005,0.004", "--grid", "algorithm.server_momentum=0,0.5", "--seeds", "0..1", "--out", str(out), "--workers", "2", "--pick", "f_gap", "--quiet"]
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    summaries = sorted(out.rglob("seed-*/summary.json"))
+    assert len(summaries) == 2 * 2 * 2
+    record = json.loads((out / "sweep.json").read_text())
+    means = {}
+    for path in summaries:
+        s = json.loads(path.read_text())
+        means.setdefault(json.dumps(s["point"], sort_keys=True), []).append(s["final"]["f_gap"])
+    best_point = min(means, key=lambda k: np.mean(means[k]))
+    assert json.dumps(record["best"]["run"]["point"], sort_keys=True) == best_point
+    assert record["best"]["run"]["mean"] == pytest.approx(np.mean(means[best_point]))
+    stamps = {p: p.stat().st_mtime_ns for p in summaries}
+    again = runner.invoke(app, args[:-2] + ["--quiet"], terminal_width=200)
+    assert again.exit_code == 0, again.output
+    assert {p: p.stat().st_mtime_ns for p in summaries} == stamps  # nothing was run twice
+    table = runner.invoke(app, ["table", str(out), "--metric", "f_gap"])
+    assert table.exit_code == 0 and table.stdout.count("| run [") == 4
+    row = next(line for line in table.stdout.splitlines() if "algorithm.lr=0.004, algorithm.server_momentum=0.5" in line)
+    key = json.dumps({"algorithm": {"lr": 0.004, "server_momentum": 0.5}}, sort_keys=True)
+    assert f"{np.mean(means[key]):.4g} ± {np.std(means[key]):.2g}" in row
+    plot = runner.invoke(app, ["plot", str(out), "--metric", "f_gap", "--metric", "dist_sq", "--x", "epochs", "--band", "minmax"])
+    assert plot.exit_code == 0 and (out / "plot.png").stat().st_size > 10_000 and (out / "plot.pdf").exists()
+
+
+def test_table_marks_diverged_runs_instead_of_failing(tmp_path):
+    out = tmp_path / "res"
+    result = runner.invoke(app, ["run", str(config(tmp_path, method="fedavg", rounds=40)), "--set", "algorithm.lr=50", "--out", str(out), "--quiet"])
+    assert result.exit_code == 3
+    table = runner.invoke(app, ["table", str(out), "--metric", "f_gap"])
+    assert table.exit_code == 0 and "0 (1 diverged)" in table.stdout
+
+
+def test_run_folder_has_config_versions_parquet_and_sinks(tmp_path):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    spec = load_experiment(config(tmp_path)).runs({"run": {"sinks": ["tensorboard", "mlflow"]}})[0][1]
+    run_single(spec, tmp_path / "r" / "seed-0", seed=0, label="toy")
+    run = tmp_path / "r" / "seed-0"
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["seed"] == 0 and saved["label"] == "toy" and {"fedshuffle", "torch", "numpy", "python"} <= set(saved["environment"])
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(run / "metrics.parquet").to_pydict()
+    csv = read_metrics(run / "metrics.csv")
+    np.testing.assert_array_equal(np.array(table["f_gap"]), csv["f_gap"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    np.testing.assert_allclose([e.value for e in events.Scalars("f_gap")], csv["f_gap"], rtol=1e-6)
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=(run.parent / "mlruns").resolve().as_uri())
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("fedshuffle").experiment_id])
+    history = sorted((m.step, m.value) for m in client.get_metric_history(mlrun.info.run_id, "f_gap"))
+    np.testing.assert_allclose([v for _, v in history], csv["f_gap"], rtol=1e-12)
+    assert mlrun.data.params["algorithm.name"] == "fedshuffle_mvr"
+
+
+def _command(*args):
+    return [sys.executable, "-m", "fedshuffle", *args]
+
+
+def test_kill_9_then_resume_gives_the_uninterrupted_numbers_bit_for_bit(tmp_path):
+    """A run killed with SIGKILL mid-way and resumed matches an uninterrupted run exactly:
+    model, metrics, sampler and data-order streams, server and global-momentum state."""
+    cfg = config(tmp_path, rounds=6000)
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    subprocess.run(_command("run", str(cfg), "--out", str(tmp_path / "full"), "--quiet"), check=True, env=env, capture_output=True)
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(_command("run", str(cfg), "--out", str(cut), "--quiet"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = cut / "seed-0" / "checkpoint.pt"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (checkpoint.exists() and len(read_metrics(cut / "seed-0" / "metrics.csv")["round"]) > 30):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (cut / "seed-0" / "summary.json").exists(), "the run finished before it could be killed"
+    killed_at = read_metrics(cut / "seed-0" / "metrics.csv")["round"][-1]
+    assert 0 < killed_at < 6000
+    resumed = subprocess.run(_command("run", str(cfg), "--resume", str(cut), "--quiet"), env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    for name in ("final_params.npy", "metrics.csv"):
+        assert (tmp_path / "full" / "seed-0" / name).read_bytes() == (cut / "seed-0" / name).read_bytes(), name
+    full, again = (json.loads((d / "seed-0" / "summary.json").read_text()) for d in (tmp_path / "full", cut))
+    assert full == again
+
+
+def test_unwritable_results_folder_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = runner.invoke(app, ["run", str(config(tmp_path)), "--out", str(blocker / "res"), "--quiet"])
+    assert result.exit_code == 4 and "cannot write to" in result.output
+    assert not any(tmp_path.glob("**/metrics.csv"))
+
+
+def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypatch):
+    import fedshuffle.runner as runner_mod
+
+    spec = load_experiment(config(tmp_path)).runs()[0][1]
+    monkeypatch.setattr(runner_mod.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1024})())
+    with pytest.raises(ResultsError, match="MiB free"):
+        run_single(spec, tmp_path / "a", seed=0)
+    assert not (tmp_path / "a" / "metrics.csv").exists()
+    monkeypatch.undo()
+    calls = {"n": 0}
+    real = runner_mod.write_atomic
+
+    def flaky(path, data):
+        calls["n"] += 1
+        if calls["n"] > 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, data)
+
+    monkeypatch.setattr(runner_mod, "write_atomic", flaky)
+    with pytest.raises(ResultsError, match="No space left on device.*continue with --resume"):
+        run_single(spec, tmp_path / "b", seed=0)
+    assert (tmp_path / "b" / "checkpoint.pt").exists()  # what was written before is kept
