@@ -30,6 +30,9 @@ SETTINGS = {
     "nastya": {"batch_size": 2, "server_lr": 0.5, "server_optimizer": "adam"},
     "rr_cli": {"batch_size": 2, "server_lr": 0.5, "global_lr": 2.0},
     "generalized_fedavg": {"steps": 3, "server_lr": 2.0, "server_optimizer": "yogi"},
+    "fedprox": {"epochs": 2, "batch_size": 2, "prox_mu": 0.5},
+    "scaffold": {"steps": 3, "batch_size": 2, "scaffold_option": "I"},
+    "fedcdr": {"epochs": 2, "batch_size": 2, "fedcdr_alpha": 0.8, "fedcdr_eta": 2.0},
 }
 
 
@@ -45,7 +48,7 @@ def dataset(classes=2, seed=0):
 def trajectory(method, executor, problem=None, data=None):
     problem = problem or LogisticRegression(4, 1e-2)
     data = data or dataset()
-    sampler = Cyclic(6, 3) if method == "rr_cli" else UniformWithoutReplacement(6, 3)
+    sampler = Cyclic(6, 3) if method in ("rr_cli", "fedcdr") else UniformWithoutReplacement(6, 3)
     sim = Simulation(problem, data, build_algorithm(method, {"lr": 0.1, **SETTINGS[method]}), sampler, seed=5, executor=executor)
     return params_trajectory(sim, ROUNDS)
 

@@ -16,7 +16,7 @@ meta-epoch around the server optimizer. Every named method of :data:`METHODS` is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,8 @@ from .local import LocalSolver
 from .problems import Problem
 from .samplers import Sampler
 from .schedules import Schedule
+from .state import ClientStateStore
+from .stateful import FedCDR, RoundContext, Scaffold
 from .server import ADAPTIVE, GlobalMomentum, MetaEpochExtrapolation, ServerAdaptive, ServerAdGD, ServerHeavyBall, ServerOptimizer, ServerSGD
 from .streams import Stream, generator
 
@@ -56,6 +58,12 @@ METHODS: dict[str, dict[str, Any]] = {
     "nastya": {"order": "rr", "step_normalization": "none", "weighting": "data", "normalization": "unbiased", "direction": "mean_gradient"},
     # RR-CLI (003, Algorithm 1): Nastya's rounds over cyclic cohorts, then x_{t+1} = x_t − θ(x_t − x_t^R)/(ηR).
     "rr_cli": {"order": "so", "step_normalization": "none", "weighting": "data", "normalization": "unbiased", "direction": "mean_gradient", "meta_epoch_step": True},
+    # FedProx (Li et al. 2020): local epochs with the proximal term μ/2‖y − x‖², sample-weighted model average; μ = 1 as in its synthetic experiments.
+    "fedprox": {"order": "rr", "step_normalization": "none", "weighting": "data", "normalization": "sum_one", "prox_mu": 1.0},
+    # SCAFFOLD (Karimireddy et al. 2020): control variates c, c_i corrected into every local step; option II by default.
+    "scaffold": {"order": "with_replacement", "step_normalization": "none", "weighting": "data", "normalization": "unbiased", "client_state": "scaffold", "scaffold_option": "II"},
+    # FedCDR (001, Algorithm 1): Douglas–Rachford with client reshuffling; the prox by 20 local SGD epochs of batch 10 unless exact.
+    "fedcdr": {"order": "rr", "epochs": 20, "batch_size": 10, "step_normalization": "none", "client_state": "fedcdr", "fedcdr_alpha": 1.0, "fedcdr_eta": 1.0},
     # Generalized FedAvg with two-sided learning rates (004, Algorithm 1): K unbiased local steps with η_L,
     # x ← x + η·Δ; with sampling strategy 1 (with replacement) or 2 (without), aggregation w_i/E[c_i].
     "generalized_fedavg": {"order": "with_replacement", "step_normalization": "none", "weighting": "data", "normalization": "unbiased"},
@@ -78,14 +86,20 @@ class Algorithm:
     schedule: Schedule = field(default_factory=Schedule)
     meta_epoch_step: bool = False
     global_lr: float | None = None
+    client_state: Scaffold | FedCDR | None = None
+
+    @property
+    def needs_cycles(self) -> bool:
+        """RR-CLI and FedCDR are defined over meta-epochs of cyclic cohorts."""
+        return self.meta_epoch_step or isinstance(self.client_state, FedCDR)
 
     def server_for(self, sampler: Sampler) -> ServerOptimizer:
         """The server optimizer, wrapped in RR-CLI's meta-epoch step when the method has one (θ = ηR by default)."""
+        if self.needs_cycles and getattr(sampler, "rounds_per_meta_epoch", None) is None:
+            raise ConfigError("sampler.name", f"{self.name} needs meta-epochs: use sampler.name = 'cyclic' (got {sampler.describe()})")
         if not self.meta_epoch_step:
             return self.server
         rounds = getattr(sampler, "rounds_per_meta_epoch", None)
-        if rounds is None:
-            raise ConfigError("sampler.name", f"{self.name} needs meta-epochs: use sampler.name = 'cyclic' (got {sampler.describe()})")
         theta = self.global_lr if self.global_lr is not None else self.server.lr * rounds
         return MetaEpochExtrapolation(self.server, theta, rounds)
 
@@ -144,18 +158,40 @@ def build_algorithm(name: str, settings: Mapping[str, Any], rounds: int = 1) -> 
     meta = bool(s.get("meta_epoch_step", False))
     if s.get("global_lr") is not None and not meta:
         raise ConfigError("algorithm.global_lr", f"a global (meta-epoch) step size applies to rr_cli only, not to {name}")
-    return Algorithm(name, local, aggregator, build_server(s), momentum, schedule, meta, s.get("global_lr"))
+    client_state = _client_state(name, s)
+    if client_state is not None and momentum is not None:
+        raise ConfigError("algorithm.global_momentum", f"{name} keeps client state; global momentum is not defined for it")
+    if isinstance(client_state, FedCDR):
+        if s.get("server_lr", 1.0) != 1.0 or s.get("server_optimizer") not in (None, "sgd"):
+            raise ConfigError("algorithm.server_lr", "FedCDR's server step is x ← x + Σ w_i g_i (it keeps x = Σ w_i x̂_i); server_lr and server_optimizer are not settings of it")
+        local = replace(local, prox_mu=1.0 / client_state.eta)
+    return Algorithm(name, local, aggregator, build_server(s), momentum, schedule, meta, s.get("global_lr"), client_state)
+
+
+def _client_state(name: str, s: Mapping[str, Any]) -> Scaffold | FedCDR | None:
+    kind = s.get("client_state")
+    if kind == "scaffold":
+        return Scaffold(s.get("scaffold_option", "II"))
+    if kind == "fedcdr":
+        if s.get("prox_mu"):
+            raise ConfigError("algorithm.prox_mu", "FedCDR's local solver minimizes f_i(z) + ‖z − y_i‖²/(2η): set fedcdr_eta, not prox_mu")
+        return FedCDR(s.get("fedcdr_alpha", 1.0), s.get("fedcdr_eta", 1.0), s.get("fedcdr_form", "y"), s.get("exact_prox", True))
+    for key in ("scaffold_option", "fedcdr_alpha", "fedcdr_eta", "fedcdr_form"):
+        if s.get(key) is not None and key not in METHODS[name]:
+            raise ConfigError(f"algorithm.{key}", f"applies to {'scaffold' if key.startswith('scaffold') else 'fedcdr'} only, not to {name}")
+    return None
 
 
 @dataclass
 class RoundRecord:
-    """What one round cost."""
+    """What one round cost, and any per-round diagnostics of the method (FedCDR's prox residual)."""
 
     round: int
     cohort: np.ndarray
     sample_gradients: int
     bytes_up: int
     bytes_down: int
+    extras: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -182,6 +218,8 @@ class Simulation:
     dtype: torch.dtype = torch.float64
     executor: Executor = field(default_factory=SequentialExecutor)
     device: str = "cpu"
+    state_memory_limit: int = 1 << 30
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -199,6 +237,10 @@ class Simulation:
         self.counters = Counters()
         self._expected_counts = self.sampler.expected_counts()
         self._planned_tau_eff = self.algorithm.planned_tau_eff(self.data.weights, self.data.sizes)
+        self.last_extras: dict[str, float] = {}
+        kind = self.algorithm.client_state
+        self.store = ClientStateStore(self.data.num_clients, kind.fields(self.params.numel()), self.dtype, self.state_memory_limit, self.state_dir) if kind else None
+        self.client_server = kind.init(self.params) if kind else {}
 
     @property
     def bytes_per_model(self) -> int:
@@ -217,17 +259,25 @@ class Simulation:
             down_models += drift is not None
         scale = alg.schedule(r, self.counters.sample_gradients / self.data.num_samples)
         plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed, scale, self.data.sizes)
-        deltas = self.executor.run(self.problem, self.data, self.params, plans, alg.local.rule(drift))
-        omega = alg.aggregation_weights(plans, self.data.weights, self._expected_counts, self._planned_tau_eff, scale)
-        direction = torch.as_tensor(omega, dtype=self.dtype, device=self.device) @ deltas if plans else torch.zeros_like(self.params)
+        weights_of = lambda ps: alg.aggregation_weights(ps, self.data.weights, self._expected_counts, self._planned_tau_eff, scale)  # noqa: E731
+        extras: dict[str, float] = {}
+        if alg.client_state is not None and len(cohort):
+            context = RoundContext(self.problem, self.data, self.executor, self.params, cohort, plans, alg.local.rule(), alg.local, r, self.seed, scale, self.store, self.client_server, weights_of)
+            work = alg.client_state.run(context)
+            direction, grads_used, extras = work.direction, work.sample_gradients, work.extras
+            up_models, down_models = work.models_up, work.models_down
+        else:
+            deltas = self.executor.run(self.problem, self.data, self.params, plans, alg.local.rule(drift))
+            direction = torch.as_tensor(weights_of(plans), dtype=self.dtype, device=self.device) @ deltas if plans else torch.zeros_like(self.params)
+            if alg.momentum is not None:
+                self.momentum_state = alg.momentum.collect(self.momentum_state, plans, deltas, unbiased)
+            per_step = 2 if drift is not None and drift.correction else 1
+            grads_used = per_step * sum(p.sample_gradients for p in plans) + extra_gradients
+            up_models = 1 + (alg.momentum is not None and alg.momentum.estimator == "exact") * 2
         step, self.server_state = self.server.update(direction, self.server_state, self.params, scale)
         self.params = self.params - step
-        if alg.momentum is not None:
-            self.momentum_state = alg.momentum.collect(self.momentum_state, plans, deltas, unbiased)
-        per_step = 2 if drift is not None and drift.correction else 1
-        grads_used = per_step * sum(p.sample_gradients for p in plans) + extra_gradients
-        up_models = 1 + (alg.momentum is not None and alg.momentum.estimator == "exact") * 2
-        record = RoundRecord(r, cohort, grads_used, len(cohort) * up_models * self.bytes_per_model, len(cohort) * down_models * self.bytes_per_model)
+        self.last_extras = extras
+        record = RoundRecord(r, cohort, grads_used, len(cohort) * up_models * self.bytes_per_model, len(cohort) * down_models * self.bytes_per_model, extras)
         c = self.counters
         c.rounds, c.sample_gradients = r + 1, c.sample_gradients + grads_used
         c.bytes_up, c.bytes_down = c.bytes_up + record.bytes_up, c.bytes_down + record.bytes_down
@@ -239,13 +289,25 @@ class Simulation:
             "server": _clone(self.server_state),
             "momentum": _clone(self.momentum_state),
             "counters": vars(self.counters).copy(),
+            "client_server": _clone(self.client_server),
+            "client_store": self.store.state_dict() if self.store is not None else None,
+            "last_extras": dict(self.last_extras),
         }
+
+    def commit_checkpoint(self) -> None:
+        """Called once the checkpoint holding :meth:`state_dict` is on disk (see :mod:`fedshuffle.state`)."""
+        if self.store is not None:
+            self.store.commit()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.params = state["params"].to(self.device, self.dtype)
         self.server_state = _clone(state["server"])
         self.momentum_state = dict(state["momentum"])
         self.counters = Counters(**state["counters"])
+        self.client_server = _clone(state.get("client_server", {}))
+        self.last_extras = dict(state.get("last_extras", {}))
+        if self.store is not None:
+            self.store.load_state_dict(state["client_store"])
 
 
 def _clone(tree: Any) -> Any:

@@ -96,6 +96,11 @@ class AlgorithmConfig(_Section):
     lr_schedule: Literal["constant", "inverse_epochs", "step"] | None = None
     lr_decay_at: list[float] | None = None
     lr_decay_factor: float | None = Field(None, gt=0, le=1)
+    scaffold_option: Literal["I", "II"] | None = None
+    fedcdr_alpha: float | None = Field(None, description="FedCDR relaxation α ∈ (0, 2)")
+    fedcdr_eta: float | None = Field(None, description="FedCDR prox step η > 0")
+    fedcdr_form: Literal["y", "x"] | None = None
+    exact_prox: bool | None = None
     epochs: int | list[int] | None = None
     steps: int | Literal["min", "mean"] | None = None
     order: Literal["rr", "so", "with_replacement"] | None = None
@@ -150,10 +155,11 @@ class RunConfig(_Section):
     ray_address: str | None = Field(None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray")
     sinks: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list, description="also send metrics to TensorBoard and/or MLflow")
     mlflow_uri: str | None = Field(None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)")
+    state_memory_mb: int = Field(1024, ge=1, description="client state (SCAFFOLD, FedCDR) beyond this size goes to memory-mapped files in <run>/client_state")
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations only")
 
 
-Metric = Literal["loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_accuracy", "test_loss"]
+Metric = Literal["loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_accuracy", "test_loss", "prox_residual"]
 
 
 class PlotConfig(_Section):

@@ -30,7 +30,8 @@ class Executor(Protocol):
         ...
 
     def client_gradients(self, problem: Problem, data: FederatedDataset, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
-        """Full local gradients ∇f_i(x) of ``clients``, stacked as ``(len(clients), d)``."""
+        """Full local gradients ∇f_i(x) of ``clients``, stacked as ``(len(clients), d)``; ``params`` is one
+        model ``(d,)`` for all, or one per client ``(len(clients), d)``."""
         ...
 
 
@@ -78,7 +79,8 @@ class SequentialExecutor:
     def client_gradients(self, problem, data, params, clients):
         features, labels, rows = client_rows(data, clients)
         rows = [torch.from_numpy(r).to(params.device) for r in rows]
-        return torch.stack([problem.gradient(params, features[r], labels[r]) for r in rows])
+        points = params if params.dim() == 2 else params.expand(len(rows), -1)
+        return torch.stack([problem.gradient(p, features[r], labels[r]) for p, r in zip(points, rows)])
 
 
 class VectorizedExecutor:
@@ -116,7 +118,7 @@ class VectorizedExecutor:
 
     def run(self, problem, data, params, plans, rule):
         if not plans:
-            return params.new_zeros((0, params.numel()))
+            return params.new_zeros((0, params.shape[-1]))
         batch, steps = max(p.batches.shape[1] for p in plans), max(p.steps for p in plans)
         size = self.chunk_for(data, params.numel(), batch, steps)
         order = np.argsort([-p.steps for p in plans], kind="stable")  # longest first: the clients still working are a prefix
@@ -139,8 +141,9 @@ class VectorizedExecutor:
         safe = rows_t.clamp(min=0)
         working = np.searchsorted(-np.array([p.steps for p in plans]), -np.arange(steps), side="left")  # k_t = #{c: τ_c > t}
         lrs = torch.tensor([p.lr for p in plans], dtype=x.dtype, device=x.device).unsqueeze(1)
-        ys = x.expand(len(plans), -1).clone()
-        xs = x.expand(len(plans), -1)
+        xs = torch.stack([x if p.start is None else p.start for p in plans]) if any(p.start is not None for p in plans) else x.expand(len(plans), -1)
+        offsets = torch.stack([torch.zeros_like(x) if p.offset is None else p.offset for p in plans]) if any(p.offset is not None for p in plans) else None
+        ys = xs.clone()
         velocity = torch.zeros_like(ys) if rule.momentum else None
         correction = rule.drift is not None and rule.drift.correction
         for t in range(steps):
@@ -149,17 +152,20 @@ class VectorizedExecutor:
             y, f, lab, m = ys[:k], features[idx], labels[idx], weights[:k, t]
             grad_x = problem.batched_gradient(xs[:k], f, lab, m) if correction else None
             d = local_direction(rule, problem.batched_gradient(y, f, lab, m), y, xs[:k], grad_x)
+            if offsets is not None:
+                d = d + offsets[:k]
             if velocity is not None:
                 velocity[:k] = rule.momentum * velocity[:k] + d
                 d = velocity[:k]
             ys[:k] = y - lrs[:k] * d
-        return x - ys
+        return xs - ys
 
     def client_gradients(self, problem, data, params, clients):
         if len(clients) == 0:
             return params.new_zeros((0, params.numel()))
         width = int(data.sizes[clients].max())
-        size = self.chunk_for(data, params.numel(), width)
+        points = params if params.dim() == 2 else params.expand(len(clients), -1)
+        size = self.chunk_for(data, points.shape[1], width)
         out = []
         for k in range(0, len(clients), size):
             part = clients[k : k + size]
@@ -169,7 +175,7 @@ class VectorizedExecutor:
                 rows[c, : len(r)] = r
             rows_t = torch.from_numpy(rows).to(params.device)
             safe, mask = rows_t.clamp(min=0), (rows_t >= 0).to(params.dtype)
-            out.append(problem.batched_gradient(params.expand(len(part), -1), features[safe], labels[safe], mask / mask.sum(1, keepdim=True)))
+            out.append(problem.batched_gradient(points[k : k + size], features[safe], labels[safe], mask / mask.sum(1, keepdim=True)))
         return torch.cat(out)
 
 

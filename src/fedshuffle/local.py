@@ -38,7 +38,9 @@ class ClientPlan:
     """One client's planned round.
 
     ``batches[k]`` are the sample rows of step k (−1 pads a short last batch); ``lr`` is η_i;
-    ``a_l1`` is FedNova's ‖a_i‖₁ of the steps actually run.
+    ``a_l1`` is FedNova's ‖a_i‖₁ of the steps actually run. Stateful methods set ``start`` (the
+    client's own starting point and prox center instead of the server model — FedCDR's y_i) and
+    ``offset`` (a constant added to every step's direction — SCAFFOLD's c − c_i).
     """
 
     client: int
@@ -46,6 +48,8 @@ class ClientPlan:
     lr: float
     planned_steps: int
     a_l1: float
+    start: torch.Tensor | None = None
+    offset: torch.Tensor | None = None
 
     @property
     def steps(self) -> int:
@@ -318,7 +322,10 @@ def local_direction(rule: LocalRule, grad_y: torch.Tensor, y: torch.Tensor, x: t
 
 
 def run_client(problem: Problem, features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, plan: ClientPlan, rule: LocalRule) -> torch.Tensor:
-    """Reference client loop; returns Δ_i = x − y_{τ_i}. Each step: d = :func:`local_direction`; v ← ρv + d; y ← y − η_i v."""
+    """Reference client loop; returns Δ_i = x_i − y_{τ_i} from the client's start x_i (the server model x
+    unless the plan sets one). Each step: d = :func:`local_direction` (+ the plan's offset);
+    v ← ρv + d; y ← y − η_i v."""
+    x = x if plan.start is None else plan.start
     y = x.clone()
     velocity = torch.zeros_like(x) if rule.momentum else None
     correction = rule.drift is not None and rule.drift.correction
@@ -326,6 +333,8 @@ def run_client(problem: Problem, features: torch.Tensor, labels: torch.Tensor, x
         rows = torch.from_numpy(batch[batch >= 0]).to(features.device)
         fb, lb = features[rows], labels[rows]
         d = local_direction(rule, problem.gradient(y, fb, lb), y, x, problem.gradient(x, fb, lb) if correction else None)
+        if plan.offset is not None:
+            d = d + plan.offset
         if velocity is not None:
             velocity = rule.momentum * velocity + d
             d = velocity

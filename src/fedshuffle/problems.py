@@ -11,6 +11,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch.func import grad, vmap
 
@@ -70,6 +71,10 @@ class Problem(ABC):
         """Fraction of correct predictions, or ``None`` for non-classification problems."""
         return None
 
+    def prox(self, centers: torch.Tensor, data, clients: np.ndarray, eta: float) -> torch.Tensor | None:
+        """prox_{ηf_i}(center_i) for each listed client in closed form, or ``None`` where there is none."""
+        return None
+
     def minimizer(self, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor | None:
         """argmin_x Σ_j s_j f_j(x) when it can be computed reliably, else ``None``."""
         return None
@@ -103,6 +108,13 @@ class Quadratic(Problem):
 
     def batched_gradient(self, params, features, labels, weights):
         return params * weights.sum(1, keepdim=True) - (features * weights.unsqueeze(-1)).sum(1)
+
+    def prox(self, centers, data, clients, eta):
+        """f_i(z) = ½‖z − ē_i‖² + const (ē_i the client's mean target): prox_{ηf_i}(y) = (y + ηē_i)/(1 + η)."""
+        if not hasattr(data, "features"):
+            return None
+        means = torch.stack([data.features[torch.from_numpy(data.client_indices[i]).to(centers.device)].mean(0) for i in clients])
+        return (centers + eta * means) / (1 + eta)
 
     def minimizer(self, features, labels, weights):
         return (weights @ features) / weights.sum()

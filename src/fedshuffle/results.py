@@ -16,7 +16,7 @@ import numpy as np
 
 METRIC_COLUMNS = (
     "round", "sample_gradients", "epochs", "bytes_up", "bytes_down",
-    "loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_loss", "test_accuracy",
+    "loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_loss", "test_accuracy", "prox_residual",
 )
 
 PLOT_LIMIT = 1e100  # values beyond this (a run blowing up) are not drawn
@@ -25,7 +25,7 @@ INTEGER_COLUMNS = ("round", "sample_gradients", "bytes_up", "bytes_down")
 
 METRIC_LABELS = {
     "loss": "f(x)", "f_gap": "f(x) − f*", "dist_sq": "‖x − x*‖²", "grad_norm_sq": "‖∇f(x)‖²",
-    "train_accuracy": "train accuracy", "test_accuracy": "test accuracy", "test_loss": "test loss",
+    "train_accuracy": "train accuracy", "prox_residual": "mean prox residual", "test_accuracy": "test accuracy", "test_loss": "test loss",
     "round": "communication rounds", "epochs": "epochs of data", "sample_gradients": "gradient evaluations",
     "bytes": "bytes communicated (up + down)",
 }

@@ -95,14 +95,17 @@ def ensure_writable(folder: Path, needed_bytes: int = 0) -> None:
         raise ResultsError(f"{folder} has {free / 2**20:.1f} MiB free, a run needs about {needed_bytes / 2**20:.1f} MiB for its checkpoints and results")
 
 
-def build_simulation(spec: RunSpec, seed: int) -> tuple[Simulation, dict[str, Any]]:
+def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> tuple[Simulation, dict[str, Any]]:
     """The simulation a spec describes (and the step sizes it resolved), without running anything."""
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
     problem, data = build_problem_and_data(spec)
     sampler = build_sampler(spec.sampler, data)
     algorithm_spec, step_sizes = resolve_step_sizes(spec.algorithm, problem, data, sampler)
     algorithm = build_algorithm_from(algorithm_spec, spec.run.rounds)
-    sim = Simulation(problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run), device=spec.run.device)
+    sim = Simulation(
+        problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run), device=spec.run.device,
+        state_memory_limit=spec.run.state_memory_mb << 20, state_dir=state_dir,
+    )
     return sim, step_sizes
 
 
@@ -141,7 +144,7 @@ def run_single(
                 on_round(spec.run.rounds)
             return RunOutcome(run_dir, done["status"], done.get("final", {}), done.get("message", ""))
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
-    sim, step_sizes = build_simulation(spec, seed)
+    sim, step_sizes = build_simulation(spec, seed, str(run_dir / "client_state"))
     ensure_writable(run_dir, needed_bytes=4 * sim.bytes_per_model * (4 + len(sim.server_state)) + (1 << 20))
     evaluator = Evaluator(sim.problem, sim.data)
     meta = {"label": label, "point": dict(point or {}), "seed": seed}
@@ -166,6 +169,7 @@ def _train(spec, run_dir, sim, evaluator, meta, step_sizes, resume, on_round, ex
         c = sim.counters
         row = {"round": c.rounds, "sample_gradients": c.sample_gradients, "epochs": c.sample_gradients / total_samples, "bytes_up": c.bytes_up, "bytes_down": c.bytes_down}
         row.update(evaluator(sim.params))
+        row.update(sim.last_extras)
         rows.append(row)
         for sink in sinks:
             sink.log(row)
@@ -179,6 +183,7 @@ def _train(spec, run_dir, sim, evaluator, meta, step_sizes, resume, on_round, ex
         buf = io.BytesIO()
         torch.save({"simulation": sim.state_dict(), "rows": rows}, buf)
         write_atomic(checkpoint, buf.getvalue())
+        sim.commit_checkpoint()
         save_tables()
 
     if not rows:
