@@ -30,6 +30,8 @@ from .problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegres
 from .samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement
 from . import theory
 from .datasets import LIBSVM_DATASETS, load_libsvm_dataset, read_svmlight
+from .datasets.leaf import load_leaf
+from .datasets.synthetic import FedProxSynthetic
 from .streams import Stream, generator
 
 if sys.version_info >= (3, 11):
@@ -52,7 +54,7 @@ class ProblemConfig(_Section):
 
 
 class DataConfig(_Section):
-    source: Literal["targets", "synthetic", "npz", "libsvm"] = "targets"
+    source: Literal["targets", "synthetic", "npz", "libsvm", "fedprox_synthetic", "leaf"] = "targets"
     dataset: str | None = Field(None, description="libsvm: a registered dataset (phishing, mushrooms, a3a, w3a, a9a); or give path")
     data_dirs: list[str] = Field(default_factory=list, description="folders searched before the cache and the download (also $FEDSHUFFLE_DATA)")
     download: bool = True
@@ -61,7 +63,10 @@ class DataConfig(_Section):
     client_sizes: list[int] | None = None
     clients: int | None = Field(None, ge=1)
     partition: Literal["sizes", "iid", "equal", "dirichlet"] = "sizes"
-    alpha: float = Field(0.5, gt=0)
+    alpha: float = Field(0.5, gt=0, description="Dirichlet partition concentration")
+    synthetic_alpha: float = Field(0.0, ge=0, description="fedprox_synthetic: std of u_k (model heterogeneity)")
+    synthetic_beta: float = Field(0.0, ge=0, description="fedprox_synthetic: std of B_k (data heterogeneity)")
+    iid: bool = Field(False, description="fedprox_synthetic: the IID variant (shared W, b; x ~ N(0, Σ))")
     weights: Literal["size", "uniform"] | list[float] = "size"
     samples: int = Field(1000, ge=1)
     features: int = Field(10, ge=1)
@@ -333,7 +338,9 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
         )
         return Quadratic(targets.shape[1]), dataset
     if d.source == "targets":
-        raise ConfigError("data.source", f"problem {p.name!r} needs source = 'synthetic' or 'npz'")
+        raise ConfigError("data.source", f"problem {p.name!r} needs source = 'synthetic', 'npz', 'libsvm', 'fedprox_synthetic' or 'leaf'")
+    if d.source in ("fedprox_synthetic", "leaf"):
+        return _natural_clients(spec)
     if d.source == "synthetic":
         x, y = data_mod.synthetic_classification(d.samples, d.features, d.classes, rng, d.separation)
     elif d.source == "libsvm":
@@ -389,6 +396,36 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
     dataset = FederatedDataset(
         features[train], labels[train], parts, data_mod.objective_weights(sizes, d.weights),
         features[test] if n_test else None, labels[test] if n_test else None, name=d.dataset or d.source,
+    )
+    return problem, dataset
+
+
+def _natural_clients(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
+    """Datasets whose clients come with the data: FedProx's synthetic devices, LEAF users."""
+    p, d = spec.problem, spec.data
+    if p.name not in ("softmax", "mlp"):
+        raise ConfigError("problem.name", f"source = {d.source!r} is multi-class: use 'softmax' or 'mlp', not {p.name!r}")
+    if d.source == "fedprox_synthetic":
+        if d.clients is None:
+            raise ConfigError("data.clients", "fedprox_synthetic needs the number of devices")
+        gen = FedProxSynthetic(d.synthetic_alpha, d.synthetic_beta, d.clients, spec.run.seed if d.seed is None else d.seed, d.iid)
+        train = [gen.train(k) for k in range(d.clients)]
+        held = [gen.test(k) for k in range(d.clients)]
+        test = (np.concatenate([x for x, _ in held]), np.concatenate([y for _, y in held]))
+        num_classes = 10
+    else:
+        if d.path is None:
+            raise ConfigError("data.path", "source = 'leaf' needs path: a LEAF folder with train/ and test/")
+        _, train, test = load_leaf(d.path, d.clients)
+        num_classes = int(max(max(int(y.max()) for _, y in train), int(test[1].max(initial=0)))) + 1
+    sizes = np.array([len(y) for _, y in train])
+    features = torch.as_tensor(np.concatenate([x for x, _ in train]))
+    labels = torch.as_tensor(np.concatenate([y for _, y in train]))
+    width = features.shape[1]
+    problem = SoftmaxRegression(width, num_classes, p.l2) if p.name == "softmax" else MLP(width, p.hidden, num_classes, p.l2)
+    dataset = FederatedDataset(
+        features, labels, data_mod.contiguous_partition(sizes), data_mod.objective_weights(sizes, d.weights),
+        torch.as_tensor(test[0]) if len(test[1]) else None, torch.as_tensor(test[1]) if len(test[1]) else None, name=d.source,
     )
     return problem, dataset
 
