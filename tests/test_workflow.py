@@ -181,3 +181,15 @@ def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypat
     with pytest.raises(ResultsError, match="No space left on device.*continue with --resume"):
         run_single(spec, tmp_path / "b", seed=0)
     assert (tmp_path / "b" / "checkpoint.pt").exists()  # what was written before is kept
+
+
+def test_sweep_over_one_variants_own_setting(tmp_path):
+    cfg = tmp_path / "two.toml"
+    cfg.write_text(TOY.format(method="fedavg", rounds=20) + '\n[[variants]]\nlabel = "CDR"\nalgorithm = { name = "fedcdr", server_momentum = 0.0 }\nsampler = { name = "cyclic", cohort = 1 }\n'
+                   '\n[[variants]]\nlabel = "Avg"\nalgorithm = { name = "fedavg" }\n')
+    out = tmp_path / "s"
+    result = runner.invoke(app, ["sweep", str(cfg), "--variant", "CDR", "--grid", "algorithm.fedcdr_eta=1,10", "--out", str(out), "--workers", "1", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert {p.parent.name for p in out.rglob("seed-0")} == {"cdr"} and len(list(out.rglob("seed-0/summary.json"))) == 2
+    bad = runner.invoke(app, ["sweep", str(cfg), "--variant", "FedCDR", "--out", str(out), "--quiet"])
+    assert bad.exit_code == 2 and "the variants are: CDR, Avg" in bad.output

@@ -106,6 +106,7 @@ def sweep(
     out: Annotated[Optional[Path], typer.Option(help="results folder (default: results/<name>-sweep); started again, finished runs are skipped")] = None,
     workers: Annotated[int, typer.Option(help="runs in parallel worker processes")] = max(1, (os.cpu_count() or 1)),
     pick: Annotated[Optional[str], typer.Option(help="choose the best point per variant by this final metric (min; max for accuracies)")] = None,
+    variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all), e.g. to grid a method's own settings")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Every grid point × variant × seed, in parallel, each in its own folder; optionally pick the best point."""
@@ -118,7 +119,7 @@ def sweep(
         points = parse_grid(grid or [])
         seed_list = parse_seeds(seeds) if seeds else None
         target = out or Path("results") / f"{experiment.experiment.name}-sweep"
-        jobs = jobs_for(experiment, target, points, seed_list, parse_overrides(set_ or []))
+        jobs = jobs_for(experiment, target, points, seed_list, parse_overrides(set_ or []), variant)
         preflight(jobs)
         ensure_writable(target)
         outcomes = run_jobs(jobs, workers=workers, experiment=experiment.experiment.name, show_progress=not quiet, title=f"{experiment.experiment.name} sweep")

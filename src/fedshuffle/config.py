@@ -271,7 +271,7 @@ def validate(model: type[BaseModel], raw: Mapping[str, Any], prefix: str = "") -
 def load_experiment(path_or_preset: str | Path) -> Experiment:
     """An experiment from a TOML file path or a preset name."""
     path = Path(path_or_preset)
-    if not path.suffix and not path.exists():
+    if not path.exists() and path.suffix != ".toml":
         path = PRESETS_DIR / f"{path_or_preset}.toml"
         if not path.exists():
             names = preset_names()

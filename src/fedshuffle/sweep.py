@@ -121,8 +121,17 @@ def point_name(point: Mapping[str, Mapping[str, Any]]) -> str:
     return slug("_".join(f"{section}.{key}={value}" for section in SECTIONS for key, value in point.get(section, {}).items())) if point else ""
 
 
-def jobs_for(experiment: Experiment, out_dir: Path, points: Sequence[Mapping[str, Any]], seeds: Sequence[int] | None = None, overrides: Mapping[str, Any] | None = None) -> list[Job]:
-    """Every point × variant × seed, validated before anything runs."""
+def jobs_for(
+    experiment: Experiment, out_dir: Path, points: Sequence[Mapping[str, Any]], seeds: Sequence[int] | None = None,
+    overrides: Mapping[str, Any] | None = None, variants: Sequence[str] | None = None,
+) -> list[Job]:
+    """Every point × variant (or only the named ``variants``) × seed, validated before anything runs."""
+    labels = [v.label for v in experiment.variants]
+    unknown = [v for v in variants or [] if v not in labels]
+    if unknown:
+        raise ConfigError("--variant", f"no variant {unknown[0]!r}; the variants are: {', '.join(labels) or '(none)'}")
+    if variants:
+        experiment = experiment.model_copy(update={"variants": [v for v in experiment.variants if v.label in variants]})
     jobs = []
     for point in points:
         merged = _merge(overrides or {}, point)
