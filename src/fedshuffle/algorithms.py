@@ -175,7 +175,7 @@ def _client_state(name: str, s: Mapping[str, Any]) -> Scaffold | FedCDR | None:
     if kind == "fedcdr":
         if s.get("prox_mu"):
             raise ConfigError("algorithm.prox_mu", "FedCDR's local solver minimizes f_i(z) + ‖z − y_i‖²/(2η): set fedcdr_eta, not prox_mu")
-        return FedCDR(s.get("fedcdr_alpha", 1.0), s.get("fedcdr_eta", 1.0), s.get("fedcdr_form", "y"), s.get("exact_prox", True))
+        return FedCDR(s.get("fedcdr_alpha", 1.0), s.get("fedcdr_eta", 1.0), s.get("fedcdr_form", "y"), s.get("exact_prox", True), s.get("warm_start", False))
     for key in ("scaffold_option", "fedcdr_alpha", "fedcdr_eta", "fedcdr_form"):
         if s.get(key) is not None and key not in METHODS[name]:
             raise ConfigError(f"algorithm.{key}", f"applies to {'scaffold' if key.startswith('scaffold') else 'fedcdr'} only, not to {name}")

@@ -106,6 +106,7 @@ class AlgorithmConfig(_Section):
     fedcdr_eta: float | None = Field(None, description="FedCDR prox step η > 0")
     fedcdr_form: Literal["y", "x"] | None = None
     exact_prox: bool | None = None
+    warm_start: bool | None = Field(None, description="FedCDR: start the inner prox solver from the previous x_i instead of the prox center y_i")
     epochs: int | list[int] | None = None
     steps: int | Literal["min", "mean"] | None = None
     order: Literal["rr", "so", "with_replacement"] | None = None

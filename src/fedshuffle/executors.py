@@ -141,9 +141,10 @@ class VectorizedExecutor:
         safe = rows_t.clamp(min=0)
         working = np.searchsorted(-np.array([p.steps for p in plans]), -np.arange(steps), side="left")  # k_t = #{c: τ_c > t}
         lrs = torch.tensor([p.lr for p in plans], dtype=x.dtype, device=x.device).unsqueeze(1)
-        xs = torch.stack([x if p.start is None else p.start for p in plans]) if any(p.start is not None for p in plans) else x.expand(len(plans), -1)
+        starts = torch.stack([x if p.start is None else p.start for p in plans]) if any(p.start is not None for p in plans) else x.expand(len(plans), -1)
+        xs = torch.stack([s if p.center is None else p.center for s, p in zip(starts, plans)]) if any(p.center is not None for p in plans) else starts
         offsets = torch.stack([torch.zeros_like(x) if p.offset is None else p.offset for p in plans]) if any(p.offset is not None for p in plans) else None
-        ys = xs.clone()
+        ys = starts.clone()
         velocity = torch.zeros_like(ys) if rule.momentum else None
         correction = rule.drift is not None and rule.drift.correction
         for t in range(steps):
@@ -158,7 +159,7 @@ class VectorizedExecutor:
                 velocity[:k] = rule.momentum * velocity[:k] + d
                 d = velocity[:k]
             ys[:k] = y - lrs[:k] * d
-        return xs - ys
+        return starts - ys
 
     def client_gradients(self, problem, data, params, clients):
         if len(clients) == 0:

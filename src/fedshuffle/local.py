@@ -39,8 +39,9 @@ class ClientPlan:
 
     ``batches[k]`` are the sample rows of step k (−1 pads a short last batch); ``lr`` is η_i;
     ``a_l1`` is FedNova's ‖a_i‖₁ of the steps actually run. Stateful methods set ``start`` (the
-    client's own starting point and prox center instead of the server model — FedCDR's y_i) and
-    ``offset`` (a constant added to every step's direction — SCAFFOLD's c − c_i).
+    client's own starting point instead of the server model), ``center`` (the prox center, default
+    the start — FedCDR solves prox_{ηf_i}(y_i) from a warm start x_i) and ``offset`` (a constant added
+    to every step's direction — SCAFFOLD's c − c_i).
     """
 
     client: int
@@ -49,6 +50,7 @@ class ClientPlan:
     planned_steps: int
     a_l1: float
     start: torch.Tensor | None = None
+    center: torch.Tensor | None = None
     offset: torch.Tensor | None = None
 
     @property
@@ -322,11 +324,12 @@ def local_direction(rule: LocalRule, grad_y: torch.Tensor, y: torch.Tensor, x: t
 
 
 def run_client(problem: Problem, features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, plan: ClientPlan, rule: LocalRule) -> torch.Tensor:
-    """Reference client loop; returns Δ_i = x_i − y_{τ_i} from the client's start x_i (the server model x
-    unless the plan sets one). Each step: d = :func:`local_direction` (+ the plan's offset);
-    v ← ρv + d; y ← y − η_i v."""
-    x = x if plan.start is None else plan.start
-    y = x.clone()
+    """Reference client loop; returns Δ_i = s_i − y_{τ_i} from the client's start s_i (the server model x
+    unless the plan sets one). Each step: d = :func:`local_direction` with the prox and drift terms
+    taken at the plan's center (default: the start), + the plan's offset; v ← ρv + d; y ← y − η_i v."""
+    start = x if plan.start is None else plan.start
+    x = start if plan.center is None else plan.center
+    y = start.clone()
     velocity = torch.zeros_like(x) if rule.momentum else None
     correction = rule.drift is not None and rule.drift.correction
     for batch in plan.batches:
@@ -339,4 +342,4 @@ def run_client(problem: Problem, features: torch.Tensor, labels: torch.Tensor, x
             velocity = rule.momentum * velocity + d
             d = velocity
         y = y - plan.lr * d
-    return x - y
+    return start - y
