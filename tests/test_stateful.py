@@ -168,3 +168,11 @@ def test_stateful_methods_run_on_the_vectorized_executor_with_a_lazy_population(
     a = params_trajectory(Simulation(problem, data, alg, Cyclic(6, 3), seed=2), 6)
     b = params_trajectory(Simulation(problem, lazy, alg, Cyclic(6, 3), seed=2, executor=VectorizedExecutor()), 6)
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_the_inspector_refuses_stateful_methods_instead_of_misreporting():
+    from fedshuffle.analysis import inspect_objective
+
+    for name in ("scaffold", "fedcdr"):
+        with pytest.raises(ConfigError, match="keeps client state"):
+            inspect_objective(build_algorithm(name, {"lr": 0.1}), Cyclic(3, 1), np.array([1, 2, 3]), np.ones(3) / 3)

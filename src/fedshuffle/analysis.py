@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .algorithms import Algorithm
+from .errors import ConfigError
 from .local import ClientPlan
 from .samplers import MAX_ENUMERATION, Sampler
 
@@ -130,6 +131,12 @@ def round_expectation(algorithm: Algorithm, sampler: Sampler, sizes: np.ndarray,
 
 def inspect_objective(algorithm: Algorithm, sampler: Sampler, sizes, weights, *, exact: bool | None = None, rounds: int = 20_000, seed: int = 0) -> ObjectiveReport:
     """Objective weights w, inclusion probabilities p, expected aggregation weights Ω and effective weights ŵ."""
+    if algorithm.client_state is not None:
+        raise ConfigError(
+            "algorithm.name",
+            f"{algorithm.name} keeps client state, so its fixed point is not set by the aggregation weights this inspects "
+            "(SCAFFOLD's and FedCDR's is x* itself); inspect covers the stateless methods",
+        )
     sizes, weights = np.asarray(sizes), np.asarray(weights, dtype=np.float64)
     base_lr = algorithm.local.lr
     mean, stderr, samples = round_expectation(
