@@ -69,7 +69,7 @@ def main() -> None:
         case(args.case, warmup=5, repeats=40)
         return
     results = {name: run_case("benchmarks.client_state", name) for name in CASES}
-    ratios = {m: round(results[f"{m}-1000000"]["median_s"] / results[f"{m}-1000"]["median_s"], 2) for m in ("scaffold", "fedcdr")}
+    ratios = {m: {stat: round(results[f"{m}-1000000"][stat] / results[f"{m}-1000"][stat], 2) for stat in ("median_s", "mean_s")} for m in ("scaffold", "fedcdr")}
     path = write("client_state", {
         "setup": {"dim": DIM, "cohort": COHORT, "dtype": "float32", "local": "1 epoch, batch 10", "checkpoint": "client state every 10 rounds", "threads": 1},
         "cases": results,

@@ -55,7 +55,7 @@ def time_rounds(step: Callable[[], Any], warmup: int, repeats: int, sync: Callab
         step()
         sync()
         times.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "rounds": repeats, "warmup": warmup}
+    return {"median_s": statistics.median(times), "mean_s": statistics.fmean(times), "min_s": min(times), "max_s": max(times), "rounds": repeats, "warmup": warmup}
 
 
 def run_case(module: str, case: str, *args: str, timeout: float = 3600) -> dict[str, Any]:

@@ -228,13 +228,16 @@ class Cyclic(Sampler):
             raise ConfigError("sampler.order", f"unknown order {order!r}; accepted: {', '.join(self.ORDERS)}")
         self.cohort, self.order = cohort, order
         self.rounds_per_meta_epoch = num_clients // cohort
+        self._last: tuple[tuple[int, int], np.ndarray] | None = None
 
     def permutation(self, meta_epoch: int, seed: int) -> np.ndarray:
-        """The client order of meta-epoch ``meta_epoch``."""
+        """The client order of meta-epoch ``meta_epoch`` (kept while the meta-epoch lasts)."""
         if self.order == "fixed":
             return np.arange(self.num_clients, dtype=np.int64)
-        key = meta_epoch if self.order == "reshuffle" else 0
-        return generator(seed, Stream.CLIENT_ORDER, key).permutation(self.num_clients).astype(np.int64)
+        key = (seed, meta_epoch if self.order == "reshuffle" else 0)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, generator(seed, Stream.CLIENT_ORDER, key[1]).permutation(self.num_clients).astype(np.int64))
+        return self._last[1]
 
     def inclusion_probabilities(self):
         return np.full(self.num_clients, self.cohort / self.num_clients)
