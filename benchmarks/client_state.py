@@ -11,13 +11,12 @@ Reports seconds per round and peak resident memory.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 
 import numpy as np
 import torch
 
-from benchmarks.common import emit, run_case, time_rounds, write
+from benchmarks.common import case_or_all, emit, time_rounds, write
 from benchmarks.convex import lognormal_sizes
 from fedshuffle import Cyclic, LogisticRegression, Simulation, build_algorithm
 from fedshuffle.data import LazyFederatedDataset, objective_weights
@@ -62,13 +61,9 @@ def case(name: str, warmup: int, repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=CASES)
-    args = parser.parse_args()
-    if args.case:
-        case(args.case, warmup=5, repeats=40)
+    results = case_or_all("benchmarks.client_state", CASES, case, warmup=5, repeats=40)
+    if results is None:
         return
-    results = {name: run_case("benchmarks.client_state", name) for name in CASES}
     ratios = {m: {stat: round(results[f"{m}-1000000"][stat] / results[f"{m}-1000"][stat], 2) for stat in ("median_s", "mean_s")} for m in ("scaffold", "fedcdr")}
     path = write("client_state", {
         "setup": {"dim": DIM, "cohort": COHORT, "dtype": "float32", "local": "1 epoch, batch 10", "checkpoint": "client state every 10 rounds", "threads": 1},

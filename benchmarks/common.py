@@ -6,6 +6,7 @@ its peak resident memory is its own; the driver runs the cases side by side and 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -14,7 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,17 @@ def run_case(module: str, case: str, *args: str, timeout: float = 3600) -> dict[
     if out.returncode != 0:
         return {"case": case, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def case_or_all(module: str, cases: Sequence[str], case: Callable[[str, int, int], None], warmup: int, repeats: int) -> dict[str, Any] | None:
+    """With ``--case NAME`` run that case here (and return None); otherwise run every case side by side."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", choices=list(cases))
+    args = parser.parse_args()
+    if args.case:
+        case(args.case, warmup, repeats)
+        return None
+    return {name: run_case(module, name) for name in cases}
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -6,11 +6,9 @@ against the in-process vectorized executor (each worker runs the vectorized exec
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from benchmarks.common import emit, run_case, time_rounds, write
+from benchmarks.common import case_or_all, emit, time_rounds, write
 from benchmarks.convex import CLIENTS, COHORT, problem_and_data
 from fedshuffle import Simulation, UniformWithoutReplacement, build_algorithm
 from fedshuffle.executors import RayExecutor, VectorizedExecutor
@@ -28,13 +26,9 @@ def case(name: str, warmup: int, repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=CASES)
-    args = parser.parse_args()
-    if args.case:
-        case(args.case, warmup=3, repeats=30)
+    results = case_or_all("benchmarks.ray_workers", CASES, case, warmup=3, repeats=30)
+    if results is None:
         return
-    results = {name: run_case("benchmarks.ray_workers", name) for name in CASES}
     t = {name: r["median_s"] for name, r in results.items()}
     path = write("ray_workers", {
         "setup": {"clients": CLIENTS, "cohort": COHORT, "problem": "benchmark 1 (logistic regression, d = 123, fp64)", "ray": "local instance started by the executor"},
