@@ -1,11 +1,9 @@
 """The command line and the runner: results on disk, bad input, divergence, resume."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from fedshuffle.cli import app

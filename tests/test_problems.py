@@ -1,6 +1,5 @@
 """Problems: gradients against autograd, minimizers against optimality, learning on real-shaped data."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -11,7 +11,7 @@ from fedshuffle.data import FederatedDataset, contiguous_partition, objective_we
 from fedshuffle.errors import ConfigError
 from fedshuffle.executors import VectorizedExecutor
 from fedshuffle.state import JOURNAL, ClientStateStore
-from fedshuffle.stateful import FedCDR, RoundContext
+from fedshuffle.stateful import RoundContext
 from fedshuffle.theory import solution
 
 from conftest import params_trajectory

@@ -367,10 +367,10 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
     if d.source == "libsvm" and d.libsvm_test:
         test, train = official_test, rng.permutation(official_test[0])
     else:
-        order = rng.permutation(len(y))
-        test, train = order[: int(round(d.test_fraction * len(y)))], order[int(round(d.test_fraction * len(y))) :]
+        order, n_test = rng.permutation(len(y)), int(round(d.test_fraction * len(y)))
+        test, train = order[:n_test], order[n_test:]
     n_test = len(test)
-    x_train, y_train = x[train], y[train]
+    y_train = y[train]
     if d.partition == "sizes":
         if d.client_sizes is None or sum(d.client_sizes) != len(y_train):
             raise ConfigError("data.client_sizes", f"partition = 'sizes' needs client_sizes summing to the {len(y_train)} training samples")

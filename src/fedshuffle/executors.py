@@ -26,7 +26,7 @@ class Executor(Protocol):
     """Runs a cohort's local work."""
 
     def run(self, problem: Problem, data: FederatedDataset, params: torch.Tensor, plans: Sequence[ClientPlan], rule: LocalRule) -> torch.Tensor:
-        """Client updates Δ_i = x − y_i stacked as a ``(len(plans), d)`` tensor."""
+        """Client updates Δ_i = s_i − y_i stacked as a ``(len(plans), d)`` tensor, s_i the plan's start (default x)."""
         ...
 
     def client_gradients(self, problem: Problem, data: FederatedDataset, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
