@@ -158,7 +158,7 @@ class VectorizedExecutor:
             if velocity is not None:
                 velocity[:k] = rule.momentum * velocity[:k] + d
                 d = velocity[:k]
-            ys[:k] = y - lrs[:k] * d
+            y.addcmul_(lrs[:k], d, value=-1.0)  # y is the view ys[:k]
         return starts - ys
 
     def client_gradients(self, problem, data, params, clients):

@@ -149,10 +149,12 @@ class LogisticRegression(Problem):
         return features.T @ coef + self.l2 * weights.sum() * params
 
     def batched_gradient(self, params, features, labels, weights):
-        # Broadcast products rather than batched matmuls: C tiny (1×B)(B×p) products are slower as bmm.
-        margins = (features * params.unsqueeze(1)).sum(-1)
-        coef = -labels * torch.sigmoid(-labels * margins) * weights
-        return (coef.unsqueeze(-1) * features).sum(1) + self.l2 * weights.sum(1, keepdim=True) * params
+        # Broadcast products rather than batched matmuls (C tiny (1×B)(B×p) products are slower as bmm),
+        # and in-place steps: at B = 1 a local step is a few microseconds of arithmetic and the rest dispatch.
+        signed = (features * params.unsqueeze(1)).sum(-1).mul_(labels)
+        coef = torch.sigmoid(signed.neg_()).mul_(labels).mul_(weights)
+        grad = (coef.unsqueeze(-1) * features).sum(1).neg_()
+        return grad.addcmul_(weights.sum(1, keepdim=True), params, value=self.l2) if self.l2 else grad
 
     def accuracy(self, params, features, labels):
         return float(((features @ params) * labels > 0).double().mean())
