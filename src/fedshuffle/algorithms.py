@@ -95,11 +95,11 @@ class Algorithm:
 
     def server_for(self, sampler: Sampler) -> ServerOptimizer:
         """The server optimizer, wrapped in RR-CLI's meta-epoch step when the method has one (θ = ηR by default)."""
-        if self.needs_cycles and getattr(sampler, "rounds_per_meta_epoch", None) is None:
+        rounds = getattr(sampler, "rounds_per_meta_epoch", None)
+        if self.needs_cycles and rounds is None:
             raise ConfigError("sampler.name", f"{self.name} needs meta-epochs: use sampler.name = 'cyclic' (got {sampler.describe()})")
         if not self.meta_epoch_step:
             return self.server
-        rounds = getattr(sampler, "rounds_per_meta_epoch", None)
         theta = self.global_lr if self.global_lr is not None else self.server.lr * rounds
         return MetaEpochExtrapolation(self.server, theta, rounds)
 

@@ -290,17 +290,15 @@ def inspect(
 
 
 def _inspect_step_sizes(config: str, as_json: bool) -> None:
-    from .config import build_algorithm_from, build_problem_and_data, build_sampler, load_experiment, resolve_step_sizes
+    from .config import load_experiment
+    from .runner import build_simulation
     from .theory import smoothness
 
     rows = {}
     try:
         for label, spec in load_experiment(config).runs():
-            problem, data = build_problem_and_data(spec)
-            sampler = build_sampler(spec.sampler, data)
-            resolved, info = resolve_step_sizes(spec.algorithm, problem, data, sampler)
-            alg = build_algorithm_from(resolved, spec.run.rounds)
-            server = alg.server_for(sampler)
+            sim, info = build_simulation(spec, spec.run.seed)
+            alg, server, problem, data = sim.algorithm, sim.server, sim.problem, sim.data
             rows[label or "run"] = {
                 "method": alg.name, "local_lr": alg.local.lr, "server_lr": server.lr, "global_lr": getattr(server, "global_lr", None),
                 "local_steps": alg.local.max_planned_steps(data.sizes), "from_theory": sorted(info.get("used", {})),

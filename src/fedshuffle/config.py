@@ -391,7 +391,7 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
         labels = torch.as_tensor(2.0 * y - 1.0)
     else:
         flat = x.reshape(len(x), -1)
-        problem = SoftmaxRegression(flat.shape[1], max(num_classes, 2), p.l2) if p.name == "softmax" else MLP(flat.shape[1], p.hidden, max(num_classes, 2), p.l2)
+        problem = _classifier(p, flat.shape[1], max(num_classes, 2))
         labels = torch.as_tensor(y)
     features = torch.as_tensor(x.reshape(len(x), -1))
     dataset = FederatedDataset(
@@ -399,6 +399,11 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
         features[test] if n_test else None, labels[test] if n_test else None, name=d.dataset or d.source,
     )
     return problem, dataset
+
+
+def _classifier(p: ProblemConfig, width: int, num_classes: int) -> Problem:
+    """Softmax regression or the MLP a problem section names, for ``width`` features."""
+    return SoftmaxRegression(width, num_classes, p.l2) if p.name == "softmax" else MLP(width, p.hidden, num_classes, p.l2)
 
 
 def _natural_clients(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
@@ -423,7 +428,7 @@ def _natural_clients(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
     features = torch.as_tensor(np.concatenate([x for x, _ in train]))
     labels = torch.as_tensor(np.concatenate([y for _, y in train]))
     width = features.shape[1]
-    problem = SoftmaxRegression(width, num_classes, p.l2) if p.name == "softmax" else MLP(width, p.hidden, num_classes, p.l2)
+    problem = _classifier(p, width, num_classes)
     dataset = FederatedDataset(
         features, labels, data_mod.contiguous_partition(sizes), data_mod.objective_weights(sizes, d.weights),
         torch.as_tensor(test[0]) if len(test[1]) else None, torch.as_tensor(test[1]) if len(test[1]) else None, name=d.source,
