@@ -20,8 +20,8 @@ from benchmarks.common import case_or_all, emit, time_rounds, write
 from benchmarks.convex import lognormal_sizes
 from fedshuffle import Cyclic, LogisticRegression, Simulation, build_algorithm
 from fedshuffle.data import LazyFederatedDataset, objective_weights
-from fedshuffle.executors import VectorizedExecutor
-from fedshuffle.streams import Stream, generator
+from fedshuffle.executors.local import VectorizedExecutor
+from fedshuffle.core.streams import Stream, generator
 
 DIM, COHORT = 1000, 100
 CASES = [f"{method}-{n}" for method in ("scaffold", "fedcdr") for n in (1_000, 1_000_000)]

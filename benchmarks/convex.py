@@ -15,7 +15,7 @@ import torch
 from benchmarks.common import emit, run_case, time_rounds, write
 from fedshuffle import LogisticRegression, Simulation, UniformWithoutReplacement, build_algorithm
 from fedshuffle.data import FederatedDataset, objective_weights
-from fedshuffle.executors import SequentialExecutor, VectorizedExecutor
+from fedshuffle.executors.local import SequentialExecutor, VectorizedExecutor
 
 CLIENTS, COHORT, DIM, MEAN_SIZE, SIGMA = 1000, 100, 123, 50, 1.0
 

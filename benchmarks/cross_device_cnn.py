@@ -43,7 +43,7 @@ def cohort(round_index: int) -> np.ndarray:
 def ours(executor: str, warmup: int, repeats: int, chunk_size: int | None = None) -> dict:
     from fedshuffle import Simulation, UniformWithoutReplacement, build_algorithm
     from fedshuffle.data import FederatedDataset, objective_weights
-    from fedshuffle.executors import SequentialExecutor, VectorizedExecutor
+    from fedshuffle.executors.local import SequentialExecutor, VectorizedExecutor
     from fedshuffle.problems import CNN
 
     xs, ys = zip(*(user_data(u) for u in range(USERS)))

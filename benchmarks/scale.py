@@ -18,8 +18,8 @@ from benchmarks.common import emit, run_case, time_rounds, write
 from benchmarks.convex import COHORT, DIM, lognormal_sizes
 from fedshuffle import LogisticRegression, Simulation, UniformWithoutReplacement, build_algorithm
 from fedshuffle.data import LazyFederatedDataset, objective_weights
-from fedshuffle.executors import VectorizedExecutor
-from fedshuffle.streams import Stream, generator
+from fedshuffle.executors.local import VectorizedExecutor
+from fedshuffle.core.streams import Stream, generator
 
 POPULATIONS = (1_000, 10_000, 100_000, 1_000_000)
 

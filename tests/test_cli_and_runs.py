@@ -7,9 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fedshuffle.cli import app
-from fedshuffle.config import load_experiment, preset_names
-from fedshuffle.results import read_metrics
-from fedshuffle.runner import run_single
+from fedshuffle.experiments.config import load_experiment, preset_names
+from fedshuffle.experiments.results import read_metrics
+from fedshuffle.experiments.runner import run_single
 
 runner = CliRunner()
 

@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from fedshuffle.datasets import LIBSVM_DATASETS, RemoteFile, load_libsvm_dataset, locate, read_svmlight
-from fedshuffle.datasets.fetch import cache_dir
-from fedshuffle.errors import DataError
+from fedshuffle.data.sources import LIBSVM_DATASETS, RemoteFile, load_libsvm_dataset, locate, read_svmlight
+from fedshuffle.data.sources.fetch import cache_dir
+from fedshuffle.core.errors import DataError
 
 FIXTURE = "+1 1:0.5 3:1\n-1 2:-1.5\n+1 1:2 2:0.25 3:-1 # comment\n-1\n"
 
@@ -130,7 +130,7 @@ def test_nan_features_and_single_class_files_are_rejected(tmp_path):
 
 
 def test_official_test_split_is_used_for_test_metrics(shared_data, monkeypatch):
-    from fedshuffle.config import RunSpec, build_problem_and_data, validate
+    from fedshuffle.experiments.config import RunSpec, build_problem_and_data, validate
 
     monkeypatch.setenv("FEDSHUFFLE_DATA", str(shared_data))
     spec = validate(RunSpec, {"problem": {"name": "logistic", "l2": 1e-3}, "data": {"source": "libsvm", "dataset": "a3a", "partition": "equal", "clients": 5, "libsvm_test": True}})

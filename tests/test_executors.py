@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from fedshuffle import MLP, Cyclic, LogisticRegression, Simulation, UniformWithoutReplacement, build_algorithm
-from fedshuffle.algorithms import METHODS
+from fedshuffle.methods.algorithm import METHODS
 from fedshuffle.data import FederatedDataset, objective_weights
-from fedshuffle.errors import ConfigError
-from fedshuffle.executors import RayExecutor, SequentialExecutor, VectorizedExecutor
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.executors.local import RayExecutor, SequentialExecutor, VectorizedExecutor
 
 from conftest import assert_relative_close, params_trajectory
 

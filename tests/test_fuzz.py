@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedshuffle.algorithms import METHODS
-from fedshuffle.config import RunSpec, build_problem_and_data, validate
-from fedshuffle.datasets import read_svmlight
-from fedshuffle.errors import ConfigError
-from fedshuffle.results import read_metrics
-from fedshuffle.runner import run_single
+from fedshuffle.methods.algorithm import METHODS
+from fedshuffle.experiments.config import RunSpec, build_problem_and_data, validate
+from fedshuffle.data.sources import read_svmlight
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.experiments.results import read_metrics
+from fedshuffle.experiments.runner import run_single
 
 CASES = {"configs": 0, "runs": 0, "files": 0, "datasets": 0}
 

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from fedshuffle.config import RunSpec, build_problem_and_data, validate
-from fedshuffle.datasets.leaf import load_leaf
-from fedshuffle.datasets.synthetic import FedProxSynthetic
-from fedshuffle.errors import ConfigError, DataError
+from fedshuffle.experiments.config import RunSpec, build_problem_and_data, validate
+from fedshuffle.data.sources.leaf import load_leaf
+from fedshuffle.data.sources.synthetic import FedProxSynthetic
+from fedshuffle.core.errors import ConfigError, DataError
 
 
 def test_device_sizes_follow_floor_lognormal_4_2_plus_50():

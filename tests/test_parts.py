@@ -8,8 +8,8 @@ import torch
 
 from conftest import quadratic_dataset
 from fedshuffle import Cyclic, FullParticipation, Independent, LocalSolver, Quadratic, UniformWithoutReplacement, WithReplacement, water_filling
-from fedshuffle.errors import ConfigError
-from fedshuffle.local import LocalRule, a_norm, run_client
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.local.plan import LocalRule, a_norm, run_client
 
 
 def test_water_filling_matches_reference_example():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedshuffle import MLP, LogisticRegression, Quadratic, SoftmaxRegression, Simulation, UniformWithoutReplacement, build_algorithm
-from fedshuffle.config import RunSpec, build_problem_and_data, validate
+from fedshuffle.experiments.config import RunSpec, build_problem_and_data, validate
 
 
 def autograd_mean_gradient(problem, x, features, labels):

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, UniformWithoutReplacement, WithReplacement, build_algorithm
-from fedshuffle.analysis import inspect_objective
-from fedshuffle.config import AlgorithmConfig, RunSpec, build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes, validate
+from fedshuffle.analysis.objective import inspect_objective
+from fedshuffle.experiments.config import AlgorithmConfig, RunSpec, build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes, validate
 from fedshuffle.data import FederatedDataset, equal_partition, objective_weights
-from fedshuffle.errors import ConfigError
+from fedshuffle.core.errors import ConfigError
 from fedshuffle.schedules import Schedule
 from fedshuffle.server import ServerAdaptive
-from fedshuffle.theory import smoothness, solution
+from fedshuffle.analysis.theory import smoothness, solution
 
 from conftest import assert_relative_close, params_trajectory, quadratic_dataset
 

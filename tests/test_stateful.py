@@ -8,11 +8,11 @@ import torch
 
 from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, UniformWithoutReplacement, build_algorithm
 from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
-from fedshuffle.errors import ConfigError
-from fedshuffle.executors import VectorizedExecutor
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.executors.local import VectorizedExecutor
 from fedshuffle.state import JOURNAL, ClientStateStore
-from fedshuffle.stateful import RoundContext
-from fedshuffle.theory import solution
+from fedshuffle.methods.stateful import RoundContext
+from fedshuffle.analysis.theory import solution
 
 from conftest import params_trajectory
 
@@ -171,7 +171,7 @@ def test_stateful_methods_run_on_the_vectorized_executor_with_a_lazy_population(
 
 
 def test_the_inspector_refuses_stateful_methods_instead_of_misreporting():
-    from fedshuffle.analysis import inspect_objective
+    from fedshuffle.analysis.objective import inspect_objective
 
     for name in ("scaffold", "fedcdr"):
         with pytest.raises(ConfigError, match="keeps client state"):

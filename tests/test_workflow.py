@@ -13,11 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from fedshuffle.cli import app
-from fedshuffle.config import load_experiment
-from fedshuffle.errors import ConfigError, ResultsError
-from fedshuffle.results import read_metrics
-from fedshuffle.runner import run_single
-from fedshuffle.sweep import parse_grid, parse_seeds, point_name
+from fedshuffle.experiments.config import load_experiment
+from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.experiments.results import read_metrics
+from fedshuffle.experiments.runner import run_single
+from fedshuffle.experiments.sweep import parse_grid, parse_seeds, point_name
 
 runner = CliRunner()
 
@@ -160,7 +160,7 @@ def test_unwritable_results_folder_fails_before_training(tmp_path):
 
 
 def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypatch):
-    import fedshuffle.runner as runner_mod
+    import fedshuffle.experiments.runner as runner_mod
 
     spec = load_experiment(config(tmp_path)).runs()[0][1]
     monkeypatch.setattr(runner_mod.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1024})())

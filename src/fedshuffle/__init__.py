@@ -7,16 +7,16 @@ optimizer applies them. :func:`~fedshuffle.analysis.inspect_objective` says whic
 configuration minimizes.
 """
 
-from .aggregation import Aggregator
-from .algorithms import METHODS, Algorithm, Simulation, build_algorithm
-from .analysis import inspect_objective, unit_quadratic_fixed_point
-from .data import FederatedDataset
-from .errors import ConfigError
-from .executors import SequentialExecutor
-from .local import LocalSolver
-from .problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
-from .samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement, water_filling
-from .server import GlobalMomentum, ServerHeavyBall, ServerSGD
+from fedshuffle.aggregation import Aggregator
+from fedshuffle.methods.algorithm import METHODS, Algorithm, Simulation, build_algorithm
+from fedshuffle.analysis.objective import inspect_objective, unit_quadratic_fixed_point
+from fedshuffle.data import FederatedDataset
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.executors.local import SequentialExecutor
+from fedshuffle.local.plan import LocalSolver
+from fedshuffle.problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
+from fedshuffle.samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement, water_filling
+from fedshuffle.server import GlobalMomentum, ServerHeavyBall, ServerSGD
 
 __all__ = [
     "Aggregator", "Algorithm", "ConfigError", "Cyclic", "FederatedDataset", "FullParticipation", "GlobalMomentum",

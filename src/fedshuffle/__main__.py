@@ -1,5 +1,5 @@
 """``python -m fedshuffle`` is the ``fedshuffle`` command."""
 
-from .cli import main
+from fedshuffle.cli import main
 
 main()

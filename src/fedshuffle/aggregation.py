@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
-from .local import ClientPlan
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.local.plan import ClientPlan
 
 WEIGHTINGS = ("data", "normalized")
 NORMALIZATIONS = ("unbiased", "sum_one")

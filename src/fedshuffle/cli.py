@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import ConfigError, ResultsError
-from .results import write_json
+from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.core.io import write_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
 console = Console()
@@ -73,8 +73,8 @@ def run(
     Exit status: 0 all runs complete, 2 bad input (nothing ran), 3 a run diverged or failed, 4 the
     results folder cannot be written.
     """
-    from .config import load_experiment, parse_overrides
-    from .runner import ensure_writable, run_experiment
+    from fedshuffle.experiments.config import load_experiment, parse_overrides
+    from fedshuffle.experiments.runner import ensure_writable, run_experiment
 
     try:
         experiment = load_experiment(config)
@@ -110,9 +110,9 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Every grid point × variant × seed, in parallel, each in its own folder; optionally pick the best point."""
-    from .config import load_experiment, parse_overrides
-    from .runner import ensure_writable, preflight
-    from .sweep import jobs_for, parse_grid, parse_seeds, run_jobs, select_best
+    from fedshuffle.experiments.config import load_experiment, parse_overrides
+    from fedshuffle.experiments.runner import ensure_writable, preflight
+    from fedshuffle.experiments.sweep import jobs_for, parse_grid, parse_seeds, run_jobs, select_best
 
     try:
         experiment = load_experiment(config)
@@ -142,7 +142,7 @@ def sweep(
 
 
 def _point(point: dict | None) -> str:
-    from .report import point_text
+    from fedshuffle.experiments.report import point_text
 
     return "none converged" if point is None else (point_text(point) or "base")
 
@@ -158,7 +158,7 @@ def plot(
     title: Annotated[str, typer.Option()] = "",
 ) -> None:
     """Mean and band over seeds of every variant (and grid point) found under PATHS; PNG and PDF."""
-    from .report import collect_runs, group_runs, plot_defaults, plot_runs
+    from fedshuffle.experiments.report import collect_runs, group_runs, plot_defaults, plot_runs
 
     try:
         runs = collect_runs(paths)
@@ -181,7 +181,7 @@ def table_command(
     stat: Annotated[str, typer.Option(help="final value, or best value along the run")] = "final",
 ) -> None:
     """Final (or best) values as a Markdown table: mean ± std over seeds per variant and grid point."""
-    from .report import SUMMARY_METRICS, collect_runs, group_runs, markdown_table
+    from fedshuffle.experiments.report import SUMMARY_METRICS, collect_runs, group_runs, markdown_table
 
     try:
         runs = collect_runs(paths)
@@ -194,7 +194,7 @@ def table_command(
 @app.command()
 def presets() -> None:
     """List the presets with the paper and figure they reproduce."""
-    from .config import load_experiment, preset_names
+    from fedshuffle.experiments.config import load_experiment, preset_names
 
     table = Table()
     table.add_column("preset", no_wrap=True)
@@ -209,7 +209,7 @@ def presets() -> None:
 @app.command()
 def show(config: Annotated[str, typer.Argument(help="preset name or TOML file")]) -> None:
     """Print the resolved configuration of every variant as JSON."""
-    from .config import load_experiment
+    from fedshuffle.experiments.config import load_experiment
 
     try:
         experiment = load_experiment(config)
@@ -245,10 +245,10 @@ def inspect(
     import numpy as np
     import torch
 
-    from .analysis import inspect_objective
-    from .sweep import parse_integers
-    from .config import AlgorithmConfig, SamplerConfig, build_algorithm_from, build_sampler, parse_overrides, validate
-    from .data import FederatedDataset, contiguous_partition, objective_weights
+    from fedshuffle.analysis.objective import inspect_objective
+    from fedshuffle.experiments.sweep import parse_integers
+    from fedshuffle.experiments.config import AlgorithmConfig, SamplerConfig, build_algorithm_from, build_sampler, parse_overrides, validate
+    from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
 
     try:
         size_list = parse_integers(sizes, "--sizes", minimum=1, ranges=False)
@@ -290,9 +290,9 @@ def inspect(
 
 
 def _inspect_step_sizes(config: str, as_json: bool) -> None:
-    from .config import load_experiment
-    from .runner import build_simulation
-    from .theory import smoothness
+    from fedshuffle.experiments.config import load_experiment
+    from fedshuffle.experiments.runner import build_simulation
+    from fedshuffle.analysis.theory import smoothness
 
     rows = {}
     try:

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
-from .streams import Stream, generator
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.streams import Stream, generator
 
 #: Largest number of cohorts :meth:`Sampler.distribution` enumerates before refusing.
 MAX_ENUMERATION = 200_000

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from fedshuffle.core.errors import ConfigError
 
 KINDS = ("constant", "inverse_epochs", "step")
 

@@ -18,8 +18,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .errors import ConfigError
-from .local import ClientPlan, Drift
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.local.plan import ClientPlan, Drift
 
 State = dict[str, torch.Tensor]
 

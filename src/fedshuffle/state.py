@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ConfigError
-from .results import write_atomic
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.io import write_atomic
 
 JOURNAL, APPLIED = "journal.npz", "applied"
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
-from .results import METRIC_COLUMNS, plot_comparison, read_metrics, summarize
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.experiments.results import METRIC_COLUMNS, read_metrics, summarize
+from fedshuffle.experiments.plots import plot_comparison
 
 SUMMARY_METRICS = ("loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_accuracy", "test_loss")
 

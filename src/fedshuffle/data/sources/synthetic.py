@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..streams import Stream, generator
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.streams import Stream, generator
 
 DIM, CLASSES = 60, 10
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import ConfigError
+from fedshuffle.core.errors import ConfigError
 
 SINKS = ("tensorboard", "mlflow")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from fedshuffle.core.errors import DataError
 
 
 def _files(folder: Path) -> list[Path]:

@@ -30,14 +30,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from .algorithms import Simulation
-from .config import Experiment, RunSpec, build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
-from .data import FederatedDataset
-from .errors import ResultsError
-from .problems import Problem
-from .results import write_atomic, write_json, write_metrics, write_parquet
-from .sinks import flatten, open_sinks
-from .theory import solution
+from fedshuffle.methods.algorithm import Simulation
+from fedshuffle.experiments.config import Experiment, RunSpec, build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
+from fedshuffle.data import FederatedDataset
+from fedshuffle.core.errors import ResultsError
+from fedshuffle.problems import Problem
+from fedshuffle.core.io import write_atomic, write_json
+from fedshuffle.experiments.results import write_metrics, write_parquet
+from fedshuffle.experiments.sinks import flatten, open_sinks
+from fedshuffle.analysis.theory import solution
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -226,8 +227,8 @@ def run_experiment(
     experiment: Experiment, out_dir: Path, *, overrides: Mapping[str, Any] | None = None, resume: bool = False, show_progress: bool = True, workers: int = 1
 ) -> dict[str, Any]:
     """All variants × seeds of an experiment into ``out_dir``, then the plot and an overall summary."""
-    from .report import StoredRun, group_runs, plot_runs, summarize_runs
-    from .sweep import jobs_for, run_jobs
+    from fedshuffle.experiments.report import StoredRun, group_runs, plot_runs, summarize_runs
+    from fedshuffle.experiments.sweep import jobs_for, run_jobs
 
     out_dir = Path(out_dir)
     jobs = jobs_for(experiment, out_dir, [{}], overrides=overrides)

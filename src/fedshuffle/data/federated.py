@@ -1,4 +1,4 @@
-"""Federated datasets: clients as index sets over shared tensors, and the partitioners that make them.
+"""Federated datasets: clients as index sets over shared tensors.
 
 The objective of every run is
 
@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-import zipfile
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 
 class _Population:
@@ -175,113 +173,3 @@ def objective_weights(sizes: np.ndarray, kind: str | Sequence[float]) -> np.ndar
     if np.any(~np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
         raise ConfigError("data.weights", "weights must be finite, non-negative and not all zero")
     return w / w.sum()
-
-
-# ----------------------------------------------------------------------------------------------
-# Partitioners: sample indices -> client index sets
-
-
-def contiguous_partition(sizes: Sequence[int]) -> list[np.ndarray]:
-    """Client i owns the next ``sizes[i]`` samples, in order (the FedShuffle quadratic (36))."""
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    return [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
-
-
-def iid_partition(num_samples: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Shuffle uniformly, then split into ``num_clients`` nearly equal parts."""
-    if num_clients > num_samples:
-        raise ConfigError("data.clients", f"{num_clients} clients but only {num_samples} samples")
-    return [np.sort(part) for part in np.array_split(rng.permutation(num_samples), num_clients)]
-
-
-def equal_partition(num_samples: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Shuffle uniformly and give each client ⌊N/M⌋ samples; the remainder is left out (RR-CLI paper §4.2)."""
-    per_client = num_samples // num_clients
-    if per_client < 1:
-        raise ConfigError("data.clients", f"{num_clients} clients but only {num_samples} samples")
-    order = rng.permutation(num_samples)[: per_client * num_clients]
-    return [np.sort(part) for part in order.reshape(num_clients, per_client)]
-
-
-def dirichlet_partition(
-    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator, min_size: int = 1
-) -> list[np.ndarray]:
-    """Label-Dirichlet (LDA) split: for each class, client shares ~ Dir(α·1) (Hsu et al. 2019).
-
-    Follows the FedNova reference code: a client's share of a class is zeroed once it holds
-    ≥ N/n samples, and the draw is repeated until every client has ≥ ``min_size`` samples.
-    """
-    if alpha <= 0:
-        raise ConfigError("data.alpha", f"Dirichlet concentration must be > 0, got {alpha}")
-    labels = np.asarray(labels)
-    n = len(labels)
-    for _ in range(1000):
-        parts: list[list[int]] = [[] for _ in range(num_clients)]
-        for c in np.unique(labels):
-            idx = rng.permutation(np.flatnonzero(labels == c))
-            share = rng.dirichlet(np.full(num_clients, alpha))
-            share *= np.array([len(p) < n / num_clients for p in parts])
-            share /= share.sum()
-            cuts = (np.cumsum(share) * len(idx)).astype(int)[:-1]
-            for k, chunk in enumerate(np.split(idx, cuts)):
-                parts[k].extend(chunk.tolist())
-        if min(len(p) for p in parts) >= min_size:
-            return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
-    raise ConfigError("data.alpha", f"could not give every client {min_size} samples with α={alpha}; raise α or lower the number of clients")
-
-
-# ----------------------------------------------------------------------------------------------
-# Sources
-
-
-def load_targets(path: str | Path) -> np.ndarray:
-    """Per-sample targets e_ij for the quadratic problem, from an ``.npy`` file of shape (N, d)."""
-    path = Path(path)
-    try:
-        targets = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise ConfigError("problem.targets", f"file not found: {path}") from None
-    except (ValueError, OSError, EOFError) as exc:
-        raise ConfigError("problem.targets", f"cannot read {path} as a .npy array ({exc or type(exc).__name__})") from None
-    if targets.ndim != 2 or not np.issubdtype(targets.dtype, np.number):
-        raise ConfigError("problem.targets", f"{path} must hold a numeric array of shape (samples, dim), got shape {targets.shape}")
-    if not np.all(np.isfinite(targets)):
-        raise ConfigError("problem.targets", f"{path} contains NaN or infinite values")
-    return targets.astype(np.float64)
-
-
-def synthetic_classification(
-    num_samples: int, num_features: int, num_classes: int, rng: np.random.Generator, separation: float = 1.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Gaussian class clusters: x ~ N(μ_c, I) with μ_c ~ N(0, separation²·I); labels uniform over classes."""
-    centers = rng.normal(0.0, separation, size=(num_classes, num_features))
-    labels = rng.integers(0, num_classes, size=num_samples)
-    features = centers[labels] + rng.normal(size=(num_samples, num_features))
-    return features, labels
-
-
-def load_npz(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """Features ``x`` (N, ...) and integer labels ``y`` (N,) from an ``.npz`` file."""
-    path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            if "x" not in archive or "y" not in archive:
-                raise ConfigError("data.path", f"{path} must contain arrays 'x' and 'y', found {sorted(archive.files)}")
-            x, y = archive["x"], archive["y"]
-    except FileNotFoundError:
-        raise ConfigError("data.path", f"file not found: {path}") from None
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise ConfigError("data.path", f"cannot read {path} as .npz ({exc or type(exc).__name__})") from None
-    if x.ndim == 0 or y.ndim != 1:
-        raise ConfigError("data.path", f"{path}: x must have one row per sample and y must be one label per sample, got shapes {x.shape} and {y.shape}")
-    if x.shape[0] != y.shape[0]:
-        raise ConfigError("data.path", f"{path}: {x.shape[0]} rows of x but {y.shape[0]} labels")
-    if x.shape[0] == 0:
-        raise ConfigError("data.path", f"{path}: the file holds no samples")
-    if not (np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.bool_)):
-        raise ConfigError("data.path", f"{path}: features must be numbers, got {x.dtype}")
-    if not np.all(np.isfinite(x)):
-        raise ConfigError("data.path", f"{path}: features contain NaN or infinite values")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise ConfigError("data.path", f"{path}: labels must be integers, got {y.dtype}")
-    return x.astype(np.float64), y.astype(np.int64)

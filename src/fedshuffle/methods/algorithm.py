@@ -22,18 +22,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from .aggregation import Aggregator
-from .data import FederatedDataset, LazyFederatedDataset
-from .errors import ConfigError
-from .executors import Executor, SequentialExecutor
-from .local import LocalSolver
-from .problems import Problem
-from .samplers import Sampler
-from .schedules import Schedule
-from .state import ClientStateStore
-from .stateful import FedCDR, RoundContext, Scaffold
-from .server import ADAPTIVE, GlobalMomentum, MetaEpochExtrapolation, ServerAdaptive, ServerAdGD, ServerHeavyBall, ServerOptimizer, ServerSGD
-from .streams import Stream, generator
+from fedshuffle.aggregation import Aggregator
+from fedshuffle.data import FederatedDataset, LazyFederatedDataset
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.executors.local import Executor, SequentialExecutor
+from fedshuffle.local.plan import LocalSolver
+from fedshuffle.problems import Problem
+from fedshuffle.samplers import Sampler
+from fedshuffle.schedules import Schedule
+from fedshuffle.state import ClientStateStore
+from fedshuffle.methods.stateful import FedCDR, RoundContext, Scaffold
+from fedshuffle.server import ADAPTIVE, GlobalMomentum, MetaEpochExtrapolation, ServerAdaptive, ServerAdGD, ServerHeavyBall, ServerOptimizer, ServerSGD
+from fedshuffle.core.streams import Stream, generator
 
 #: Each method's defaults (FedShuffle paper, Table 4 and Appendix F; Wang et al. 2020 for FedNova).
 #: Any key can be overridden; ``fedshuffle_gen`` exposes FedShuffleGen's free parameters c, w̃, q.

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .data import FederatedDataset
-from .datasets.fetch import cache_dir
-from .errors import ConfigError
-from .problems import LogisticRegression, Problem, Quadratic
-from .results import write_atomic
+from fedshuffle.data import FederatedDataset
+from fedshuffle.data.sources.fetch import cache_dir
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.problems import LogisticRegression, Problem, Quadratic
+from fedshuffle.core.io import write_atomic
 
 
 @dataclass(frozen=True)

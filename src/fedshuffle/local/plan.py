@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .errors import ConfigError
-from .problems import Problem
-from .streams import Stream, generator
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.problems import Problem
+from fedshuffle.core.streams import Stream, generator
 
 ORDERS = ("rr", "so", "with_replacement")
 STEP_NORMALIZATIONS = ("none", "local_work", "max_local_work")

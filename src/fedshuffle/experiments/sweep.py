@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import SECTIONS, Experiment, RunSpec, parse_overrides, slug
-from .errors import ConfigError, ResultsError
+from fedshuffle.experiments.config import SECTIONS, Experiment, RunSpec, parse_overrides, slug
+from fedshuffle.core.errors import ConfigError, ResultsError
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _execute(job: Job, resume: bool, experiment: str, on_round: Callable[[int], None] | None) -> Outcome:
-    from .runner import run_single
+    from fedshuffle.experiments.runner import run_single
 
     try:
         result = run_single(job.spec, job.run_dir, job.seed, resume=resume, on_round=on_round, label=job.label, point=job.point, experiment=experiment)

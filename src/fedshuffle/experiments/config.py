@@ -21,25 +21,26 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from . import data as data_mod
-from .algorithms import METHODS, Algorithm, build_algorithm
-from .data import FederatedDataset
-from .errors import ConfigError
-from .executors import Executor, RayExecutor, SequentialExecutor, VectorizedExecutor
-from .problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
-from .samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement
-from . import theory
-from .datasets import LIBSVM_DATASETS, load_libsvm_dataset, read_svmlight
-from .datasets.leaf import load_leaf
-from .datasets.synthetic import FedProxSynthetic
-from .streams import Stream, generator
+from fedshuffle.data.sources import arrays as data_mod
+from fedshuffle import data as partitions_mod
+from fedshuffle.methods.algorithm import METHODS, Algorithm, build_algorithm
+from fedshuffle.data import FederatedDataset
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.executors.local import Executor, RayExecutor, SequentialExecutor, VectorizedExecutor
+from fedshuffle.problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
+from fedshuffle.samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement
+from fedshuffle.analysis import theory
+from fedshuffle.data.sources import LIBSVM_DATASETS, load_libsvm_dataset, read_svmlight
+from fedshuffle.data.sources.leaf import load_leaf
+from fedshuffle.data.sources.synthetic import FedProxSynthetic
+from fedshuffle.core.streams import Stream, generator
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-PRESETS_DIR = Path(__file__).parent / "presets"
+PRESETS_DIR = Path(__file__).parent.parent / "presets"
 
 
 class _Section(BaseModel):
@@ -334,8 +335,8 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
         if targets.shape[0] != total:
             raise ConfigError("data.client_sizes", f"sizes sum to {total} but problem.targets has {targets.shape[0]} samples")
         dataset = FederatedDataset(
-            torch.as_tensor(targets), torch.zeros(total, dtype=torch.long), data_mod.contiguous_partition(d.client_sizes),
-            data_mod.objective_weights(np.array(d.client_sizes), d.weights), name="quadratic",
+            torch.as_tensor(targets), torch.zeros(total, dtype=torch.long), partitions_mod.contiguous_partition(d.client_sizes),
+            partitions_mod.objective_weights(np.array(d.client_sizes), d.weights), name="quadratic",
         )
         return Quadratic(targets.shape[1]), dataset
     if d.source == "targets":
@@ -374,15 +375,15 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
     if d.partition == "sizes":
         if d.client_sizes is None or sum(d.client_sizes) != len(y_train):
             raise ConfigError("data.client_sizes", f"partition = 'sizes' needs client_sizes summing to the {len(y_train)} training samples")
-        parts = data_mod.contiguous_partition(d.client_sizes)
+        parts = partitions_mod.contiguous_partition(d.client_sizes)
     elif d.clients is None:
         raise ConfigError("data.clients", f"partition = {d.partition!r} needs the number of clients")
     elif d.partition == "iid":
-        parts = data_mod.iid_partition(len(y_train), d.clients, rng)
+        parts = partitions_mod.iid_partition(len(y_train), d.clients, rng)
     elif d.partition == "equal":
-        parts = data_mod.equal_partition(len(y_train), d.clients, rng)
+        parts = partitions_mod.equal_partition(len(y_train), d.clients, rng)
     else:
-        parts = data_mod.dirichlet_partition(y_train, d.clients, d.alpha, rng)
+        parts = partitions_mod.dirichlet_partition(y_train, d.clients, d.alpha, rng)
     sizes = np.array([len(ix) for ix in parts])
     if p.name == "logistic":
         if num_classes > 2:
@@ -395,7 +396,7 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
         labels = torch.as_tensor(y)
     features = torch.as_tensor(x.reshape(len(x), -1))
     dataset = FederatedDataset(
-        features[train], labels[train], parts, data_mod.objective_weights(sizes, d.weights),
+        features[train], labels[train], parts, partitions_mod.objective_weights(sizes, d.weights),
         features[test] if n_test else None, labels[test] if n_test else None, name=d.dataset or d.source,
     )
     return problem, dataset
@@ -430,7 +431,7 @@ def _natural_clients(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
     width = features.shape[1]
     problem = _classifier(p, width, num_classes)
     dataset = FederatedDataset(
-        features, labels, data_mod.contiguous_partition(sizes), data_mod.objective_weights(sizes, d.weights),
+        features, labels, partitions_mod.contiguous_partition(sizes), partitions_mod.objective_weights(sizes, d.weights),
         torch.as_tensor(test[0]) if len(test[1]) else None, torch.as_tensor(test[1]) if len(test[1]) else None, name=d.source,
     )
     return problem, dataset

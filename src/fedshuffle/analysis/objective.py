@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .algorithms import Algorithm
-from .errors import ConfigError
-from .local import ClientPlan
-from .samplers import MAX_ENUMERATION, Sampler
+from fedshuffle.methods.algorithm import Algorithm
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.local.plan import ClientPlan
+from fedshuffle.samplers import MAX_ENUMERATION, Sampler
 
 
 @dataclass

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
-from .fetch import RemoteFile, locate
+from fedshuffle.core.errors import DataError
+from fedshuffle.data.sources.fetch import RemoteFile, locate
 
 OFFICIAL_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"
 

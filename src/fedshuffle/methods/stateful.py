@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ConfigError
-from .local import ClientPlan, LocalRule, LocalSolver
-from .state import ClientStateStore
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.local.plan import ClientPlan, LocalRule, LocalSolver
+from fedshuffle.state import ClientStateStore
 
 #: The stream key offset of FedCDR's initialization solves, so that they never reuse a round's data order.
 INIT_ROUND_OFFSET = 1 << 40

@@ -16,10 +16,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .data import FederatedDataset, LazyFederatedDataset
-from .errors import ConfigError
-from .local import ClientPlan, LocalRule, local_direction, run_client
-from .problems import Problem
+from fedshuffle.data import FederatedDataset, LazyFederatedDataset
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.local.plan import ClientPlan, LocalRule, local_direction, run_client
+from fedshuffle.problems import Problem
 
 
 class Executor(Protocol):

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DataError
+from fedshuffle.core.errors import DataError
 
 CHUNK = 1 << 20
 

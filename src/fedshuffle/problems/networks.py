@@ -1,0 +1,155 @@
+"""Neural networks on flat parameters: MLP (batched backpropagation in closed form) and pfl-research's CIFAR CNN."""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Sequence
+
+import torch
+from torch.func import grad, vmap
+
+from ..core.errors import ConfigError
+from .base import Problem
+
+
+def _flat(pieces: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([q.reshape(-1) for q in pieces])
+
+
+class Network(Problem):
+    """A neural network on flat parameters, cross-entropy loss and an optional (λ/2)‖x‖² term.
+
+    The flat vector is cut into views of the layers' tensors (``shapes``). Gradients are taken with
+    respect to those pieces and concatenated: differentiating through the slicing of one flat vector
+    would, in backward, fill a full-size zero gradient per piece — the dominant cost for a cohort of
+    vmap-ed CNNs.
+    """
+
+    shapes: list[tuple[int, ...]]
+    l2: float = 0.0
+
+    @property
+    def dim(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+    def split(self, params: torch.Tensor) -> list[torch.Tensor]:
+        pieces, offset = [], 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            pieces.append(params[offset : offset + size].view(shape))
+            offset += size
+        return pieces
+
+    @abstractmethod
+    def logits(self, pieces: Sequence[torch.Tensor], features: torch.Tensor) -> torch.Tensor:
+        """Class scores ``(B, classes)`` of a batch."""
+
+    def piece_losses(self, pieces: Sequence[torch.Tensor], features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        ce = torch.nn.functional.cross_entropy(self.logits(pieces, features), labels, reduction="none")
+        return ce + 0.5 * self.l2 * sum((q * q).sum() for q in pieces) if self.l2 else ce
+
+    def losses(self, params, features, labels):
+        return self.piece_losses(self.split(params), features, labels)
+
+    def gradient(self, params, features, labels):
+        return _flat(grad(lambda ps: self.piece_losses(ps, features, labels).mean())(self.split(params)))
+
+    def weighted_gradient(self, params, features, labels, weights):
+        return _flat(grad(lambda ps: (self.piece_losses(ps, features, labels) * weights).sum())(self.split(params)))
+
+    def batched_gradient(self, params, features, labels, weights):
+        def client(p, f, y, v):
+            return _flat(grad(lambda ps: (self.piece_losses(ps, f, y) * v).sum())(self.split(p)))
+
+        return vmap(client)(params, features, labels, weights)
+
+    def accuracy(self, params, features, labels):
+        return float((self.logits(self.split(params), features).argmax(dim=-1) == labels).double().mean())
+
+
+class MLP(Network):
+    """Fully connected network with ReLU hidden layers and a cross-entropy loss (non-convex)."""
+
+    name = "mlp"
+
+    def __init__(self, num_features: int, hidden: Sequence[int], num_classes: int, l2: float = 0.0) -> None:
+        if not hidden or any(h < 1 for h in hidden):
+            raise ConfigError("problem.hidden", f"hidden layer sizes must be positive integers, got {list(hidden)}")
+        self.widths = [num_features, *hidden, num_classes]
+        self.l2 = l2
+        self.shapes = [s for k in range(len(self.widths) - 1) for s in ((self.widths[k], self.widths[k + 1]), (self.widths[k + 1],))]
+
+    def logits(self, pieces, features):
+        h = features.reshape(features.shape[0], -1)
+        for k in range(0, len(pieces) - 2, 2):
+            h = torch.relu(h @ pieces[k] + pieces[k + 1])
+        return h @ pieces[-2] + pieces[-1]
+
+    def batched_gradient(self, params, features, labels, weights):
+        """Backpropagation written out for a stack of clients (batched matmuls; faster than vmap(grad) for small MLPs)."""
+        pieces, offset = [], 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            pieces.append(params[:, offset : offset + size].reshape(-1, *shape))
+            offset += size
+        acts = [features.reshape(features.shape[0], features.shape[1], -1)]
+        for k in range(0, len(pieces) - 2, 2):
+            acts.append(torch.relu(acts[-1] @ pieces[k] + pieces[k + 1].unsqueeze(1)))
+        logits = acts[-1] @ pieces[-2] + pieces[-1].unsqueeze(1)
+        delta = torch.softmax(logits, dim=-1)
+        delta = (delta - torch.nn.functional.one_hot(labels, delta.shape[-1]).to(delta.dtype)) * weights.unsqueeze(-1)
+        grads = []
+        for k in range(len(pieces) - 2, -1, -2):
+            h = acts[k // 2]
+            grads = [h.transpose(1, 2) @ delta, delta.sum(1), *grads]
+            if k:
+                delta = (delta @ pieces[k].transpose(1, 2)) * (h > 0)
+        flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads], dim=1)
+        return flat + self.l2 * weights.sum(1, keepdim=True) * params if self.l2 else flat
+
+    def init_params(self, generator, dtype):
+        """PyTorch's default Linear initialization, U(−1/√fan_in, 1/√fan_in), from ``generator``."""
+        chunks = []
+        for fan_in, fan_out in zip(self.widths[:-1], self.widths[1:]):
+            bound = 1.0 / math.sqrt(fan_in)
+            chunks.append((torch.rand(fan_in * fan_out + fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound)
+        return torch.cat(chunks).to(dtype)
+
+
+class CNN(Network):
+    """The small two-convolution CNN of pfl-research's cross-device CIFAR-10 benchmark, for C×H×W images.
+
+    conv 3×3 (32) → ReLU → conv 3×3 (64) → ReLU → max-pool 2 → dense 128 → ReLU → dense (classes),
+    cross-entropy; Glorot-uniform weights and PyTorch's default biases, as there. Its two dropout
+    layers are left out so that a local step is a deterministic function of its minibatch. The
+    network runs through :func:`torch.func.functional_call`, so that the vectorized executor can
+    ``vmap`` it over a cohort.
+    """
+
+    name = "cnn"
+
+    def __init__(self, image_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10, l2: float = 0.0) -> None:
+        channels, height, width = image_shape
+        pooled = ((height - 4) // 2) * ((width - 4) // 2)
+        self.image_shape, self.num_classes, self.l2 = tuple(image_shape), num_classes, l2
+        self.module = torch.nn.Sequential(
+            torch.nn.Conv2d(channels, 32, 3), torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(), torch.nn.Linear(pooled * 64, 128), torch.nn.ReLU(), torch.nn.Linear(128, num_classes),
+        ).to("meta")
+        self.names = [name for name, _ in self.module.named_parameters()]
+        self.shapes = [tuple(p.shape) for _, p in self.module.named_parameters()]
+
+    def logits(self, pieces, features):
+        return torch.func.functional_call(self.module, dict(zip(self.names, pieces)), (features.reshape(-1, *self.image_shape),))
+
+    def init_params(self, generator, dtype):
+        chunks = []
+        for name, shape in zip(self.names, self.shapes):
+            if name.endswith("weight"):
+                fan_in, fan_out = math.prod(shape[1:]), shape[0] * math.prod(shape[2:])
+                bound = math.sqrt(6.0 / (fan_in + fan_out))
+            else:
+                bound = 1.0 / math.sqrt(math.prod(self.shapes[self.names.index(name.removesuffix("bias") + "weight")][1:]))
+            chunks.append((torch.rand(math.prod(shape), generator=generator, dtype=torch.float64) * 2 - 1) * bound)
+        return torch.cat(chunks).to(dtype)
