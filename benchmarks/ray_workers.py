@@ -11,7 +11,8 @@ import torch
 from benchmarks.common import case_or_all, emit, time_rounds, write
 from benchmarks.convex import CLIENTS, COHORT, problem_and_data
 from fedshuffle import Simulation, UniformWithoutReplacement, build_algorithm
-from fedshuffle.executors.local import RayExecutor, VectorizedExecutor
+from fedshuffle.executors.local import VectorizedExecutor
+from fedshuffle.executors.ray import RayExecutor
 
 CASES = ("vectorized", "ray-1", "ray-2")
 

@@ -8,7 +8,8 @@ from fedshuffle import MLP, Cyclic, LogisticRegression, Simulation, UniformWitho
 from fedshuffle.methods.algorithm import METHODS
 from fedshuffle.data import FederatedDataset, objective_weights
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.executors.local import RayExecutor, SequentialExecutor, VectorizedExecutor
+from fedshuffle.executors.local import SequentialExecutor, VectorizedExecutor
+from fedshuffle.executors.ray import RayExecutor
 
 from conftest import assert_relative_close, params_trajectory
 

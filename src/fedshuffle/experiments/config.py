@@ -26,7 +26,7 @@ from fedshuffle import data as partitions_mod
 from fedshuffle.methods.algorithm import METHODS, Algorithm, build_algorithm
 from fedshuffle.data import FederatedDataset
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.executors.local import Executor, RayExecutor, SequentialExecutor, VectorizedExecutor
+from fedshuffle.executors.local import Executor, SequentialExecutor, VectorizedExecutor
 from fedshuffle.problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
 from fedshuffle.samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement
 from fedshuffle.analysis import theory
@@ -486,6 +486,8 @@ def build_executor(run: RunConfig) -> Executor:
     if run.executor == "vectorized":
         return VectorizedExecutor(run.chunk_size, run.memory_budget_mb << 20)
     if run.executor == "ray":
+        from fedshuffle.executors.ray import RayExecutor
+
         return RayExecutor(run.ray_workers, run.ray_address, run.chunk_size, run.memory_budget_mb << 20)
     return SequentialExecutor()
 
