@@ -56,3 +56,31 @@ def shared_data():
     if not (SHARED_DATA / "phishing" / "phishing").is_file():
         pytest.skip("real datasets not found beside the repository")
     return SHARED_DATA
+
+
+#: the settings of an algorithm's parts, written flat in tests: key → (section, setting)
+FLAT_SETTINGS = {
+    **{k: ("local", k) for k in ("lr", "lr_multiplier", "epochs", "steps", "order", "batch_size", "step_normalization", "weight_decay", "clip_norm", "prox_mu", "drop_last_steps", "straggler_probability")},
+    "local_momentum": ("local", "momentum"),
+    **{k: ("aggregation", k) for k in ("weighting", "normalization", "tau_eff", "direction")},
+    **{f"server_{k}": ("server", k) for k in ("lr", "optimizer", "momentum", "beta1", "beta2", "eps")},
+    **{k: ("server", k) for k in ("global_lr", "global_momentum", "momentum_estimator", "meta_epoch_step")},
+    "lr_schedule": ("schedule", "name"), "lr_decay_at": ("schedule", "decay_at"), "lr_decay_factor": ("schedule", "decay_factor"),
+    **{k: ("method", k) for k in ("scaffold_option", "fedcdr_alpha", "fedcdr_eta", "fedcdr_form", "exact_prox", "warm_start", "feddyn_alpha")},
+}
+
+
+def nested(flat):
+    """``{"lr": 0.1, "server_lr": 2}`` → ``{"local": {"lr": 0.1}, "server": {"lr": 2}}``."""
+    out = {}
+    for key, value in flat.items():
+        section, name = FLAT_SETTINGS[key]
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def build_flat(name, flat=None, rounds=1):
+    """:func:`fedshuffle.build_algorithm` with the parts' settings written flat."""
+    from fedshuffle import build_algorithm
+
+    return build_algorithm(name, nested(flat or {}), rounds)

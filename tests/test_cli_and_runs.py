@@ -7,18 +7,16 @@ import pytest
 from typer.testing import CliRunner
 
 from fedshuffle.cli import app
-from fedshuffle.experiments.config import load_experiment, preset_names
+from fedshuffle.experiments.schema import load_experiment, preset_names
 from fedshuffle.experiments.results import read_metrics
 from fedshuffle.experiments.runner import run_single
 
 runner = CliRunner()
 
-
 def write_config(tmp_path, text):
     path = tmp_path / "exp.toml"
     path.write_text(text)
     return path
-
 
 BASE = """
 [problem]
@@ -26,16 +24,18 @@ name = "quadratic"
 targets = "{targets}"
 [data]
 client_sizes = [2, 3]
-[algorithm]
+[method]
 name = "fedshuffle"
+
+[local]
 lr = {lr}
+
 [sampler]
 name = "full"
 [run]
 rounds = {rounds}
 eval_every = 5
 """
-
 
 def test_quickstart_preset_writes_every_result(tmp_path):
     out = tmp_path / "res"
@@ -54,14 +54,12 @@ def test_quickstart_preset_writes_every_result(tmp_path):
     assert params.dtype == np.float64 and params.shape == (6,)
     assert np.sum((params - 1 / 6) ** 2) == pytest.approx(metrics["dist_sq"][-1])
 
-
 def test_every_preset_validates():
     names = preset_names()
     assert {"quickstart", "fedshuffle-fig1-full", "fedshuffle-fig1-momentum", "fedshuffle-fig1-sum-one", "fedshuffle-fig1-importance", "fedshuffle-fig4-unfinished"} <= set(names)
     for name in names:
         runs = load_experiment(name).runs()
-        assert runs and all(spec.algorithm.lr for _, spec in runs)
-
+        assert runs and all(spec.local.lr for _, spec in runs)
 
 def test_user_targets_file(tmp_path):
     targets = np.random.default_rng(0).normal(size=(5, 3))
@@ -75,11 +73,10 @@ def test_user_targets_file(tmp_path):
     assert metrics["dist_sq"][-1] == pytest.approx(np.sum((final - targets.mean(0)) ** 2))
     assert metrics["dist_sq"][-1] < 1e-3 * metrics["dist_sq"][0]
 
-
 @pytest.mark.parametrize(
     "edit, field",
     [
-        (("lr = 0.1", "lr = -0.1"), "algorithm.lr"),
+        (("lr = 0.1", "lr = -0.1"), "local.lr"),
         (("name = \"fedshuffle\"", "name = \"fedshufle\""), "did you mean 'fedshuffle'"),
         (("rounds = 10", "roundz = 10"), "did you mean 'rounds'"),
         (("name = \"full\"", "name = \"uniform\"\ncohort = 3"), "sampler.cohort"),
@@ -97,12 +94,10 @@ def test_bad_config_exits_2_with_one_clear_line(tmp_path, edit, field):
     assert result.exit_code == 2, result.output
     assert field in result.stderr and "Traceback" not in result.stderr
 
-
 def test_bad_override_and_unknown_preset_exit_2(tmp_path):
-    assert runner.invoke(app, ["run", "quickstart", "--set", "algorithm.lr"]).exit_code == 2
+    assert runner.invoke(app, ["run", "quickstart", "--set", "local.lr"]).exit_code == 2
     result = runner.invoke(app, ["run", "quikstart"])
     assert result.exit_code == 2 and "did you mean 'quickstart'" in result.stderr
-
 
 def test_divergence_stops_keeps_results_and_marks_summary(tmp_path):
     cfg = write_config(tmp_path, BASE.format(targets="identity", lr=5.0, rounds=500).replace("client_sizes = [2, 3]", "client_sizes = [2, 3]").replace("name = \"fedshuffle\"", "name = \"fedavg_rr\"").replace("rounds = 500", "rounds = 500\ndtype = \"float32\""))
@@ -112,7 +107,6 @@ def test_divergence_stops_keeps_results_and_marks_summary(tmp_path):
     assert summary["status"] == "diverged" and "round" in summary["message"]
     metrics = read_metrics(tmp_path / "o" / "seed-0" / "metrics.csv")
     assert len(metrics["round"]) >= 2 and np.isfinite(metrics["loss"][0])
-
 
 def test_resume_from_checkpoint_gives_the_same_numbers(tmp_path):
     exp = load_experiment("fedshuffle-fig1-sum-one")
@@ -127,13 +121,11 @@ def test_resume_from_checkpoint_gives_the_same_numbers(tmp_path):
     assert (tmp_path / "full" / "metrics.csv").read_text() == (tmp_path / "cut" / "metrics.csv").read_text()
     assert full.final["round"] == 300
 
-
 def test_show_and_presets_commands():
     result = runner.invoke(app, ["show", "fedshuffle-fig1-sum-one"])
     assert result.exit_code == 0 and "sum_one" in result.stdout
     listing = runner.invoke(app, ["presets"], terminal_width=200)
     assert listing.exit_code == 0 and "fedshuffle-fig4-unfinished" in listing.stdout
-
 
 RR_CLI = """
 [problem]
@@ -146,13 +138,18 @@ features = 5
 partition = "equal"
 clients = 12
 seed = 4
-[algorithm]
+[method]
 name = "rr_cli"
+
+[local]
 lr = "theory"
-server_lr = "theory"
-global_lr = 2.0
 batch_size = 5
-server_optimizer = "{server}"
+
+[server]
+lr = "theory"
+global_lr = 2.0
+optimizer = "{server}"
+
 [sampler]
 name = "cyclic"
 cohort = 3
@@ -160,7 +157,6 @@ cohort = 3
 rounds = {rounds}
 eval_every = 1
 """
-
 
 def test_rr_cli_resumes_mid_meta_epoch_with_nested_server_state(tmp_path):
     """The meta-epoch anchor and an adaptive server's moments survive a checkpoint taken inside a meta-epoch."""
@@ -172,7 +168,6 @@ def test_rr_cli_resumes_mid_meta_epoch_with_nested_server_state(tmp_path):
     assert np.array_equal(np.load(tmp_path / "full" / "final_params.npy"), np.load(tmp_path / "cut" / "final_params.npy"))
     assert (tmp_path / "full" / "metrics.csv").read_text() == (tmp_path / "cut" / "metrics.csv").read_text()
 
-
 def test_inspect_config_shows_theoretical_step_sizes(tmp_path):
     path = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=5))
     result = runner.invoke(app, ["inspect", "--config", str(path), "--json"])
@@ -183,8 +178,7 @@ def test_inspect_config_shows_theoretical_step_sizes(tmp_path):
     assert row["global_lr"] == 2.0 and row["from_theory"] == ["lr", "server_lr"] and row["local_steps"] == 4
     bad = write_config(tmp_path, RR_CLI.format(server="adamw", rounds=5))
     result = runner.invoke(app, ["inspect", "--config", str(bad)])
-    assert result.exit_code == 2 and "algorithm.server_optimizer" in result.output
-
+    assert result.exit_code == 2 and "server.optimizer" in result.output
 
 def test_executor_setting_runs_the_same_numbers(tmp_path):
     """run.executor switches the executor, not the results (metrics files identical)."""

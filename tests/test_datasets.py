@@ -130,7 +130,8 @@ def test_nan_features_and_single_class_files_are_rejected(tmp_path):
 
 
 def test_official_test_split_is_used_for_test_metrics(shared_data, monkeypatch):
-    from fedshuffle.experiments.config import RunSpec, build_problem_and_data, validate
+    from fedshuffle.experiments.schema import RunSpec, validate
+    from fedshuffle.experiments.build import build_problem_and_data
 
     monkeypatch.setenv("FEDSHUFFLE_DATA", str(shared_data))
     spec = validate(RunSpec, {"problem": {"name": "logistic", "l2": 1e-3}, "data": {"source": "libsvm", "dataset": "a3a", "partition": "equal", "clients": 5, "libsvm_test": True}})

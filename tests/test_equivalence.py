@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import params_trajectory, quadratic_dataset
-from fedshuffle import FullParticipation, Quadratic, Simulation, UniformWithoutReplacement, build_algorithm
+from conftest import params_trajectory, quadratic_dataset, build_flat
+from fedshuffle import FullParticipation, Quadratic, Simulation, UniformWithoutReplacement
 
 SIZES = [1, 2, 3, 5]
 
@@ -13,7 +13,7 @@ SIZES = [1, 2, 3, 5]
 def trajectory(method, settings, sampler, rounds=40, seed=11):
     rng = np.random.default_rng(0)
     data = quadratic_dataset(SIZES, rng.normal(size=(sum(SIZES), 4)))
-    return params_trajectory(Simulation(Quadratic(4), data, build_algorithm(method, settings), sampler, seed=seed), rounds)
+    return params_trajectory(Simulation(Quadratic(4), data, build_flat(method, settings), sampler, seed=seed), rounds)
 
 
 def gen_parameters(method, lr, epochs, tau, sampler_counts):
@@ -54,7 +54,7 @@ def test_fixed_steps_equal_to_epoch_work_reproduce_the_epoch_run_for_equal_sizes
     runs = {}
     for name, settings in {"epochs": {"lr": 0.05, "epochs": 2, "order": "rr"}, "min": {"lr": 0.05, "epochs": 2, "order": "rr", "steps": "min"},
                            "mean": {"lr": 0.05, "epochs": 2, "order": "rr", "steps": "mean"}, "fixed": {"lr": 0.05, "epochs": 2, "order": "rr", "steps": 6}}.items():
-        sim = Simulation(Quadratic(2), data, build_algorithm("fedavg", settings), FullParticipation(3), seed=4)
+        sim = Simulation(Quadratic(2), data, build_flat("fedavg", settings), FullParticipation(3), seed=4)
         for _ in range(10):
             sim.step()
         runs[name] = sim.params

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedshuffle import MLP, Cyclic, LogisticRegression, Simulation, UniformWithoutReplacement, build_algorithm
-from fedshuffle.methods.algorithm import METHODS
+from fedshuffle import MLP, Cyclic, LogisticRegression, Simulation, UniformWithoutReplacement
+from fedshuffle.methods import METHODS
 from fedshuffle.data import FederatedDataset, objective_weights
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.executors.local import SequentialExecutor, VectorizedExecutor
 from fedshuffle.executors.ray import RayExecutor
 
-from conftest import assert_relative_close, params_trajectory
+from conftest import assert_relative_close, params_trajectory, build_flat
 
 SIZES = [3, 7, 5, 11, 2, 6]
 ROUNDS = 8
@@ -34,6 +34,7 @@ SETTINGS = {
     "fedprox": {"epochs": 2, "batch_size": 2, "prox_mu": 0.5},
     "scaffold": {"steps": 3, "batch_size": 2, "scaffold_option": "I"},
     "fedcdr": {"epochs": 2, "batch_size": 2, "fedcdr_alpha": 0.8, "fedcdr_eta": 2.0},
+    "feddyn": {"epochs": 2, "batch_size": 2, "feddyn_alpha": 0.3},
 }
 
 
@@ -50,7 +51,7 @@ def trajectory(method, executor, problem=None, data=None):
     problem = problem or LogisticRegression(4, 1e-2)
     data = data or dataset()
     sampler = Cyclic(6, 3) if method in ("rr_cli", "fedcdr") else UniformWithoutReplacement(6, 3)
-    sim = Simulation(problem, data, build_algorithm(method, {"lr": 0.1, **SETTINGS[method]}), sampler, seed=5, executor=executor)
+    sim = Simulation(problem, data, build_flat(method, {"lr": 0.1, **SETTINGS[method]}), sampler, seed=5, executor=executor)
     return params_trajectory(sim, ROUNDS)
 
 
@@ -123,7 +124,7 @@ def test_lazy_dataset_gives_the_in_memory_trajectory():
 
 def test_device_setting_is_validated():
     problem, data = LogisticRegression(4, 1e-2), dataset()
-    alg = build_algorithm("fedavg", {"lr": 0.1})
+    alg = build_flat("fedavg", {"lr": 0.1})
     with pytest.raises(ConfigError, match="run.device"):
         Simulation(problem, data, alg, UniformWithoutReplacement(6, 3), device="tpu")
     if not torch.cuda.is_available():

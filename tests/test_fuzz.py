@@ -13,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedshuffle.methods.algorithm import METHODS
-from fedshuffle.experiments.config import RunSpec, build_problem_and_data, validate
+from conftest import nested
+from fedshuffle.methods import METHODS
+from fedshuffle.experiments.schema import RunSpec, validate
+from fedshuffle.experiments.build import build_problem_and_data
 from fedshuffle.data.sources import read_svmlight
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.experiments.results import read_metrics
@@ -43,7 +45,7 @@ def config_strategy(draw):
         classes = 2 if problem["name"] == "logistic" else draw(st.integers(2, 3))
         data = {"source": "synthetic", "samples": draw(st.integers(n, 24)), "features": draw(st.integers(1, 3)), "classes": classes, "clients": n,
                 "partition": draw(st.sampled_from(["iid", "equal", "dirichlet"])), "alpha": 1.0}
-    algorithm = {"name": method, "lr": draw(st.sampled_from([1e-3, 0.05, 0.5, 1e3])), "epochs": draw(st.integers(1, 2)), "batch_size": draw(st.integers(1, 3))}
+    algorithm = {"lr": draw(st.sampled_from([1e-3, 0.05, 0.5, 1e3])), "epochs": draw(st.integers(1, 2)), "batch_size": draw(st.integers(1, 3))}
     if method in ("nastya", "rr_cli", "generalized_fedavg"):
         algorithm["server_lr"] = draw(st.sampled_from([0.1, 1.0]))
     algorithm.update(draw(st.fixed_dictionaries({}, optional={
@@ -52,7 +54,7 @@ def config_strategy(draw):
     })))
     cohort = draw(st.integers(1, n))
     sampler = {"name": "cyclic", "cohort": 1} if method == "rr_cli" else {"name": draw(st.sampled_from(["full", "uniform", "with_replacement", "importance"])), "cohort": cohort}
-    raw = {"problem": problem, "data": data, "algorithm": algorithm, "sampler": sampler,
+    raw = {"problem": problem, "data": data, **nested(algorithm), "method": {"name": method}, "sampler": sampler,
            "run": {"rounds": draw(st.integers(1, 4)), "eval_every": draw(st.integers(1, 3)), "dtype": draw(st.sampled_from(["float32", "float64"]))}}
     for _ in range(draw(st.integers(0, 3))):
         section = draw(st.sampled_from(sorted(raw)))

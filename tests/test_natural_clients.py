@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from fedshuffle.experiments.config import RunSpec, build_problem_and_data, validate
+from fedshuffle.experiments.schema import RunSpec, validate
+from fedshuffle.experiments.build import build_problem_and_data
 from fedshuffle.data.sources.leaf import load_leaf
 from fedshuffle.data.sources.synthetic import FedProxSynthetic
 from fedshuffle.core.errors import ConfigError, DataError

@@ -9,7 +9,8 @@ import torch
 from conftest import quadratic_dataset
 from fedshuffle import Cyclic, FullParticipation, Independent, LocalSolver, Quadratic, UniformWithoutReplacement, WithReplacement, water_filling
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.local.plan import LocalRule, a_norm, run_client
+from fedshuffle.local.loop import LocalWork, run_local
+from fedshuffle.local.steps import standard_chain
 
 
 def test_water_filling_matches_reference_example():
@@ -96,10 +97,11 @@ def test_a_norm_matches_accumulated_coefficients(momentum, prox):
     plan = solver.plan(data.client_indices, np.array([0]), 0, 0)[0]
     # a constant-gradient problem: Δ = η Σ a_k g with g = x − e at x (zero-Hessian part removed by a tiny target step)
     class Linear(Quadratic):
-        def gradient(self, params, features, labels):
+        def batched_gradient(self, params, features, labels, weights):
             return torch.ones_like(params)
-    delta = run_client(Linear(1), data.features, data.labels, torch.zeros(1, dtype=torch.float64), plan, solver.rule())
-    assert plan.a_l1 == pytest.approx(a_norm(tau, momentum, prox))
+    delta = run_local(Linear(1), data.features, data.labels, LocalWork([plan], torch.zeros(1, dtype=torch.float64), solver.chain()))[0]
+    closed = (tau - momentum * (1 - momentum**tau) / (1 - momentum)) / (1 - momentum) if momentum else (1 - (1 - prox) ** tau) / prox if prox else tau
+    assert plan.a_l1 == pytest.approx(closed)
     assert float(delta) / lr == pytest.approx(plan.a_l1, rel=1e-12)
     if (momentum, prox) == (0.9, 0.0):
         assert plan.a_l1 == pytest.approx(13.1441, rel=1e-6)
@@ -119,7 +121,7 @@ def test_clipping_and_weight_decay_follow_their_definitions():
     data = quadratic_dataset([1], np.array([[10.0, 0.0]]))
     plan = LocalSolver(lr=0.5, epochs=1).plan(data.client_indices, np.array([0]), 0, 0)[0]
     x = torch.tensor([0.0, 1.0], dtype=torch.float64)
-    delta = run_client(Quadratic(2), data.features, data.labels, x, plan, LocalRule(clip_norm=1.0, weight_decay=0.1))
+    delta = run_local(Quadratic(2), data.features, data.labels, LocalWork([plan], x, standard_chain(weight_decay=0.1, clip_norm=1.0)))[0]
     g = x - data.features[0]
     expected = 0.5 * (g / g.norm() + 0.1 * x)
     assert torch.allclose(delta, expected)
@@ -127,8 +129,8 @@ def test_clipping_and_weight_decay_follow_their_definitions():
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"lr": -1}, "algorithm.lr"), ({"lr": 0.1, "order": "random"}, "algorithm.order"), ({"lr": 0.1, "epochs": (3, 2)}, "algorithm.epochs"),
-     ({"lr": 0.1, "momentum": 0.9, "prox_mu": 0.1}, "algorithm.local_momentum"), ({"lr": 0.1, "steps": "median"}, "algorithm.steps")],
+    [({"lr": -1}, "lr"), ({"lr": 0.1, "order": "random"}, "order"), ({"lr": 0.1, "epochs": (3, 2)}, "epochs"),
+     ({"lr": 0.1, "momentum": 0.9, "prox_mu": 0.1}, "momentum"), ({"lr": 0.1, "steps": "median"}, "steps")],
 )
 def test_local_solver_rejects_bad_settings(kwargs, field):
     with pytest.raises(ConfigError) as info:

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from fedshuffle import MLP, LogisticRegression, Quadratic, SoftmaxRegression, Simulation, UniformWithoutReplacement, build_algorithm
-from fedshuffle.experiments.config import RunSpec, build_problem_and_data, validate
+from conftest import build_flat
+from fedshuffle import MLP, LogisticRegression, Quadratic, SoftmaxRegression, Simulation, UniformWithoutReplacement
+from fedshuffle.experiments.schema import RunSpec, validate
+from fedshuffle.experiments.build import build_problem_and_data
 
 
 def autograd_mean_gradient(problem, x, features, labels):
@@ -39,7 +41,7 @@ def test_fedshuffle_learns_logistic_regression_on_dirichlet_clients():
     spec = validate(RunSpec, {"problem": {"name": "logistic", "l2": 0.01}, "data": {"source": "synthetic", "samples": 600, "features": 6, "partition": "dirichlet", "clients": 8, "alpha": 0.5, "test_fraction": 0.2}})
     problem, data = build_problem_and_data(spec)
     assert sum(data.sizes) == 480 and data.test_features.shape[0] == 120
-    sim = Simulation(problem, data, build_algorithm("fedshuffle", {"lr": 0.05, "batch_size": 8}), UniformWithoutReplacement(8, 4), seed=0)
+    sim = Simulation(problem, data, build_flat("fedshuffle", {"lr": 0.05, "batch_size": 8}), UniformWithoutReplacement(8, 4), seed=0)
     s = data.sample_weights()
     f0 = float(problem.weighted_loss(sim.params, data.features, data.labels, s))
     for _ in range(60):
@@ -53,7 +55,7 @@ def test_mlp_trains_in_float32():
     spec = validate(RunSpec, {"problem": {"name": "mlp", "hidden": [16]}, "data": {"source": "synthetic", "samples": 400, "features": 8, "classes": 3, "partition": "iid", "clients": 5}})
     problem, data = build_problem_and_data(spec)
     assert isinstance(problem, MLP) and problem.dim == 8 * 16 + 16 + 16 * 3 + 3
-    sim = Simulation(problem, data, build_algorithm("fedavg_rr", {"lr": 0.05, "batch_size": 10}), UniformWithoutReplacement(5, 5), seed=1, dtype=torch.float32)
+    sim = Simulation(problem, data, build_flat("fedavg_rr", {"lr": 0.05, "batch_size": 10}), UniformWithoutReplacement(5, 5), seed=1, dtype=torch.float32)
     assert sim.params.dtype == torch.float32
     before = problem.accuracy(sim.params, sim.data.features, sim.data.labels)
     for _ in range(15):

@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, UniformWithoutReplacement, WithReplacement, build_algorithm
+from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, UniformWithoutReplacement, WithReplacement
 from fedshuffle.analysis.objective import inspect_objective
-from fedshuffle.experiments.config import AlgorithmConfig, RunSpec, build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes, validate
+from fedshuffle.experiments.schema import RunSpec, validate
+from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
 from fedshuffle.data import FederatedDataset, equal_partition, objective_weights
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.schedules import Schedule
 from fedshuffle.server import ServerAdaptive
 from fedshuffle.analysis.theory import smoothness, solution
 
-from conftest import assert_relative_close, params_trajectory, quadratic_dataset
+from conftest import assert_relative_close, params_trajectory, quadratic_dataset, build_flat, nested
 
 CLIENTS, PER_CLIENT, DIM = 12, 20, 5
 
@@ -32,7 +33,7 @@ def logistic_data(seed=0, l2=1e-2):
 
 def trajectory(name, settings, sampler, rounds=24, seed=3):
     problem, data = logistic_data()
-    return params_trajectory(Simulation(problem, data, build_algorithm(name, settings), sampler, seed=seed), rounds)
+    return params_trajectory(Simulation(problem, data, build_flat(name, settings), sampler, seed=seed), rounds)
 
 
 def assert_same(a, b, rtol=1e-12):
@@ -85,11 +86,11 @@ def test_rr_cli_global_step_extrapolates_the_meta_epoch():
 def test_rr_cli_needs_cyclic_cohorts():
     problem, data = logistic_data()
     with pytest.raises(ConfigError) as err:
-        Simulation(problem, data, build_algorithm("rr_cli", {"lr": 0.1}), UniformWithoutReplacement(CLIENTS, 3))
+        Simulation(problem, data, build_flat("rr_cli", {"lr": 0.1}), UniformWithoutReplacement(CLIENTS, 3))
     assert err.value.field == "sampler.name" and "cyclic" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        build_algorithm("nastya", {"lr": 0.1, "global_lr": 2.0})
-    assert err.value.field == "algorithm.global_lr"
+        build_flat("nastya", {"lr": 0.1, "global_lr": 2.0})
+    assert err.value.field == "server.global_lr"
 
 
 # -- generalized FedAvg (004): sampling strategies --------------------------------------------------
@@ -101,13 +102,13 @@ def test_generalized_fedavg_sampling_strategies_are_unbiased_by_enumeration(stra
     sizes = np.array([1, 2, 3, 6])
     w = objective_weights(sizes, "size")
     sampler = WithReplacement(4, 2, w) if strategy == "with_replacement" else UniformWithoutReplacement(4, 2)
-    alg = build_algorithm("generalized_fedavg", {"lr": 0.1, "steps": 3, "server_lr": 2.0})
+    alg = build_flat("generalized_fedavg", {"lr": 0.1, "steps": 3, "server_lr": 2.0})
     report = inspect_objective(alg, sampler, sizes, w, exact=True)
     assert report.exact
     np.testing.assert_allclose(report.expected_aggregation_weights, w, rtol=0, atol=1e-15)
     # Strategy 1 aggregates by the plain mean over the multiset (ω = 1/n), strategy 2 by (m/n)·w_i.
     plans = alg.local.plan([np.arange(s) for s in sizes], np.array([3, 3]), 0, 0)
-    omega = alg.aggregation_weights(plans, w, sampler.expected_counts(), None)
+    omega = alg.aggregator.weights(plans, w, sampler.expected_counts(), alg.local.lr, None)
     expected = [0.5, 0.5] if strategy == "with_replacement" else [4 / 2 * w[3]] * 2
     np.testing.assert_allclose(omega, expected, rtol=1e-15)
 
@@ -116,7 +117,7 @@ def test_sum_one_with_replacement_is_biased_where_unbiased_is_not():
     sizes = np.array([1, 2, 3, 6])
     w = objective_weights(sizes, "size")
     sampler = WithReplacement(4, 2)  # uniform probabilities, unequal weights
-    fedavg = inspect_objective(build_algorithm("fedavg", {"lr": 0.1, "steps": 3}), sampler, sizes, w, exact=True)
+    fedavg = inspect_objective(build_flat("fedavg", {"lr": 0.1, "steps": 3}), sampler, sizes, w, exact=True)
     assert fedavg.max_deviation > 0.01
 
 
@@ -151,7 +152,7 @@ def test_adgd_on_the_server_takes_steps_of_at_least_one_over_2l():
     one = FederatedDataset(data.features, data.labels, [np.arange(data.num_samples)], np.ones(1))
     L = smoothness(problem, one).global_
     _, f_star = solution(problem, one)
-    alg = build_algorithm("nastya", {"lr": 1e-3, "server_optimizer": "adgd", "server_lr": 1e-3, "batch_size": data.num_samples})
+    alg = build_flat("nastya", {"lr": 1e-3, "server_optimizer": "adgd", "server_lr": 1e-3, "batch_size": data.num_samples})
     sim = Simulation(problem, one, alg, FullParticipation(1))
     steps, gaps = [], []
     for _ in range(80):
@@ -168,7 +169,7 @@ def test_schedules():
     assert Schedule("inverse_epochs")(7, 2.5) == pytest.approx(1 / 3)
     step = Schedule("step", (0.5, 0.75), 0.1, total_rounds=100)
     assert [step(r, 0) for r in (0, 49, 50, 74, 75, 99)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
-    with pytest.raises(ConfigError, match="lr_decay_at"):
+    with pytest.raises(ConfigError, match="decay_at"):
         Schedule("step", (0.8, 0.5))
 
 
@@ -176,7 +177,7 @@ def test_inverse_epoch_schedule_scales_local_and_server_steps():
     """One client with one sample: x_{r+1} = x_r − η_r·γ_r·(x_r − e) with γ_r, η_r ∝ 1/(1 + r)."""
     data = quadratic_dataset([1], np.array([[1.0, -1.0]]))
     gamma, eta = 0.3, 0.5
-    sim = Simulation(Quadratic(2), data, build_algorithm("fedavg_rr", {"lr": gamma, "server_lr": eta, "lr_schedule": "inverse_epochs"}), FullParticipation(1))
+    sim = Simulation(Quadratic(2), data, build_flat("fedavg_rr", {"lr": gamma, "server_lr": eta, "lr_schedule": "inverse_epochs"}), FullParticipation(1))
     x, e = np.zeros(2), np.array([1.0, -1.0])
     for r in range(6):
         sim.step()
@@ -212,7 +213,7 @@ def spec_for(dataset, **algorithm):
     return validate(RunSpec, {
         "problem": {"name": "logistic", "l2": 5e-4},
         "data": {"source": "libsvm", "dataset": dataset, "partition": "equal", "clients": 12, "weights": "uniform", "seed": 0},
-        "algorithm": {"batch_size": 93, **algorithm},
+        **nested({"batch_size": 93, **{k: v for k, v in algorithm.items() if k != "name"}}), "method": {"name": algorithm["name"]},
         "sampler": {"name": "cyclic", "cohort": 3},
     })
 
@@ -226,31 +227,31 @@ def test_phishing_split_solution_and_theory_steps(shared_data, monkeypatch):
     grad = problem.weighted_gradient(x_star, data.features, data.labels, data.sample_weights())
     assert float(grad.norm()) <= 1e-14
     sampler = build_sampler(spec.sampler, data)
-    resolved, info = resolve_step_sizes(spec.algorithm, problem, data, sampler)
+    resolved, info = resolve_step_sizes(spec, problem, data, sampler)
     L = info["constants"]["L_sample_max"]
     assert L == pytest.approx(30 * 0.18257**2 / 4 + 5e-4, rel=1e-12)  # each row: 30 values of 0.18257 ≈ 1/√30, L_j = ‖a_j‖²/4 + λ
     assert info["local_steps"] == 10 and info["rounds_per_meta_epoch"] == 4
-    assert resolved.lr == pytest.approx(1 / L) and resolved.server_lr == pytest.approx(10 / L) and resolved.global_lr == pytest.approx(40 / L)
+    assert resolved.local.lr == pytest.approx(1 / L) and resolved.server.lr == pytest.approx(10 / L) and resolved.server.global_lr == pytest.approx(40 / L)
     alg = build_algorithm_from(resolved)
     assert alg.local.lr == pytest.approx(5 / L) and alg.server.lr == pytest.approx(10 / L)  # the multiplier is for γ only
 
 
 def test_theory_step_sizes_are_refused_where_no_theorem_applies():
     problem, data = logistic_data()
-    spec = validate(AlgorithmConfig, {"name": "fedshuffle", "lr": "theory"})
+    spec = validate(RunSpec, {"method": {"name": "fedshuffle"}, "local": {"lr": "theory"}})
     with pytest.raises(ConfigError, match="no theoretical step size for 'fedshuffle'"):
         resolve_step_sizes(spec, problem, data, FullParticipation(CLIENTS))
     with pytest.raises(ConfigError, match="resolve_step_sizes"):
         build_algorithm_from(spec)
     with pytest.raises(ConfigError) as err:
-        validate(AlgorithmConfig, {"name": "nastya", "lr": -1.0}, "algorithm.")
-    assert "algorithm.lr" in str(err.value)
+        validate(RunSpec, {"method": {"name": "nastya"}, "local": {"lr": -1.0}})
+    assert "local.lr" in str(err.value)
 
 
 def test_nastya_theory_matches_the_stated_formula():
     problem, data = logistic_data()
-    spec = validate(AlgorithmConfig, {"name": "nastya", "lr": "theory", "server_lr": "theory", "batch_size": BATCH})
+    spec = validate(RunSpec, {"method": {"name": "nastya"}, "local": {"lr": "theory", "batch_size": BATCH}, "server": {"lr": "theory"}})
     resolved, info = resolve_step_sizes(spec, problem, data, UniformWithoutReplacement(CLIENTS, 3))
     c = smoothness(problem, data)
-    assert resolved.server_lr == pytest.approx(1 / (4 * c.sample_max))
-    assert resolved.lr == pytest.approx(1 / (8 * (PER_CLIENT // BATCH) * c.sample_max * math.sqrt(c.sample_max / c.mu)))
+    assert resolved.server.lr == pytest.approx(1 / (4 * c.sample_max))
+    assert resolved.local.lr == pytest.approx(1 / (8 * (PER_CLIENT // BATCH) * c.sample_max * math.sqrt(c.sample_max / c.mu)))

@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, UniformWithoutReplacement, build_algorithm
+from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, UniformWithoutReplacement
 from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.executors.local import VectorizedExecutor
 from fedshuffle.state import JOURNAL, ClientStateStore
-from fedshuffle.methods.stateful import RoundContext
 from fedshuffle.analysis.theory import solution
 
-from conftest import params_trajectory
+from conftest import params_trajectory, build_flat
 
 
 def heterogeneous_quadratic(spread, sizes=(3, 1, 4, 2, 5, 1), dim=3, seed=0):
@@ -31,12 +30,12 @@ def heterogeneous_quadratic(spread, sizes=(3, 1, 4, 2, 5, 1), dim=3, seed=0):
 @pytest.mark.parametrize("cohort", [6, 2], ids=["full", "cyclic-2-of-6"])
 def test_fedcdr_reaches_the_exact_minimizer_for_any_heterogeneity(spread, cohort):
     problem, data, x_star = heterogeneous_quadratic(spread)
-    alg = build_algorithm("fedcdr", {"lr": 0.1, "fedcdr_alpha": 1.0, "fedcdr_eta": 2.0})
+    alg = build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": 1.0, "fedcdr_eta": 2.0})
     sim = Simulation(problem, data, alg, Cyclic(6, cohort, "reshuffle"), seed=1)
     for _ in range(60 * (6 // cohort)):
         sim.step()
     assert float((sim.params - x_star).norm()) <= 1e-9 * max(1.0, spread)
-    fedavg = Simulation(problem, data, build_algorithm("fedavg_rr", {"lr": 0.1, "epochs": 3, "normalization": "sum_one"}), FullParticipation(6), seed=1)
+    fedavg = Simulation(problem, data, build_flat("fedavg_rr", {"lr": 0.1, "epochs": 3, "normalization": "sum_one"}), FullParticipation(6), seed=1)
     for _ in range(200):
         fedavg.step()
     if spread > 0:  # the local-steps baseline settles elsewhere, and further as heterogeneity grows
@@ -46,7 +45,7 @@ def test_fedcdr_reaches_the_exact_minimizer_for_any_heterogeneity(spread, cohort
 def test_fedcdr_keeps_the_server_model_equal_to_the_weighted_mean_of_its_clients():
     """x = Σ_i w_i x̂_i at every round (clients not yet seen count as x⁰), the invariant of eq. (23)."""
     problem, data, _ = heterogeneous_quadratic(3.0)
-    sim = Simulation(problem, data, build_algorithm("fedcdr", {"lr": 0.1, "fedcdr_alpha": 0.7, "fedcdr_eta": 0.5}), Cyclic(6, 2), seed=3)
+    sim = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": 0.7, "fedcdr_eta": 0.5}), Cyclic(6, 2), seed=3)
     x0 = sim.params.clone()
     for _ in range(7):
         sim.step()
@@ -58,12 +57,12 @@ def test_fedcdr_keeps_the_server_model_equal_to_the_weighted_mean_of_its_clients
 def test_inner_solver_prox_agrees_with_the_closed_form_within_its_reported_residual():
     problem, data, _ = heterogeneous_quadratic(5.0)
     eta = 0.5
-    alg = build_algorithm("fedcdr", {"lr": 0.05, "epochs": 200, "batch_size": 5, "fedcdr_eta": eta, "exact_prox": False})
+    alg = build_flat("fedcdr", {"lr": 0.05, "epochs": 200, "batch_size": 5, "fedcdr_eta": eta, "exact_prox": False})
     sim = Simulation(problem, data, alg, Cyclic(6, 6), seed=0)
     clients = np.arange(6)
     centers = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    ctx = RoundContext(problem, sim.data, sim.executor, sim.params, clients, [], alg.local.rule(), alg.local, 0, 0, 1.0, sim.store, sim.client_server, lambda ps: None)
-    approx, cost = alg.client_state._prox(ctx, centers, clients, 0)
+    trainer = sim.trainer(sim.round_info())
+    approx, cost = alg.method._prox(trainer, centers, clients, trainer.plan(clients, 0))
     exact = problem.prox(centers, sim.data, clients, eta)
     residual = sim.executor.client_gradients(problem, sim.data, approx, clients) + (approx - centers) / eta
     assert cost > 0 and float(residual.norm(dim=1).max()) < 1e-6
@@ -75,8 +74,8 @@ def test_fedcdr_reports_its_prox_residual_on_problems_without_a_closed_form():
     rng = np.random.default_rng(0)
     x = torch.tensor(rng.normal(size=(40, 3)))
     data = FederatedDataset(x, torch.tensor(np.sign(rng.normal(size=40))), np.split(np.arange(40), 4), objective_weights(np.full(4, 10), "uniform"))
-    few = Simulation(problem, data, build_algorithm("fedcdr", {"lr": 0.05, "epochs": 1, "batch_size": 5}), Cyclic(4, 2), seed=0)
-    many = Simulation(problem, data, build_algorithm("fedcdr", {"lr": 0.05, "epochs": 60, "batch_size": 5}), Cyclic(4, 2), seed=0)
+    few = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.05, "epochs": 1, "batch_size": 5}), Cyclic(4, 2), seed=0)
+    many = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.05, "epochs": 60, "batch_size": 5}), Cyclic(4, 2), seed=0)
     few.step(), many.step()
     assert many.last_extras["prox_residual"] < 0.1 * few.last_extras["prox_residual"]
 
@@ -92,8 +91,8 @@ def test_scaffold_reaches_x_star_where_fedavg_does_not(option):
     problem = LogisticRegression(4, 0.05)
     x_star, _ = solution(problem, data)
     local = {"lr": 0.3, "steps": 5, "batch_size": 30, "order": "rr"}
-    scaffold = Simulation(problem, data, build_algorithm("scaffold", {**local, "scaffold_option": option}), FullParticipation(4), seed=0)
-    fedavg = Simulation(problem, data, build_algorithm("fedavg", {**local, "normalization": "unbiased"}), FullParticipation(4), seed=0)
+    scaffold = Simulation(problem, data, build_flat("scaffold", {**local, "scaffold_option": option}), FullParticipation(4), seed=0)
+    fedavg = Simulation(problem, data, build_flat("fedavg", {**local, "normalization": "unbiased"}), FullParticipation(4), seed=0)
     for _ in range(400):
         scaffold.step(), fedavg.step()
     assert float((scaffold.params - x_star).norm()) < 1e-8
@@ -107,7 +106,7 @@ def test_scaffold_reaches_x_star_where_fedavg_does_not(option):
 def test_client_state_survives_checkpoint_and_resume_bit_for_bit(tmp_path, method, limit):
     problem, data, _ = heterogeneous_quadratic(2.0)
     settings = {"lr": 0.1, "steps": 3} if method == "scaffold" else {"lr": 0.1, "fedcdr_eta": 0.7, "exact_prox": False, "epochs": 2, "batch_size": 2}
-    make = lambda folder: Simulation(problem, data, build_algorithm(method, settings), Cyclic(6, 2), seed=4, state_memory_limit=limit, state_dir=str(folder))  # noqa: E731
+    make = lambda folder: Simulation(problem, data, build_flat(method, settings), Cyclic(6, 2), seed=4, state_memory_limit=limit, state_dir=str(folder))  # noqa: E731
     reference = params_trajectory(make(tmp_path / "ref"), 12)
     run = make(tmp_path / "run")
     params_trajectory(run, 5)
@@ -139,23 +138,23 @@ def test_memory_mapped_store_creates_rows_lazily_and_holds_only_dirty_rows(tmp_p
 
 def test_bad_stateful_settings_name_their_field():
     problem, data, _ = heterogeneous_quadratic(1.0)
-    for settings, field in (({"fedcdr_alpha": 2.0}, "algorithm.fedcdr_alpha"), ({"fedcdr_alpha": 0.0}, "algorithm.fedcdr_alpha"), ({"fedcdr_eta": 0.0}, "algorithm.fedcdr_eta"),
-                            ({"prox_mu": 1.0}, "algorithm.prox_mu"), ({"server_lr": 2.0}, "algorithm.server_lr")):
+    for settings, field in (({"fedcdr_alpha": 2.0}, "method.fedcdr_alpha"), ({"fedcdr_alpha": 0.0}, "method.fedcdr_alpha"), ({"fedcdr_eta": 0.0}, "method.fedcdr_eta"),
+                            ({"prox_mu": 1.0}, "local.prox_mu")):
         with pytest.raises(ConfigError) as err:
-            build_algorithm("fedcdr", {"lr": 0.1, **settings})
+            build_flat("fedcdr", {"lr": 0.1, **settings})
         assert err.value.field == field
     with pytest.raises(ConfigError) as err:
-        Simulation(problem, data, build_algorithm("fedcdr", {"lr": 0.1}), UniformWithoutReplacement(6, 2))
+        Simulation(problem, data, build_flat("fedcdr", {"lr": 0.1}), UniformWithoutReplacement(6, 2))
     assert err.value.field == "sampler.name"
     with pytest.raises(ConfigError) as err:
         Cyclic(6, 4)
-    assert err.value.field == "sampler.cohort" and "divide" in str(err.value)
+    assert err.value.field == "cohort" and "divide" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        build_algorithm("scaffold", {"lr": 0.1, "scaffold_option": "III"})
-    assert err.value.field == "algorithm.scaffold_option"
+        build_flat("scaffold", {"lr": 0.1, "scaffold_option": "III"})
+    assert err.value.field == "method.scaffold_option"
     with pytest.raises(ConfigError) as err:
-        build_algorithm("fedavg", {"lr": 0.1, "fedcdr_eta": 3.0})
-    assert err.value.field == "algorithm.fedcdr_eta"
+        build_flat("fedavg", {"lr": 0.1, "fedcdr_eta": 3.0})
+    assert err.value.field == "method.fedcdr_eta"
 
 
 def test_stateful_methods_run_on_the_vectorized_executor_with_a_lazy_population():
@@ -164,7 +163,7 @@ def test_stateful_methods_run_on_the_vectorized_executor_with_a_lazy_population(
     problem, data, _ = heterogeneous_quadratic(1.0)
     x = data.features.numpy()
     lazy = LazyFederatedDataset(data.sizes, data.weights, lambda i: (x[data.client_indices[i]], np.zeros(len(data.client_indices[i]))), (3,))
-    alg = build_algorithm("fedcdr", {"lr": 0.1, "exact_prox": False, "epochs": 2, "batch_size": 2})
+    alg = build_flat("fedcdr", {"lr": 0.1, "exact_prox": False, "epochs": 2, "batch_size": 2})
     a = params_trajectory(Simulation(problem, data, alg, Cyclic(6, 3), seed=2), 6)
     b = params_trajectory(Simulation(problem, lazy, alg, Cyclic(6, 3), seed=2, executor=VectorizedExecutor()), 6)
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -175,4 +174,4 @@ def test_the_inspector_refuses_stateful_methods_instead_of_misreporting():
 
     for name in ("scaffold", "fedcdr"):
         with pytest.raises(ConfigError, match="keeps client state"):
-            inspect_objective(build_algorithm(name, {"lr": 0.1}), Cyclic(3, 1), np.array([1, 2, 3]), np.ones(3) / 3)
+            inspect_objective(build_flat(name, {"lr": 0.1}), Cyclic(3, 1), np.array([1, 2, 3]), np.ones(3) / 3)

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedshuffle.cli import app
-from fedshuffle.experiments.config import load_experiment
+from fedshuffle.experiments.schema import load_experiment
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.experiments.results import read_metrics
 from fedshuffle.experiments.runner import run_single
@@ -28,10 +28,15 @@ seeds = [0]
 name = "quadratic"
 [data]
 client_sizes = [1, 2, 3]
-[algorithm]
+[method]
 name = "{method}"
+
+[local]
 lr = 0.004
-server_momentum = 0.5
+
+[server]
+momentum = 0.5
+
 [sampler]
 name = "uniform"
 cohort = 2
@@ -40,27 +45,24 @@ rounds = {rounds}
 eval_every = 10
 """
 
-
 def config(tmp_path, method="fedshuffle_mvr", rounds=100, name="toy.toml"):
     path = tmp_path / name
     path.write_text(TOY.format(method=method, rounds=rounds))
     return path
 
-
 def test_grid_and_seed_syntax():
     assert parse_seeds("0..4") == [0, 1, 2, 3, 4] and parse_seeds("3,1") == [3, 1]
-    points = parse_grid(["algorithm.lr=0.1,0.01", "algorithm.epochs=[2,5],1"])
-    assert len(points) == 4 and points[1] == {"algorithm": {"lr": 0.1, "epochs": 1}} and points[0]["algorithm"]["epochs"] == [2, 5]
-    assert point_name(points[0]) == "algorithm.lr-0.1_algorithm.epochs-2-5"
-    for bad, field in ((lambda: parse_seeds("4..1"), "--seeds"), (lambda: parse_grid(["lr"]), "--grid"), (lambda: parse_grid(["algorithm.lr=1", "algorithm.lr=2"]), "--grid"), (lambda: parse_grid(["model.lr=1"]), "--grid")):
+    points = parse_grid(["local.lr=0.1,0.01", "local.epochs=[2,5],1"])
+    assert len(points) == 4 and points[1] == {"local": {"lr": 0.1, "epochs": 1}} and points[0]["local"]["epochs"] == [2, 5]
+    assert point_name(points[0]) == "local.lr-0.1_local.epochs-2-5"
+    for bad, field in ((lambda: parse_seeds("4..1"), "--seeds"), (lambda: parse_grid(["lr"]), "--grid"), (lambda: parse_grid(["local.lr=1", "local.lr=2"]), "--grid"), (lambda: parse_grid(["model.lr=1"]), "--grid")):
         with pytest.raises(ConfigError) as err:
             bad()
         assert err.value.field == field
 
-
 def test_sweep_runs_every_combination_in_parallel_skips_finished_runs_and_picks_the_best(tmp_path):
     cfg, out = config(tmp_path, method="fedavg", rounds=60), tmp_path / "sweep"
-    args = ["sweep", str(cfg), "--grid", "algorithm.lr=0.0005,0.004", "--grid", "algorithm.server_momentum=0,0.5", "--seeds", "0..1", "--out", str(out), "--workers", "2", "--pick", "f_gap", "--quiet"]
+    args = ["sweep", str(cfg), "--grid", "local.lr=0.0005,0.004", "--grid", "server.momentum=0,0.5", "--seeds", "0..1", "--out", str(out), "--workers", "2", "--pick", "f_gap", "--quiet"]
     result = runner.invoke(app, args, terminal_width=200)
     assert result.exit_code == 0, result.output
     summaries = sorted(out.rglob("seed-*/summary.json"))
@@ -79,20 +81,18 @@ def test_sweep_runs_every_combination_in_parallel_skips_finished_runs_and_picks_
     assert {p: p.stat().st_mtime_ns for p in summaries} == stamps  # nothing was run twice
     table = runner.invoke(app, ["table", str(out), "--metric", "f_gap"])
     assert table.exit_code == 0 and table.stdout.count("| run [") == 4
-    row = next(line for line in table.stdout.splitlines() if "algorithm.lr=0.004, algorithm.server_momentum=0.5" in line)
-    key = json.dumps({"algorithm": {"lr": 0.004, "server_momentum": 0.5}}, sort_keys=True)
+    row = next(line for line in table.stdout.splitlines() if "local.lr=0.004, server.momentum=0.5" in line)
+    key = json.dumps({"local": {"lr": 0.004}, "server": {"momentum": 0.5}}, sort_keys=True)
     assert f"{np.mean(means[key]):.4g} ± {np.std(means[key]):.2g}" in row
     plot = runner.invoke(app, ["plot", str(out), "--metric", "f_gap", "--metric", "dist_sq", "--x", "epochs", "--band", "minmax"])
     assert plot.exit_code == 0 and (out / "plot.png").stat().st_size > 10_000 and (out / "plot.pdf").exists()
 
-
 def test_table_marks_diverged_runs_instead_of_failing(tmp_path):
     out = tmp_path / "res"
-    result = runner.invoke(app, ["run", str(config(tmp_path, method="fedavg", rounds=40)), "--set", "algorithm.lr=50", "--out", str(out), "--quiet"])
+    result = runner.invoke(app, ["run", str(config(tmp_path, method="fedavg", rounds=40)), "--set", "local.lr=50", "--out", str(out), "--quiet"])
     assert result.exit_code == 3
     table = runner.invoke(app, ["table", str(out), "--metric", "f_gap"])
     assert table.exit_code == 0 and "0 (1 diverged)" in table.stdout
-
 
 def test_run_folder_has_config_versions_parquet_and_sinks(tmp_path):
     pytest.importorskip("tensorboard")
@@ -118,12 +118,10 @@ def test_run_folder_has_config_versions_parquet_and_sinks(tmp_path):
     (mlrun,) = client.search_runs([client.get_experiment_by_name("fedshuffle").experiment_id])
     history = sorted((m.step, m.value) for m in client.get_metric_history(mlrun.info.run_id, "f_gap"))
     np.testing.assert_allclose([v for _, v in history], csv["f_gap"], rtol=1e-12)
-    assert mlrun.data.params["algorithm.name"] == "fedshuffle_mvr"
-
+    assert mlrun.data.params["method.name"] == "fedshuffle_mvr"
 
 def _command(*args):
     return [sys.executable, "-m", "fedshuffle", *args]
-
 
 def test_kill_9_then_resume_gives_the_uninterrupted_numbers_bit_for_bit(tmp_path):
     """A run killed with SIGKILL mid-way and resumed matches an uninterrupted run exactly:
@@ -150,14 +148,12 @@ def test_kill_9_then_resume_gives_the_uninterrupted_numbers_bit_for_bit(tmp_path
     full, again = (json.loads((d / "seed-0" / "summary.json").read_text()) for d in (tmp_path / "full", cut))
     assert full == again
 
-
 def test_unwritable_results_folder_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     result = runner.invoke(app, ["run", str(config(tmp_path)), "--out", str(blocker / "res"), "--quiet"])
     assert result.exit_code == 4 and "cannot write to" in result.output
     assert not any(tmp_path.glob("**/metrics.csv"))
-
 
 def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypatch):
     import fedshuffle.experiments.runner as runner_mod
@@ -182,13 +178,12 @@ def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypat
         run_single(spec, tmp_path / "b", seed=0)
     assert (tmp_path / "b" / "checkpoint.pt").exists()  # what was written before is kept
 
-
 def test_sweep_over_one_variants_own_setting(tmp_path):
     cfg = tmp_path / "two.toml"
-    cfg.write_text(TOY.format(method="fedavg", rounds=20) + '\n[[variants]]\nlabel = "CDR"\nalgorithm = { name = "fedcdr", server_momentum = 0.0 }\nsampler = { name = "cyclic", cohort = 1 }\n'
-                   '\n[[variants]]\nlabel = "Avg"\nalgorithm = { name = "fedavg" }\n')
+    cfg.write_text(TOY.format(method="fedavg", rounds=20) + '\n[[variants]]\nlabel = "CDR"\nmethod = { name = "fedcdr" }\nserver = { momentum = 0.0 }\nsampler = { name = "cyclic", cohort = 1 }\n'
+                   '\n[[variants]]\nlabel = "Avg"\nmethod = { name = "fedavg" }\n')
     out = tmp_path / "s"
-    result = runner.invoke(app, ["sweep", str(cfg), "--variant", "CDR", "--grid", "algorithm.fedcdr_eta=1,10", "--out", str(out), "--workers", "1", "--quiet"])
+    result = runner.invoke(app, ["sweep", str(cfg), "--variant", "CDR", "--grid", "method.fedcdr_eta=1,10", "--out", str(out), "--workers", "1", "--quiet"])
     assert result.exit_code == 0, result.output
     assert {p.parent.name for p in out.rglob("seed-0")} == {"cdr"} and len(list(out.rglob("seed-0/summary.json"))) == 2
     bad = runner.invoke(app, ["sweep", str(cfg), "--variant", "FedCDR", "--out", str(out), "--quiet"])

@@ -1,26 +1,29 @@
 """fedshuffle: local-update methods with sampling without replacement for federated optimization.
 
-The parts of one round (see :mod:`fedshuffle.algorithms`): a :class:`~fedshuffle.samplers.Sampler`
-chooses the cohort, a :class:`~fedshuffle.local.LocalSolver` plans each client's local work, an
-executor runs it, an :class:`~fedshuffle.aggregation.Aggregator` weights the updates, and a server
-optimizer applies them. :func:`~fedshuffle.analysis.inspect_objective` says which objective a
-configuration minimizes.
+One round, as data flows (:mod:`fedshuffle.simulation`): a :class:`~fedshuffle.samplers.Sampler`
+chooses the cohort, a :class:`~fedshuffle.local.plan.LocalSolver` plans each client's local work, the
+method's server half configures the round, its client half trains through an executor
+(:mod:`fedshuffle.executors`, all running :func:`fedshuffle.local.loop.run_local`), the server half
+aggregates, and a server optimizer applies the step. :func:`~fedshuffle.analysis.objective.inspect_objective`
+says which objective a configuration minimizes.
 """
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.methods.algorithm import METHODS, Algorithm, Simulation, build_algorithm
 from fedshuffle.analysis.objective import inspect_objective, unit_quadratic_fixed_point
-from fedshuffle.data import FederatedDataset
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.executors.local import SequentialExecutor
+from fedshuffle.data import FederatedDataset
+from fedshuffle.executors import SequentialExecutor, VectorizedExecutor
 from fedshuffle.local.plan import LocalSolver
+from fedshuffle.methods import METHODS, GlobalMomentum, Method
+from fedshuffle.methods.algorithm import Algorithm, build_algorithm
 from fedshuffle.problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
 from fedshuffle.samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement, water_filling
-from fedshuffle.server import GlobalMomentum, ServerHeavyBall, ServerSGD
+from fedshuffle.server import ServerHeavyBall, ServerSGD
+from fedshuffle.simulation import Simulation
 
 __all__ = [
     "Aggregator", "Algorithm", "ConfigError", "Cyclic", "FederatedDataset", "FullParticipation", "GlobalMomentum",
-    "Independent", "LocalSolver", "LogisticRegression", "METHODS", "MLP", "Problem", "Quadratic", "Sampler", "SequentialExecutor",
-    "ServerHeavyBall", "ServerSGD", "Simulation", "SoftmaxRegression", "UniformWithoutReplacement", "WithReplacement",
-    "build_algorithm", "inspect_objective", "unit_quadratic_fixed_point", "water_filling",
+    "Independent", "LocalSolver", "LogisticRegression", "METHODS", "MLP", "Method", "Problem", "Quadratic", "Sampler",
+    "SequentialExecutor", "ServerHeavyBall", "ServerSGD", "Simulation", "SoftmaxRegression", "UniformWithoutReplacement",
+    "VectorizedExecutor", "WithReplacement", "build_algorithm", "inspect_objective", "unit_quadratic_fixed_point", "water_filling",
 ]

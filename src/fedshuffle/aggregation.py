@@ -58,15 +58,15 @@ class Aggregator:
 
     def __post_init__(self) -> None:
         if isinstance(self.weighting, str) and self.weighting not in WEIGHTINGS:
-            raise ConfigError("algorithm.weighting", f"unknown {self.weighting!r}; accepted: {', '.join(WEIGHTINGS)} or a list of per-client values")
+            raise ConfigError("weighting", f"unknown {self.weighting!r}; accepted: {', '.join(WEIGHTINGS)} or a list of per-client values")
         if not isinstance(self.weighting, str) and any(not (v >= 0 and math.isfinite(v)) for v in self.weighting):
-            raise ConfigError("algorithm.weighting", "per-client aggregation weights must be finite and >= 0")
+            raise ConfigError("weighting", "per-client aggregation weights must be finite and >= 0")
         if self.normalization not in NORMALIZATIONS:
-            raise ConfigError("algorithm.normalization", f"unknown {self.normalization!r}; accepted: {', '.join(NORMALIZATIONS)}")
+            raise ConfigError("normalization", f"unknown {self.normalization!r}; accepted: {', '.join(NORMALIZATIONS)}")
         if self.tau_eff not in TAU_EFF:
-            raise ConfigError("algorithm.tau_eff", f"unknown {self.tau_eff!r}; accepted: {', '.join(TAU_EFF)}")
+            raise ConfigError("tau_eff", f"unknown {self.tau_eff!r}; accepted: {', '.join(TAU_EFF)}")
         if self.direction not in DIRECTIONS:
-            raise ConfigError("algorithm.direction", f"unknown {self.direction!r}; accepted: {', '.join(DIRECTIONS)}")
+            raise ConfigError("direction", f"unknown {self.direction!r}; accepted: {', '.join(DIRECTIONS)}")
 
     @property
     def needs_planned_tau_eff(self) -> bool:
@@ -87,7 +87,7 @@ class Aggregator:
         w = objective_weights[clients]
         if not isinstance(self.weighting, str):
             if len(self.weighting) != len(objective_weights):
-                raise ConfigError("algorithm.weighting", f"expected {len(objective_weights)} values (one per client), got {len(self.weighting)}")
+                raise ConfigError("weighting", f"expected {len(objective_weights)} values (one per client), got {len(self.weighting)}")
             base = np.asarray(self.weighting, dtype=np.float64)[clients]
         elif self.weighting == "data":
             base = w

@@ -73,7 +73,7 @@ def run(
     Exit status: 0 all runs complete, 2 bad input (nothing ran), 3 a run diverged or failed, 4 the
     results folder cannot be written.
     """
-    from fedshuffle.experiments.config import load_experiment, parse_overrides
+    from fedshuffle.experiments.schema import load_experiment, parse_overrides
     from fedshuffle.experiments.runner import ensure_writable, run_experiment
 
     try:
@@ -110,7 +110,7 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Every grid point × variant × seed, in parallel, each in its own folder; optionally pick the best point."""
-    from fedshuffle.experiments.config import load_experiment, parse_overrides
+    from fedshuffle.experiments.schema import load_experiment, parse_overrides
     from fedshuffle.experiments.runner import ensure_writable, preflight
     from fedshuffle.experiments.sweep import jobs_for, parse_grid, parse_seeds, run_jobs, select_best
 
@@ -194,7 +194,7 @@ def table_command(
 @app.command()
 def presets() -> None:
     """List the presets with the paper and figure they reproduce."""
-    from fedshuffle.experiments.config import load_experiment, preset_names
+    from fedshuffle.experiments.schema import load_experiment, preset_names
 
     table = Table()
     table.add_column("preset", no_wrap=True)
@@ -209,7 +209,7 @@ def presets() -> None:
 @app.command()
 def show(config: Annotated[str, typer.Argument(help="preset name or TOML file")]) -> None:
     """Print the resolved configuration of every variant as JSON."""
-    from fedshuffle.experiments.config import load_experiment
+    from fedshuffle.experiments.schema import load_experiment
 
     try:
         experiment = load_experiment(config)
@@ -228,7 +228,7 @@ def inspect(
     epochs: Annotated[str, typer.Option(help="local epochs E, or a range a-b drawn per client per round")] = "1",
     lr: Annotated[float, typer.Option(help="local step size η_l")] = 0.01,
     weights: Annotated[str, typer.Option(help="objective weights: size, uniform, or comma-separated values")] = "size",
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="any algorithm setting, e.g. --set algorithm.batch_size=2")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="any setting of the round's parts, e.g. --set local.batch_size=2")] = None,
     monte_carlo: Annotated[bool, typer.Option("--monte-carlo", help="force Monte Carlo even when exact enumeration is possible")] = False,
     samples: Annotated[int, typer.Option(help="Monte Carlo rounds")] = 20000,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -247,7 +247,8 @@ def inspect(
 
     from fedshuffle.analysis.objective import inspect_objective
     from fedshuffle.experiments.sweep import parse_integers
-    from fedshuffle.experiments.config import AlgorithmConfig, SamplerConfig, build_algorithm_from, build_sampler, parse_overrides, validate
+    from fedshuffle.experiments.build import build_algorithm_from, build_sampler
+    from fedshuffle.experiments.schema import RunSpec, parse_overrides, validate
     from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
 
     try:
@@ -255,10 +256,13 @@ def inspect(
         weight_spec = weights if weights in ("size", "uniform") else [float(v) for v in weights.split(",")]
         w = objective_weights(np.array(size_list), weight_spec)
         epoch_spec: int | list[int] = [int(v) for v in epochs.split("-")] if "-" in epochs else int(epochs)
-        extra = parse_overrides(set_ or []).get("algorithm", {})
-        alg = build_algorithm_from(validate(AlgorithmConfig, {"name": algorithm, "lr": lr, "epochs": epoch_spec, **extra}, "algorithm."))
+        raw = parse_overrides(set_ or [])
+        raw = {**raw, "method": {**raw.get("method", {}), "name": algorithm}, "local": {"lr": lr, "epochs": epoch_spec, **raw.get("local", {})}}
+        raw["sampler"] = {"name": sampler, "cohort": cohort, **raw.get("sampler", {})}
+        spec = validate(RunSpec, raw)
+        alg = build_algorithm_from(spec)
         data = FederatedDataset(torch.zeros(sum(size_list), 1), torch.zeros(sum(size_list)), contiguous_partition(size_list), w)
-        smp = build_sampler(validate(SamplerConfig, {"name": sampler, "cohort": cohort}, "sampler."), data)
+        smp = build_sampler(spec.sampler, data)
         report = inspect_objective(alg, smp, np.array(size_list), w, exact=False if monte_carlo else None, rounds=samples)
     except ConfigError as exc:
         _fail(exc)
@@ -290,7 +294,7 @@ def inspect(
 
 
 def _inspect_step_sizes(config: str, as_json: bool) -> None:
-    from fedshuffle.experiments.config import load_experiment
+    from fedshuffle.experiments.schema import load_experiment
     from fedshuffle.experiments.runner import build_simulation
     from fedshuffle.analysis.theory import smoothness
 

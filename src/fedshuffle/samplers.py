@@ -79,7 +79,7 @@ class FullParticipation(Sampler):
         return "full participation"
 
 
-def _check_cohort(cohort: int, num_clients: int, field: str = "sampler.cohort") -> None:
+def _check_cohort(cohort: int, num_clients: int, field: str = "cohort") -> None:
     if not 1 <= cohort <= num_clients:
         raise ConfigError(field, f"cohort size must be between 1 and the number of clients ({num_clients}), got {cohort}")
 
@@ -120,11 +120,11 @@ class WithReplacement(Sampler):
     def __init__(self, num_clients: int, cohort: int, probabilities: Sequence[float] | None = None) -> None:
         super().__init__(num_clients)
         if cohort < 1:
-            raise ConfigError("sampler.cohort", f"must be >= 1, got {cohort}")
+            raise ConfigError("cohort", f"must be >= 1, got {cohort}")
         self.cohort = cohort
         pi = np.full(num_clients, 1.0 / num_clients) if probabilities is None else np.asarray(probabilities, dtype=np.float64)
         if pi.shape != (num_clients,) or np.any(pi < 0) or pi.sum() <= 0:
-            raise ConfigError("sampler.probabilities", "need one non-negative probability per client, not all zero")
+            raise ConfigError("probabilities", "need one non-negative probability per client, not all zero")
         self.pi = pi / pi.sum()
 
     def inclusion_probabilities(self):
@@ -159,7 +159,7 @@ def water_filling(values: Sequence[float], budget: float) -> np.ndarray:
     if np.any(v < 0) or positive == 0:
         raise ConfigError("sampler", "importance values must be non-negative and not all zero")
     if not 0 < budget <= positive:
-        raise ConfigError("sampler.cohort", f"expected cohort must be in (0, {positive}] (clients with positive weight), got {budget}")
+        raise ConfigError("cohort", f"expected cohort must be in (0, {positive}] (clients with positive weight), got {budget}")
     order = np.argsort(-v, kind="stable")
     sorted_v = v[order]
     tail = np.cumsum(sorted_v[::-1])[::-1]  # tail[k] = Σ_{j ≥ k} v_(j)
@@ -179,7 +179,7 @@ class Independent(Sampler):
         super().__init__(num_clients)
         q = np.asarray(probabilities, dtype=np.float64)
         if q.shape != (num_clients,) or np.any(q <= 0) or np.any(q > 1):
-            raise ConfigError("sampler.probabilities", "need one probability in (0, 1] per client")
+            raise ConfigError("probabilities", "need one probability in (0, 1] per client")
         self.q = q
         self.label = label
 
@@ -223,9 +223,9 @@ class Cyclic(Sampler):
         super().__init__(num_clients)
         _check_cohort(cohort, num_clients)
         if num_clients % cohort:
-            raise ConfigError("sampler.cohort", f"cyclic sampling needs the cohort size to divide the number of clients ({num_clients}), got {cohort}")
+            raise ConfigError("cohort", f"cyclic sampling needs the cohort size to divide the number of clients ({num_clients}), got {cohort}")
         if order not in self.ORDERS:
-            raise ConfigError("sampler.order", f"unknown order {order!r}; accepted: {', '.join(self.ORDERS)}")
+            raise ConfigError("order", f"unknown order {order!r}; accepted: {', '.join(self.ORDERS)}")
         self.cohort, self.order = cohort, order
         self.rounds_per_meta_epoch = num_clients // cohort
         self._last: tuple[tuple[int, int], np.ndarray] | None = None

@@ -1,25 +1,22 @@
 """Server-side pieces with explicit state, in the (init, update) style of optax.
 
 * Server optimizers turn the aggregated direction Δ = Σ ω_iΔ_i into a step: x ← x − step.
-* :class:`GlobalMomentum` is FedShuffle's *global momentum* (eqs. (13)–(14)), which is not a server
-  optimizer: the server keeps a momentum m^r and broadcasts it, and clients fold it into every
-  local step (see :class:`fedshuffle.local.Drift`).
+* FedShuffle's *global momentum* is not a server optimizer but a method wrapper
+  (:class:`fedshuffle.methods.momentum.GlobalMomentum`): clients fold it into every local step.
 
 States are plain dicts of tensors so that a checkpoint can store them as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import math
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.local.plan import ClientPlan, Drift
+from fedshuffle.core.registry import Registry
 
 State = dict[str, torch.Tensor]
 
@@ -40,7 +37,7 @@ class ServerOptimizer(Protocol):
 
 def _check_lr(lr: float) -> None:
     if not lr > 0:
-        raise ConfigError("algorithm.server_lr", f"server step size must be > 0, got {lr}")
+        raise ConfigError("lr", f"server step size must be > 0, got {lr}")
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,7 @@ class ServerHeavyBall:
     def __post_init__(self) -> None:
         _check_lr(self.lr)
         if not 0 <= self.beta < 1:
-            raise ConfigError("algorithm.server_momentum", f"must be in [0, 1), got {self.beta}")
+            raise ConfigError("momentum", f"must be in [0, 1), got {self.beta}")
 
     def init(self, params):
         return {"velocity": torch.zeros_like(params), "started": torch.tensor(False)}
@@ -109,12 +106,12 @@ class ServerAdaptive:
     def __post_init__(self) -> None:
         _check_lr(self.lr)
         if self.kind not in ADAPTIVE:
-            raise ConfigError("algorithm.server_optimizer", f"unknown adaptive optimizer {self.kind!r}; accepted: {', '.join(ADAPTIVE)}")
-        for name, value in (("server_beta1", self.beta1), ("server_beta2", self.beta2)):
+            raise ConfigError("optimizer", f"unknown adaptive optimizer {self.kind!r}; accepted: {', '.join(ADAPTIVE)}")
+        for name, value in (("beta1", self.beta1), ("beta2", self.beta2)):
             if not 0 <= value < 1:
-                raise ConfigError(f"algorithm.{name}", f"must be in [0, 1), got {value}")
+                raise ConfigError(name, f"must be in [0, 1), got {value}")
         if not self.eps > 0:
-            raise ConfigError("algorithm.server_eps", f"must be > 0, got {self.eps}")
+            raise ConfigError("eps", f"must be > 0, got {self.eps}")
 
     def init(self, params):
         return {"m": torch.zeros_like(params), "v": torch.full_like(params, self.eps**2)}
@@ -188,7 +185,7 @@ class MetaEpochExtrapolation:
 
     def __post_init__(self) -> None:
         if not self.global_lr > 0:
-            raise ConfigError("algorithm.global_lr", f"global step size θ must be > 0, got {self.global_lr}")
+            raise ConfigError("global_lr", f"global step size θ must be > 0, got {self.global_lr}")
 
     @property
     def lr(self) -> float:
@@ -207,65 +204,13 @@ class MetaEpochExtrapolation:
         return params - end, {"inner": inner_state, "anchor": end.clone(), "round": torch.tensor(0)}
 
 
-ClientGradients = Callable[[torch.Tensor, np.ndarray], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class GlobalMomentum:
-    """FedShuffle's global momentum with parameter β = 1 − a (the paper uses β = 0.9).
-
-    ``estimator="exact"`` (FedShuffleMVR, eqs. (12)–(14)): at the start of round r the cohort sends
-    full gradients at x^r and x^{r−1}, and
-
-        m^r = a·Σ_S ω_i∇f_i(x^r) + (1−a)·m^{r−1} + (1−a)·Σ_S ω_i(∇f_i(x^r) − ∇f_i(x^{r−1})),
-
-    with ω_i = w_i/p_i; clients step with d = ∇f_{iΠ}(y) + (1−a)(m^r − ∇f_{iΠ}(x^r)) (eq. (13)).
-    We start from m^{−1} = 0 and x^{−1} = x^0, which the paper leaves open.
-
-    ``estimator="approx"`` (Appendix F, real data): the last terms of (13)–(14) are dropped and
-    ∇f_i(x^r) ≈ Δ_i/(τ_iη_i). Clients step with d = a∇f_{iΠ}(y) + (1−a)m, and after the round
-    m ← Σ_S ω_iΔ_i/(τ_iη_i), which equals a·ĝ + (1−a)m for ĝ the estimate above. As in the reference
-    code, round 0 (no momentum yet) runs plain local steps.
-    """
-
-    beta: float = 0.9
-    estimator: str = "exact"
-
-    def __post_init__(self) -> None:
-        if not 0 < self.beta < 1:
-            raise ConfigError("algorithm.global_momentum", f"must be in (0, 1), got {self.beta}")
-        if self.estimator not in ("exact", "approx"):
-            raise ConfigError("algorithm.momentum_estimator", f"unknown {self.estimator!r}; accepted: exact, approx")
-
-    @property
-    def a(self) -> float:
-        return 1.0 - self.beta
-
-    def init(self, params: torch.Tensor) -> State:
-        return {"momentum": torch.zeros_like(params), "previous": params.clone(), "started": torch.tensor(False)}
-
-    def broadcast(
-        self, state: State, params: torch.Tensor, cohort: np.ndarray, unbiased: np.ndarray, client_gradients: ClientGradients
-    ) -> tuple[Drift | None, State]:
-        """The drift clients use this round; ``unbiased`` are ω_i = w_i/E[c_i] for the cohort."""
-        if self.estimator == "approx":
-            return (Drift(self.a, state["momentum"], False) if bool(state["started"]) else None), state
-        m = (1 - self.a) * state["momentum"]
-        if len(cohort):
-            weights = torch.as_tensor(unbiased, dtype=params.dtype, device=params.device)
-            now = weights @ client_gradients(params, cohort)
-            before = weights @ client_gradients(state["previous"], cohort)
-            m = m + self.a * now + (1 - self.a) * (now - before)
-        state = {"momentum": m, "previous": params.clone(), "started": torch.tensor(True)}
-        return Drift(self.a, m, True), state
-
-    def collect(self, state: State, plans: Sequence[ClientPlan], deltas: torch.Tensor, unbiased: np.ndarray) -> State:
-        """After the round (approx only): m ← Σ_S ω_iΔ_i/(τ_iη_i)."""
-        if self.estimator != "approx" or not plans:
-            return state
-        scale = torch.as_tensor([u / (p.steps * p.lr) for u, p in zip(unbiased, plans)], dtype=deltas.dtype, device=deltas.device)
-        return {**state, "momentum": scale @ deltas, "started": torch.tensor(True)}
-
-    def gradient_evaluations(self, sizes: np.ndarray, cohort: np.ndarray) -> int:
-        """Per-sample gradients spent by :meth:`broadcast` (two full local gradients per client, exact only)."""
-        return int(2 * sizes[cohort].sum()) if self.estimator == "exact" else 0
+SERVER_OPTIMIZERS = Registry("server.optimizer")
+SERVER_OPTIMIZERS.add("sgd", lambda lr=None, **_: ServerSGD(1.0 if lr is None else lr), "x ← x − η_g·Δ", "Horváth et al., FedShuffle, TMLR 2022, Algorithm 1")
+SERVER_OPTIMIZERS.add("heavy_ball", lambda lr=None, momentum=None, **_: ServerHeavyBall(1.0 if lr is None else lr, 0.9 if not momentum else momentum), "server heavy-ball momentum on Δ", "Hsu, Qi & Brown 2019 (FedAvgM)")
+for _kind in ADAPTIVE:
+    SERVER_OPTIMIZERS.add(
+        _kind,
+        lambda lr=None, beta1=None, beta2=None, eps=None, _kind=_kind, **_: ServerAdaptive(_kind, 0.01 if lr is None else lr, **{k: v for k, v in (("beta1", beta1), ("beta2", beta2), ("eps", eps)) if v is not None}),
+        f"Fed{_kind.capitalize()} on the pseudo-gradient", "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2",
+    )
+SERVER_OPTIMIZERS.add("adgd", lambda lr=None, **_: ServerAdGD(1e-6 if lr is None else lr), "adaptive gradient descent without descent on Δ", "Malitsky & Mishchenko, ICML 2020, Algorithm 1")

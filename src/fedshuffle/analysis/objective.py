@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedshuffle.methods.algorithm import Algorithm
+from fedshuffle.methods.momentum import GlobalMomentum
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.samplers import MAX_ENUMERATION, Sampler
@@ -108,7 +109,7 @@ def round_expectation(algorithm: Algorithm, sampler: Sampler, sizes: np.ndarray,
     n = len(sizes)
     total, total_sq = None, None
     for prob, plans in _outcomes(algorithm, sampler, client_indices, rounds, seed, exact):
-        omega = algorithm.aggregation_weights(plans, weights, counts, tau_eff)
+        omega = algorithm.aggregator.weights(plans, weights, counts, algorithm.local.lr, tau_eff)
         contribution = None
         for w_i, plan in zip(omega, plans):
             value = w_i * np.atleast_1d(np.asarray(per_client(plan), dtype=np.float64))
@@ -131,9 +132,9 @@ def round_expectation(algorithm: Algorithm, sampler: Sampler, sizes: np.ndarray,
 
 def inspect_objective(algorithm: Algorithm, sampler: Sampler, sizes, weights, *, exact: bool | None = None, rounds: int = 20_000, seed: int = 0) -> ObjectiveReport:
     """Objective weights w, inclusion probabilities p, expected aggregation weights Ω and effective weights ŵ."""
-    if algorithm.client_state is not None:
+    if algorithm.method.state_fields:
         raise ConfigError(
-            "algorithm.name",
+            "method.name",
             f"{algorithm.name} keeps client state, so its fixed point is not set by the aggregation weights this inspects "
             "(SCAFFOLD's and FedCDR's is x* itself); inspect covers the stateless methods",
         )
@@ -171,7 +172,7 @@ def unit_quadratic_fixed_point(algorithm: Algorithm, sampler: Sampler, sizes, we
     clipping or global momentum.
     """
     local = algorithm.local
-    if local.momentum or local.prox_mu or local.weight_decay or local.clip_norm is not None or algorithm.momentum is not None:
+    if local.momentum or local.prox_mu or local.weight_decay or local.clip_norm is not None or isinstance(algorithm.method, GlobalMomentum):
         raise ValueError("the closed form holds for plain local SGD only")
     client_means = np.asarray(client_means, dtype=np.float64)
 

@@ -1,10 +1,10 @@
-"""Executors run the planned local rounds of a cohort.
+"""Executors: where a cohort's local work runs. All of them run :func:`fedshuffle.local.loop.run_local`.
 
-An executor receives fully planned client rounds (:class:`fedshuffle.local.ClientPlan`: the exact
-minibatch sequence and step size of every client) and a shared :class:`fedshuffle.local.LocalRule`,
-and returns the stacked client updates Δ (one row per cohort member). Because all randomness is in
-the plans, any executor — the sequential reference here, a vectorized or a distributed one — must
-return the same numbers up to floating-point reassociation.
+An executor receives a :class:`~fedshuffle.local.loop.LocalWork` — every member's plan (the exact
+minibatch sequence and step size), start, center, offset and the step chain — and returns the
+stacked updates Δ_i = s_i − y_i. Because all randomness is in the plans, every executor returns the
+same numbers up to floating-point reassociation: the sequential one runs the loop one client at a
+time (C = 1), the vectorized one on chunks of the cohort, the Ray one on shares in other processes.
 """
 
 from __future__ import annotations
@@ -16,17 +16,20 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.local.plan import ClientPlan, LocalRule, local_direction, run_client
+from fedshuffle.data import FederatedDataset, LazyFederatedDataset
+from fedshuffle.local.loop import LocalWork, run_local
+from fedshuffle.local.plan import ClientPlan
 from fedshuffle.problems import Problem
 
 
 class Executor(Protocol):
-    """Runs a cohort's local work."""
+    """Runs a cohort's local work and full local gradients."""
 
-    def run(self, problem: Problem, data: FederatedDataset, params: torch.Tensor, plans: Sequence[ClientPlan], rule: LocalRule) -> torch.Tensor:
-        """Client updates Δ_i = s_i − y_i stacked as a ``(len(plans), d)`` tensor, s_i the plan's start (default x)."""
+    name: str
+
+    def run(self, problem: Problem, data: FederatedDataset, work: LocalWork) -> torch.Tensor:
+        """Client updates Δ_i = s_i − y_i stacked as a ``(len(work), d)`` tensor."""
         ...
 
     def client_gradients(self, problem: Problem, data: FederatedDataset, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
@@ -69,37 +72,12 @@ def _sample_elements(data: Data) -> tuple[int, int]:
     return int(np.prod(data.features.shape[1:])), data.features.element_size()
 
 
-class SequentialExecutor:
-    """The reference: one client after another, one step after another."""
+class LocalExecutor:
+    """The cohort in this process, cut into chunks of at most ``chunk_size`` clients, each chunk one
+    masked batched loop (:func:`~fedshuffle.local.loop.run_local`).
 
-    name = "sequential"
-
-    def run(self, problem, data, params, plans, rule):
-        if not plans:
-            return params.new_zeros((0, params.numel()))
-        features, labels, plans = rows_of(data, plans)
-        return torch.stack([run_client(problem, features, labels, params, plan, rule) for plan in plans])
-
-    def client_gradients(self, problem, data, params, clients):
-        features, labels, rows = client_rows(data, clients)
-        rows = [torch.from_numpy(r).to(params.device) for r in rows]
-        points = params if params.dim() == 2 else params.expand(len(rows), -1)
-        return torch.stack([problem.gradient(p, features[r], labels[r]) for p, r in zip(points, rows)])
-
-
-class VectorizedExecutor:
-    """The whole cohort at once: client models stacked as ``(C, d)``, one batched step for all.
-
-    Step t of every client runs together: the minibatch rows of all clients are gathered into
-    ``(C, B, ...)`` with a 0/1 mask for padding (a short last batch, or a client with fewer steps —
-    unequal datasets, random epochs, unfinished work), gradients come from
-    :meth:`Problem.batched_gradient` (``vmap``-ed ``grad`` for networks, batched closed forms for linear
-    models), and the step y_c ← y_c − η_c·d_c is taken only where client c still has a batch. Step
-    sizes, clipping, weight decay, local momentum, prox and the global-momentum drift are per-row
-    tensor operations (:func:`fedshuffle.local.local_direction`), so no Python loop runs over clients.
-
-    Memory: a cohort is cut into chunks of at most ``chunk_size`` clients, by default as many as fit in
-    ``memory_budget`` bytes by the estimate of :meth:`chunk_for`.
+    ``chunk_size = 1`` is the sequential reference (one client after another). By default a chunk is
+    as many clients as fit in ``memory_budget`` bytes by the estimate of :meth:`chunk_for`.
     """
 
     name = "vectorized"
@@ -108,7 +86,7 @@ class VectorizedExecutor:
         if chunk_size is not None and chunk_size < 1:
             raise ConfigError("run.chunk_size", f"must be >= 1, got {chunk_size}")
         if memory_budget < 1 << 20:
-            raise ConfigError("run.memory_budget", f"must be at least 1 MiB, got {memory_budget} bytes")
+            raise ConfigError("run.memory_budget_mb", f"must be at least 1 MiB, got {memory_budget} bytes")
         self.chunk_size, self.memory_budget = chunk_size, memory_budget
 
     def chunk_for(self, data: Data, dim: int, batch: int, steps: int = 1) -> int:
@@ -120,54 +98,24 @@ class VectorizedExecutor:
         per_client = (6 * dim + 3 * batch * (elements + 1) + 3 * steps * batch) * itemsize
         return max(1, self.memory_budget // per_client)
 
-    def run(self, problem, data, params, plans, rule):
+    def run(self, problem: Problem, data: Data, work: LocalWork) -> torch.Tensor:
+        plans = work.plans
         if not plans:
-            return params.new_zeros((0, params.shape[-1]))
+            return work.start.new_zeros((0, work.start.shape[-1]))
         batch, steps = max(p.batches.shape[1] for p in plans), max(p.steps for p in plans)
-        size = self.chunk_for(data, params.numel(), batch, steps)
-        order = np.argsort([-p.steps for p in plans], kind="stable")  # longest first: the clients still working are a prefix
+        size = self.chunk_for(data, work.start.shape[-1], batch, steps)
+        order = np.argsort([-p.steps for p in plans], kind="stable")  # longest first: chunks of similar length
         chunks = []
         for k in range(0, len(plans), size):
-            features, labels, chunk = rows_of(data, [plans[i] for i in order[k : k + size]])
-            chunks.append(self._run_chunk(problem, features, labels, params, chunk, rule))
+            members = order[k : k + size]
+            features, labels, chunk_plans = rows_of(data, [plans[i] for i in members])
+            chunks.append(run_local(problem, features, labels, work.subset(members, chunk_plans)))
         deltas = torch.cat(chunks)
         return deltas[torch.from_numpy(np.argsort(order, kind="stable")).to(deltas.device)]
 
-    def _run_chunk(self, problem: Problem, features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, plans: Sequence[ClientPlan], rule: LocalRule) -> torch.Tensor:
-        """``plans`` sorted by decreasing step count, so that at step t the working clients are rows [0, k_t)."""
-        steps, batch = plans[0].steps, max(p.batches.shape[1] for p in plans)
-        rows = np.full((len(plans), steps, batch), -1, dtype=np.int64)
-        for c, plan in enumerate(plans):
-            rows[c, : plan.steps, : plan.batches.shape[1]] = plan.batches
-        rows_t = torch.from_numpy(rows).to(x.device)
-        mask = (rows_t >= 0).to(x.dtype)
-        weights = mask / mask.sum(-1, keepdim=True).clamp(min=1)  # 1/n on real rows, 0 on padding
-        safe = rows_t.clamp(min=0)
-        working = np.searchsorted(-np.array([p.steps for p in plans]), -np.arange(steps), side="left")  # k_t = #{c: τ_c > t}
-        lrs = torch.tensor([p.lr for p in plans], dtype=x.dtype, device=x.device).unsqueeze(1)
-        starts = torch.stack([x if p.start is None else p.start for p in plans]) if any(p.start is not None for p in plans) else x.expand(len(plans), -1)
-        xs = torch.stack([s if p.center is None else p.center for s, p in zip(starts, plans)]) if any(p.center is not None for p in plans) else starts
-        offsets = torch.stack([torch.zeros_like(x) if p.offset is None else p.offset for p in plans]) if any(p.offset is not None for p in plans) else None
-        ys = starts.clone()
-        velocity = torch.zeros_like(ys) if rule.momentum else None
-        correction = rule.drift is not None and rule.drift.correction
-        for t in range(steps):
-            k = int(working[t])
-            idx = safe[:k, t]
-            y, f, lab, m = ys[:k], features[idx], labels[idx], weights[:k, t]
-            grad_x = problem.batched_gradient(xs[:k], f, lab, m) if correction else None
-            d = local_direction(rule, problem.batched_gradient(y, f, lab, m), y, xs[:k], grad_x)
-            if offsets is not None:
-                d = d + offsets[:k]
-            if velocity is not None:
-                velocity[:k] = rule.momentum * velocity[:k] + d
-                d = velocity[:k]
-            y.addcmul_(lrs[:k], d, value=-1.0)  # y is the view ys[:k]
-        return starts - ys
-
     def client_gradients(self, problem, data, params, clients):
         if len(clients) == 0:
-            return params.new_zeros((0, params.numel()))
+            return params.new_zeros((0, params.shape[-1]))
         width = int(data.sizes[clients].max())
         points = params if params.dim() == 2 else params.expand(len(clients), -1)
         size = self.chunk_for(data, points.shape[1], width)
@@ -182,3 +130,16 @@ class VectorizedExecutor:
             safe, mask = rows_t.clamp(min=0), (rows_t >= 0).to(params.dtype)
             out.append(problem.batched_gradient(points[k : k + size], features[safe], labels[safe], mask / mask.sum(1, keepdim=True)))
         return torch.cat(out)
+
+
+class SequentialExecutor(LocalExecutor):
+    """The reference: one client after another (the local loop with C = 1)."""
+
+    name = "sequential"
+
+    def __init__(self) -> None:
+        super().__init__(chunk_size=1)
+
+
+class VectorizedExecutor(LocalExecutor):
+    """The whole cohort at once (in memory-bounded chunks)."""

@@ -8,7 +8,7 @@ import torch
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.data import FederatedDataset
 from fedshuffle.executors.local import VectorizedExecutor
-from fedshuffle.local.plan import ClientPlan, LocalRule
+from fedshuffle.local.loop import LocalWork
 from fedshuffle.problems import Problem
 
 
@@ -16,7 +16,7 @@ class RayExecutor:
     """The cohort split into ``workers`` shares, each run by the vectorized executor in a Ray task.
 
     The dataset is put in Ray's object store once per dataset and shared by every task; each round
-    ships only the model, the plans and the rule. Because plans carry every random choice, the
+    ships only the local work (plans, starts, step chain). Because plans carry every random choice, the
     result is the vectorized (and sequential) result whatever the number of workers or nodes.
     ``address`` joins a running cluster (``ray start --head`` on one node, ``ray start
     --address=HEAD:6379`` on the others, then ``address = "auto"``); ``None`` starts a local Ray.
@@ -52,18 +52,18 @@ class RayExecutor:
             self._data = (id(data), self._ray.put(data))
         return self._data[1]
 
-    def run(self, problem, data, params, plans, rule):
-        if not plans:
-            return params.new_zeros((0, params.numel()))
+    def run(self, problem, data, work):
+        if not work.plans:
+            return work.start.new_zeros((0, work.start.shape[-1]))
         task = self._start()
         data_ref = self._data_ref(data)
-        shares = [s for s in np.array_split(np.arange(len(plans)), min(self.workers, len(plans))) if len(s)]
-        futures = [task.remote(self.local, problem, data_ref, params, [plans[i] for i in share], rule) for share in shares]
+        shares = [s for s in np.array_split(np.arange(len(work)), min(self.workers, len(work))) if len(s)]
+        futures = [task.remote(self.local, problem, data_ref, work.subset(share)) for share in shares]
         return torch.cat(self._ray.get(futures))
 
     def client_gradients(self, problem, data, params, clients):
         return self.local.client_gradients(problem, data, params, clients)
 
 
-def _run_share(executor: VectorizedExecutor, problem: Problem, data: FederatedDataset, params: torch.Tensor, plans: list[ClientPlan], rule: LocalRule) -> torch.Tensor:
-    return executor.run(problem, data, params, plans, rule)
+def _run_share(executor: VectorizedExecutor, problem: Problem, data: FederatedDataset, work: LocalWork) -> torch.Tensor:
+    return executor.run(problem, data, work)

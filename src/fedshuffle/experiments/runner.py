@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedshuffle.methods.algorithm import Simulation
-from fedshuffle.experiments.config import Experiment, RunSpec, build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
+from fedshuffle.experiments.build import build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
+from fedshuffle.experiments.schema import Experiment, RunSpec
+from fedshuffle.simulation import Simulation
 from fedshuffle.data import FederatedDataset
 from fedshuffle.core.errors import ResultsError
 from fedshuffle.problems import Problem
@@ -101,8 +102,8 @@ def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> 
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
     problem, data = build_problem_and_data(spec)
     sampler = build_sampler(spec.sampler, data)
-    algorithm_spec, step_sizes = resolve_step_sizes(spec.algorithm, problem, data, sampler)
-    algorithm = build_algorithm_from(algorithm_spec, spec.run.rounds)
+    spec, step_sizes = resolve_step_sizes(spec, problem, data, sampler)
+    algorithm = build_algorithm_from(spec)
     sim = Simulation(
         problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run), device=spec.run.device,
         state_memory_limit=spec.run.state_memory_mb << 20, state_dir=state_dir,

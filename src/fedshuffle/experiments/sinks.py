@@ -79,7 +79,7 @@ def open_sinks(names: list[str], run_dir: Path, *, uri: str | None, experiment: 
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"algorithm": {"lr": 0.1}}`` → ``{"algorithm.lr": 0.1}``."""
+    """``{"local": {"lr": 0.1}}`` → ``{"local.lr": 0.1}``."""
     out: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, Mapping):

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fedshuffle.experiments.config import SECTIONS, Experiment, RunSpec, parse_overrides, slug
+from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, parse_overrides, slug
 from fedshuffle.core.errors import ConfigError, ResultsError
 
 
@@ -91,7 +91,7 @@ def _split_values(text: str) -> list[str]:
 
 
 def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
-    """``["algorithm.lr=0.1,0.01", "algorithm.clip_norm=1,10"]`` → every combination as override dicts."""
+    """``["local.lr=0.1,0.01", "local.clip_norm=1,10"]`` → every combination as override dicts."""
     axes: list[tuple[str, list[Any]]] = []
     for item in items:
         if "=" not in item:
@@ -117,7 +117,7 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def point_name(point: Mapping[str, Mapping[str, Any]]) -> str:
-    """A folder name for a grid point: ``algorithm.lr=0.1_algorithm.clip_norm=10``."""
+    """A folder name for a grid point: ``local.lr=0.1_local.clip_norm=10``."""
     return slug("_".join(f"{section}.{key}={value}" for section in SECTIONS for key, value in point.get(section, {}).items())) if point else ""
 
 

@@ -1,13 +1,11 @@
 """What a client does in a round: how much local work, in which data order, with which step size.
 
-The local solver is split in two so that every executor runs exactly the same arithmetic:
-
-* :class:`LocalSolver` *plans* each participating client's round — its epochs E_i, its sequence of
-  minibatches (random reshuffling, shuffle-once or with replacement), its step size η_i = η_l/c_i
-  and any unfinished work — from the run's seeded streams only (:mod:`fedshuffle.streams`).
-* :class:`LocalRule` says how one step turns a minibatch gradient into a move (weight decay,
-  clipping, local heavy-ball momentum, a FedProx term, the global-momentum drift of FedShuffle
-  eqs. (13)); :func:`run_client` is the reference implementation of a planned round.
+:class:`LocalSolver` *plans* each participating client's round — its epochs E_i, its sequence of
+minibatches (random reshuffling, shuffle-once or with replacement), its step size η_i = η_l/c_i
+and any unfinished work — from the run's seeded streams only (:mod:`fedshuffle.core.streams`), so that
+every executor (and a device running the client half) does exactly the same arithmetic. How one step
+turns a gradient into a move is the step chain of :mod:`fedshuffle.local.steps`; the loop that runs
+the plans is :func:`fedshuffle.local.loop.run_local`.
 
 Notation follows FedShuffle Algorithm 4 (FedShuffleGen): client i runs τ_i steps
 y ← y − (η_l/c_i)·d with d built from ∇f_{iΠ}(y), and returns Δ_i = x − y_{τ_i}. (The paper writes
@@ -22,10 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.problems import Problem
+from fedshuffle.local.steps import StepChain, standard_chain
 from fedshuffle.core.streams import Stream, generator
 
 ORDERS = ("rr", "so", "with_replacement")
@@ -38,10 +35,7 @@ class ClientPlan:
     """One client's planned round.
 
     ``batches[k]`` are the sample rows of step k (−1 pads a short last batch); ``lr`` is η_i;
-    ``a_l1`` is FedNova's ‖a_i‖₁ of the steps actually run. Stateful methods set ``start`` (the
-    client's own starting point instead of the server model), ``center`` (the prox center, default
-    the start — FedCDR solves prox_{ηf_i}(y_i) from a warm start x_i) and ``offset`` (a constant added
-    to every step's direction — SCAFFOLD's c − c_i).
+    ``a_l1`` is FedNova's ‖a_i‖₁ of the steps actually run.
     """
 
     client: int
@@ -49,9 +43,6 @@ class ClientPlan:
     lr: float
     planned_steps: int
     a_l1: float
-    start: torch.Tensor | None = None
-    center: torch.Tensor | None = None
-    offset: torch.Tensor | None = None
 
     @property
     def steps(self) -> int:
@@ -62,45 +53,6 @@ class ClientPlan:
     def sample_gradients(self) -> int:
         """Per-sample gradient evaluations of the local steps."""
         return int(np.count_nonzero(self.batches >= 0))
-
-
-@dataclass(frozen=True)
-class Drift:
-    """Global momentum m^r broadcast to clients (FedShuffle eqs. (13)–(14), Appendix F).
-
-    With ``correction`` (FedShuffleMVR, eq. (13)): d = ∇f_{iΠ}(y) + (1−a)(m − ∇f_{iΠ}(x)).
-    Without (the real-data approximation of Appendix F): d = a∇f_{iΠ}(y) + (1−a)m.
-    """
-
-    a: float
-    momentum: torch.Tensor
-    correction: bool
-
-
-@dataclass(frozen=True)
-class LocalRule:
-    """How one local step turns a minibatch gradient into a move; shared by every client of a round."""
-
-    weight_decay: float = 0.0
-    clip_norm: float | None = None
-    momentum: float = 0.0
-    prox_mu: float = 0.0
-    drift: Drift | None = None
-
-
-def a_norm(steps: int, momentum: float = 0.0, prox: float = 0.0) -> float:
-    """‖a_i‖₁ of FedNova (Wang et al. 2020, §4): x − y_τ = η Σ_k a_k g_k.
-
-    Plain SGD: τ. Local heavy-ball ρ: [τ − ρ(1−ρ^τ)/(1−ρ)]/(1−ρ). Proximal SGD with α = ημ:
-    [1 − (1−α)^τ]/α. (Both at once has no principled normalizer and is rejected by the config.)
-    """
-    if momentum and prox:
-        raise ConfigError("algorithm", "local momentum and a proximal term together have no FedNova normalizer")
-    if momentum:
-        return (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
-    if prox:
-        return (1 - (1 - prox) ** steps) / prox
-    return float(steps)
 
 
 @dataclass(frozen=True)
@@ -128,7 +80,8 @@ class LocalSolver:
         most local steps uses η_l — Appendix F's comparison), or explicit per-client values.
         τ counts steps, τ_i = E_i⌈|D_i|/B⌉ (= E_i|D_i| at B = 1, the paper's setting).
     weight_decay, clip_norm, momentum, prox_mu:
-        See :class:`LocalRule`.
+        The step pipeline (:mod:`fedshuffle.local.steps`): λ of weight decay, the clipping norm, local
+        heavy-ball ρ, FedProx's μ.
     drop_last_steps:
         Every client leaves its last k planned steps undone (FedShuffle Appendix F.1), keeping ≥ 1.
     straggler_probability:
@@ -152,36 +105,36 @@ class LocalSolver:
     def __post_init__(self) -> None:
         rng = (self.epochs, self.epochs) if isinstance(self.epochs, int) else tuple(self.epochs)
         if len(rng) != 2 or rng[0] < 1 or rng[1] < rng[0]:
-            raise ConfigError("algorithm.epochs", f"must be a positive integer or a range [a, b] with 1 <= a <= b, got {self.epochs}")
+            raise ConfigError("epochs", f"must be a positive integer or a range [a, b] with 1 <= a <= b, got {self.epochs}")
         object.__setattr__(self, "_epoch_range", (int(rng[0]), int(rng[1])))
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError("algorithm.lr", f"local step size must be a positive number, got {self.lr}")
+            raise ConfigError("lr", f"local step size must be a positive number, got {self.lr}")
         if self.order not in ORDERS:
-            raise ConfigError("algorithm.order", f"unknown data order {self.order!r}; accepted: {', '.join(ORDERS)}")
+            raise ConfigError("order", f"unknown data order {self.order!r}; accepted: {', '.join(ORDERS)}")
         if isinstance(self.steps, str) and self.steps not in STEP_MODES:
-            raise ConfigError("algorithm.steps", f"accepted: a positive integer, 'min' or 'mean'; got {self.steps!r}")
+            raise ConfigError("steps", f"accepted: a positive integer, 'min' or 'mean'; got {self.steps!r}")
         if isinstance(self.steps, int) and self.steps < 1:
-            raise ConfigError("algorithm.steps", f"must be >= 1, got {self.steps}")
+            raise ConfigError("steps", f"must be >= 1, got {self.steps}")
         if self.batch_size < 1:
-            raise ConfigError("algorithm.batch_size", f"must be >= 1, got {self.batch_size}")
+            raise ConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
         if isinstance(self.step_normalization, str) and self.step_normalization not in STEP_NORMALIZATIONS:
-            raise ConfigError("algorithm.step_normalization", f"unknown {self.step_normalization!r}; accepted: {', '.join(STEP_NORMALIZATIONS)} or a list of per-client values")
+            raise ConfigError("step_normalization", f"unknown {self.step_normalization!r}; accepted: {', '.join(STEP_NORMALIZATIONS)} or a list of per-client values")
         if not isinstance(self.step_normalization, str) and any(not (c > 0 and math.isfinite(c)) for c in self.step_normalization):
-            raise ConfigError("algorithm.step_normalization", "per-client values c_i must be positive numbers")
+            raise ConfigError("step_normalization", "per-client values c_i must be positive numbers")
         if self.weight_decay < 0:
-            raise ConfigError("algorithm.weight_decay", f"must be >= 0, got {self.weight_decay}")
+            raise ConfigError("weight_decay", f"must be >= 0, got {self.weight_decay}")
         if self.clip_norm is not None and self.clip_norm <= 0:
-            raise ConfigError("algorithm.clip_norm", f"must be > 0 (or omitted for no clipping), got {self.clip_norm}")
+            raise ConfigError("clip_norm", f"must be > 0 (or omitted for no clipping), got {self.clip_norm}")
         if not 0 <= self.momentum < 1:
-            raise ConfigError("algorithm.local_momentum", f"must be in [0, 1), got {self.momentum}")
+            raise ConfigError("momentum", f"must be in [0, 1), got {self.momentum}")
         if self.prox_mu < 0:
-            raise ConfigError("algorithm.prox_mu", f"must be >= 0, got {self.prox_mu}")
+            raise ConfigError("prox_mu", f"must be >= 0, got {self.prox_mu}")
         if self.momentum and self.prox_mu:
-            raise ConfigError("algorithm.local_momentum", "local momentum together with a proximal term is not supported (no FedNova normalizer)")
+            raise ConfigError("momentum", "local momentum together with a proximal term is not supported (no FedNova normalizer)")
         if self.drop_last_steps < 0:
-            raise ConfigError("algorithm.drop_last_steps", f"must be >= 0, got {self.drop_last_steps}")
+            raise ConfigError("drop_last_steps", f"must be >= 0, got {self.drop_last_steps}")
         if not 0 <= self.straggler_probability <= 1:
-            raise ConfigError("algorithm.straggler_probability", f"must be in [0, 1], got {self.straggler_probability}")
+            raise ConfigError("straggler_probability", f"must be in [0, 1], got {self.straggler_probability}")
 
     # -- local work ------------------------------------------------------------------------------
 
@@ -207,7 +160,7 @@ class LocalSolver:
         sn = self.step_normalization
         if not isinstance(sn, str):
             if len(sn) != len(sizes):
-                raise ConfigError("algorithm.step_normalization", f"expected {len(sizes)} values (one per client), got {len(sn)}")
+                raise ConfigError("step_normalization", f"expected {len(sizes)} values (one per client), got {len(sn)}")
             return np.asarray(sn, dtype=np.float64)[clients]
         if sn == "none":
             return np.ones(len(clients))
@@ -223,14 +176,15 @@ class LocalSolver:
         τ_eff = Σ_i w_i·E[‖a_i‖₁/c_i] (Wang et al. 2020: Σ_i p_i‖a_i‖₁ when c_i = 1).
         """
         if self.steps in STEP_MODES:
-            raise ConfigError("algorithm.tau_eff", "steps = 'min'/'mean' depend on the cohort; use tau_eff = 'cohort'")
+            raise ConfigError("tau_eff", "steps = 'min'/'mean' depend on the cohort; use tau_eff = 'cohort'")
         clients = np.arange(len(sizes))
+        chain = self.chain()
         low, high = self._epoch_range
         total = np.zeros(len(sizes))
         for epochs in range(low, high + 1):
             planned = np.full(len(sizes), self.steps) if isinstance(self.steps, int) else epochs * self.epoch_steps(sizes)
             c = self.normalizations(planned, clients, sizes)
-            total += np.array([a_norm(int(t), self.momentum, self.lr / ci * self.prox_mu) for t, ci in zip(planned, c)]) / c
+            total += np.array([chain.a_l1(int(t), self.lr / ci) for t, ci in zip(planned, c)]) / c
         return total / (high - low + 1)
 
     # -- planning --------------------------------------------------------------------------------
@@ -256,13 +210,14 @@ class LocalSolver:
             planned = np.full(len(cohort), self.steps)
         lrs = self.lr * lr_scale / self.normalizations(planned, cohort, sizes)
         seen: dict[int, int] = {}
+        chain = self.chain()
         plans = []
         for i, tau, lr in zip(cohort.tolist(), planned.tolist(), lrs.tolist()):
             occurrence = seen[i] = seen.get(i, -1) + 1
             rng = generator(seed, Stream.DATA_ORDER, round_index, i, occurrence)
             rows = self._batches(client_indices[i], int(tau), rng, i, seed)
             done = self._completed_steps(int(tau), i, occurrence, round_index, seed)
-            plans.append(ClientPlan(i, rows[:done], lr, int(tau), a_norm(done, self.momentum, lr * self.prox_mu)))
+            plans.append(ClientPlan(i, rows[:done], lr, int(tau), chain.a_l1(done, lr)))
         return plans
 
     def _batches(self, rows: np.ndarray, steps: int, rng: np.random.Generator, client: int, seed: int) -> np.ndarray:
@@ -292,54 +247,6 @@ class LocalSolver:
                 done = min(done, int(rng.integers(1, planned + 1)))
         return done
 
-    def rule(self, drift: Drift | None = None) -> LocalRule:
-        return LocalRule(self.weight_decay, self.clip_norm, self.momentum, self.prox_mu, drift)
-
-
-def _regularized(rule: LocalRule, g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """clip(g) + wd·z, along the last axis (one client ``(d,)`` or a stack ``(C, d)``)."""
-    if rule.clip_norm is not None:
-        g = g * torch.clamp(rule.clip_norm / (g.norm(dim=-1, keepdim=True) + 1e-12), max=1.0)
-    if rule.weight_decay:
-        g = g + rule.weight_decay * z
-    return g
-
-
-def local_direction(rule: LocalRule, grad_y: torch.Tensor, y: torch.Tensor, x: torch.Tensor, grad_x: torch.Tensor | None = None) -> torch.Tensor:
-    """The move d of one local step before momentum, for one client or a stack of clients.
-
-    d = g(y) with g(z) = clip(∇f_batch(z)) + wd·z; with global momentum, d + (1−a)(m − g(x)) (eq. (13),
-    ``grad_x`` = ∇f_batch(x) on the same minibatch) or a·d + (1−a)m (Appendix F); then + μ(y − x) (FedProx).
-    """
-    d = _regularized(rule, grad_y, y)
-    drift = rule.drift
-    if drift is not None:
-        if drift.correction:
-            d = d + (1 - drift.a) * (drift.momentum - _regularized(rule, grad_x, x))
-        else:
-            d = drift.a * d + (1 - drift.a) * drift.momentum
-    if rule.prox_mu:
-        d = d + rule.prox_mu * (y - x)
-    return d
-
-
-def run_client(problem: Problem, features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, plan: ClientPlan, rule: LocalRule) -> torch.Tensor:
-    """Reference client loop; returns Δ_i = s_i − y_{τ_i} from the client's start s_i (the server model x
-    unless the plan sets one). Each step: d = :func:`local_direction` with the prox and drift terms
-    taken at the plan's center (default: the start), + the plan's offset; v ← ρv + d; y ← y − η_i v."""
-    start = x if plan.start is None else plan.start
-    x = start if plan.center is None else plan.center
-    y = start.clone()
-    velocity = torch.zeros_like(x) if rule.momentum else None
-    correction = rule.drift is not None and rule.drift.correction
-    for batch in plan.batches:
-        rows = torch.from_numpy(batch[batch >= 0]).to(features.device)
-        fb, lb = features[rows], labels[rows]
-        d = local_direction(rule, problem.gradient(y, fb, lb), y, x, problem.gradient(x, fb, lb) if correction else None)
-        if plan.offset is not None:
-            d = d + plan.offset
-        if velocity is not None:
-            velocity = rule.momentum * velocity + d
-            d = velocity
-        y = y - plan.lr * d
-    return start - y
+    def chain(self) -> StepChain:
+        """The local step pipeline of these settings: clip → weight decay → prox → local momentum."""
+        return standard_chain(self.weight_decay, self.clip_norm, self.prox_mu, self.momentum)

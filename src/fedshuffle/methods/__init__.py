@@ -1,1 +1,73 @@
-"""methods"""
+"""Methods: the registry of every named method, each a :class:`~fedshuffle.methods.base.Method` with its defaults.
+
+Most methods are one setting of FedShuffleGen (Horváth et al., TMLR 2022, Algorithm 4): the plain
+:class:`Method` with local-solver, aggregation and server defaults. Stateful methods are one file
+each (:mod:`.scaffold`, :mod:`.fedcdr`, :mod:`.feddyn`); global momentum wraps any of them
+(:mod:`.momentum`). A defaults entry is keyed by configuration section.
+"""
+
+from __future__ import annotations
+
+from fedshuffle.core.registry import Registry
+from fedshuffle.methods.base import ClientResult, Method, RoundInfo, Trainer
+from fedshuffle.methods.fedcdr import FedCDR
+from fedshuffle.methods.feddyn import FedDyn
+from fedshuffle.methods.momentum import GlobalMomentum
+from fedshuffle.methods.scaffold import Scaffold
+
+METHODS = Registry("method.name")
+
+_FEDSHUFFLE = "Horváth, Sanjabi, Xiao, Richtárik & Rabbat, FedShuffle, TMLR 2022"
+_WANG = "Wang, Liu, Liang, Joshi & Poor, FedNova, NeurIPS 2020"
+_SUM_ONE = {"aggregation": {"normalization": "sum_one"}}
+
+METHODS.add("fedavg", Method, "local SGD with replacement, sum-one aggregation", f"{_FEDSHUFFLE}, Algorithm 2 / Table 4",
+            local={"order": "with_replacement"}, **_SUM_ONE)
+METHODS.add("fedavg_rr", Method, "local epochs with random reshuffling, sum-one aggregation", f"{_FEDSHUFFLE}, Algorithm 2",
+            local={"order": "rr"}, **_SUM_ONE)
+METHODS.add("fedavg_min", Method, "the same K for every client: the cohort's minimum of E·⌈|D_i|/B⌉", f"{_FEDSHUFFLE}, §4.1",
+            local={"order": "with_replacement", "steps": "min"}, **_SUM_ONE)
+METHODS.add("fedavg_mean", Method, "the same K for every client: the cohort's rounded mean", f"{_FEDSHUFFLE}, §4.1",
+            local={"order": "with_replacement", "steps": "mean"}, **_SUM_ONE)
+METHODS.add("fednova", Method, "normalized averaging x⁺ = x − τ_eff Σ w_i Δ_i/‖a_i‖₁, local SGD with replacement", _WANG,
+            local={"order": "with_replacement"}, aggregation={"weighting": "normalized", "normalization": "sum_one"})
+METHODS.add("fednova_rr", Method, "FedNova with random reshuffling", f"{_FEDSHUFFLE}, Appendix E",
+            local={"order": "rr"}, aggregation={"weighting": "normalized", "normalization": "sum_one"})
+METHODS.add("fedshuffle", Method, "random reshuffling, η_i ∝ 1/τ_i, unbiased w_i/p_i aggregation", f"{_FEDSHUFFLE}, Algorithm 1",
+            local={"order": "rr", "step_normalization": "max_local_work"}, aggregation={"normalization": "unbiased"})
+METHODS.add("fedshuffle_gen", Method, "FedShuffleGen with free c, w̃, q; default the hybrid of Appendix F.1", f"{_FEDSHUFFLE}, Algorithm 4",
+            local={"order": "rr", "step_normalization": "max_local_work"}, aggregation={"weighting": "normalized", "normalization": "unbiased"})
+METHODS.add("fedshuffle_mvr", Method, "FedShuffle with the MVR global momentum", f"{_FEDSHUFFLE}, §5.1, eqs. (12)–(14)",
+            local={"order": "rr", "step_normalization": "max_local_work"}, aggregation={"normalization": "unbiased"},
+            server={"global_momentum": 0.9, "momentum_estimator": "exact"})
+METHODS.add("nastya", Method, "one RR/SO pass with client step γ, x ← x − η·mean g_i, g_i = (x − y_i)/(γN)",
+            "Malinovsky, Mishchenko & Richtárik, Server-Side Stepsizes and Sampling Without Replacement Provably Help in Federated Optimization, 2022, Algorithm 1",
+            local={"order": "rr"}, aggregation={"normalization": "unbiased", "direction": "mean_gradient"})
+METHODS.add("rr_cli", Method, "Nastya rounds over cyclic cohorts, then x_{t+1} = x_t − θ(x_t − x_t^R)/(ηR)",
+            "Malinovsky, Horváth, Burlachenko & Richtárik, Federated Learning with Regularized Client Participation, 2023, Algorithm 1",
+            local={"order": "so"}, aggregation={"normalization": "unbiased", "direction": "mean_gradient"}, server={"meta_epoch_step": True})
+METHODS.add("fedprox", Method, "local epochs with the proximal term (μ/2)‖y − x‖², sample-weighted average",
+            "Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, FedProx, MLSys 2020", local={"order": "rr", "prox_mu": 1.0}, **_SUM_ONE)
+METHODS.add("generalized_fedavg", Method, "K unbiased local steps with η_L, x ← x − η·Σ(w_i/E[c_i])Δ_i",
+            "Yang, Fang & Liu, Achieving Linear Speedup with Partial Worker Participation in Non-IID Federated Learning, ICLR 2021, Algorithm 1",
+            local={"order": "with_replacement"}, aggregation={"normalization": "unbiased"})
+METHODS.add("scaffold", Scaffold, "control variates c, c_i in every local step (option I or II)",
+            "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, Algorithm 1",
+            local={"order": "with_replacement"}, aggregation={"normalization": "unbiased"}, method={"scaffold_option": "II"})
+METHODS.add("fedcdr", FedCDR, "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
+            "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML submission), Algorithm 1",
+            local={"order": "rr", "epochs": 20, "batch_size": 10},
+            method={"fedcdr_alpha": 1.0, "fedcdr_eta": 1.0, "fedcdr_form": "y", "exact_prox": True, "warm_start": False})
+METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic terms in the local objective, server state h",
+            "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR 2021, Algorithm 1",
+            local={"order": "rr"}, method={"feddyn_alpha": 0.01})
+
+#: method-specific settings (``[method]`` section) → the constructor argument of the class that takes them
+METHOD_SETTINGS = {
+    "scaffold_option": (Scaffold, "option"),
+    "fedcdr_alpha": (FedCDR, "alpha"), "fedcdr_eta": (FedCDR, "eta"), "fedcdr_form": (FedCDR, "form"),
+    "exact_prox": (FedCDR, "exact_prox"), "warm_start": (FedCDR, "warm_start"),
+    "feddyn_alpha": (FedDyn, "alpha"),
+}
+
+__all__ = ["METHODS", "METHOD_SETTINGS", "ClientResult", "FedCDR", "FedDyn", "GlobalMomentum", "Method", "RoundInfo", "Scaffold", "Trainer"]

@@ -1,0 +1,374 @@
+"""The configuration schema: one validated section per part of a round, TOML loading, variants, overrides.
+
+An experiment file has the sections ``[method]``, ``[local]``, ``[aggregation]``, ``[server]``,
+``[schedule]``, ``[sampler]``, ``[problem]``, ``[data]``, ``[run]`` and ``[plot]``, metadata in
+``[experiment]`` (name, paper, figure, seeds), and optional ``[[variants]]``: each has a ``label`` and
+partial sections that override the base (e.g. ``method = {name = "fednova"}``). A run's sections are
+the method's registered defaults (:data:`fedshuffle.methods.METHODS`), then the base, then the
+variant, then command-line overrides. Unknown keys are errors with a "did you mean" hint.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.methods import METHODS
+from fedshuffle.methods.algorithm import method_defaults
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PRESETS_DIR = Path(__file__).parent.parent / "presets"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+Theory = Literal["theory"]
+
+
+def _positive_or_theory(v: Any) -> Any:
+    if isinstance(v, float) and not (v > 0 and np.isfinite(v)):
+        raise ValueError("must be a positive number or 'theory'")
+    return v
+
+
+class MethodConfig(_Section):
+    """The method (:data:`fedshuffle.methods.METHODS`) and its own settings."""
+
+    name: str = "fedshuffle"
+    scaffold_option: Literal["I", "II"] | None = Field(None, description="scaffold: control variate update, option I or II")
+    fedcdr_alpha: float | None = Field(None, description="fedcdr: relaxation α ∈ (0, 2)")
+    fedcdr_eta: float | None = Field(None, description="fedcdr: prox step η > 0")
+    fedcdr_form: Literal["y", "x"] | None = Field(None, description="fedcdr: y update of Algorithm 1 ('y') or eq. (14) ('x')")
+    exact_prox: bool | None = Field(None, description="fedcdr: closed-form prox where the problem has one")
+    warm_start: bool | None = Field(None, description="fedcdr: start the inner prox solver from the previous x_i instead of y_i")
+    feddyn_alpha: float | None = Field(None, description="feddyn: regularization α > 0")
+
+    @field_validator("name")
+    @classmethod
+    def _known_method(cls, v: str) -> str:
+        if v not in METHODS:
+            hint = difflib.get_close_matches(v, METHODS.names(), n=1)
+            raise ValueError(f"unknown method {v!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(METHODS)}")
+        return v
+
+
+class LocalConfig(_Section):
+    """What a client does (:class:`fedshuffle.local.plan.LocalSolver`, :mod:`fedshuffle.local.steps`)."""
+
+    lr: float | Theory | None = Field(None, description="local step size η_l, or 'theory' (fedshuffle.analysis.theory)")
+    lr_multiplier: float = Field(1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)")
+    epochs: int | list[int] = Field(1, description="E local epochs, or [a, b] drawn uniformly per client and round")
+    steps: int | Literal["min", "mean"] | None = Field(None, description="K local steps instead of epochs; 'min'/'mean' over the cohort")
+    order: Literal["rr", "so", "with_replacement"] = "rr"
+    batch_size: int = Field(1, ge=1)
+    step_normalization: Literal["none", "local_work", "max_local_work"] | list[float] = Field("none", description="c_i in η_i = η_l/c_i")
+    weight_decay: float = Field(0.0, ge=0)
+    clip_norm: float | None = Field(None, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1, description="local heavy-ball ρ")
+    prox_mu: float = Field(0.0, ge=0, description="FedProx's μ")
+    drop_last_steps: int = Field(0, ge=0, description="every client leaves its last k steps undone")
+    straggler_probability: float = Field(0.0, ge=0, le=1, description="a client completes only U{1..τ_i} steps with this probability")
+
+    @field_validator("lr")
+    @classmethod
+    def _positive_step(cls, v: Any) -> Any:
+        return _positive_or_theory(v)
+
+
+class AggregationConfig(_Section):
+    """ω_i = w̃_i/q_i^S (:class:`fedshuffle.aggregation.Aggregator`)."""
+
+    weighting: Literal["data", "normalized"] | list[float] = "data"
+    normalization: Literal["unbiased", "sum_one"] = "unbiased"
+    tau_eff: Literal["planned", "cohort"] = "planned"
+    direction: Literal["model_delta", "mean_gradient"] = "model_delta"
+
+
+class ServerConfig(_Section):
+    """x ← x − step(d) (:data:`fedshuffle.server.SERVER_OPTIMIZERS`), RR-CLI's meta-epoch step, global momentum."""
+
+    optimizer: Literal["sgd", "heavy_ball", "adam", "adagrad", "yogi", "adgd"] | None = Field(None, description="default: sgd, or heavy_ball when momentum > 0")
+    lr: float | Theory | None = Field(None, description="server step size η_g (default 1; 0.01 for adaptive; 1e-6 for adgd), or 'theory'")
+    momentum: float | None = Field(None, ge=0, lt=1, description="server heavy-ball momentum")
+    beta1: float | None = Field(None, ge=0, lt=1)
+    beta2: float | None = Field(None, ge=0, lt=1)
+    eps: float | None = Field(None, gt=0)
+    meta_epoch_step: bool = Field(False, description="RR-CLI's extrapolation after each meta-epoch")
+    global_lr: float | Theory | None = Field(None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)")
+    global_momentum: float = Field(0.0, ge=0, lt=1, description="FedShuffle's global momentum β (eqs. (13)–(14)); 0 = off")
+    momentum_estimator: Literal["exact", "approx"] = "exact"
+
+    @field_validator("lr", "global_lr")
+    @classmethod
+    def _positive_step(cls, v: Any) -> Any:
+        return _positive_or_theory(v)
+
+
+class ScheduleConfig(_Section):
+    """One factor per round scaling every step size (:class:`fedshuffle.schedules.Schedule`)."""
+
+    name: Literal["constant", "inverse_epochs", "step"] = "constant"
+    decay_at: list[float] = Field(default_factory=list, description="step: milestones as fractions of the run")
+    decay_factor: float = Field(0.1, gt=0, le=1)
+
+
+class ProblemConfig(_Section):
+    name: Literal["quadratic", "logistic", "softmax", "mlp"] = "quadratic"
+    targets: str = Field("identity", description="quadratic: 'identity' (e_1..e_N) or a .npy file of shape (N, d)")
+    l2: float = Field(0.0, ge=0)
+    hidden: list[int] = Field(default_factory=lambda: [32])
+
+
+class DataConfig(_Section):
+    source: Literal["targets", "synthetic", "npz", "libsvm", "fedprox_synthetic", "leaf"] = "targets"
+    dataset: str | None = Field(None, description="libsvm: a registered dataset (phishing, mushrooms, a3a, w3a, a9a); or give path")
+    data_dirs: list[str] = Field(default_factory=list, description="folders searched before the cache and the download (also $FEDSHUFFLE_DATA)")
+    download: bool = True
+    verify: bool = Field(True, description="check registered files against their SHA-256")
+    seed: int | None = Field(None, ge=0, description="seed of the split; default: the run's seed (set it to keep one split across seeds)")
+    client_sizes: list[int] | None = None
+    clients: int | None = Field(None, ge=1)
+    partition: Literal["sizes", "iid", "equal", "dirichlet"] = "sizes"
+    alpha: float = Field(0.5, gt=0, description="Dirichlet partition concentration")
+    synthetic_alpha: float = Field(0.0, ge=0, description="fedprox_synthetic: std of u_k (model heterogeneity)")
+    synthetic_beta: float = Field(0.0, ge=0, description="fedprox_synthetic: std of B_k (data heterogeneity)")
+    iid: bool = Field(False, description="fedprox_synthetic: the IID variant (shared W, b; x ~ N(0, Σ))")
+    weights: Literal["size", "uniform"] | list[float] = "size"
+    samples: int = Field(1000, ge=1)
+    features: int = Field(10, ge=1)
+    classes: int = Field(2, ge=2)
+    separation: float = Field(1.0, ge=0)
+    test_fraction: float = Field(0.0, ge=0, lt=1)
+    libsvm_test: bool = Field(False, description="libsvm: evaluate on LIBSVM's own test file (<dataset>.t), where it has one")
+    path: str | None = None
+
+    @field_validator("client_sizes")
+    @classmethod
+    def _positive_sizes(cls, v):
+        if v is not None and (not v or any(s < 1 for s in v)):
+            raise ValueError("every client needs at least one sample (all sizes >= 1)")
+        return v
+
+
+class SamplerConfig(_Section):
+    name: Literal["full", "uniform", "with_replacement", "importance", "independent", "cyclic"] = "full"
+    cohort: float | None = Field(None, gt=0)
+    order: Literal["reshuffle", "shuffle_once", "fixed"] = "reshuffle"
+    probabilities: Literal["uniform", "weights"] | list[float] = "uniform"
+
+
+class RunConfig(_Section):
+    rounds: int = Field(1000, ge=1)
+    seed: int = Field(0, ge=0)
+    dtype: Literal["float64", "float32"] = "float64"
+    eval_every: int = Field(10, ge=1)
+    executor: Literal["sequential", "vectorized", "ray"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers")
+    device: Literal["cpu", "cuda"] = "cpu"
+    chunk_size: int | None = Field(None, ge=1, description="vectorized: clients per batched chunk (default: as many as fit in memory_budget_mb)")
+    memory_budget_mb: int = Field(1024, ge=1, description="vectorized: memory one chunk may use")
+    ray_workers: int = Field(2, ge=1, description="ray: shares the cohort is split into (one Ray task each)")
+    ray_address: str | None = Field(None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray")
+    sinks: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list, description="also send metrics to TensorBoard and/or MLflow")
+    mlflow_uri: str | None = Field(None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)")
+    state_memory_mb: int = Field(1024, ge=1, description="client state (SCAFFOLD, FedCDR) beyond this size goes to memory-mapped files in <run>/client_state")
+    checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations only")
+
+
+Metric = Literal["loss", "f_gap", "dist_sq", "grad_norm_sq", "train_accuracy", "test_accuracy", "test_loss", "prox_residual"]
+
+
+class PlotConfig(_Section):
+    metric: Metric | list[Metric] = Field("f_gap", description="one metric, or a list for one panel each")
+    x: Literal["round", "epochs", "sample_gradients", "bytes"] = "round"
+    log_y: bool = True
+    band: Literal["std", "minmax"] = "std"
+
+
+class ExperimentMeta(_Section):
+    name: str = "experiment"
+    title: str = ""
+    paper: str = ""
+    figure: str = ""
+    description: str = ""
+    seeds: list[int] | None = None
+
+
+class RunSpec(_Section):
+    """One fully specified run (method defaults, base, variant and command-line overrides merged)."""
+
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    local: LocalConfig = Field(default_factory=LocalConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    problem: ProblemConfig = Field(default_factory=ProblemConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    plot: PlotConfig = Field(default_factory=PlotConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method_defaults(cls, raw: Any) -> Any:
+        """Every section starts from the method's registered defaults."""
+        return _with_method_defaults(raw) if isinstance(raw, Mapping) else raw
+
+    def algorithm_settings(self) -> dict[str, dict[str, Any]]:
+        """The settings of the algorithm's parts, as :func:`fedshuffle.methods.algorithm.build_algorithm` takes them."""
+        parts = {"method": self.method.model_dump(exclude={"name"})}
+        for name in ("local", "aggregation", "server", "schedule"):
+            parts[name] = getattr(self, name).model_dump()
+        return parts
+
+
+SECTIONS = tuple(RunSpec.model_fields)
+
+
+class _PartialSections(_Section):
+    """Raw (not yet merged) sections; validated as a :class:`RunSpec` once merged."""
+
+    method: dict[str, Any] = Field(default_factory=dict)
+    local: dict[str, Any] = Field(default_factory=dict)
+    aggregation: dict[str, Any] = Field(default_factory=dict)
+    server: dict[str, Any] = Field(default_factory=dict)
+    schedule: dict[str, Any] = Field(default_factory=dict)
+    sampler: dict[str, Any] = Field(default_factory=dict)
+    problem: dict[str, Any] = Field(default_factory=dict)
+    data: dict[str, Any] = Field(default_factory=dict)
+    run: dict[str, Any] = Field(default_factory=dict)
+    plot: dict[str, Any] = Field(default_factory=dict)
+
+
+class Variant(_PartialSections):
+    label: str
+
+
+class Experiment(_PartialSections):
+    """A validated experiment: metadata, base sections, and variants."""
+
+    experiment: ExperimentMeta = Field(default_factory=ExperimentMeta)
+    variants: list[Variant] = Field(default_factory=list)
+
+    def runs(self, overrides: Mapping[str, Any] | None = None) -> list[tuple[str, RunSpec]]:
+        """(label, spec) for each variant (one unlabeled run when there are none), validated."""
+        base = {s: getattr(self, s) for s in SECTIONS}
+        variants = self.variants or [Variant(label="")]
+        out = []
+        for k, variant in enumerate(variants):
+            merged = _deep_merge(base, {s: getattr(variant, s) for s in SECTIONS})
+            merged = _deep_merge(merged, overrides or {})
+            prefix = f"variants[{k}] ({variant.label})." if self.variants else ""
+            out.append((variant.label, validate(RunSpec, merged, prefix)))
+        return out
+
+    def seeds(self, spec: RunSpec) -> list[int]:
+        return self.experiment.seeds or [spec.run.seed]
+
+
+def _with_method_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The method's registered defaults under the given sections (an unknown method is left to the schema)."""
+    method = raw.get("method", {})
+    name = method.get("name", MethodConfig.model_fields["name"].default) if isinstance(method, Mapping) else None
+    if not isinstance(name, str) or name not in METHODS:
+        return dict(raw)
+    return _deep_merge(method_defaults(name), raw)
+
+
+def _deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for key, value in update.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else copy.deepcopy(value)
+    return out
+
+
+def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str) -> str:
+    loc = [str(p) for p in error["loc"] if not str(p).startswith(("function-", "literal", "list[", "int", "float", "str", "bool"))]
+    field = prefix + ".".join(loc)
+    if error["type"] == "extra_forbidden":
+        parent: Any = model
+        for part in loc[:-1]:
+            annotation = parent.model_fields[part].annotation if isinstance(parent, type) and part in getattr(parent, "model_fields", {}) else None
+            parent = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+            if parent is None:
+                break
+        known = list(parent.model_fields) if parent is not None else []
+        hint = difflib.get_close_matches(loc[-1], known, n=1)
+        return f"{field}: unknown setting{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(known)}"
+    value = error.get("input")
+    return f"{field}: {error['msg'].removeprefix('Value error, ')} (got {value!r})"
+
+
+def validate(model: type[BaseModel], raw: Mapping[str, Any], prefix: str = "") -> Any:
+    """``model.model_validate(raw)`` with one readable line per problem, raised as :class:`ConfigError`."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        lines = sorted({_format_error(e, model, prefix) for e in exc.errors()})
+        field = lines[0].split(":", 1)[0]
+        raise ConfigError(field, "\n".join(lines)[len(field) + 2 :]) from None
+
+
+def load_experiment(path_or_preset: str | Path) -> Experiment:
+    """An experiment from a TOML file path or a preset name."""
+    path = Path(path_or_preset)
+    if not path.exists() and path.suffix != ".toml":
+        path = PRESETS_DIR / f"{path_or_preset}.toml"
+        if not path.exists():
+            names = preset_names()
+            hint = difflib.get_close_matches(str(path_or_preset), names, n=1)
+            raise ConfigError("preset", f"no preset or file {str(path_or_preset)!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; presets: {', '.join(names)}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("config", f"file not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError("config", f"{path} is not valid TOML ({exc})") from None
+    experiment = validate(Experiment, raw)
+    if not experiment.experiment.name or experiment.experiment.name == "experiment":
+        experiment.experiment.name = path.stem
+    base_dir = path.parent
+    targets = experiment.problem.get("targets")
+    if isinstance(targets, str) and targets != "identity" and not Path(targets).is_absolute():
+        experiment.problem["targets"] = str(base_dir / targets)
+    return experiment
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def parse_overrides(assignments: list[str]) -> dict[str, Any]:
+    """``["algorithm.lr=0.1", "run.rounds=50"]`` → nested dict; values parsed as TOML where possible."""
+    out: dict[str, Any] = {}
+    for item in assignments:
+        if "=" not in item:
+            raise ConfigError("--set", f"expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) != 2 or parts[0] not in SECTIONS:
+            raise ConfigError("--set", f"key must be section.setting with section one of {', '.join(SECTIONS)}; got {key!r}")
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed = value
+        out.setdefault(parts[0], {})[parts[1]] = parsed
+    return out
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-").lower() or "run"

@@ -1,0 +1,92 @@
+"""The one local loop: τ_i local steps of every client of a (sub)cohort, as one masked computation.
+
+Client models are stacked as ``(C, d)``. The clients are ordered longest-first, so at step t the
+clients still working are the prefix ``[0, k_t)``; their minibatches are gathered into ``(k_t, B, …)``
+with per-row weights (1/n on real rows, 0 on the padding of a short batch), the gradients come from
+:meth:`Problem.batched_gradient`, the :class:`~fedshuffle.local.steps.StepChain` turns them into
+moves, and y ← y − η_i·d. One client (C = 1) is the sequential reference; every executor runs this
+function, so they all do the same arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from fedshuffle.local.plan import ClientPlan
+from fedshuffle.local.steps import Step, StepChain
+from fedshuffle.problems import Problem
+
+
+@dataclass(frozen=True)
+class LocalWork:
+    """A cohort's local work: each member's plan, start s_i, center x_i (default s_i) and offset o_i.
+
+    ``start``/``center`` are one model ``(d,)`` shared by every member or one per member ``(C, d)``.
+    """
+
+    plans: Sequence[ClientPlan]
+    start: torch.Tensor
+    chain: StepChain = field(default_factory=StepChain)
+    center: torch.Tensor | None = None
+    offset: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def rows(self, name: str) -> torch.Tensor | None:
+        value = getattr(self, name)
+        if value is None or value.dim() == 2:
+            return value
+        return value.expand(len(self.plans), -1)
+
+    def subset(self, members: Sequence[int], plans: Sequence[ClientPlan] | None = None) -> LocalWork:
+        """The work of the given members (in that order), optionally with their plans replaced."""
+        index = torch.as_tensor(np.asarray(members, dtype=np.int64), device=self.start.device)
+        pick = {k: (v if v is None or v.dim() == 1 else v.index_select(0, index)) for k, v in (("start", self.start), ("center", self.center), ("offset", self.offset))}
+        return replace(self, plans=list(plans) if plans is not None else [self.plans[i] for i in members], **pick)
+
+
+def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork) -> torch.Tensor:
+    """Δ_i = s_i − y_{τ_i} of every member, stacked ``(C, d)`` in the order of ``work.plans``."""
+    plans = work.plans
+    if not plans:
+        return work.start.new_zeros((0, work.start.shape[-1]))
+    order = np.argsort([-p.steps for p in plans], kind="stable")
+    ordered = work.subset(order)
+    deltas = _run_sorted(problem, features, labels, ordered)
+    return deltas[torch.from_numpy(np.argsort(order, kind="stable")).to(deltas.device)]
+
+
+def _run_sorted(problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork) -> torch.Tensor:
+    plans = work.plans
+    device, dtype = work.start.device, work.start.dtype
+    steps, batch = plans[0].steps, max(p.batches.shape[1] for p in plans)
+    rows = np.full((len(plans), steps, batch), -1, dtype=np.int64)
+    for c, plan in enumerate(plans):
+        rows[c, : plan.steps, : plan.batches.shape[1]] = plan.batches
+    rows_t = torch.from_numpy(rows).to(device)
+    mask = (rows_t >= 0).to(dtype)
+    weights = mask / mask.sum(-1, keepdim=True).clamp(min=1)
+    safe = rows_t.clamp(min=0)
+    working = np.searchsorted(-np.array([p.steps for p in plans]), -np.arange(steps), side="left")  # k_t = #{c: τ_c > t}
+    lrs = torch.tensor([p.lr for p in plans], dtype=dtype, device=device).unsqueeze(1)
+    starts = work.rows("start")
+    centers = work.rows("center") if work.center is not None else starts
+    offsets = work.rows("offset")
+    ys = starts.clone()
+    chain = work.chain
+    states = chain.init(ys)
+    for t in range(steps):
+        k = int(working[t])
+        idx = safe[:k, t]
+        y, f, lab, m = ys[:k], features[idx], labels[idx], weights[:k, t]
+        g = problem.batched_gradient(y, f, lab, m)
+        g_x = problem.batched_gradient(centers[:k], f, lab, m) if chain.needs_center_gradient else None
+        step = Step(y, centers[:k], None if offsets is None else offsets[:k], k)
+        d = chain.update(g, g_x, states, step) if chain.transforms else g
+        y.addcmul_(lrs[:k], d, value=-1.0)  # y is the view ys[:k]
+    return starts - ys

@@ -1,0 +1,194 @@
+"""The round loop, the same for every method.
+
+One round (FedShuffleGen, Horváth et al., TMLR 2022, Algorithm 4, with the method's halves)::
+
+    S ~ sampler                                   cohort and its probabilities
+    plans = local.plan(S)                         epochs, data order, η_i = η_l/c_i, unfinished work
+    G = cohort's gradients at method.gradient_requests(...)      (FedShuffleMVR only)
+    b = method.configure(...)                     the broadcast
+    rows = store.get(S)                           the members' own state (stateful methods)
+    payload, rows' = method.client_update(b, plans, rows, trainer)   local work through the executor
+    store.set(S, rows')
+    d = method.aggregate(payload)                 e.g. Σ ω_iΔ_i with ω_i = w̃_i/q_i^S
+    x ← x − server.update(d)                      η_g, momentum, Adam, AdGD, RR-CLI's meta-epoch step
+
+Costs are counted here from what was exchanged: bytes down are the distinct tensors sent to each
+member, bytes up the member's payload; sample gradients are what the client half reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.streams import Stream, generator
+from fedshuffle.data import FederatedDataset, LazyFederatedDataset
+from fedshuffle.executors import Executor, SequentialExecutor
+from fedshuffle.methods.algorithm import Algorithm
+from fedshuffle.methods.base import RoundInfo, Trainer
+from fedshuffle.problems import Problem
+from fedshuffle.samplers import Sampler
+from fedshuffle.state import ClientStateStore
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass
+class RoundRecord:
+    """What one round cost, and any per-round diagnostics of the method (FedCDR's prox residual)."""
+
+    round: int
+    cohort: np.ndarray
+    sample_gradients: int
+    bytes_up: int
+    bytes_down: int
+    extras: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Counters:
+    rounds: int = 0
+    sample_gradients: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+def _bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class Simulation:
+    """Runs an :class:`~fedshuffle.methods.algorithm.Algorithm` round by round on one problem and dataset.
+
+    All state (model, server state, client-state store, round and cost counters) is in
+    :meth:`state_dict`, so a run can be checkpointed and resumed to the same numbers.
+    """
+
+    problem: Problem
+    data: FederatedDataset | LazyFederatedDataset
+    algorithm: Algorithm
+    sampler: Sampler
+    seed: int = 0
+    dtype: torch.dtype = torch.float64
+    executor: Executor = field(default_factory=SequentialExecutor)
+    device: str = "cpu"
+    state_memory_limit: int = 1 << 30
+    state_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ConfigError("run.device", f"unknown device {self.device!r}; accepted: {', '.join(DEVICES)}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("run.device", "CUDA is not available on this machine (torch.cuda.is_available() is False); use device = 'cpu'")
+        if self.sampler.num_clients != self.data.num_clients:
+            raise ConfigError("sampler", f"sampler is for {self.sampler.num_clients} clients, data has {self.data.num_clients}")
+        self.data = self.data.to(self.dtype, self.device)
+        torch_gen = torch.Generator().manual_seed(int(generator(self.seed, Stream.INIT).integers(2**62)))
+        self.params = self.problem.init_params(torch_gen, self.dtype).to(self.device)
+        self.method = self.algorithm.method
+        self.server = self.algorithm.server_for(self.sampler)
+        self.server_state = self.server.init(self.params)
+        self.method_state = self.method.init(self.params)
+        self.counters = Counters()
+        self._expected_counts = self.sampler.expected_counts()
+        self._planned_tau_eff = self.algorithm.planned_tau_eff(self.data.weights, self.data.sizes)
+        self.last_extras: dict[str, float] = {}
+        fields = {name: self.params.numel() for name in self.method.state_fields}
+        self.store = ClientStateStore(self.data.num_clients, fields, self.dtype, self.state_memory_limit, self.state_dir) if fields else None
+
+    @property
+    def bytes_per_model(self) -> int:
+        return self.params.numel() * self.params.element_size()
+
+    def round_info(self) -> RoundInfo:
+        """The cohort and plans of the next round (drawn from the run's streams only)."""
+        r, alg = self.counters.rounds, self.algorithm
+        cohort = self.sampler.sample(r, self.seed)
+        scale = alg.schedule(r, self.counters.sample_gradients / self.data.num_samples)
+        plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed, scale, self.data.sizes)
+        first = ~self.store.created[cohort] if self.store is not None else np.zeros(len(cohort), dtype=bool)
+        return RoundInfo(r, cohort, plans, scale, self.data.weights, self._expected_counts, alg.local.lr * scale, self._planned_tau_eff, first)
+
+    def trainer(self, rnd: RoundInfo) -> Trainer:
+        return Trainer(self.problem, self.data, self.executor, self.algorithm.local, self.seed, rnd.index, rnd.lr_scale)
+
+    def step(self) -> RoundRecord:
+        """Run one round and return its cost."""
+        method, rnd = self.method, self.round_info()
+        trainer, members = self.trainer(rnd), len(rnd.cohort)
+        points = method.gradient_requests(rnd, self.params, self.method_state) if members else []
+        grads_used = len(points) * trainer.sizes(rnd.cohort)
+        if points:
+            gradients = [trainer.gradients(p, rnd.cohort) for p in points]
+            self.method_state = method.absorb_gradients(rnd, self.params, self.method_state, gradients)
+        broadcast = method.configure(rnd, self.params, self.method_state)
+        sent = {id(t): t for t in [*points, *broadcast.values()]}
+        down = members * _bytes(sent.values())
+        up = members * _bytes(g[0] for g in gradients) if points else 0
+        if members:
+            rows = self._read_rows(rnd.cohort)
+            result = method.client_update(broadcast, rnd.plans, rows, trainer)
+            self._write_rows(rnd.cohort, result.rows)
+            payload, extras = result.payload, dict(result.extras)
+            grads_used += result.sample_gradients
+            up += _bytes(payload.values())
+        else:
+            payload, extras = {}, {}
+        direction, self.method_state, more = method.aggregate(rnd, self.params, self.method_state, payload)
+        extras.update(more)
+        step, self.server_state = self.server.update(direction, self.server_state, self.params, rnd.lr_scale)
+        self.params = self.params - step
+        self.last_extras = extras
+        record = RoundRecord(rnd.index, rnd.cohort, grads_used, up, down, extras)
+        c = self.counters
+        c.rounds, c.sample_gradients = rnd.index + 1, c.sample_gradients + grads_used
+        c.bytes_up, c.bytes_down = c.bytes_up + up, c.bytes_down + down
+        return record
+
+    def _read_rows(self, cohort: np.ndarray) -> dict[str, torch.Tensor]:
+        if self.store is None:
+            return {}
+        rows = {name: self.store.get(name, cohort, self.device).to(self.dtype) for name in self.method.state_fields}
+        rows["created"] = torch.from_numpy(self.store.created[cohort].copy())
+        return rows
+
+    def _write_rows(self, cohort: np.ndarray, rows: Mapping[str, torch.Tensor]) -> None:
+        if self.store is None:
+            return
+        for name, values in rows.items():
+            self.store.set(name, cohort, values)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "params": self.params.clone(),
+            "server": _clone(self.server_state),
+            "method": _clone(self.method_state),
+            "counters": vars(self.counters).copy(),
+            "client_store": self.store.state_dict() if self.store is not None else None,
+            "last_extras": dict(self.last_extras),
+        }
+
+    def commit_checkpoint(self) -> None:
+        """Called once the checkpoint holding :meth:`state_dict` is on disk (see :mod:`fedshuffle.state`)."""
+        if self.store is not None:
+            self.store.commit()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.params = state["params"].to(self.device, self.dtype)
+        self.server_state = _clone(state["server"])
+        self.method_state = _clone(state["method"])
+        self.counters = Counters(**state["counters"])
+        self.last_extras = dict(state.get("last_extras", {}))
+        if self.store is not None:
+            self.store.load_state_dict(state["client_store"])
+
+
+def _clone(tree: Any) -> Any:
+    """A deep copy of nested dicts of tensors (server and method states)."""
+    return {k: _clone(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree.clone()
