@@ -37,6 +37,14 @@ SETTINGS = {
     "feddyn": {"epochs": 2, "batch_size": 2, "feddyn_alpha": 0.3},
 }
 
+#: every method, plus global momentum and an adaptive server optimizer around the stateful methods
+CASES = {
+    **{m: (m, settings) for m, settings in SETTINGS.items()},
+    "scaffold+mvr+adam": ("scaffold", {**SETTINGS["scaffold"], "global_momentum": 0.9, "server_optimizer": "adam", "server_lr": 0.05}),
+    "fedcdr+momentum+yogi": ("fedcdr", {**SETTINGS["fedcdr"], "global_momentum": 0.5, "momentum_estimator": "approx", "server_optimizer": "yogi", "server_lr": 0.05}),
+    "feddyn+mvr+heavy_ball": ("feddyn", {**SETTINGS["feddyn"], "global_momentum": 0.9, "server_momentum": 0.5}),
+}
+
 
 def dataset(classes=2, seed=0):
     rng = np.random.default_rng(seed)
@@ -47,11 +55,12 @@ def dataset(classes=2, seed=0):
     return FederatedDataset(x, y, parts, objective_weights(np.array(SIZES), "size"))
 
 
-def trajectory(method, executor, problem=None, data=None):
+def trajectory(case, executor, problem=None, data=None):
     problem = problem or LogisticRegression(4, 1e-2)
     data = data or dataset()
+    method, settings = CASES[case]
     sampler = Cyclic(6, 3) if method in ("rr_cli", "fedcdr") else UniformWithoutReplacement(6, 3)
-    sim = Simulation(problem, data, build_flat(method, {"lr": 0.1, **SETTINGS[method]}), sampler, seed=5, executor=executor)
+    sim = Simulation(problem, data, build_flat(method, {"lr": 0.1, **settings}), sampler, seed=5, executor=executor)
     return params_trajectory(sim, ROUNDS)
 
 
@@ -63,7 +72,7 @@ def test_settings_cover_every_method():
     assert set(SETTINGS) == set(METHODS)
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(CASES))
 def test_vectorized_equals_sequential(method):
     reference = trajectory(method, SequentialExecutor())
     assert_close(trajectory(method, VectorizedExecutor()), reference)
@@ -101,7 +110,7 @@ def ray_executor():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(CASES))
 def test_ray_equals_sequential(ray_executor, method):
     assert_close(trajectory(method, ray_executor), trajectory(method, SequentialExecutor()))
 

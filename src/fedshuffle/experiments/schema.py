@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -296,13 +296,20 @@ def _deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str,
     return out
 
 
+#: the names pydantic gives the members of a union in an error's location (not settings)
+_UNION_TAG = re.compile(r"^(int|float|str|bool|none|function-\w+\[.*|literal\[.*|list\[.*|tuple\[.*|dict\[.*|json-or-python\[.*)$")
+
+
 def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str) -> str:
-    loc = [str(p) for p in error["loc"] if not str(p).startswith(("function-", "literal", "list[", "int", "float", "str", "bool"))]
+    loc = [str(p) for p in error["loc"] if not _UNION_TAG.match(str(p))]
     field = prefix + ".".join(loc)
     if error["type"] == "extra_forbidden":
         parent: Any = model
         for part in loc[:-1]:
+            if part.isdigit():
+                continue
             annotation = parent.model_fields[part].annotation if isinstance(parent, type) and part in getattr(parent, "model_fields", {}) else None
+            annotation = next((a for a in get_args(annotation) if isinstance(a, type)), annotation) if get_args(annotation) else annotation
             parent = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
             if parent is None:
                 break
