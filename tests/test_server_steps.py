@@ -47,7 +47,7 @@ GAMMA, BATCH = 0.05, 4  # 5 local steps of 4 samples per pass
 
 @pytest.mark.parametrize("order", ["rr", "so"])
 def test_nastya_with_server_step_gamma_n_is_fedavg(order):
-    """002 §5.1: with η = γN, x − η·(1/C)Σ(x − y_i)/(γN) is the cohort's model average."""
+    """Nastya §5.1: with η = γN, x − η·(1/C)Σ(x − y_i)/(γN) is the cohort's model average."""
     steps = PER_CLIENT // BATCH
     local = {"lr": GAMMA, "order": order, "batch_size": BATCH}
     nastya = trajectory("nastya", {**local, "server_lr": GAMMA * steps}, UniformWithoutReplacement(CLIENTS, 3))
@@ -60,7 +60,7 @@ def test_nastya_with_server_step_gamma_n_is_fedavg(order):
 @pytest.mark.parametrize("client_order", ["reshuffle", "shuffle_once", "fixed"])
 @pytest.mark.parametrize("data_order", ["rr", "so"])
 def test_rr_cli_with_theorem_steps_is_cyclic_fedavg(client_order, data_order):
-    """003 §3: η = γN and θ = ηR make every round a model average and the meta-epoch step the identity."""
+    """RR-CLI §3: η = γN and θ = ηR make every round a model average and the meta-epoch step the identity."""
     steps, rounds = PER_CLIENT // BATCH, CLIENTS // 3
     local = {"lr": GAMMA, "order": data_order, "batch_size": BATCH}
     eta = GAMMA * steps
@@ -93,12 +93,12 @@ def test_rr_cli_needs_cyclic_cohorts():
     assert err.value.field == "server.global_lr"
 
 
-# -- generalized FedAvg (004): sampling strategies --------------------------------------------------
+# -- generalized FedAvg (Yang et al.): sampling strategies --------------------------------------------------
 
 
 @pytest.mark.parametrize("strategy", ["with_replacement", "without_replacement"])
 def test_generalized_fedavg_sampling_strategies_are_unbiased_by_enumeration(strategy):
-    """004 §3.2: E[Σ_{i∈S} ω_iΔ_i] = Σ_i w_iΔ_i, over every cohort and its exact probability."""
+    """Yang et al. §3.2: E[Σ_{i∈S} ω_iΔ_i] = Σ_i w_iΔ_i, over every cohort and its exact probability."""
     sizes = np.array([1, 2, 3, 6])
     w = objective_weights(sizes, "size")
     sampler = WithReplacement(4, 2, w) if strategy == "with_replacement" else UniformWithoutReplacement(4, 2)
@@ -146,7 +146,7 @@ def test_adaptive_server_optimizers_follow_reddi_et_al():
 
 
 def test_adgd_on_the_server_takes_steps_of_at_least_one_over_2l():
-    """Single node (002 §8): with one full-batch local step Nastya sends g = ∇f(x) exactly, so the
+    """Single node (Nastya §8): with one full-batch local step Nastya sends g = ∇f(x) exactly, so the
     server runs AdGD itself, whose steps stay ≥ 1/(2L) (Malitsky & Mishchenko 2020) and converge."""
     problem, data = logistic_data(l2=0.05)
     one = FederatedDataset(data.features, data.labels, [np.arange(data.num_samples)], np.ones(1))
@@ -222,7 +222,7 @@ def test_phishing_split_solution_and_theory_steps(shared_data, monkeypatch):
     monkeypatch.setenv("FEDSHUFFLE_DATA", str(shared_data))
     spec = spec_for("phishing", name="rr_cli", lr="theory", server_lr="theory", global_lr="theory", lr_multiplier=5)
     problem, data = build_problem_and_data(spec)
-    assert data.num_clients == 12 and set(data.sizes) == {11055 // 12}  # 003 §4.2: ⌊|D|/M⌋ each
+    assert data.num_clients == 12 and set(data.sizes) == {11055 // 12}  # RR-CLI §4.2: ⌊|D|/M⌋ each
     x_star, _ = solution(problem, data)
     grad = problem.weighted_gradient(x_star, data.features, data.labels, data.sample_weights())
     assert float(grad.norm()) <= 1e-14

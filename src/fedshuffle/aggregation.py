@@ -19,7 +19,7 @@ and w̃ from ``weighting``:
 * explicit per-client values (FedShuffleGen's free parameter w̃).
 
 and, with ``direction="mean_gradient"``, each update is first turned into the mean gradient along
-the client's path, g_i = Δ_i/(η_iτ_i) (Nastya, 002 Algorithm 1; RR-CLI, 003 Algorithm 1 line 12:
+the client's path, g_i = Δ_i/(η_iτ_i) (Nastya, Malinovsky, Mishchenko & Richtárik 2022, Algorithm 1; RR-CLI, Malinovsky et al. 2023, Algorithm 1 line 12:
 g = (x − x^N)/(γN)), so that the server step size η is on the scale of a gradient step. With
 η = γN and equal τ_i this gives back the model average.
 

@@ -6,7 +6,7 @@ decays with them. Kinds:
 
 * ``"constant"``: 1.
 * ``"inverse_epochs"``: 1/(1 + e), e = number of completed epochs of computation (sample gradients
-  so far divided by the number of training samples) — RR-CLI paper (003) §4.5, "decaying ∝
+  so far divided by the number of training samples) — RR-CLI paper (Malinovsky et al. 2023) §4.5, "decaying ∝
   1/(1 + #passed epochs)".
 * ``"step"``: ``decay_factor`` to the power of the number of milestones passed; milestones are fractions
   of the run (e.g. 0.5 and 0.75 of the rounds), as in the usual step decay.

@@ -93,7 +93,7 @@ class ServerAdaptive:
         v ← v − (1−β₂)Δ²·sign(v − Δ²)               (yogi)
         x ← x − η·m/(√v + τ)
 
-    with m₀ = 0 and v₀ = τ², as in that paper (no bias correction). Nastya §8 (002) uses Adam on the
+    with m₀ = 0 and v₀ = τ², as in that paper (no bias correction). Nastya §8 (Malinovsky, Mishchenko & Richtárik 2022) uses Adam on the
     aggregated direction in this way; τ (``eps``) is the adaptivity degree, 1e-3 by default.
     """
 
@@ -132,7 +132,7 @@ class ServerAdaptive:
 class ServerAdGD:
     """Adaptive gradient descent without descent (Malitsky & Mishchenko 2020, Algorithm 1) on the server.
 
-    The pseudo-gradient g_k = Δ stands in for ∇f(x_k) (Nastya §8, 002):
+    The pseudo-gradient g_k = Δ stands in for ∇f(x_k) (Nastya, Malinovsky, Mishchenko & Richtárik 2022, §8):
 
         λ_k = min{ √(1+θ_{k−1})·λ_{k−1},  ‖x_k − x_{k−1}‖ / (2‖g_k − g_{k−1}‖) },   θ_k = λ_k/λ_{k−1},
         x_{k+1} = x_k − λ_k g_k,
@@ -170,7 +170,7 @@ class ServerAdGD:
 
 @dataclass(frozen=True)
 class MetaEpochExtrapolation:
-    """RR-CLI's global step (003, Algorithm 1, line 18) around any server optimizer.
+    """RR-CLI's global step (Malinovsky, Horváth, Burlachenko & Richtárik 2023, Algorithm 1, line 18) around any server optimizer.
 
     Rounds run ``inner`` from the meta-epoch's anchor x_t; after the R-th round of the meta-epoch
 

@@ -127,14 +127,14 @@ def theoretical_step_sizes(method: str, constants: Smoothness, local_steps: int,
     ``local_steps`` is N (steps of one local pass) or K; L below is the smoothness of the
     functions one local step samples (L_max of individual samples; a minibatch mean is no less smooth).
 
-    * ``rr_cli`` — 003 Theorem C.1: γ = 1/L_max, η = γN, θ = ηR.
-    * ``nastya`` — 002's theorems as we have them lack their formulas; we use the same authors'
-      analysis of these rounds in 003 Theorem C.2 (f_m strongly convex): η = 1/(4L_max),
+    * ``rr_cli`` — RR-CLI Theorem C.1: γ = 1/L_max, η = γN, θ = ηR.
+    * ``nastya`` — Nastya's theorems as we have them lack their formulas; we use the same authors'
+      analysis of these rounds in RR-CLI Theorem C.2 (f_m strongly convex): η = 1/(4L_max),
       γ = 1/(8N·L_max·√κ), κ = L_max/μ.
     * ``fedavg``/``fedavg_rr`` — Karimireddy et al. (2020), Theorem I (strongly convex) with
       η_g = 1 and the smallest dissimilarity constant B = 1: η_l = 1/(8(1+B²)·L·K) = 1/(16·L·K),
-      L the largest client smoothness (003 §4.3 uses this FedAvg step).
-    * ``generalized_fedavg`` — 004 Theorem 1: η_L = 1/(8LK) and η·η_L = 1/(KL), so η = 8.
+      L the largest client smoothness (RR-CLI §4.3 uses this FedAvg step).
+    * ``generalized_fedavg`` — Yang et al. Theorem 1: η_L = 1/(8LK) and η·η_L = 1/(KL), so η = 8.
     """
     if method not in THEORY_METHODS:
         raise ConfigError("algorithm.lr", f"no theoretical step size for {method!r}; accepted: {', '.join(THEORY_METHODS)} (give a number instead)")
