@@ -12,6 +12,7 @@ from fedshuffle.data import FederatedDataset, contiguous_partition, objective_we
 from fedshuffle.experiments.schema import RunSpec, validate
 from fedshuffle.methods import METHODS, Trainer
 from fedshuffle.methods.algorithm import build_algorithm
+from fedshuffle.samplers import SAMPLERS
 from fedshuffle.server import SERVER_OPTIMIZERS
 
 
@@ -142,3 +143,20 @@ def test_every_server_optimizer_builds_from_its_defaults_and_steps(name):
     state = algorithm.server.init(params)
     step, _ = algorithm.server.update(torch.ones(3, dtype=torch.float64), state, params)
     assert torch.all(step > 0)  # a descent step along the pseudo-gradient
+
+
+@pytest.mark.parametrize("name", SAMPLERS.names())
+def test_every_registered_sampler_builds_and_names_a_bad_cohort(name):
+    from fedshuffle.experiments.build import build_sampler
+
+    data = heterogeneous_logistic()[1]
+    spec = validate(RunSpec, {"sampler": {"name": name, "cohort": 2}}).sampler
+    sampler = build_sampler(spec, data)
+    assert SAMPLERS[name].summary and sampler.num_clients == 4
+    cohort = sampler.sample(0, seed=0)
+    assert np.all((cohort >= 0) & (cohort < 4)) and sampler.inclusion_probabilities().max() <= 1
+    if name != "full":
+        bad = 2.5 if name == "with_replacement" else 9  # a non-integer number of draws; more clients than there are
+        with pytest.raises(ConfigError) as err:
+            build_sampler(validate(RunSpec, {"sampler": {"name": name, "cohort": bad}}).sampler, data)
+        assert err.value.field in ("sampler.cohort", "sampler.probabilities"), err.value

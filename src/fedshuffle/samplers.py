@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.registry import Registry
 from fedshuffle.core.streams import Stream, generator
 
 #: Largest number of cohorts :meth:`Sampler.distribution` enumerates before refusing.
@@ -259,3 +260,37 @@ class Cyclic(Sampler):
 
     def describe(self):
         return f"cyclic cohorts of {self.cohort} ({self.order}), {self.rounds_per_meta_epoch} rounds per meta-epoch"
+
+
+def _cohort(cohort: float | None, name: str, integer: bool = True) -> float:
+    if cohort is None:
+        raise ConfigError("cohort", f"sampler {name!r} needs a cohort size")
+    if integer and cohort != int(cohort):
+        raise ConfigError("cohort", f"sampler {name!r} needs an integer cohort, got {cohort}")
+    return int(cohort) if integer else float(cohort)
+
+
+def _probabilities(kind: str | Sequence[float], weights: np.ndarray) -> np.ndarray | None:
+    return None if kind == "uniform" else (weights if kind == "weights" else np.asarray(kind, dtype=np.float64))
+
+
+def _independent(weights: np.ndarray, cohort: float | None = None, probabilities: str | Sequence[float] = "uniform", **_) -> Sampler:
+    n = len(weights)
+    if not isinstance(probabilities, str):
+        return Independent(n, probabilities)
+    b = _cohort(cohort, "independent", integer=False)
+    return Independent(n, np.full(n, b / n)) if probabilities == "uniform" else Independent.importance(weights, b)
+
+
+#: Samplers by name; a factory takes the objective weights w (one per client) and the sampler settings.
+SAMPLERS = Registry("sampler.name")
+SAMPLERS.add("full", lambda weights, **_: FullParticipation(len(weights)), "every client every round")
+SAMPLERS.add("uniform", lambda weights, cohort=None, **_: UniformWithoutReplacement(len(weights), _cohort(cohort, "uniform")),
+             "b of n uniformly without replacement", "Horváth et al., FedShuffle, TMLR 2022, §4.2")
+SAMPLERS.add("with_replacement", lambda weights, cohort=None, probabilities="uniform", **_: WithReplacement(len(weights), _cohort(cohort, "with_replacement"), _probabilities(probabilities, weights)),
+             "b draws with replacement, uniform or with given probabilities", "Yang, Fang & Liu, ICLR 2021, strategy 1")
+SAMPLERS.add("importance", lambda weights, cohort=None, **_: Independent.importance(weights, _cohort(cohort, "importance", integer=False)),
+             "independent sampling with p_i ∝ w_i (water-filling), expected cohort b", "Horváth et al., FedShuffle, TMLR 2022, §4.2")
+SAMPLERS.add("independent", _independent, "independent Bernoulli sampling, uniform, importance or given p_i")
+SAMPLERS.add("cyclic", lambda weights, cohort=None, order="reshuffle", **_: Cyclic(len(weights), _cohort(cohort, "cyclic"), order),
+             "cyclic cohorts over meta-epochs (client reshuffling, shuffle-once or fixed order)", "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI)")

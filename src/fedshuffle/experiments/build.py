@@ -20,7 +20,7 @@ from fedshuffle.executors import Executor, SequentialExecutor, VectorizedExecuto
 from fedshuffle.experiments.schema import ProblemConfig, RunConfig, RunSpec, SamplerConfig
 from fedshuffle.methods.algorithm import Algorithm, build_algorithm, section
 from fedshuffle.problems import MLP, LogisticRegression, Problem, Quadratic, SoftmaxRegression
-from fedshuffle.samplers import Cyclic, FullParticipation, Independent, Sampler, UniformWithoutReplacement, WithReplacement
+from fedshuffle.samplers import SAMPLERS, Sampler
 
 
 def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
@@ -142,30 +142,7 @@ def _natural_clients(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
 def build_sampler(spec: SamplerConfig, dataset: FederatedDataset) -> Sampler:
     """The sampler a section names, for ``dataset``'s clients (errors name ``sampler.<setting>``)."""
     with section("sampler"):
-        return _sampler(spec, dataset)
-
-
-def _sampler(spec: SamplerConfig, dataset: FederatedDataset) -> Sampler:
-    n = dataset.num_clients
-    if spec.name == "full":
-        return FullParticipation(n)
-    if spec.name in ("independent",) and isinstance(spec.probabilities, list):
-        return Independent(n, spec.probabilities)
-    if spec.cohort is None:
-        raise ConfigError("sampler.cohort", f"sampler {spec.name!r} needs a cohort size")
-    if spec.name == "importance":
-        return Independent.importance(dataset.weights, spec.cohort)
-    if spec.name == "independent":
-        return Independent(n, np.full(n, spec.cohort / n)) if spec.probabilities == "uniform" else Independent.importance(dataset.weights, spec.cohort)
-    if spec.cohort != int(spec.cohort):
-        raise ConfigError("sampler.cohort", f"sampler {spec.name!r} needs an integer cohort, got {spec.cohort}")
-    b = int(spec.cohort)
-    if spec.name == "uniform":
-        return UniformWithoutReplacement(n, b)
-    if spec.name == "cyclic":
-        return Cyclic(n, b, spec.order)
-    probs = None if spec.probabilities == "uniform" else (dataset.weights if spec.probabilities == "weights" else spec.probabilities)
-    return WithReplacement(n, b, probs)
+        return SAMPLERS[spec.name].factory(dataset.weights, **spec.model_dump(exclude={"name"}))
 
 
 def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, sampler: Sampler) -> tuple[RunSpec, dict[str, Any]]:

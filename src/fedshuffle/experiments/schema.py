@@ -21,7 +21,15 @@ from typing import Any, Literal, get_args
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTINGS
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.local.plan import ORDERS, STEP_MODES, STEP_NORMALIZATIONS
+from fedshuffle.methods.fedcdr import FORMS as FEDCDR_FORMS
+from fedshuffle.methods.momentum import ESTIMATORS
+from fedshuffle.methods.scaffold import OPTIONS as SCAFFOLD_OPTIONS
+from fedshuffle.samplers import SAMPLERS
+from fedshuffle.schedules import KINDS as SCHEDULES
+from fedshuffle.server import SERVER_OPTIMIZERS
 from fedshuffle.methods import METHODS
 from fedshuffle.methods.algorithm import method_defaults
 
@@ -50,10 +58,10 @@ class MethodConfig(_Section):
     """The method (:data:`fedshuffle.methods.METHODS`) and its own settings."""
 
     name: str = "fedshuffle"
-    scaffold_option: Literal["I", "II"] | None = Field(None, description="scaffold: control variate update, option I or II")
+    scaffold_option: Literal[SCAFFOLD_OPTIONS] | None = Field(None, description="scaffold: control variate update, option I or II")
     fedcdr_alpha: float | None = Field(None, description="fedcdr: relaxation α ∈ (0, 2)")
     fedcdr_eta: float | None = Field(None, description="fedcdr: prox step η > 0")
-    fedcdr_form: Literal["y", "x"] | None = Field(None, description="fedcdr: y update of Algorithm 1 ('y') or eq. (14) ('x')")
+    fedcdr_form: Literal[FEDCDR_FORMS] | None = Field(None, description="fedcdr: y update of Algorithm 1 ('y') or eq. (14) ('x')")
     exact_prox: bool | None = Field(None, description="fedcdr: closed-form prox where the problem has one")
     warm_start: bool | None = Field(None, description="fedcdr: start the inner prox solver from the previous x_i instead of y_i")
     feddyn_alpha: float | None = Field(None, description="feddyn: regularization α > 0")
@@ -73,10 +81,10 @@ class LocalConfig(_Section):
     lr: float | Theory | None = Field(None, description="local step size η_l, or 'theory' (fedshuffle.analysis.theory)")
     lr_multiplier: float = Field(1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)")
     epochs: int | list[int] = Field(1, description="E local epochs, or [a, b] drawn uniformly per client and round")
-    steps: int | Literal["min", "mean"] | None = Field(None, description="K local steps instead of epochs; 'min'/'mean' over the cohort")
-    order: Literal["rr", "so", "with_replacement"] = "rr"
+    steps: int | Literal[STEP_MODES] | None = Field(None, description="K local steps instead of epochs; 'min'/'mean' over the cohort")
+    order: Literal[ORDERS] = "rr"
     batch_size: int = Field(1, ge=1)
-    step_normalization: Literal["none", "local_work", "max_local_work"] | list[float] = Field("none", description="c_i in η_i = η_l/c_i")
+    step_normalization: Literal[STEP_NORMALIZATIONS] | list[float] = Field("none", description="c_i in η_i = η_l/c_i")
     weight_decay: float = Field(0.0, ge=0)
     clip_norm: float | None = Field(None, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1, description="local heavy-ball ρ")
@@ -93,16 +101,16 @@ class LocalConfig(_Section):
 class AggregationConfig(_Section):
     """ω_i = w̃_i/q_i^S (:class:`fedshuffle.aggregation.Aggregator`)."""
 
-    weighting: Literal["data", "normalized"] | list[float] = "data"
-    normalization: Literal["unbiased", "sum_one"] = "unbiased"
-    tau_eff: Literal["planned", "cohort"] = "planned"
-    direction: Literal["model_delta", "mean_gradient"] = "model_delta"
+    weighting: Literal[WEIGHTINGS] | list[float] = "data"
+    normalization: Literal[NORMALIZATIONS] = "unbiased"
+    tau_eff: Literal[TAU_EFF] = "planned"
+    direction: Literal[DIRECTIONS] = "model_delta"
 
 
 class ServerConfig(_Section):
     """x ← x − step(d) (:data:`fedshuffle.server.SERVER_OPTIMIZERS`), RR-CLI's meta-epoch step, global momentum."""
 
-    optimizer: Literal["sgd", "heavy_ball", "adam", "adagrad", "yogi", "adgd"] | None = Field(None, description="default: sgd, or heavy_ball when momentum > 0")
+    optimizer: Literal[SERVER_OPTIMIZERS.names()] | None = Field(None, description="default: sgd, or heavy_ball when momentum > 0")
     lr: float | Theory | None = Field(None, description="server step size η_g (default 1; 0.01 for adaptive; 1e-6 for adgd), or 'theory'")
     momentum: float | None = Field(None, ge=0, lt=1, description="server heavy-ball momentum")
     beta1: float | None = Field(None, ge=0, lt=1)
@@ -111,7 +119,7 @@ class ServerConfig(_Section):
     meta_epoch_step: bool = Field(False, description="RR-CLI's extrapolation after each meta-epoch")
     global_lr: float | Theory | None = Field(None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)")
     global_momentum: float = Field(0.0, ge=0, lt=1, description="FedShuffle's global momentum β (eqs. (13)–(14)); 0 = off")
-    momentum_estimator: Literal["exact", "approx"] = "exact"
+    momentum_estimator: Literal[ESTIMATORS] = "exact"
 
     @field_validator("lr", "global_lr")
     @classmethod
@@ -122,7 +130,7 @@ class ServerConfig(_Section):
 class ScheduleConfig(_Section):
     """One factor per round scaling every step size (:class:`fedshuffle.schedules.Schedule`)."""
 
-    name: Literal["constant", "inverse_epochs", "step"] = "constant"
+    name: Literal[SCHEDULES] = "constant"
     decay_at: list[float] = Field(default_factory=list, description="step: milestones as fractions of the run")
     decay_factor: float = Field(0.1, gt=0, le=1)
 
@@ -166,7 +174,7 @@ class DataConfig(_Section):
 
 
 class SamplerConfig(_Section):
-    name: Literal["full", "uniform", "with_replacement", "importance", "independent", "cyclic"] = "full"
+    name: Literal[SAMPLERS.names()] = "full"
     cohort: float | None = Field(None, gt=0)
     order: Literal["reshuffle", "shuffle_once", "fixed"] = "reshuffle"
     probabilities: Literal["uniform", "weights"] | list[float] = "uniform"
