@@ -244,24 +244,29 @@ def flwr(args: list[str], env: dict[str, str], timeout: float) -> subprocess.Com
 
 
 def run_app(app_dir: Path, connection: str, env: dict[str, str], run_config: str, done: Callable[[], bool], deadline: float, watch: Callable[[], None]) -> tuple[str, float]:
-    """``flwr run APP CONNECTION -c …``; waits until ``done()`` (the ServerApp's results are written: cheaper than
-    polling ``flwr ls``), then asks ``flwr ls`` for the run's status. Returns the status and the seconds it ran."""
+    """``flwr run APP CONNECTION -c …``, then wait until ``done()`` (the ServerApp's results are written; files are
+    cheaper to poll than ``flwr ls``, which is asked every 15 s so that a failed run ends the wait) and return the
+    run's status as ``flwr ls`` gives it, and the seconds until ``done()``."""
     started = time.monotonic()
     submitted = flwr(["run", str(app_dir), connection, "--run-config", run_config, "--format", "json"], env, deadline - time.monotonic())
     if submitted.returncode != 0:
         raise RuntimeError(f"flwr run failed: {submitted.stdout}\n{submitted.stderr}")
     run_id = json.loads(submitted.stdout)["run-id"]
-    while time.monotonic() < deadline and not done():
-        watch()
-        time.sleep(0.5)
-    elapsed = time.monotonic() - started
-    while time.monotonic() < deadline:
+
+    def status() -> str:
         listed = flwr(["ls", connection, "--run-id", str(run_id), "--format", "json"], env, deadline - time.monotonic())
-        if listed.returncode == 0:
-            status = str(json.loads(listed.stdout)["runs"][0].get("status", ""))
-            if status.startswith("finished"):
-                return status, elapsed
-        time.sleep(2.0)
+        return str(json.loads(listed.stdout)["runs"][0].get("status", "")) if listed.returncode == 0 else ""
+
+    asked, elapsed = time.monotonic(), None
+    while time.monotonic() < deadline:
+        watch()
+        if elapsed is None and done():
+            elapsed = time.monotonic() - started
+        if elapsed is not None or time.monotonic() - asked > 15:
+            asked, current = time.monotonic(), status()
+            if current.startswith("finished"):
+                return current, elapsed if elapsed is not None else time.monotonic() - started
+        time.sleep(0.5 if elapsed is None else 2.0)
     raise TimeoutError(f"run {run_id} did not finish in time")
 
 
