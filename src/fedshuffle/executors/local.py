@@ -117,13 +117,12 @@ class LocalExecutor:
         limits.check_fits(3 * len(plans) * work.start[0].nbytes, "sampler.cohort", f"the updates of a cohort of {len(plans)}")
         self.check_chunk(data, work.start.shape[-1], batch, steps, min(size, len(plans)))
         order = np.argsort([-p.steps for p in plans], kind="stable")  # longest first: chunks of similar length
-        chunks = []
+        deltas = work.start.new_empty((len(plans), work.start.shape[-1]))
         for k in range(0, len(plans), size):
             members = order[k : k + size]
             features, labels, chunk_plans = rows_of(data, [plans[i] for i in members])
-            chunks.append(run_local(problem, features, labels, work.subset(members, chunk_plans)))
-        deltas = torch.cat(chunks)
-        return deltas[torch.from_numpy(np.argsort(order, kind="stable")).to(deltas.device)]
+            deltas[torch.from_numpy(members).to(deltas.device)] = run_local(problem, features, labels, work.subset(members, chunk_plans))
+        return deltas
 
     def client_gradients(self, problem, data, params, clients):
         if len(clients) == 0:

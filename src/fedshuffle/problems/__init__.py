@@ -90,9 +90,11 @@ def resnet18(samples: Samples, l2: float = 0.0, norm_groups: int = 2, resnet_ste
 
 
 def char_lstm(samples: Samples, l2: float = 0.0, embedding: int = 8, lstm_hidden: int = 512, lstm_layers: int = 2) -> ModuleProblem:
-    """The vocabulary is the larger of the number of classes and the largest token id + 1."""
+    """Token ids ``(N, length)`` (integers, or floats holding them); the vocabulary is the larger of the
+    number of classes and the largest token id + 1."""
     tokens = np.asarray(samples.features)
-    if tokens.dtype.kind not in "iu" or tokens.ndim != 2:
+    integral = tokens.dtype.kind in "iu" or (tokens.dtype.kind == "f" and bool(np.all((tokens >= 0) & (tokens == np.floor(tokens)))))
+    if not integral or tokens.ndim != 2:
         raise ConfigError("name", f"'char_lstm' needs sequences of integer token ids (N, length); the data source gives {tokens.dtype} samples of shape {tokens.shape[1:]}")
     vocabulary = max(samples.num_classes, int(tokens.max(initial=0)) + 1)
     return ModuleProblem(CharLSTM(vocabulary, embedding, lstm_hidden, lstm_layers), sample_shape=tokens.shape[1:], l2=l2, name="char_lstm")

@@ -147,8 +147,10 @@ class ModuleProblem(Problem):
         under the run's seed, then ``initializer(module)`` if given; ``"keep"``: the module's
         current parameters are x⁰ (a pre-trained model).
     vectorize:
-        Several clients as one ``vmap``; default: on CUDA for modules without dropout or
-        recurrent layers, where one batched computation beats a loop over clients.
+        Several clients as one ``vmap`` (never for modules with dropout); default: on CUDA for
+        modules without recurrent layers, where one batched computation beats a loop over
+        clients. On CPU a loop over clients is as fast for convolutional networks and recurrent
+        layers (``benchmarks/networks.py``).
     eval_batch:
         Samples per forward pass when evaluating the objective, its gradient and accuracy.
     """
@@ -257,9 +259,12 @@ class ModuleProblem(Problem):
         return self._gradients(params, features, labels, weights, training=True, seeds=seeds)
 
     def _vectorized(self, params: torch.Tensor) -> bool:
-        if self.stochastic or self.recurrent:
+        """vmap over clients: never with dropout (its masks would depend on the chunk); by default on CUDA without recurrent layers."""
+        if self.stochastic:
             return False
-        return params.device.type == "cuda" if self.vectorize is None else self.vectorize
+        if self.vectorize is None:
+            return params.device.type == "cuda" and not self.recurrent
+        return self.vectorize
 
     def _gradients(self, params, features, labels, weights, training: bool, seeds: Sequence[int] | None) -> torch.Tensor:
         bound = self._instance(params)
