@@ -154,6 +154,53 @@ def differences(stored: Mapping[str, Any], wanted: Mapping[str, Any], limit: int
 
 # -- one run folder -----------------------------------------------------------------------------------
 
+#: a finished run's files, whose SHA-256 its ``summary.json`` keeps
+OUTPUTS = ("metrics.csv", "metrics.parquet", "final_params.npy")
+
+
+def file_sha256(path: Path) -> str | None:
+    """SHA-256 of a file as it is now (never cached); None when it cannot be read."""
+    try:
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+    except OSError:
+        return None
+
+
+def _plain(obj: Any) -> Any:
+    item = getattr(obj, "item", None)
+    return item() if callable(item) else str(obj)
+
+
+def _check(doc: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps({k: v for k, v in doc.items() if k != "check"}, sort_keys=True).encode()).hexdigest()
+
+
+def sealed(summary: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    """``summary`` as ``summary.json`` holds it: with the SHA-256 of the run's files (:data:`OUTPUTS`) and a
+    ``check`` of everything else, so that a finished run whose files changed is never taken as finished."""
+    doc = json.loads(json.dumps({**summary, "files": {name: file_sha256(Path(run_dir) / name) for name in OUTPUTS}}, default=_plain))
+    doc["check"] = _check(doc)
+    return doc
+
+
+def intact(run_dir: Path, names: Sequence[str] = OUTPUTS) -> dict[str, Any] | None:
+    """The summary of a finished run if it and its files ``names`` are as the run wrote them, else None
+    (missing, damaged, changed, or written before summaries were sealed)."""
+    try:
+        doc = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("check") != _check(doc) or not isinstance(doc.get("files"), dict) or not isinstance(doc.get("final"), dict):
+        return None
+    if any(doc["files"].get(name) is None or file_sha256(Path(run_dir) / name) != doc["files"][name] for name in names):
+        return None
+    return doc
+
+
 
 def read_json(path: Path, what: str) -> Any:
     """A JSON file of a results folder; damage is a one-line error naming the file."""

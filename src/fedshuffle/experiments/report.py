@@ -20,7 +20,7 @@ import numpy as np
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle import metrics
-from fedshuffle.experiments.folders import MANIFEST, read_json
+from fedshuffle.experiments.folders import MANIFEST, intact, read_json
 from fedshuffle.experiments.results import check_metrics, read_metrics, summarize
 from fedshuffle.experiments.plots import plot_comparison
 
@@ -71,6 +71,9 @@ def collect_runs(paths: Iterable[str | Path]) -> list[StoredRun]:
             data = read_json(summary, "run summary")
             if not isinstance(data, dict) or not isinstance(data.get("point", {}), dict) or not isinstance(data.get("final", {}), dict) or not isinstance(data.get("seed", -1), int):
                 raise ConfigError(str(summary), "not a run summary (expected an object with status, final, label, point, seed)")
+            if "check" in data and intact(summary.parent, ("metrics.csv",)) is None:  # sealed by the runner: still as written?
+                raise ConfigError(str(summary.parent / "metrics.csv"), "changed after the run finished (the SHA-256 in summary.json no longer matches it or the summary); "
+                                  "continue the run with --resume to write it again")
             label = data.get("label", summary.parent.parent.name)
             point = data.get("point", {})
             runs.append(StoredRun(summary.parent, str(label), point, data.get("seed", -1), str(data.get("status", "unknown")), data.get("final", {}),

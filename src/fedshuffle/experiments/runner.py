@@ -43,7 +43,7 @@ from fedshuffle.core.io import write_atomic, write_json
 from fedshuffle import metrics
 from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, write_metrics, write_parquet
 from fedshuffle.experiments.sinks import flatten, open_sinks
-from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_hash, data_hashes, identity, read_json, remove_leftovers, stored_run
+from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_hash, data_hashes, identity, intact, remove_leftovers, sealed, stored_run
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -161,14 +161,11 @@ def run_single(
         if not resume and stored_run(run_dir) is not None:
             raise ConfigError("--out", f"{run_dir} already holds a run; continue it with --resume, or give another folder")
         check_run_folder(run_dir, dumped, hashes, extend=extend)
-        summary_path = run_dir / "summary.json"
-        if resume and summary_path.exists():
-            done = read_json(summary_path, "run summary")
-            status = done.get("status") if isinstance(done, dict) else None
-            if status == "diverged" or (status == "complete" and done.get("rounds") == spec.run.rounds):
-                if on_round:
-                    on_round(spec.run.rounds)
-                return RunOutcome(run_dir, status, done.get("final", {}), done.get("message", ""))
+        done = intact(run_dir) if resume else None  # a finished run whose files changed is finished again from its checkpoint
+        if done is not None and (done.get("status") == "diverged" or (done.get("status") == "complete" and done.get("rounds") == spec.run.rounds)):
+            if on_round:
+                on_round(spec.run.rounds)
+            return RunOutcome(run_dir, done["status"], done["final"], str(done.get("message", "")))
         for folder in (run_dir, run_dir / "client_state"):
             remove_leftovers(folder)
         sim, step_sizes = build_simulation(spec, seed, str(run_dir / "client_state"))
@@ -259,6 +256,6 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
     np.save(npy, sim.params.detach().double().cpu().numpy())
     write_atomic(run_dir / "final_params.npy", npy.getvalue())
     final = {k: v for k, v in rows[-1].items() if k in METRIC_COLUMNS}
-    write_json(run_dir / "summary.json", {"status": status, "message": message, "final": final, "rounds": sim.counters.rounds, **meta})
+    write_json(run_dir / "summary.json", sealed({"status": status, "message": message, "final": final, "rounds": sim.counters.rounds, **meta}, run_dir))
     write_json(run_dir / "timing.json", {k: rows[-1][k] for k in TIMING_COLUMNS})
     return RunOutcome(run_dir, status, final, message)

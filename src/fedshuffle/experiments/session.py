@@ -57,11 +57,9 @@ class ResultsFolder:
             for job, where in zip(self.jobs, relative):
                 spec = job.spec.model_copy(update={"run": job.spec.run.model_copy(update={"seed": job.seed})})
                 dumped, hashes = run_identity(spec)
-                before = folders.check_run_folder(job.run_dir, dumped, hashes, extend=self.extend)
-                summary = job.run_dir / "summary.json"
-                if before is not None and summary.exists():
-                    done = folders.read_json(summary, "run summary")
-                    self.finished += isinstance(done, dict) and (done.get("status") == "diverged" or (done.get("status") == "complete" and done.get("rounds") == spec.run.rounds))
+                folders.check_run_folder(job.run_dir, dumped, hashes, extend=self.extend)
+                done = folders.intact(job.run_dir)
+                self.finished += done is not None and (done.get("status") == "diverged" or (done.get("status") == "complete" and done.get("rounds") == spec.run.rounds))
                 runs[where] = {"label": job.label, "point": job.point, "seed": job.seed, "config_hash": folders.config_hash(folders.identity(dumped, hashes))}
             try:
                 folders.write_manifest(self.out, previous, kind=self.kind, experiment=self.experiment.experiment.name, variants=variants, runs=runs)
