@@ -1,3 +1,7 @@
+import functools
+import hashlib
+import http.server
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +103,60 @@ def nothing_listens_beyond_loopback():
     with listening.Watch() as watch:
         yield
     assert not watch.seen, f"the test suite listened beyond loopback: {sorted(watch.seen)}"
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A static HTTP server on 127.0.0.1 serving ``tmp_path/www``; yields (base URL ending in "/", folder,
+    request log); always shut down."""
+    root = tmp_path / "www"
+    root.mkdir()
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            requests.append(self.path)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/", root, requests
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def sha(data: bytes) -> str:
+    """The SHA-256 hex digest the loaders verify."""
+    return hashlib.sha256(data).hexdigest()
+
+
+TOY_CONFIG = """
+[experiment]
+seeds = {seeds}
+[problem]
+name = "quadratic"
+[data]
+client_sizes = [1, 2, 3]
+[method]
+name = "{method}"
+[local]
+lr = 0.004
+[server]
+momentum = 0.5
+[sampler]
+name = "uniform"
+cohort = 2
+[run]
+rounds = {rounds}
+eval_every = {eval_every}
+"""
+
+
+def toy_config(tmp_path, *, method: str, rounds: int, seeds=(0,), eval_every: int, name: str = "toy.toml", extra: str = "") -> Path:
+    """A small quadratic experiment file (three clients of sizes 1, 2, 3; 2 per round) for the CLI tests."""
+    path = tmp_path / name
+    path.write_text(TOY_CONFIG.format(method=method, rounds=rounds, seeds=list(seeds), eval_every=eval_every) + extra)
+    return path

@@ -1,41 +1,14 @@
 """LIBSVM loading: offline copies, download from a local HTTP server, cache, checksums, bad files."""
 
-import functools
-import hashlib
-import http.server
-import threading
-
 import numpy as np
 import pytest
 
 from fedshuffle.data.sources import LIBSVM_DATASETS, RemoteFile, load_libsvm_dataset, locate, read_svmlight
 from fedshuffle.data.sources.fetch import cache_dir
 from fedshuffle.core.errors import DataError
+from conftest import sha
 
 FIXTURE = "+1 1:0.5 3:1\n-1 2:-1.5\n+1 1:2 2:0.25 3:-1 # comment\n-1\n"
-
-
-@pytest.fixture
-def server(tmp_path):
-    """A static HTTP server on 127.0.0.1 serving ``tmp_path/www``; yields (base URL, folder, request log)."""
-    root = tmp_path / "www"
-    root.mkdir()
-    requests = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            requests.append(self.path)
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/", root, requests
-    httpd.shutdown()
-    httpd.server_close()
-
-
-def sha(text: bytes) -> str:
-    return hashlib.sha256(text).hexdigest()
 
 
 def test_fixture_file_is_downloaded_verified_and_then_served_from_the_cache(server, tmp_path):

@@ -2,15 +2,11 @@
 local HTTP server on 127.0.0.1), checksums, offline errors, corrupt files, the partitions' laws, the
 offline copies beside the repository, and ``fedshuffle data``."""
 
-import functools
 import gzip
-import hashlib
-import http.server
 import io
 import json
 import pickle
 import tarfile
-import threading
 
 import numpy as np
 import pytest
@@ -23,34 +19,9 @@ from fedshuffle.data.catalog import federate, load_samples
 from fedshuffle.data.sources import cifar, mnist, shakespeare
 from fedshuffle.data.sources.fetch import cache_dir
 from fedshuffle.experiments.schema import RunSpec, validate
+from conftest import sha
 
 MNIST_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
-
-
-@pytest.fixture
-def server(tmp_path):
-    """A static HTTP server on 127.0.0.1 serving ``tmp_path/www``; yields (base URL, folder, request log); always shut down."""
-    root = tmp_path / "www"
-    root.mkdir()
-    requests = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            requests.append(self.path)
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", root, requests
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def put(root, relative: str, data: bytes):

@@ -26,33 +26,10 @@ from fedshuffle.cli import app
 from fedshuffle.experiments.folders import FolderLock, folder_name
 from fedshuffle.experiments.plots import _aligned
 from fedshuffle.experiments.results import read_metrics
-
-TOY = """
-[experiment]
-seeds = [0, 1]
-[problem]
-name = "quadratic"
-[data]
-client_sizes = [1, 2, 3]
-[method]
-name = "{method}"
-[local]
-lr = 0.004
-[server]
-momentum = 0.5
-[sampler]
-name = "uniform"
-cohort = 2
-[run]
-rounds = 20
-eval_every = 5
-"""
-
+from conftest import toy_config
 
 def toy(tmp_path, name="toy.toml", method="fedavg", extra=""):
-    path = tmp_path / name
-    path.write_text(TOY.format(method=method) + extra)
-    return path
+    return toy_config(tmp_path, method=method, rounds=20, seeds=(0, 1), eval_every=5, name=name, extra=extra)
 
 
 def cli(*args):
@@ -263,8 +240,15 @@ def test_damaged_run_files_are_one_line_errors_or_written_again(tmp_path):
     assert "changed after the run finished" in result.stderr
     clean(cli("run", cfg, "--resume", out, *args), 0)
     same_files(run, ref)
+    # a checkpoint changed in place still unpickles (one metric's name differs): its digest refuses it
+    original = (run / "checkpoint.pt").read_bytes()
+    assert original.count(b"compute_seconds") >= 1
+    (run / "checkpoint.pt").write_bytes(original.replace(b"compute_seconds", b"compute_secondz", 1))
+    result = cli("run", cfg, "--resume", out, "--seeds", "0", "--extend-to", "20", "--quiet")
+    clean(result, 3)
+    assert "checkpoint.pt: damaged checkpoint (its SHA-256 does not match its contents)" in result.stderr
     # a damaged checkpoint is only an error when it is needed
-    (run / "checkpoint.pt").write_bytes((run / "checkpoint.pt").read_bytes()[:100])
+    (run / "checkpoint.pt").write_bytes(original[:100])
     clean(cli("run", cfg, "--resume", out, *args), 0)
     result = cli("run", cfg, "--resume", out, "--seeds", "0", "--extend-to", "20", "--quiet")
     clean(result, 3)

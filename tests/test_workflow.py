@@ -18,37 +18,14 @@ from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.experiments.results import read_metrics
 from fedshuffle.experiments.runner import run_single
 from fedshuffle.experiments.sweep import parse_grid, parse_seeds, point_name
+from conftest import toy_config
 
 runner = CliRunner()
 
-TOY = """
-[experiment]
-seeds = [0]
-[problem]
-name = "quadratic"
-[data]
-client_sizes = [1, 2, 3]
-[method]
-name = "{method}"
 
-[local]
-lr = 0.004
+def config(tmp_path, method="fedshuffle_mvr", rounds=100, name="toy.toml", extra=""):
+    return toy_config(tmp_path, method=method, rounds=rounds, eval_every=10, name=name, extra=extra)
 
-[server]
-momentum = 0.5
-
-[sampler]
-name = "uniform"
-cohort = 2
-[run]
-rounds = {rounds}
-eval_every = 10
-"""
-
-def config(tmp_path, method="fedshuffle_mvr", rounds=100, name="toy.toml"):
-    path = tmp_path / name
-    path.write_text(TOY.format(method=method, rounds=rounds))
-    return path
 
 def test_grid_and_seed_syntax():
     assert parse_seeds("0..4") == [0, 1, 2, 3, 4] and parse_seeds("3,1") == [3, 1]
@@ -131,9 +108,9 @@ def test_kill_9_then_resume_gives_the_uninterrupted_numbers_bit_for_bit(tmp_path
     subprocess.run(_command("run", str(cfg), "--out", str(tmp_path / "full"), "--quiet"), check=True, env=env, capture_output=True)
     cut = tmp_path / "cut"
     proc = subprocess.Popen(_command("run", str(cfg), "--out", str(cut), "--quiet"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint = cut / "seed-0" / "checkpoint.pt"
+    checkpoint, metrics_table = cut / "seed-0" / "checkpoint.pt", cut / "seed-0" / "metrics.csv"
     deadline = time.time() + 120
-    while time.time() < deadline and not (checkpoint.exists() and len(read_metrics(cut / "seed-0" / "metrics.csv")["round"]) > 30):
+    while time.time() < deadline and not (checkpoint.exists() and metrics_table.exists() and len(read_metrics(metrics_table)["round"]) > 30):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -156,6 +133,7 @@ def test_unwritable_results_folder_fails_before_training(tmp_path):
     assert not any(tmp_path.glob("**/metrics.csv"))
 
 def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypatch):
+    import fedshuffle.core.checkpoint as checkpoint_mod
     import fedshuffle.experiments.runner as runner_mod
 
     spec = load_experiment(config(tmp_path)).runs()[0][1]
@@ -174,13 +152,13 @@ def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypat
         return real(path, data)
 
     monkeypatch.setattr(runner_mod, "write_atomic", flaky)
+    monkeypatch.setattr(checkpoint_mod, "write_atomic", flaky)
     with pytest.raises(ResultsError, match="No space left on device.*everything written before is kept"):
         run_single(spec, tmp_path / "b", seed=0)
     assert (tmp_path / "b" / "checkpoint.pt").exists()  # what was written before is kept
 
 def test_sweep_over_one_variants_own_setting(tmp_path):
-    cfg = tmp_path / "two.toml"
-    cfg.write_text(TOY.format(method="fedavg", rounds=20) + '\n[[variants]]\nlabel = "CDR"\nmethod = { name = "fedcdr" }\nserver = { momentum = 0.0 }\nsampler = { name = "cyclic", cohort = 1 }\n'
+    cfg = config(tmp_path, method="fedavg", rounds=20, name="two.toml", extra='\n[[variants]]\nlabel = "CDR"\nmethod = { name = "fedcdr" }\nserver = { momentum = 0.0 }\nsampler = { name = "cyclic", cohort = 1 }\n'
                    '\n[[variants]]\nlabel = "Avg"\nmethod = { name = "fedavg" }\n')
     out = tmp_path / "s"
     result = runner.invoke(app, ["sweep", str(cfg), "--variant", "CDR", "--grid", "method.fedcdr_eta=1,10", "--out", str(out), "--workers", "1", "--quiet"])

@@ -20,8 +20,9 @@ import torch
 from ..core.errors import ConfigError
 
 
-class _Population:
-    """Counts shared by in-memory and generated datasets."""
+class PopulationCounts:
+    """The counts of a federation read from its client sizes |D_i|: shared by in-memory and generated
+    datasets and by the server's and a node's views of a federation that holds no samples."""
 
     sizes: np.ndarray
 
@@ -35,7 +36,7 @@ class _Population:
 
 
 @dataclass
-class FederatedDataset(_Population):
+class FederatedDataset(PopulationCounts):
     """Clients as index sets into shared tensors.
 
     Parameters
@@ -131,7 +132,7 @@ class ClientRows(Sequence):
 
 
 @dataclass
-class LazyFederatedDataset(_Population):
+class LazyFederatedDataset(PopulationCounts):
     """Clients whose samples are generated when they take part: memory grows with the cohort, not with n.
 
     ``make_client(i)`` returns client i's ``(features, labels)`` as arrays and must be deterministic.

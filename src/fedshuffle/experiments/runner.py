@@ -36,9 +36,8 @@ import torch
 from fedshuffle.experiments.build import build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
 from fedshuffle.experiments.schema import RunSpec
 from fedshuffle.simulation import Simulation
-from fedshuffle.data import FederatedDataset
+from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint as write_checkpoint
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.problems import Problem
 from fedshuffle.core.io import write_atomic, write_json
 from fedshuffle import metrics
 from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, write_metrics, write_parquet
@@ -181,12 +180,12 @@ def run_single(
 
 def _load_checkpoint(path: Path, sim: Simulation) -> list[dict[str, Any]]:
     """Restore ``sim`` from a checkpoint; returns the metric rows recorded up to it."""
+    saved = load_checkpoint(path)
     try:
-        saved = torch.load(path, weights_only=False)
         state, rows = saved["simulation"], list(saved["rows"])
         shape = tuple(state["params"].shape)
-    except Exception as exc:  # torch.load raises many kinds of errors on a damaged file
-        raise ConfigError(str(path), f"damaged checkpoint ({exc.__class__.__name__}); the run cannot be continued: start it again in another folder") from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(str(path), f"damaged checkpoint (no {exc}); the run cannot be continued: start it again in another folder") from None
     if shape != tuple(sim.params.shape):
         raise ConfigError(str(path), f"the checkpoint's model has shape {shape}, this run's has {tuple(sim.params.shape)}")
     sim.load_state_dict(state)
@@ -219,9 +218,7 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
         write_parquet(run_dir / "metrics.parquet", rows)
 
     def save_checkpoint() -> None:
-        buf = io.BytesIO()
-        torch.save({"simulation": sim.state_dict(), "rows": rows}, buf)
-        write_atomic(checkpoint, buf.getvalue())
+        write_checkpoint(checkpoint, {"simulation": sim.state_dict(), "rows": rows})
         sim.commit_checkpoint()
         save_tables()
 

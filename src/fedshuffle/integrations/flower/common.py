@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.data.federated import PopulationCounts
 from fedshuffle.experiments.schema import Experiment, RunSpec, load_experiment, parse_overrides, validate
 
 #: the experiment inside a written app (JSON: paths already resolved)
@@ -136,7 +137,7 @@ class LocalRows(Sequence):
 
 
 @dataclass
-class Population:
+class Population(PopulationCounts):
     """The server's view of the federation: each client's size |D_i| and weight w_i, no samples."""
 
     sizes: np.ndarray
@@ -147,14 +148,6 @@ class Population:
         self.sizes = np.asarray(self.sizes, dtype=np.int64)
         self.weights = np.asarray(self.weights, dtype=np.float64)
         self.client_indices = LocalRows(self.sizes)
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.sizes)
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.sizes.sum())
 
     def to(self, dtype: torch.dtype, device: str | torch.device | None = None) -> Population:
         return self
@@ -176,7 +169,7 @@ class OwnRows(Sequence):
 
 
 @dataclass
-class NodeData:
+class NodeData(PopulationCounts):
     """One client's partition, numbered 0..|D_i|−1, with the population's sizes and weights (for planning)."""
 
     features: torch.Tensor
@@ -188,14 +181,6 @@ class NodeData:
 
     def __post_init__(self) -> None:
         self.client_indices = OwnRows(self.client, int(self.sizes[self.client]), len(self.sizes))
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.sizes)
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.sizes.sum())
 
     def to(self, dtype: torch.dtype, device: str | torch.device | None = None) -> NodeData:
         return self

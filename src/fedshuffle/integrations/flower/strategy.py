@@ -34,6 +34,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint
 from fedshuffle.core.io import write_atomic, write_json
 from fedshuffle.experiments.results import write_metrics
 from fedshuffle import metrics
@@ -133,7 +134,7 @@ class FedShuffleStrategy(Strategy):
         checkpoint = self.out / "checkpoint.pt" if self.out is not None else None
         if checkpoint is None or not checkpoint.exists():
             return False
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = load_checkpoint(checkpoint)
         self.half.load_state_dict(saved["simulation"])
         self.rows, self.round_seconds = saved["rows"], saved.get("round_seconds", [])
         self.dropped = self.rows[-1]["dropped"] if self.rows else 0
@@ -187,16 +188,7 @@ class FedShuffleStrategy(Strategy):
         if self._open is None:
             raise FederationError("aggregate_train without configure_train")
         state, self._open = self._open, None
-        sent = {m.metadata.message_id: c for m, c in zip(state.messages, state.clients) if m.metadata.message_id}
-        answers: dict[int, Message] = {}
-        for reply in replies:
-            client = sent.get(reply.metadata.reply_to_message_id)
-            if client is None:
-                continue
-            if reply.has_error():
-                self._check_error(reply, client)
-            else:
-                answers[client] = reply
+        answers = self._answers(state.messages, state.clients, replies)
         rnd = state.rnd
         keep = np.array([int(i) in answers for i in rnd.cohort], dtype=bool)
         dropped = state.dropped + sorted({int(i) for i in rnd.cohort[~keep]})
@@ -278,21 +270,28 @@ class FedShuffleStrategy(Strategy):
             for c in clients
         ]
         replies = self.exchange(grid, messages, self.round_timeout)
-        sent = {m.metadata.message_id: c for m, c in zip(messages, clients)}
-        rows: dict[int, dict[str, torch.Tensor]] = {}
+        answers = self._answers(messages, clients, replies)
+        rows = {c: record_tensors(m.content["gradients"], self.half.dtype, self.half.device) for c, m in answers.items()}
+        keep = np.array([int(i) in rows for i in rnd.cohort], dtype=bool)
+        dropped = sorted({int(i) for i in rnd.cohort[~keep]})
+        rnd = keep_members(rnd, keep)
+        gradients = [torch.stack([rows[int(i)][str(k)] for i in rnd.cohort]) if len(rnd.cohort) else points[k].new_zeros((0, points[k].numel())) for k in range(len(points))]
+        return rnd, gradients, dropped
+
+    def _answers(self, messages: Sequence[Message], clients: Sequence[int], replies: Iterable[Message]) -> dict[int, Message]:
+        """The replies without error, keyed by the client each message was sent to; an error reply goes
+        through :meth:`_check_error` (an unanswered member is left out, any other error stops the run)."""
+        sent = {m.metadata.message_id: c for m, c in zip(messages, clients) if m.metadata.message_id}
+        answers: dict[int, Message] = {}
         for reply in replies:
             client = sent.get(reply.metadata.reply_to_message_id)
             if client is None:
                 continue
             if reply.has_error():
                 self._check_error(reply, client)
-                continue
-            rows[client] = record_tensors(reply.content["gradients"], self.half.dtype, self.half.device)
-        keep = np.array([int(i) in rows for i in rnd.cohort], dtype=bool)
-        dropped = sorted({int(i) for i in rnd.cohort[~keep]})
-        rnd = keep_members(rnd, keep)
-        gradients = [torch.stack([rows[int(i)][str(k)] for i in rnd.cohort]) if len(rnd.cohort) else points[k].new_zeros((0, points[k].numel())) for k in range(len(points))]
-        return rnd, gradients, dropped
+            else:
+                answers[client] = reply
+        return answers
 
     def _check_error(self, reply: Message, client: int) -> None:
         """An unanswered message is unfinished work (the caller drops the member); any other error stops the run."""
@@ -355,9 +354,7 @@ class FedShuffleStrategy(Strategy):
         """The server's checkpoint: model, server and method state, counters, each client's last accepted round, metrics."""
         if self.out is None:
             return
-        buf = io.BytesIO()
-        torch.save({"simulation": self.half.state_dict(), "rows": self.rows, "round_seconds": self.round_seconds, "nodes": dict(self.nodes)}, buf)
-        write_atomic(self.out / "checkpoint.pt", buf.getvalue())
+        save_checkpoint(self.out / "checkpoint.pt", {"simulation": self.half.state_dict(), "rows": self.rows, "round_seconds": self.round_seconds, "nodes": dict(self.nodes)})
 
     def _finish(self) -> None:
         if self.out is None:
