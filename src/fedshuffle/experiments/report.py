@@ -143,7 +143,7 @@ def _number(value: Any) -> float | None:
 
 
 def markdown_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str], stat: str = "final") -> str:
-    """One row per group: ``mean ± std`` over complete seeds of the final (or best) value of each metric."""
+    """One row per group: ``mean ± std`` over complete seeds of the final (or best) value of each metric (the value alone for one seed)."""
     check_metrics(names, "--metric")
     if stat not in ("final", "best"):
         raise ConfigError("--stat", f"unknown {stat!r}; accepted: final, best")
@@ -154,7 +154,7 @@ def markdown_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[st
         for m in names:
             values = [_number(r.final.get(m)) if stat == "final" else _best_value(r, m) for r in complete]
             values = [v for v in values if v is not None]
-            cells.append(f"{np.mean(values):.4g} ± {np.std(values):.2g}" if values else "—")
+            cells.append(("—" if not values else f"{np.mean(values):.4g}" if len(values) == 1 else f"{np.mean(values):.4g} ± {np.std(values):.2g}"))
         problems = [r.status for r in runs if r.status != "complete"]
         seeds = f"{len(complete)}" + (f" ({len(problems)} {', '.join(sorted(set(problems)))})" if problems else "")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {seeds} |")
