@@ -128,6 +128,42 @@ def test_show_and_presets_commands():
     listing = runner.invoke(app, ["presets"], terminal_width=200)
     assert listing.exit_code == 0 and "fedshuffle-fig4-unfinished" in listing.stdout
 
+def test_show_prints_every_default_resolved_and_takes_set():
+    result = runner.invoke(app, ["show", "quickstart", "--set", "local.lr=0.5", "--set", "server.momentum=0.5"])
+    assert result.exit_code == 0, result.output
+    fedavg = json.loads(result.stdout)["runs"]["FedAvg"]
+    assert fedavg["local"]["lr"] == 0.5 and fedavg["local"]["order"] == "with_replacement"
+    # the server optimizer the parts choose (heavy ball for momentum > 0) and its step size, not null
+    assert fedavg["server"]["optimizer"] == "heavy_ball" and fedavg["server"]["lr"] == 1.0 and fedavg["server"]["momentum"] == 0.5
+    assert fedavg["method"] == {"name": "fedavg"}  # other methods' settings are not shown
+    fedcdr = json.loads(runner.invoke(app, ["show", "fedcdr-femnist"]).stdout)["runs"]["FedCDR"]["method"]
+    assert fedcdr["fedcdr_form"] == "y" and fedcdr["exact_prox"] is True and None not in fedcdr.values()
+    bad = runner.invoke(app, ["show", "quickstart", "--set", "local.lrr=1"])
+    assert bad.exit_code == 2 and "local.lrr" in bad.output and "did you mean 'lr'" in bad.output
+    assert runner.invoke(app, ["show", "quickstart", "--set", "lr=1"]).exit_code == 2
+
+def test_tables_off_a_terminal_are_markdown_and_never_cut():
+    listing = runner.invoke(app, ["presets"])  # not a terminal: Markdown, one line per preset
+    assert listing.exit_code == 0 and "…" not in listing.stdout
+    lines = [line for line in listing.stdout.splitlines() if line.startswith("| ")]
+    assert len(lines) == len(preset_names()) + 2  # header and rule
+    row = next(line for line in lines if line.startswith("| yang-fig2-logistic |"))
+    assert row.split(" | ")[1:] == ["Yang et al., ICLR 2021", "Fig. 2 (a)", "cpu", "~30 |"]
+    parts = runner.invoke(app, ["show", "server-optimizers"])
+    assert "…" not in parts.stdout and "Malitsky & Mishchenko, ICML 2020, Algorithm 1" in parts.stdout
+
+def test_inspect_config_reports_each_variants_objective_weights():
+    result = runner.invoke(app, ["inspect", "--config", "quickstart", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    # clients of sizes 1, 2, 3 under full participation: FedAvg weights them by |D_i|², FedShuffle by |D_i|
+    assert np.allclose(rows["FedAvg"]["objective"]["effective_weights"], np.array([1, 4, 9]) / 14, atol=1e-12)
+    assert np.allclose(rows["FedShuffle"]["objective"]["effective_weights"], np.array([1, 2, 3]) / 6, atol=1e-12)
+    assert rows["FedAvg"]["objective"]["biased"] and not rows["FedNova"]["objective"]["biased"]
+    assert rows["FedShuffle"]["local_lr"] == pytest.approx(0.004166666666666667) and rows["FedShuffle"]["objective"]["mode"] == "exact"
+    text = runner.invoke(app, ["inspect", "--config", "quickstart", "--set", "local.lr=0.001"]).stdout
+    assert "| 2 | 3 | 0.5 | 0.6429 | 0.6429 | 0.5 | 0.5 |" in text and "FedAvg minimizes Σ ŵ_i f_i" in text and "0.001" in text
+
 RR_CLI = """
 [problem]
 name = "logistic"

@@ -103,9 +103,12 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
     from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
     from fedshuffle.experiments.runner import check_against_data
 
-    rows = {}
+    rows, built = {}, {}
     for label, spec in _load(config).runs(overrides):
-        problem, data = build_problem_and_data(spec)
+        key = json.dumps([spec.data.model_dump(), spec.problem.model_dump(), spec.run.seed, spec.run.dtype], default=str)
+        if key not in built:  # variants that differ only in the method share their data
+            built[key] = build_problem_and_data(spec)
+        problem, data = built[key]
         check_against_data(spec, data.num_clients)
         sampler = build_sampler(spec.sampler, data)
         spec, info = resolve_step_sizes(spec, problem, data, sampler)
