@@ -228,3 +228,51 @@ def test_executor_setting_runs_the_same_numbers(tmp_path):
     bad = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6).replace('[run]', '[run]\nexecutor = "gpu"'))
     result = runner.invoke(app, ["run", str(bad), "--out", str(tmp_path / "bad")])
     assert result.exit_code == 2 and "run.executor" in result.output
+
+def fake_sweep(root, lrs=(0.1, 0.2, 0.4), labels=("FedAvg", "FedShuffle"), seeds=(0, 1)):
+    """Run folders as a sweep writes them, with f_gap = 1/(1 + lr·r) · (1 + k): the largest step is each variant's best point."""
+    from fedshuffle.core.io import write_json
+    from fedshuffle.experiments.results import write_metrics
+
+    for lr in lrs:
+        for k, label in enumerate(labels):
+            for seed in seeds:
+                folder = root / f"local.lr={lr}" / label.lower() / f"seed-{seed}"
+                rows = [{"round": r, "f_gap": (1 + k) / (1 + lr * r) * (1 + 0.01 * seed)} for r in range(0, 101, 10)]
+                folder.mkdir(parents=True)
+                write_metrics(folder / "metrics.csv", rows)
+                write_json(folder / "summary.json", {"status": "complete", "final": {"f_gap": rows[-1]["f_gap"]}, "label": label, "point": {"local": {"lr": lr}}, "seed": seed})
+
+def test_sweep_plot_draws_each_variants_best_point_with_the_legend_outside(tmp_path):
+    from fedshuffle.experiments.plots import comparison_figure
+    from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs
+
+    fake_sweep(tmp_path / "sweep")
+    runs = collect_runs([tmp_path / "sweep"])
+    best = best_point_runs(runs, "f_gap")
+    assert {r.point["local"]["lr"] for r in best} == {0.4} and len(best) == 4  # 2 variants × 2 seeds of the best point
+    for chosen, lines in ((best, 2), (runs, 6)):
+        groups = group_runs(chosen)
+        fig = comparison_figure({n: [r.path / "metrics.csv" for r in g] for n, g in groups.items()}, metric="f_gap")
+        fig.canvas.draw()
+        (ax,) = fig.axes
+        assert len(ax.get_lines()) == lines
+        assert len({(line.get_color(), line.get_linestyle()) for line in ax.get_lines()}) == lines
+        assert len({line.get_linestyle() for line in ax.get_lines()}) == min(lines, 4)  # not colour alone
+        legend = fig.legends[0].get_window_extent()
+        assert legend.x0 >= ax.get_window_extent().x1  # outside the axes, right of them
+        assert legend.x1 <= fig.bbox.x1 + 1  # and inside the figure
+        assert len(fig.legends[0].get_texts()) == lines
+    result = runner.invoke(app, ["plot", str(tmp_path / "sweep"), "--metric", "f_gap", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert "best of 3 grid points" in result.stderr and (tmp_path / "p.png").exists()
+    empty = runner.invoke(app, ["plot", str(tmp_path / "sweep"), "--metric", "test_accuracy", "--all-points", "--out", str(tmp_path / "q")])
+    assert empty.exit_code == 2 and "test_accuracy" in empty.stderr and "f_gap" in empty.stderr and not (tmp_path / "q.png").exists()
+
+def test_single_seed_tables_print_no_zero_spread(tmp_path):
+    fake_sweep(tmp_path / "sweep", lrs=(0.1,), seeds=(0,))
+    result = runner.invoke(app, ["table", str(tmp_path / "sweep")])
+    assert result.exit_code == 0, result.output
+    assert "±" not in result.stdout and "| FedShuffle | 0.1818 | 1 |" in result.stdout
+    fake_sweep(tmp_path / "two", lrs=(0.1,), seeds=(0, 1))
+    assert "0.09136 ± 0.00045" in runner.invoke(app, ["table", str(tmp_path / "two")]).stdout
