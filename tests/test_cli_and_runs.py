@@ -276,3 +276,36 @@ def test_single_seed_tables_print_no_zero_spread(tmp_path):
     assert "±" not in result.stdout and "| FedShuffle | 0.1818 | 1 |" in result.stdout
     fake_sweep(tmp_path / "two", lrs=(0.1,), seeds=(0, 1))
     assert "0.09136 ± 0.00045" in runner.invoke(app, ["table", str(tmp_path / "two")]).stdout
+
+def test_a_data_path_is_found_by_the_data_location_rules_from_any_working_directory(tmp_path, monkeypatch):
+    from fedshuffle.experiments.build import build_problem_and_data
+
+    targets = np.arange(15.0).reshape(5, 3)
+    for folder in ("config", "data/quad", "cache/quad", "elsewhere"):
+        (tmp_path / folder).mkdir(parents=True)
+    np.save(tmp_path / "data" / "quad" / "t.npy", targets)
+    np.save(tmp_path / "cache" / "quad" / "c.npy", 2 * targets)
+    monkeypatch.setenv("FEDSHUFFLE_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("FEDSHUFFLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    config = write_config(tmp_path / "config", BASE.format(targets="quad/t.npy", lr=0.01, rounds=5))
+    for name, expected in (("quad/t.npy", targets), ("quad/c.npy", 2 * targets)):  # a data folder, then the cache
+        spec = load_experiment(config).runs({"data": {"path": name}})[0][1]
+        _, data = build_problem_and_data(spec)
+        assert np.array_equal(data.features.numpy(), expected)
+    np.save(tmp_path / "config" / "t.npy", 3 * targets)  # next to the config file: found first
+    spec = load_experiment(write_config(tmp_path / "config", BASE.format(targets="t.npy", lr=0.01, rounds=5))).runs()[0][1]
+    assert np.array_equal(build_problem_and_data(spec)[1].features.numpy(), 3 * targets)
+    missing = runner.invoke(app, ["run", str(config), "--set", 'data.path="quad/none.npy"', "--out", str(tmp_path / "o"), "--quiet"])
+    assert missing.exit_code == 2 and "data.path" in missing.stderr and str(tmp_path / "data" / "quad" / "none.npy") in missing.stderr
+    assert not (tmp_path / "o").exists()
+
+def test_femnist_preset_finds_its_data_in_fedshuffle_data_from_any_directory(shared_data, tmp_path, monkeypatch):
+    from fedshuffle.data.sources.fetch import resolve_data_path
+    from fedshuffle.experiments.folders import data_hashes
+
+    monkeypatch.setenv("FEDSHUFFLE_DATA", str(shared_data))
+    monkeypatch.chdir(tmp_path)
+    for label, spec in load_experiment("fedcdr-femnist").runs():
+        assert resolve_data_path(spec.data.path, spec.data.data_dirs) == shared_data / "femnist"
+        assert "data.path" in data_hashes(spec.model_dump())  # recorded by content, wherever it was found
