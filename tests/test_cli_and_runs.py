@@ -67,6 +67,7 @@ def test_user_targets_file(tmp_path):
     cfg = write_config(tmp_path, BASE.format(targets="t.npy", lr=0.01, rounds=1500))
     result = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "o"), "--quiet"])
     assert result.exit_code == 0, result.output
+    assert "±" not in result.stdout and "| run |" in result.stdout  # one seed: its values, no "± 0"
     final = np.load(tmp_path / "o" / "seed-0" / "final_params.npy")
     metrics = read_metrics(tmp_path / "o" / "seed-0" / "metrics.csv")
     # x* with w_i = |D_i|/|D| is the mean of all targets, and FedShuffle gets there up to its noise floor
