@@ -310,3 +310,9 @@ def test_femnist_preset_finds_its_data_in_fedshuffle_data_from_any_directory(sha
     for label, spec in load_experiment("fedcdr-femnist").runs():
         assert resolve_data_path(spec.data.path, spec.data.data_dirs) == shared_data / "femnist"
         assert "data.path" in data_hashes(spec.model_dump())  # recorded by content, wherever it was found
+
+def test_forty_lines_never_share_colour_and_dash_pattern():
+    from fedshuffle.experiments.plots import line_style
+
+    styles = [tuple(line_style(k).values()) for k in range(40)]
+    assert len(set(styles)) == 40 and all(a[0] != b[0] and a[1] != b[1] for a, b in zip(styles, styles[1:]))

@@ -57,13 +57,14 @@ def _aligned(runs: Sequence[dict[str, np.ndarray]], column: str, x: str) -> tupl
     return xs.mean(axis=0), ys
 
 
-#: line styles cycled with the colours: line k has colour k mod 10 and style k mod 4, so no two of the first 20 lines look alike
+#: dash patterns cycled with the ten colours (see :func:`line_style`)
 LINE_STYLES = ("-", "--", "-.", ":")
 
 
 def line_style(k: int) -> dict[str, str]:
-    """Colour and dash pattern of the k-th line: adjacent lines differ in both."""
-    return {"color": f"C{k % 10}", "linestyle": LINE_STYLES[k % len(LINE_STYLES)]}
+    """Colour and dash pattern of the k-th line: colour k mod 10, pattern (k + ⌊k/10⌋) mod 4, so adjacent
+    lines differ in both and no two of the first 40 lines look alike."""
+    return {"color": f"C{k % 10}", "linestyle": LINE_STYLES[(k + k // 10) % len(LINE_STYLES)]}
 
 
 def _tables(curves: Mapping[str, Sequence[Path]]) -> dict[str, list[dict[str, np.ndarray]]]:
