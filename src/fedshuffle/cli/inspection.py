@@ -30,7 +30,7 @@ def inspect(
     weights: Annotated[str, typer.Option(help="objective weights: size, uniform, or comma-separated values")] = "size",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="any setting of the round's parts, e.g. --set local.batch_size=2")] = None,
     monte_carlo: Annotated[bool, typer.Option("--monte-carlo", help="force Monte Carlo even when exact enumeration is possible")] = False,
-    samples: Annotated[int, typer.Option(help="Monte Carlo rounds")] = 20000,
+    samples: Annotated[Optional[int], typer.Option(help="Monte Carlo rounds (default 20000; 1000 per variant with --config)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     config: Annotated[Optional[str], typer.Option("--config", help="a preset or TOML file: the objective weights ŵ and step sizes of each of its variants, on its own clients")] = None,
     clients: Annotated[int, typer.Option(help="with --config: clients listed per table (--json lists all)")] = 20,
@@ -42,8 +42,9 @@ def inspect(
     the config asks for 'theory') and the problem's smoothness constants.
     """
     if config is not None:
-        _inspect_config(config, set_, monte_carlo, samples, clients, as_json)
+        _inspect_config(config, set_, monte_carlo, 1000 if samples is None else samples, clients, as_json)
         return
+    samples = 20000 if samples is None else samples
     import numpy as np
     import torch
 
@@ -94,7 +95,7 @@ def inspect(
         console.print("[green]consistent:[/green] ŵ = w, this configuration minimizes f = Σ w_i f_i.")
 
 
-def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, samples: int = 20000) -> dict[str, dict]:
+def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, samples: int = 1000) -> dict[str, dict]:
     """Per variant of a preset or TOML file: its step sizes (resolved where the config asks for 'theory'),
     the smoothness constants of convex problems, and the objective it minimizes (:func:`inspect_objective`
     on its own clients, sampler and weights), or why that cannot be inspected (methods with client state)."""
@@ -132,6 +133,8 @@ def _inspect_config(config: str, set_: list[str] | None, monte_carlo: bool, samp
     from fedshuffle.experiments.schema import parse_overrides
 
     try:
+        if samples < 1 or clients < 1:
+            raise ConfigError("--samples" if samples < 1 else "--clients", "must be >= 1")
         rows = config_report(config, parse_overrides(set_ or []), monte_carlo=monte_carlo, samples=samples)
     except ConfigError as exc:
         _fail(exc)
@@ -161,7 +164,8 @@ def _inspect_config(config: str, set_: list[str] | None, monte_carlo: bool, samp
         table = [(str(i), str(sizes[i]), f"{weights[i]:.4g}", *(f"{rows[label]['objective']['effective_weights'][i]:.4g}" for label in labels)) for i in shown]
         more = f" (the first {len(shown)} of {len(sizes)} clients; --clients N or --json for more)" if len(shown) < len(sizes) else ""
         modes = {rows[label]["objective"]["mode"] for label in labels}
-        print_table(f"effective objective weights ŵ (eq. 31, {'exact' if modes == {'exact'} else 'Monte Carlo where not exact'}){more}", columns, table, right=set(columns) - {"client"})
+        how = "exact" if modes == {"exact"} else f"Monte Carlo over {next(rows[label]['objective']['samples'] for label in labels if 'samples' in rows[label]['objective'])} rounds where not exact (--samples)"
+        print_table(f"effective objective weights ŵ (eq. 31, {how}){more}", columns, table, right=set(columns) - {"client"})
     for label, r in rows.items():
         if r["objective"] is None:
             console.print(f"{label}: objective not inspected ({r['not_inspected']})")
