@@ -57,10 +57,10 @@ def short_cite(paper: str) -> str:
     if len(parts) < 2:
         return paper
     venue = parts[-1]
-    for k, part in enumerate(parts[:-1]):
+    for k, part in enumerate(parts[:-1]):  # the authors end at the part with "&" or "et al."
         if "&" in part or part.endswith("et al."):
-            first = parts[0].removesuffix(" et al.").split(" & ")[0]
-            return f"{first} et al., {venue}" if k > 0 or " et al." in part or part.count("&") else f"{part}, {venue}"
+            two = k == 0 and part.count("&") == 1  # "A & B" stays as it is
+            return f"{part if two else parts[0].split(' & ')[0].removesuffix(' et al.') + ' et al.'}, {venue}"
     acronym = re.search(r"\(([^)]+)\)", ", ".join(parts[:-1]))
     return f"{acronym.group(1)}, {venue}" if acronym else paper
 
