@@ -67,6 +67,7 @@ def test_user_targets_file(tmp_path):
     cfg = write_config(tmp_path, BASE.format(targets="t.npy", lr=0.01, rounds=1500))
     result = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "o"), "--quiet"])
     assert result.exit_code == 0, result.output
+    assert "±" not in result.stdout and "| run |" in result.stdout  # one seed: its values, no "± 0"
     final = np.load(tmp_path / "o" / "seed-0" / "final_params.npy")
     metrics = read_metrics(tmp_path / "o" / "seed-0" / "metrics.csv")
     # x* with w_i = |D_i|/|D| is the mean of all targets, and FedShuffle gets there up to its noise floor
@@ -127,6 +128,42 @@ def test_show_and_presets_commands():
     assert result.exit_code == 0 and "sum_one" in result.stdout
     listing = runner.invoke(app, ["presets"], terminal_width=200)
     assert listing.exit_code == 0 and "fedshuffle-fig4-unfinished" in listing.stdout
+
+def test_show_prints_every_default_resolved_and_takes_set():
+    result = runner.invoke(app, ["show", "quickstart", "--set", "local.lr=0.5", "--set", "server.momentum=0.5"])
+    assert result.exit_code == 0, result.output
+    fedavg = json.loads(result.stdout)["runs"]["FedAvg"]
+    assert fedavg["local"]["lr"] == 0.5 and fedavg["local"]["order"] == "with_replacement"
+    # the server optimizer the parts choose (heavy ball for momentum > 0) and its step size, not null
+    assert fedavg["server"]["optimizer"] == "heavy_ball" and fedavg["server"]["lr"] == 1.0 and fedavg["server"]["momentum"] == 0.5
+    assert fedavg["method"] == {"name": "fedavg"}  # other methods' settings are not shown
+    fedcdr = json.loads(runner.invoke(app, ["show", "fedcdr-femnist"]).stdout)["runs"]["FedCDR"]["method"]
+    assert fedcdr["fedcdr_form"] == "y" and fedcdr["exact_prox"] is True and None not in fedcdr.values()
+    bad = runner.invoke(app, ["show", "quickstart", "--set", "local.lrr=1"])
+    assert bad.exit_code == 2 and "local.lrr" in bad.output and "did you mean 'lr'" in bad.output
+    assert runner.invoke(app, ["show", "quickstart", "--set", "lr=1"]).exit_code == 2
+
+def test_tables_off_a_terminal_are_markdown_and_never_cut():
+    listing = runner.invoke(app, ["presets"])  # not a terminal: Markdown, one line per preset
+    assert listing.exit_code == 0 and "…" not in listing.stdout
+    lines = [line for line in listing.stdout.splitlines() if line.startswith("| ")]
+    assert len(lines) == len(preset_names()) + 2  # header and rule
+    row = next(line for line in lines if line.startswith("| yang-fig2-logistic |"))
+    assert row.split(" | ")[1:] == ["Yang et al., ICLR 2021", "Fig. 2 (a)", "cpu", "~30 |"]
+    parts = runner.invoke(app, ["show", "server-optimizers"])
+    assert "…" not in parts.stdout and "Malitsky & Mishchenko, ICML 2020, Algorithm 1" in parts.stdout
+
+def test_inspect_config_reports_each_variants_objective_weights():
+    result = runner.invoke(app, ["inspect", "--config", "quickstart", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    # clients of sizes 1, 2, 3 under full participation: FedAvg weights them by |D_i|², FedShuffle by |D_i|
+    assert np.allclose(rows["FedAvg"]["objective"]["effective_weights"], np.array([1, 4, 9]) / 14, atol=1e-12)
+    assert np.allclose(rows["FedShuffle"]["objective"]["effective_weights"], np.array([1, 2, 3]) / 6, atol=1e-12)
+    assert rows["FedAvg"]["objective"]["biased"] and not rows["FedNova"]["objective"]["biased"]
+    assert rows["FedShuffle"]["local_lr"] == pytest.approx(0.004166666666666667) and rows["FedShuffle"]["objective"]["mode"] == "exact"
+    text = runner.invoke(app, ["inspect", "--config", "quickstart", "--set", "local.lr=0.001"]).stdout
+    assert "| 2 | 3 | 0.5 | 0.6429 | 0.6429 | 0.5 | 0.5 |" in text and "FedAvg minimizes Σ ŵ_i f_i" in text and "0.001" in text
 
 RR_CLI = """
 [problem]
@@ -192,3 +229,90 @@ def test_executor_setting_runs_the_same_numbers(tmp_path):
     bad = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6).replace('[run]', '[run]\nexecutor = "gpu"'))
     result = runner.invoke(app, ["run", str(bad), "--out", str(tmp_path / "bad")])
     assert result.exit_code == 2 and "run.executor" in result.output
+
+def fake_sweep(root, lrs=(0.1, 0.2, 0.4), labels=("FedAvg", "FedShuffle"), seeds=(0, 1)):
+    """Run folders as a sweep writes them, with f_gap = 1/(1 + lr·r) · (1 + k): the largest step is each variant's best point."""
+    from fedshuffle.core.io import write_json
+    from fedshuffle.experiments.results import write_metrics
+
+    for lr in lrs:
+        for k, label in enumerate(labels):
+            for seed in seeds:
+                folder = root / f"local.lr={lr}" / label.lower() / f"seed-{seed}"
+                rows = [{"round": r, "f_gap": (1 + k) / (1 + lr * r) * (1 + 0.01 * seed)} for r in range(0, 101, 10)]
+                folder.mkdir(parents=True)
+                write_metrics(folder / "metrics.csv", rows)
+                write_json(folder / "summary.json", {"status": "complete", "final": {"f_gap": rows[-1]["f_gap"]}, "label": label, "point": {"local": {"lr": lr}}, "seed": seed})
+
+def test_sweep_plot_draws_each_variants_best_point_with_the_legend_outside(tmp_path):
+    from fedshuffle.experiments.plots import comparison_figure
+    from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs
+
+    fake_sweep(tmp_path / "sweep")
+    runs = collect_runs([tmp_path / "sweep"])
+    best = best_point_runs(runs, "f_gap")
+    assert {r.point["local"]["lr"] for r in best} == {0.4} and len(best) == 4  # 2 variants × 2 seeds of the best point
+    for chosen, lines in ((best, 2), (runs, 6)):
+        groups = group_runs(chosen)
+        fig = comparison_figure({n: [r.path / "metrics.csv" for r in g] for n, g in groups.items()}, metric="f_gap")
+        fig.canvas.draw()
+        (ax,) = fig.axes
+        assert len(ax.get_lines()) == lines
+        assert len({(line.get_color(), line.get_linestyle()) for line in ax.get_lines()}) == lines
+        assert len({line.get_linestyle() for line in ax.get_lines()}) == min(lines, 4)  # not colour alone
+        legend = fig.legends[0].get_window_extent()
+        assert legend.x0 >= ax.get_window_extent().x1  # outside the axes, right of them
+        assert legend.x1 <= fig.bbox.x1 + 1  # and inside the figure
+        assert len(fig.legends[0].get_texts()) == lines
+    result = runner.invoke(app, ["plot", str(tmp_path / "sweep"), "--metric", "f_gap", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert "best of 3 grid points" in result.stderr and (tmp_path / "p.png").exists()
+    empty = runner.invoke(app, ["plot", str(tmp_path / "sweep"), "--metric", "test_accuracy", "--all-points", "--out", str(tmp_path / "q")])
+    assert empty.exit_code == 2 and "test_accuracy" in empty.stderr and "f_gap" in empty.stderr and not (tmp_path / "q.png").exists()
+
+def test_single_seed_tables_print_no_zero_spread(tmp_path):
+    fake_sweep(tmp_path / "sweep", lrs=(0.1,), seeds=(0,))
+    result = runner.invoke(app, ["table", str(tmp_path / "sweep")])
+    assert result.exit_code == 0, result.output
+    assert "±" not in result.stdout and "| FedShuffle | 0.1818 | 1 |" in result.stdout
+    fake_sweep(tmp_path / "two", lrs=(0.1,), seeds=(0, 1))
+    assert "0.09136 ± 0.00045" in runner.invoke(app, ["table", str(tmp_path / "two")]).stdout
+
+def test_a_data_path_is_found_by_the_data_location_rules_from_any_working_directory(tmp_path, monkeypatch):
+    from fedshuffle.experiments.build import build_problem_and_data
+
+    targets = np.arange(15.0).reshape(5, 3)
+    for folder in ("config", "data/quad", "cache/quad", "elsewhere"):
+        (tmp_path / folder).mkdir(parents=True)
+    np.save(tmp_path / "data" / "quad" / "t.npy", targets)
+    np.save(tmp_path / "cache" / "quad" / "c.npy", 2 * targets)
+    monkeypatch.setenv("FEDSHUFFLE_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("FEDSHUFFLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    config = write_config(tmp_path / "config", BASE.format(targets="quad/t.npy", lr=0.01, rounds=5))
+    for name, expected in (("quad/t.npy", targets), ("quad/c.npy", 2 * targets)):  # a data folder, then the cache
+        spec = load_experiment(config).runs({"data": {"path": name}})[0][1]
+        _, data = build_problem_and_data(spec)
+        assert np.array_equal(data.features.numpy(), expected)
+    np.save(tmp_path / "config" / "t.npy", 3 * targets)  # next to the config file: found first
+    spec = load_experiment(write_config(tmp_path / "config", BASE.format(targets="t.npy", lr=0.01, rounds=5))).runs()[0][1]
+    assert np.array_equal(build_problem_and_data(spec)[1].features.numpy(), 3 * targets)
+    missing = runner.invoke(app, ["run", str(config), "--set", 'data.path="quad/none.npy"', "--out", str(tmp_path / "o"), "--quiet"])
+    assert missing.exit_code == 2 and "data.path" in missing.stderr and str(tmp_path / "data" / "quad" / "none.npy") in missing.stderr
+    assert not (tmp_path / "o").exists()
+
+def test_femnist_preset_finds_its_data_in_fedshuffle_data_from_any_directory(shared_data, tmp_path, monkeypatch):
+    from fedshuffle.data.sources.fetch import resolve_data_path
+    from fedshuffle.experiments.folders import data_hashes
+
+    monkeypatch.setenv("FEDSHUFFLE_DATA", str(shared_data))
+    monkeypatch.chdir(tmp_path)
+    for label, spec in load_experiment("fedcdr-femnist").runs():
+        assert resolve_data_path(spec.data.path, spec.data.data_dirs) == shared_data / "femnist"
+        assert "data.path" in data_hashes(spec.model_dump())  # recorded by content, wherever it was found
+
+def test_forty_lines_never_share_colour_and_dash_pattern():
+    from fedshuffle.experiments.plots import line_style
+
+    styles = [tuple(line_style(k).values()) for k in range(40)]
+    assert len(set(styles)) == 40 and all(a[0] != b[0] and a[1] != b[1] for a, b in zip(styles, styles[1:]))

@@ -86,16 +86,42 @@ def test_run_folder_has_config_versions_parquet_and_sinks(tmp_path):
     np.testing.assert_array_equal(np.array(table["f_gap"]), csv["f_gap"])
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run / "tensorboard"))
+    events = EventAccumulator(str(tmp_path / "r" / "tensorboard" / "seed-0"))
     events.Reload()
     np.testing.assert_allclose([e.value for e in events.Scalars("f_gap")], csv["f_gap"], rtol=1e-6)
     import mlflow
 
     client = mlflow.tracking.MlflowClient(tracking_uri=(run.parent / "mlruns").resolve().as_uri())
-    (mlrun,) = client.search_runs([client.get_experiment_by_name("fedshuffle").experiment_id])
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("fedshuffle").experiment_id], filter_string="tags.`fedshuffle.seed` = '0'")
     history = sorted((m.step, m.value) for m in client.get_metric_history(mlrun.info.run_id, "f_gap"))
     np.testing.assert_allclose([v for _, v in history], csv["f_gap"], rtol=1e-12)
     assert mlrun.data.params["method.name"] == "fedshuffle_mvr"
+
+def test_sinks_gather_an_experiment_in_one_mlflow_experiment_and_one_tensorboard_directory(tmp_path):
+    pytest.importorskip("tensorboard")
+    mlflow = pytest.importorskip("mlflow")
+    cfg = config(tmp_path, rounds=4).read_text().replace("seeds = [0]", "seeds = [0, 1]\nname = \"toy\"")
+    cfg += '\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\nlocal = { lr = 0.002 }\n'
+    (tmp_path / "two.toml").write_text(cfg)
+    out = tmp_path / "res"
+    result = runner.invoke(app, ["run", str(tmp_path / "two.toml"), "--set", 'run.sinks=["tensorboard", "mlflow"]', "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    # TensorBoard: one log directory, a subdirectory per run as the results are laid out
+    assert sorted(p.parent.relative_to(out / "tensorboard").as_posix() for p in (out / "tensorboard").rglob("events.out.tfevents.*")) == ["a/seed-0", "a/seed-1", "b/seed-0", "b/seed-1"]
+    assert not list(out.glob("*/mlruns")) and not list(out.glob("*/*/tensorboard"))
+    # MLflow: one store and one experiment; a parent run per variant with a nested run per seed
+    client = mlflow.tracking.MlflowClient(tracking_uri=(out / "mlruns").as_uri())
+    (experiment,) = [e for e in client.search_experiments() if e.name != "Default"]
+    assert experiment.name == "toy"
+    runs = client.search_runs([experiment.experiment_id])
+    parents = {r.info.run_id: r.info.run_name for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    assert sorted(parents.values()) == ["A", "B"]
+    children = sorted((parents[r.data.tags["mlflow.parentRunId"]], r.info.run_name) for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert children == [("A", "seed-0"), ("A", "seed-1"), ("B", "seed-0"), ("B", "seed-1")]
+    child = next(r for r in runs if r.info.run_name == "seed-1" and parents.get(r.data.tags.get("mlflow.parentRunId")) == "B")
+    assert child.data.params["local.lr"] == "0.002" and child.info.status == "FINISHED"
+    history = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "f_gap"))
+    np.testing.assert_allclose([v for _, v in history], read_metrics(out / "b" / "seed-1" / "metrics.csv")["f_gap"], rtol=1e-12)
 
 def _command(*args):
     return [sys.executable, "-m", "fedshuffle", *args]

@@ -393,6 +393,8 @@ class Results:
         where lower is better. Returns the matplotlib axes (a new figure unless ``ax`` is given)."""
         import matplotlib.pyplot as plt
 
+        from fedshuffle.experiments.plots import line_style
+
         metric = self._check_metric(metric, "metric", ("model", "method"))
         if x != "bytes":
             x = self._check_metric(x, "x", ("cost",))
@@ -405,7 +407,6 @@ class Results:
         frame = self.curves.assign(bytes=self.curves["bytes_up"] + self.curves["bytes_down"])
         values = frame[metric].where(np.isfinite(frame[metric]) & (frame[metric].abs() < PLOT_LIMIT))
         frame = frame.assign(**{metric: values})
-        styles = ["-", "--", "-.", ":"]
         groups = list(frame.groupby(["variant", "point"], sort=False))
         for k, ((variant, point), group) in enumerate(groups):
             per_round = group.groupby("round")
@@ -414,7 +415,7 @@ class Results:
                 continue
             xs = per_round[x].mean()
             label = f"{variant} [{point}]" if point else variant
-            (line,) = ax.plot(xs.to_numpy(), mean.to_numpy(), styles[(k // 10) % len(styles)], label=label, color=f"C{k % 10}")
+            (line,) = ax.plot(xs.to_numpy(), mean.to_numpy(), label=label, **line_style(k))
             if band and group["seed"].nunique() > 1:
                 low, high = (mean - per_round[metric].std(ddof=0), mean + per_round[metric].std(ddof=0)) if band == "std" else (per_round[metric].min(), per_round[metric].max())
                 if log_y:
@@ -425,10 +426,7 @@ class Results:
         ax.set_xlabel(_metrics.label(x) if x != "bytes" else "bytes communicated (up + down)")
         ax.set_ylabel(_metrics.label(metric))
         ax.grid(alpha=0.3)
-        if len(groups) > 6:
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-        else:
-            ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)  # beside the axes, never over the curves
         return ax
 
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from fedshuffle.core.errors import ConfigError, ResultsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
-console = Console()
+console = Console(soft_wrap=True)  # lines are never cut at 80 columns in a pipe; tables: .output.print_table
 err = Console(stderr=True)
 
 DEFAULT_PRESET = "quickstart"

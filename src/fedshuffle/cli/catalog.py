@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import write_json
-from fedshuffle.cli import app, console, _fail, _fail_results
+from fedshuffle.cli import app, console, _fail, _fail_results, _load
+from fedshuffle.cli.output import print_table
 
 
 @app.command("data")
@@ -39,32 +40,44 @@ def data_command(
         print(json.dumps(summary))
         return
     sizes = summary["sizes"]
-    table = Table(title=f"{summary['dataset']}: federated training data", show_header=False)
-    for key, value in (
+    rows = [
         ("source / partition", f"{summary['source']} / {summary['partition']}"), ("clients", summary["num_clients"]),
         ("training samples", f"{summary['num_samples']}" + (f" ({summary['left_out']} left out by the partition)" if summary["left_out"] else "")),
         ("client sizes min / median / max", f"{sizes['min']} / {sizes['median']:g} / {sizes['max']}"), ("classes", summary["num_classes"]),
         ("sample shape / target shape", f"{tuple(summary['feature_shape'])} / {tuple(summary['target_shape'])}"), ("test samples", summary["test_size"]),
-    ):
-        table.add_row(key, str(value))
-    console.print(table)
+    ]
+    print_table(f"{summary['dataset']}: federated training data", ("", "value"), [(k, str(v)) for k, v in rows])
     console.print(f"label heatmap: {summary['heatmap']} (per-client counts: {target / 'data_summary.json'})")
+
+
+def short_cite(paper: str) -> str:
+    """``"Yang, Fang & Liu, Achieving ..., ICLR 2021"`` → ``"Yang et al., ICLR 2021"``; a paper without
+    authors keeps its acronym: ``"... Client Reshuffling (FedCDR), ICML submission"`` → ``"FedCDR, ICML submission"``."""
+    parts = [p.strip() for p in paper.split(",")]
+    if len(parts) < 2:
+        return paper
+    venue = parts[-1]
+    for k, part in enumerate(parts[:-1]):  # the authors end at the part with "&" or "et al."
+        if "&" in part or part.endswith("et al."):
+            two = k == 0 and part.count("&") == 1  # "A & B" stays as it is
+            return f"{part if two else parts[0].split(' & ')[0].removesuffix(' et al.') + ' et al.'}, {venue}"
+    acronym = re.search(r"\(([^)]+)\)", ", ".join(parts[:-1]))
+    return f"{acronym.group(1)}, {venue}" if acronym else paper
 
 
 @app.command()
 def presets() -> None:
-    """List the presets with the paper and figure they reproduce."""
+    """List the presets: paper (short citation), figure or table, the hardware it is sized for and its expected minutes.
+
+    `fedshuffle show PRESET` prints one in full."""
     from fedshuffle.experiments.schema import load_experiment, preset_names
 
-    table = Table()
-    table.add_column("preset", no_wrap=True)
-    for col in ("paper", "figure", "what it compares", "budget", "minutes"):
-        table.add_column(col)
+    rows = []
     for name in preset_names():
         meta = load_experiment(name).experiment
-        minutes = f"~{meta.expected_minutes:g}" if meta.expected_minutes else ""
-        table.add_row(name, meta.paper, meta.figure, meta.description, meta.budget or "", minutes)
-    console.print(table)
+        minutes = f"~{meta.expected_minutes:g}" if meta.expected_minutes else "—"
+        rows.append((name, short_cite(meta.paper), meta.figure, meta.budget or "—", minutes))
+    print_table("", ("preset", "paper", "figure", "budget", "minutes"), rows, right=("minutes",), no_wrap=("preset",))
 
 
 def _registries() -> dict:
@@ -87,29 +100,28 @@ def _show_parts(kinds: list[str], as_json: bool) -> None:
         print(json.dumps(listing, default=str))
         return
     for kind, entries in listing.items():
-        table = Table(title=f"{kind} ({registries[kind].kind})", show_lines=False)
-        for col in ("name", "what it is", "from"):
-            table.add_column(col, no_wrap=col == "name")
-        for e in entries:
-            table.add_row(e["name"], e["summary"], e["citation"])
-        console.print(table)
+        print_table(f"{kind} ({registries[kind].kind})", ("name", "what it is", "from"), [(e["name"], e["summary"], e["citation"]) for e in entries], no_wrap=("name",))
 
 
 @app.command()
 def show(
     config: Annotated[Optional[str], typer.Argument(help="preset name or TOML file; or a kind of part (methods, problems, sources, partitions, samplers, server-optimizers, metrics); none: every part")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, as for run: --set local.lr=0.01")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="parts as one JSON object")] = False,
 ) -> None:
-    """Print the resolved configuration of every variant as JSON, or the registered parts."""
-    from fedshuffle.experiments.schema import load_experiment
+    """Print the resolved configuration of every variant as JSON (every default filled in, --set applied), or the registered parts."""
+    from fedshuffle.experiments.resolved import resolved_settings
+    from fedshuffle.experiments.schema import load_experiment, parse_overrides
 
     kinds = list(_registries())
     if config is None or config in kinds:
+        if set_:
+            _fail(ConfigError("--set", "overrides apply to a preset or TOML file, not to a list of parts"))
         _show_parts([config] if config else kinds, as_json)
         return
     try:
-        experiment = load_experiment(config)
-        runs = experiment.runs()
+        experiment = _load(config)
+        runs = {label or "run": resolved_settings(spec) for label, spec in experiment.runs(parse_overrides(set_ or []))}
     except ConfigError as exc:
         _fail(exc)
-    console.print_json(json.dumps({"experiment": experiment.experiment.model_dump(), "runs": {label or "run": spec.model_dump() for label, spec in runs}}))
+    console.print_json(json.dumps({"experiment": experiment.experiment.model_dump(), "runs": runs}))

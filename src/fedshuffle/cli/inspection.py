@@ -6,10 +6,10 @@ import json
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.cli import app, console, _fail
+from fedshuffle.cli import app, console, _fail, _load
+from fedshuffle.cli.output import print_table
 
 
 STEP_CONVENTIONS = {
@@ -30,18 +30,21 @@ def inspect(
     weights: Annotated[str, typer.Option(help="objective weights: size, uniform, or comma-separated values")] = "size",
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="any setting of the round's parts, e.g. --set local.batch_size=2")] = None,
     monte_carlo: Annotated[bool, typer.Option("--monte-carlo", help="force Monte Carlo even when exact enumeration is possible")] = False,
-    samples: Annotated[int, typer.Option(help="Monte Carlo rounds")] = 20000,
+    samples: Annotated[Optional[int], typer.Option(help="Monte Carlo rounds (default 20000; 1000 per variant with --config)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-    config: Annotated[Optional[str], typer.Option("--config", help="a preset or TOML file: show its smoothness constants and step sizes per variant instead")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", help="a preset or TOML file: the objective weights ŵ and step sizes of each of its variants, on its own clients")] = None,
+    clients: Annotated[int, typer.Option(help="with --config: clients listed per table (--json lists all)")] = 20,
 ) -> None:
     """Which objective does this configuration minimize? Prints w, p, E[ω·1{i∈S}] and ŵ (eq. 31).
 
-    With --config: the problem's smoothness constants and every variant's step sizes, with the
-    theoretical values where the config asks for them ('theory').
+    With --config (and --set as for run): for each variant of the config, on its own clients, sampler and
+    weights, the effective objective weights ŵ it minimizes, its step sizes (the theoretical values where
+    the config asks for 'theory') and the problem's smoothness constants.
     """
     if config is not None:
-        _inspect_step_sizes(config, as_json)
+        _inspect_config(config, set_, monte_carlo, 1000 if samples is None else samples, clients, as_json)
         return
+    samples = 20000 if samples is None else samples
     import numpy as np
     import torch
 
@@ -75,17 +78,16 @@ def inspect(
         out["sampler"] = smp.describe()
         print(json.dumps(out))
         return
-    table = Table(title=f"{alg.name} — {smp.describe()} — {'exact enumeration' if report.exact else f'Monte Carlo, {report.samples} rounds'}")
-    for col in ("client", "|D_i|", "w_i", "p_i", "E[ω_i·1{i∈S}]", "ŵ_i (eq. 31)", "ŵ_i/w_i", "τ_i", "η_i"):
-        table.add_column(col, justify="right")
+    rows = []
     for i in range(len(size_list)):
         se = f" ±{report.aggregation_stderr[i]:.1e}" if not report.exact else ""
         se2 = f" ±{report.effective_stderr[i]:.1e}" if not report.exact else ""
         ratio = report.effective_weights[i] / w[i] if w[i] > 0 else float("nan")
-        table.add_row(str(i), str(size_list[i]), f"{w[i]:.6g}", f"{report.inclusion_probabilities[i]:.6g}",
-                      f"{report.expected_aggregation_weights[i]:.6g}{se}", f"{report.effective_weights[i]:.6g}{se2}", f"{ratio:.4f}",
-                      str(report.local_steps[i]), f"{report.step_sizes[i]:.4g}")
-    console.print(table)
+        rows.append((str(i), str(size_list[i]), f"{w[i]:.6g}", f"{report.inclusion_probabilities[i]:.6g}",
+                     f"{report.expected_aggregation_weights[i]:.6g}{se}", f"{report.effective_weights[i]:.6g}{se2}", f"{ratio:.4f}",
+                     str(report.local_steps[i]), f"{report.step_sizes[i]:.4g}"))
+    columns = ("client", "|D_i|", "w_i", "p_i", "E[ω_i·1{i∈S}]", "ŵ_i (eq. 31)", "ŵ_i/w_i", "τ_i", "η_i")
+    print_table(f"{alg.name} — {smp.describe()} — {'exact enumeration' if report.exact else f'Monte Carlo, {report.samples} rounds'}", columns, rows, right=columns)
     console.print(f"step sizes: {STEP_CONVENTIONS.get(convention, convention)}")
     if report.biased:
         console.print(f"[yellow]warning:[/yellow] the effective objective differs from f = Σ w_i f_i (max |ŵ_i − w_i| = {report.max_deviation:.3g}); this configuration minimizes Σ ŵ_i f_i instead.")
@@ -93,21 +95,47 @@ def inspect(
         console.print("[green]consistent:[/green] ŵ = w, this configuration minimizes f = Σ w_i f_i.")
 
 
-def _inspect_step_sizes(config: str, as_json: bool) -> None:
-    from fedshuffle.experiments.schema import load_experiment
-    from fedshuffle.experiments.runner import build_simulation
+def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, samples: int = 1000) -> dict[str, dict]:
+    """Per variant of a preset or TOML file: its step sizes (resolved where the config asks for 'theory'),
+    the smoothness constants of convex problems, and the objective it minimizes (:func:`inspect_objective`
+    on its own clients, sampler and weights), or why that cannot be inspected (methods with client state)."""
+    from fedshuffle.analysis.objective import inspect_objective
     from fedshuffle.analysis.theory import smoothness
+    from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
+    from fedshuffle.experiments.runner import check_against_data
 
-    rows = {}
+    rows, built = {}, {}
+    for label, spec in _load(config).runs(overrides):
+        key = json.dumps([spec.data.model_dump(), spec.problem.model_dump(), spec.run.seed, spec.run.dtype], default=str)
+        if key not in built:  # variants that differ only in the method share their data
+            built[key] = build_problem_and_data(spec)
+        problem, data = built[key]
+        check_against_data(spec, data.num_clients)
+        sampler = build_sampler(spec.sampler, data)
+        spec, info = resolve_step_sizes(spec, problem, data, sampler)
+        alg = build_algorithm_from(spec)
+        server = alg.server_for(sampler)
+        row = {
+            "method": alg.name, "sampler": sampler.describe(), "local_lr": alg.local.lr, "server_lr": alg.server.lr, "global_lr": getattr(server, "global_lr", None),
+            "local_steps": alg.local.max_planned_steps(data.sizes), "from_theory": sorted(info.get("used", {})),
+            "constants": info.get("constants") or (smoothness(problem, data).to_dict() if problem.name in ("logistic", "quadratic") else None),
+        }
+        try:
+            row["objective"] = inspect_objective(alg, sampler, data.sizes, data.weights, exact=False if monte_carlo else None, rounds=samples, seed=spec.run.seed).to_dict()
+        except ConfigError as exc:
+            row["objective"] = None
+            row["not_inspected"] = exc.message
+        rows[label or "run"] = row
+    return rows
+
+
+def _inspect_config(config: str, set_: list[str] | None, monte_carlo: bool, samples: int, clients: int, as_json: bool) -> None:
+    from fedshuffle.experiments.schema import parse_overrides
+
     try:
-        for label, spec in load_experiment(config).runs():
-            sim, info = build_simulation(spec, spec.run.seed)
-            alg, server, problem, data = sim.algorithm, sim.server, sim.problem, sim.data
-            rows[label or "run"] = {
-                "method": alg.name, "local_lr": alg.local.lr, "server_lr": server.lr, "global_lr": getattr(server, "global_lr", None),
-                "local_steps": alg.local.max_planned_steps(data.sizes), "from_theory": sorted(info.get("used", {})),
-                "constants": info.get("constants") or (smoothness(problem, data).to_dict() if problem.name in ("logistic", "quadratic") else None),
-            }
+        if samples < 1 or clients < 1:
+            raise ConfigError("--samples" if samples < 1 else "--clients", "must be >= 1")
+        rows = config_report(config, parse_overrides(set_ or []), monte_carlo=monte_carlo, samples=samples)
     except ConfigError as exc:
         _fail(exc)
     if as_json:
@@ -116,10 +144,30 @@ def _inspect_step_sizes(config: str, as_json: bool) -> None:
     first = next(iter(rows.values()))["constants"]
     if first:
         console.print("constants: " + ", ".join(f"{k} = {v:.6g}" for k, v in first.items()))
-    table = Table(title=f"step sizes of {config}")
-    for col in ("variant", "method", "local γ", "server η", "global θ", "local steps", "from theory"):
-        table.add_column(col, justify="right" if col not in ("variant", "method") else "left")
+    summary = []
     for label, r in rows.items():
+        obj = r["objective"]
         theta = f"{r['global_lr']:.6g}" if r["global_lr"] is not None else "—"
-        table.add_row(label, r["method"], f"{r['local_lr']:.6g}", f"{r['server_lr']:.6g}", theta, str(r["local_steps"]), ", ".join(r["from_theory"]) or "—")
-    console.print(table)
+        minimizes = "—" if obj is None else f"Σ ŵ_i f_i (ŵ ≠ w by up to {obj['max_deviation']:.3g})" if obj["biased"] else "f = Σ w_i f_i"
+        summary.append((label, r["method"], f"{r['local_lr']:.6g}", f"{r['server_lr']:.6g}", theta, str(r["local_steps"]), ", ".join(r["from_theory"]) or "—", minimizes))
+    print_table(f"{config}: step sizes and the objective each variant minimizes", ("variant", "method", "local γ", "server η", "global θ", "local steps", "from theory", "minimizes"),
+                summary, right=("local γ", "server η", "global θ", "local steps"))
+    # ŵ per client, one table per population (variants with the same clients and weights share one)
+    groups: dict[str, list[str]] = {}
+    for label, r in rows.items():
+        if r["objective"] is not None:
+            groups.setdefault(json.dumps([r["objective"]["sizes"], r["objective"]["weights"]]), []).append(label)
+    for key, labels in groups.items():
+        sizes, weights = json.loads(key)
+        shown = range(min(clients, len(sizes)))
+        columns = ("client", "|D_i|", "w_i", *(f"ŵ_i {label}" for label in labels))
+        table = [(str(i), str(sizes[i]), f"{weights[i]:.4g}", *(f"{rows[label]['objective']['effective_weights'][i]:.4g}" for label in labels)) for i in shown]
+        more = f" (the first {len(shown)} of {len(sizes)} clients; --clients N or --json for more)" if len(shown) < len(sizes) else ""
+        modes = {rows[label]["objective"]["mode"] for label in labels}
+        how = "exact" if modes == {"exact"} else f"Monte Carlo over {next(rows[label]['objective']['samples'] for label in labels if 'samples' in rows[label]['objective'])} rounds where not exact (--samples)"
+        print_table(f"effective objective weights ŵ (eq. 31, {how}){more}", columns, table, right=set(columns) - {"client"})
+    for label, r in rows.items():
+        if r["objective"] is None:
+            console.print(f"{label}: objective not inspected ({r['not_inspected']})")
+        elif r["objective"]["biased"]:
+            console.print(f"[yellow]{label}[/yellow] minimizes Σ ŵ_i f_i, not f = Σ w_i f_i (max |ŵ_i − w_i| = {r['objective']['max_deviation']:.3g})")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli import app, console, _fail, _fail_results, _out_path
+from fedshuffle.cli import app, console, _fail, _fail_results, _note, _out_path
 
 
 @app.command()
@@ -20,14 +21,17 @@ def plot(
     linear: Annotated[bool, typer.Option(help="linear y axis (default: log)")] = False,
     out: Annotated[Optional[str], typer.Option(help="output path without suffix (default: <first folder>/plot)")] = None,
     title: Annotated[str, typer.Option()] = "",
+    all_points: Annotated[bool, typer.Option("--all-points", help="every grid point of a sweep (default: the best point per variant by the first metric's final value)")] = False,
 ) -> None:
-    """Mean and band over seeds of every variant (and grid point) found under PATHS; PNG and PDF.
+    """Mean and band over seeds of every variant found under PATHS; PNG and PDF.
 
     Runs are grouped by experiment folder, variant and grid point (two folders sharing a label are two
-    lines, named by folder), and seeds are matched by round. Exit status 2 for bad input or a damaged
+    lines, named by folder), and seeds are matched by round. Of a sweep, each variant's best grid point
+    is drawn (lowest mean final value of the first metric over seeds; highest for accuracies), every
+    point with --all-points. Exit status 2 for bad input or a damaged
     results file, 4 when the figure cannot be written.
     """
-    from fedshuffle.experiments.report import collect_runs, group_runs, plot_defaults, plot_runs
+    from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs, plot_defaults, plot_runs
     from fedshuffle.experiments.results import check_metrics, x_axes
 
     out_stem: Path | None = None
@@ -44,7 +48,13 @@ def plot(
         axis = x or defaults.get("x", "round")
         if axis not in x_axes():
             raise ConfigError("--x", f"unknown axis {axis!r}; accepted: {', '.join(x_axes())}")
-        files = plot_runs(group_runs(runs), out_stem or paths[0] / "plot", metric=metric or defaults["metric"], x=axis, band=band,
+        metrics = metric or defaults["metric"]
+        metrics = [metrics] if isinstance(metrics, str) else list(metrics)
+        points = len({json.dumps(r.point, sort_keys=True) for r in runs})
+        if points > 1 and not all_points:
+            runs = best_point_runs(runs, metrics[0])
+            _note(f"the best of {points} grid points per variant by final {metrics[0]} (--all-points for every point)")
+        files = plot_runs(group_runs(runs), out_stem or paths[0] / "plot", metric=metrics, x=axis, band=band,
                           log_y=not linear, title=title, require_data=True)
     except ConfigError as exc:
         _fail(exc)

@@ -7,25 +7,21 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.cli.output import mean_std, print_table
 from fedshuffle.cli import app, console, DEFAULT_PRESET, EXIT_STATUS, _fail, _fail_results, _interrupted, _note, _load, _out_path, _fresh_dir, _seeds, _extend, _command
 
 
 def _print_summary(summary: dict, title: str) -> None:
-    table = Table(title=title)
-    table.add_column("variant")
     from fedshuffle.experiments.report import SUMMARY_METRICS
 
     metrics = [m for m in SUMMARY_METRICS if any(m in v["final"] for v in summary["variants"].values())]
-    for m in metrics:
-        table.add_column(f"final {m}", justify="right")
-    table.add_column("status")
+    rows = []
     for label, v in summary["variants"].items():
-        cells = [f"{v['final'][m]['mean']:.4g} ± {v['final'][m]['std']:.2g}" if m in v["final"] else "" for m in metrics]
-        table.add_row(label, *cells, ", ".join(sorted(set(v["status"]))))
-    console.print(table)
+        cells = [mean_std(v["final"][m]["mean"], v["final"][m]["std"], v["final"][m]["n"]) if m in v["final"] else "" for m in metrics]
+        rows.append((label, *cells, ", ".join(sorted(set(v["status"])))))
+    print_table(title, ("variant", *(f"final {m}" for m in metrics), "status"), rows, right={f"final {m}" for m in metrics})
 
 
 @app.command(help=f"""Run a preset or config file (every variant and seed), write results and a plot.
@@ -144,12 +140,9 @@ def sweep(
         _interrupted(again if target is not None and target.is_dir() else "nothing was written.")
     console.print(f"{record['runs']} runs in {target}/: " + ", ".join(f"{n} {s}" for s, n in record["status"].items()))
     if pick:
-        table = Table(title=f"best point per variant by final {pick}")
-        for col in ("variant", "point", f"mean {pick}", "std", "points tried"):
-            table.add_column(col)
-        for label, b in record["best"].items():
-            table.add_row(label, _point(b["point"]), "—" if b["mean"] is None else f"{b['mean']:.4g}", "—" if b["std"] is None else f"{b['std']:.2g}", str(b["candidates"]))
-        console.print(table)
+        rows = [(label, _point(b["point"]), "—" if b["mean"] is None else f"{b['mean']:.4g}", "—" if b["std"] is None else f"{b['std']:.2g}", str(b["candidates"]))
+                for label, b in record["best"].items()]
+        print_table(f"best point per variant by final {pick}", ("variant", "point", f"mean {pick}", "std", "points tried"), rows, right=(f"mean {pick}", "std", "points tried"))
     if any(o.status != "complete" for o in outcomes):
         raise typer.Exit(3)
 

@@ -23,6 +23,7 @@ from fedshuffle.core.streams import Stream, generator
 from fedshuffle.data import partitions
 from fedshuffle.data.federated import FederatedDataset, objective_weights
 from fedshuffle.data.sources import LIBSVM_DATASETS, arrays, cifar, load_libsvm_dataset, mnist, read_svmlight, shakespeare
+from fedshuffle.data.sources.fetch import resolve_data_path
 from fedshuffle.data.sources.leaf import load_leaf
 from fedshuffle.data.sources.synthetic import FedProxSynthetic
 
@@ -274,6 +275,8 @@ def load_samples(settings: Mapping[str, Any], seed: int) -> tuple[Samples, np.ra
     """
     data_seed = seed if settings.get("seed") is None else settings["seed"]
     rng = generator(data_seed, Stream.PARTITION)
+    if settings.get("path"):  # the same places for every source: working directory, data folders, cache
+        settings = {**settings, "path": str(resolve_data_path(settings["path"], settings.get("data_dirs", ())))}
     return call_with(SOURCES[settings["source"]].factory, settings, rng=rng, seed=data_seed), rng
 
 

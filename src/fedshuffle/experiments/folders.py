@@ -29,6 +29,7 @@ from typing import Any
 
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import write_json
+from fedshuffle.data.sources.fetch import find_data_path
 
 MANIFEST, LOCK = "manifest.json", ".lock"
 #: files of a results folder that a variant or grid-point folder must not shadow
@@ -111,8 +112,9 @@ def data_hashes(spec: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for section, key in FILE_SETTINGS:
         value = spec.get(section, {}).get(key)
-        if isinstance(value, str) and value:
-            digest = content_hash(Path(value))
+        found = find_data_path(value, spec.get("data", {}).get("data_dirs", ())) if isinstance(value, str) and value else None
+        if found is not None:  # where the loader finds it (working directory, data folders, cache)
+            digest = content_hash(found)
             if digest is not None:
                 out[f"{section}.{key}"] = digest
     return out

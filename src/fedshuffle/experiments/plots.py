@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import metrics as metric_registry
 from ..core.errors import ConfigError
 from ..core.io import write_atomic
 from .results import METRIC_LABELS, PLOT_LIMIT, check_metrics, read_metrics, x_axes
@@ -56,33 +57,50 @@ def _aligned(runs: Sequence[dict[str, np.ndarray]], column: str, x: str) -> tupl
     return xs.mean(axis=0), ys
 
 
-def plot_comparison(
-    curves: Mapping[str, Sequence[Path]], out_stem: Path, *, metric: str | Sequence[str], x: str = "round", log_y: bool = True, band: str = "std", title: str = "",
-    require_data: bool = False,
-) -> list[Path]:
-    """Mean over seeds with a std or min–max band, one line per variant, one panel per metric; PNG and PDF.
+#: dash patterns cycled with the ten colours (see :func:`line_style`)
+LINE_STYLES = ("-", "--", "-.", ":")
 
-    With ``require_data``, a metric that no run recorded is an error instead of an empty panel.
-    """
+
+def line_style(k: int) -> dict[str, str]:
+    """Colour and dash pattern of the k-th line: colour k mod 10, pattern (k + ⌊k/10⌋) mod 4, so adjacent
+    lines differ in both and no two of the first 40 lines look alike."""
+    return {"color": f"C{k % 10}", "linestyle": LINE_STYLES[(k + k // 10) % len(LINE_STYLES)]}
+
+
+def _tables(curves: Mapping[str, Sequence[Path]]) -> dict[str, list[dict[str, np.ndarray]]]:
+    return {label: [t for t in (read_metrics(p) for p in paths if Path(p).exists()) if len(t["round"])] for label, paths in curves.items()}
+
+
+def comparison_figure(
+    curves: Mapping[str, Sequence[Path]], *, metric: str | Sequence[str], x: str = "round", log_y: bool = True, band: str = "std", title: str = "",
+    require_data: bool = False,
+) -> Any:
+    """The matplotlib figure of :func:`plot_comparison` (the caller closes it): one panel per metric, one
+    line per curve in its own colour and dash pattern, and one legend for all panels, outside the axes."""
     metrics = check_metrics([metric] if isinstance(metric, str) else list(metric), "--metric")
     if x not in x_axes():
         raise ConfigError("--x", f"unknown axis {x!r}; accepted: {', '.join(x_axes())}")
     if band not in ("std", "minmax"):
         raise ConfigError("--band", f"unknown {band!r}; accepted: std, minmax")
-    tables = {label: [t for t in (read_metrics(p) for p in paths if Path(p).exists()) if len(t["round"])] for label, paths in curves.items()}
+    tables = _tables(curves)
     if require_data:
+        scores = metric_registry.of_kind("model", "method")
+        recorded = [name for name in scores if any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)] or ["none of " + ", ".join(scores)]
         for name in metrics:
             if not any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs):
-                raise ConfigError("--metric", f"no run recorded {name!r} (e.g. f_gap and dist_sq need a problem with a known optimum)")
+                raise ConfigError("--metric", f"no run recorded {name!r} (e.g. f_gap and dist_sq need a problem with a known optimum); the runs recorded: {', '.join(recorded)}")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6.4 * len(metrics), 4.2), constrained_layout=True, squeeze=False)
+    longest = max((len(label) for label in tables), default=0)
+    legend_width = min(0.5 + 0.065 * longest, 5.0) if tables else 0.0
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.6 * len(metrics) + legend_width, 4.2), layout="constrained", squeeze=False)
+    handles: dict[str, Any] = {}
     for ax, name in zip(axes[0], metrics):
         plotted = False
-        for label, runs in tables.items():
+        for k, (label, runs) in enumerate(tables.items()):
             if not runs:
                 continue
             xs, ys = _aligned(runs, name, x)
@@ -93,21 +111,36 @@ def plot_comparison(
                 warnings.simplefilter("ignore", RuntimeWarning)
                 mean, spread, lowest = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0), np.nanmin(ys, axis=0)
                 lo, hi = (mean - spread, mean + spread) if band == "std" else (lowest, np.nanmax(ys, axis=0))
-            (line,) = ax.plot(xs, mean, label=label or name)
+            (line,) = ax.plot(xs, mean, label=label or name, linewidth=1.6, **line_style(k))
+            handles.setdefault(label or name, line)
             if len(runs) > 1:
                 lo = np.maximum(lo, lowest) if log_y else lo  # a std band must not reach below the lowest seed on a log axis
-                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
             plotted = True
         if log_y and plotted:
             ax.set_yscale("log")
             _plain_log_labels(ax.yaxis)
         ax.set_xlabel(METRIC_LABELS.get(x, x))
         ax.set_ylabel(METRIC_LABELS.get(name, name))
-        if plotted:
-            ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_comparison(
+    curves: Mapping[str, Sequence[Path]], out_stem: Path, *, metric: str | Sequence[str], x: str = "round", log_y: bool = True, band: str = "std", title: str = "",
+    require_data: bool = False,
+) -> list[Path]:
+    """Mean over seeds with a std or min–max band, one line per variant, one panel per metric; PNG and PDF.
+
+    With ``require_data``, a metric that no run recorded is an error naming the metrics they did record.
+    """
+    fig = comparison_figure(curves, metric=metric, x=x, log_y=log_y, band=band, title=title, require_data=require_data)
+    import matplotlib.pyplot as plt
+
     out = [out_stem.with_suffix(".png"), out_stem.with_suffix(".pdf")]
     try:
         for path in out:

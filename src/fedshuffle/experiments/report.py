@@ -119,6 +119,26 @@ def group_runs(runs: Sequence[StoredRun]) -> dict[str, list[StoredRun]]:
     return groups
 
 
+def best_point_runs(runs: Sequence[StoredRun], metric: str) -> list[StoredRun]:
+    """Per experiment folder and variant, the runs of the grid point with the best mean final ``metric``
+    over seeds (lowest; highest for metrics where higher is better), as ``sweep --pick`` chooses it.
+
+    A point with a diverged or failed seed, or without the metric, ranks after every other one.
+    """
+    sign = -1.0 if metrics.METRICS[metric].defaults["better"] == "max" else 1.0
+    by_variant: dict[tuple, dict[str, list[StoredRun]]] = {}
+    for r in runs:
+        by_variant.setdefault((str(r.experiment), r.label), {}).setdefault(json.dumps(r.point, sort_keys=True), []).append(r)
+    chosen: list[StoredRun] = []
+    for points in by_variant.values():
+        def score(members: list[StoredRun]) -> float:
+            values = [_number(r.final.get(metric)) for r in members]
+            ok = all(r.status == "complete" for r in members) and all(v is not None for v in values)
+            return sign * float(np.mean(values)) if ok else math.inf
+        chosen += min(points.values(), key=score)
+    return chosen
+
+
 def summarize_runs(runs: Sequence[StoredRun], base: Path) -> dict[str, Any]:
     """Status of every seed, and mean ± std of the final metrics over the complete ones."""
     complete = [r for r in runs if r.status == "complete"]
@@ -143,7 +163,7 @@ def _number(value: Any) -> float | None:
 
 
 def markdown_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str], stat: str = "final") -> str:
-    """One row per group: ``mean ± std`` over complete seeds of the final (or best) value of each metric."""
+    """One row per group: ``mean ± std`` over complete seeds of the final (or best) value of each metric (the value alone for one seed)."""
     check_metrics(names, "--metric")
     if stat not in ("final", "best"):
         raise ConfigError("--stat", f"unknown {stat!r}; accepted: final, best")
@@ -154,7 +174,7 @@ def markdown_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[st
         for m in names:
             values = [_number(r.final.get(m)) if stat == "final" else _best_value(r, m) for r in complete]
             values = [v for v in values if v is not None]
-            cells.append(f"{np.mean(values):.4g} ± {np.std(values):.2g}" if values else "—")
+            cells.append(("—" if not values else f"{np.mean(values):.4g}" if len(values) == 1 else f"{np.mean(values):.4g} ± {np.std(values):.2g}"))
         problems = [r.status for r in runs if r.status != "complete"]
         seeds = f"{len(complete)}" + (f" ({len(problems)} {', '.join(sorted(set(problems)))})" if problems else "")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {seeds} |")

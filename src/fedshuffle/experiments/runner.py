@@ -202,7 +202,8 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
         rows = [row for row in rows if row["round"] % every == 0 or row["round"] == total]
     write_json(run_dir / "config.json", {**stored, **meta, "step_sizes": step_sizes, "environment": environment()})
     (run_dir / "summary.json").unlink(missing_ok=True)  # from here on the folder holds an unfinished run
-    sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, run_name=run_dir.parent.name + "/" + run_dir.name, params=flatten(spec.model_dump()))
+    sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
+                       params=flatten(spec.model_dump()))
     total_samples = sim.data.num_samples
 
     def record() -> dict[str, Any]:

@@ -411,10 +411,13 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
     experiment = validate(Experiment, raw)
     if not experiment.experiment.name or experiment.experiment.name == "experiment":
         experiment.experiment.name = path.stem
-    for data in (experiment.data, *(v.data for v in experiment.variants)):
+    for data in (experiment.data, *(v.data for v in experiment.variants)):  # relative to the file first, whatever the working directory
         data_path = data.get("path")
-        if isinstance(data_path, str) and not Path(data_path).is_absolute() and (path.parent / data_path).exists():
+        if isinstance(data_path, str) and not Path(data_path).expanduser().is_absolute() and (path.parent / data_path).exists():
             data["path"] = str(path.parent / data_path)
+        dirs = data.get("data_dirs")
+        if isinstance(dirs, list):
+            data["data_dirs"] = [str((path.parent / d).resolve()) if isinstance(d, str) and not Path(d).expanduser().is_absolute() else d for d in dirs]
     return experiment
 
 

@@ -1,21 +1,36 @@
 """Optional metric sinks for users who already follow runs in TensorBoard or MLflow.
 
 Enabled per run with ``[run] sinks = ["tensorboard", "mlflow"]``; off by default and never required
-(each needs its own package). Every evaluation row is sent as scalars at step = round. TensorBoard
-writes into ``<run>/tensorboard``; MLflow logs to ``run.mlflow_uri`` (default: a local file store,
-``mlruns`` beside the run's seed folders), one MLflow run per fedshuffle run with the resolved config as parameters.
+(each needs its own package). Every evaluation row is sent as scalars at step = round. Both gather
+an experiment (or sweep) in one place, so its variants compare side by side:
+
+* TensorBoard: one log directory, ``<results>/tensorboard``, with a subdirectory per run laid out as
+  the results are (``<variant>/seed-<s>``, under ``<point>/`` in a sweep):
+  ``tensorboard --logdir <results>/tensorboard``.
+* MLflow (``run.mlflow_uri``, default a local file store ``<results>/mlruns``): one MLflow experiment
+  per fedshuffle experiment (its name), one parent run per variant (and grid point), and a nested run
+  per seed holding the metrics and the resolved config as parameters. A resumed run continues its
+  MLflow run. ``mlflow ui --backend-store-uri <results>/mlruns``.
+
+``<results>`` is the folder given to ``run``/``sweep`` (the one holding ``manifest.json``).
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.experiments.folders import MANIFEST
 
 SINKS = ("tensorboard", "mlflow")
+MAX_PARAMS = 100  # MLflow's limit per log_batch call
 
 
 class MetricSink(Protocol):
@@ -28,13 +43,22 @@ def _scalars(row: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in row.items() if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def experiment_root(run_dir: Path) -> Path:
+    """The results folder a run belongs to: the nearest folder above it with a manifest, else its parent."""
+    run_dir = Path(run_dir).resolve()
+    return next((p for p in run_dir.parents if (p / MANIFEST).is_file()), run_dir.parent)
+
+
 class TensorBoardSink:
-    def __init__(self, run_dir: Path) -> None:
+    """Scalars of one run into ``<results>/tensorboard/<run folder relative to the results>``."""
+
+    def __init__(self, root: Path, run_dir: Path) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise ConfigError("run.sinks", "the tensorboard sink needs TensorBoard: pip install 'fedshuffle[tensorboard]'") from None
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.log_dir = root / "tensorboard" / Path(run_dir).resolve().relative_to(root)
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
 
     def log(self, row):
         for name, value in _scalars(row).items():
@@ -45,34 +69,67 @@ class TensorBoardSink:
 
 
 class MLflowSink:
-    def __init__(self, run_dir: Path, uri: str | None, experiment: str, run_name: str, params: Mapping[str, Any]) -> None:
+    """One seed's run, nested in its variant's parent run, in the MLflow experiment named after the fedshuffle experiment."""
+
+    def __init__(self, root: Path, uri: str | None, experiment: str, label: str, point: str, seed: int, params: Mapping[str, Any]) -> None:
         try:
-            import mlflow
+            from mlflow import MlflowClient
+            from mlflow.entities import Metric, Param
         except ImportError:
             raise ConfigError("run.sinks", "the mlflow sink needs MLflow: pip install 'fedshuffle[mlflow]'") from None
-        self.mlflow = mlflow
-        if uri is None:  # a local file store next to the results; MLflow 3 wants this opt-in for file stores
+        if uri is None:  # a local file store in the results folder; MLflow 3 wants this opt-in for file stores
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            uri = (run_dir.parent / "mlruns").resolve().as_uri()
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_experiment(experiment)
-        self.run = mlflow.start_run(run_name=run_name)
-        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+            uri = (root / "mlruns").as_uri()
+        self.client, self.metric = MlflowClient(uri), Metric
+        tags = {"fedshuffle.results": str(root), "fedshuffle.variant": label or "run", "fedshuffle.point": point}
+        # parallel workers of one experiment must find, not duplicate, the experiment and the variant's parent run
+        lock = Path(tempfile.gettempdir()) / f"fedshuffle-mlflow-{hashlib.sha256(f'{uri}|{root}'.encode()).hexdigest()[:16]}.lock"
+        with open(lock, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            found = self.client.get_experiment_by_name(experiment)
+            experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            parent = self._find(experiment_id, tags) or self.client.create_run(experiment_id, run_name=(label or "run") + (f" [{point}]" if point else ""), tags=tags)
+        self.parent_id = parent.info.run_id
+        child_tags = {**tags, "mlflow.parentRunId": self.parent_id, "fedshuffle.seed": str(seed)}
+        child = self._find(experiment_id, child_tags)  # a resumed run continues its MLflow run
+        if child is None:
+            child = self.client.create_run(experiment_id, run_name=f"seed-{seed}", tags=child_tags)
+            items = [Param(k, str(v)[:500]) for k, v in params.items()]
+            for k in range(0, len(items), MAX_PARAMS):
+                self.client.log_batch(child.info.run_id, params=items[k : k + MAX_PARAMS])
+        else:
+            self.client.update_run(child.info.run_id, status="RUNNING")
+        self.run_id = child.info.run_id
+
+    def _find(self, experiment_id: str, tags: Mapping[str, str]) -> Any:
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items() if "'" not in v)
+        keys = set(tags)
+        for run in self.client.search_runs([experiment_id], filter_string=query):
+            if {k: run.data.tags.get(k) for k in keys} == dict(tags) and ("mlflow.parentRunId" in keys or "mlflow.parentRunId" not in run.data.tags):
+                return run
+        return None
 
     def log(self, row):
-        self.mlflow.log_metrics(_scalars(row), step=int(row["round"]))
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[self.metric(k, v, now, int(row["round"])) for k, v in _scalars(row).items()])
 
     def close(self):
-        self.mlflow.end_run()
+        self.client.set_terminated(self.run_id)
+        self.client.set_terminated(self.parent_id)
 
 
-def open_sinks(names: list[str], run_dir: Path, *, uri: str | None, experiment: str, run_name: str, params: Mapping[str, Any]) -> list[MetricSink]:
+def open_sinks(
+    names: list[str], run_dir: Path, *, uri: str | None, experiment: str, label: str, point: Mapping[str, Mapping[str, Any]], seed: int, params: Mapping[str, Any],
+) -> list[MetricSink]:
+    """The sinks a run asks for (``point``: a sweep's grid point by section, empty outside sweeps)."""
     sinks: list[MetricSink] = []
+    root = experiment_root(run_dir)
     for name in names:
         if name == "tensorboard":
-            sinks.append(TensorBoardSink(run_dir))
+            sinks.append(TensorBoardSink(root, run_dir))
         elif name == "mlflow":
-            sinks.append(MLflowSink(run_dir, uri, experiment, run_name, params))
+            text = ", ".join(f"{section}.{key}={value}" for section, settings in point.items() for key, value in settings.items())
+            sinks.append(MLflowSink(root, uri, experiment, label, text, seed, params))
         else:
             raise ConfigError("run.sinks", f"unknown sink {name!r}; accepted: {', '.join(SINKS)}")
     return sinks

@@ -1,6 +1,10 @@
 """Finding a dataset file: local data folders first, then the cache, then the official source.
 
-A file is looked up, in order, in
+A data file or folder named by a config's ``data.path`` is found by :func:`resolve_data_path`: relative to
+the config file's folder, then the working directory, the data folders and the cache (it has no
+download; registered files below do).
+
+A registered file is looked up, in order, in
 
 1. the folders of ``data_dirs`` (a setting) and of the environment variable ``FEDSHUFFLE_DATA``
    (``os.pathsep``-separated), as ``<dir>/<dataset>/<file>`` or ``<dir>/<file>``;
@@ -31,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedshuffle.core.errors import DataError
+from fedshuffle.core.errors import ConfigError, DataError
 
 CHUNK = 1 << 20
 
@@ -56,6 +60,33 @@ def cache_dir() -> Path:
 def data_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
     env = [p for p in os.environ.get("FEDSHUFFLE_DATA", "").split(os.pathsep) if p]
     return [Path(p).expanduser() for p in [*extra, *env]]
+
+
+def data_path_candidates(path: str | Path, extra_dirs: Sequence[str | Path] = ()) -> list[Path]:
+    """Where a relative ``data.path`` is looked for, in order: the working directory (a value given on
+    the command line or in a dict; :func:`~fedshuffle.experiments.schema.load_experiment` has already
+    tried the config file's folder), each data folder (``data.data_dirs``, ``$FEDSHUFFLE_DATA``), the cache."""
+    path = Path(path).expanduser()
+    if path.is_absolute():
+        return [path]
+    return [path, *(folder / path for folder in data_dirs(extra_dirs)), cache_dir() / path]
+
+
+def find_data_path(path: str | Path, extra_dirs: Sequence[str | Path] = ()) -> Path | None:
+    """The first of :func:`data_path_candidates` that exists, or ``None``."""
+    return next((p for p in data_path_candidates(path, extra_dirs) if p.exists()), None)
+
+
+def resolve_data_path(path: str | Path, extra_dirs: Sequence[str | Path] = ()) -> Path:
+    """``data.path`` as found by :func:`find_data_path`; an error naming every place looked in when it is nowhere
+    (an absolute path is left to the loader, whose error names the file)."""
+    found = find_data_path(path, extra_dirs)
+    if found is not None or Path(path).expanduser().is_absolute():
+        return found or Path(path).expanduser()
+    cwd, *others = data_path_candidates(path, extra_dirs)
+    places = ", ".join([f"the working directory ({Path.cwd() / cwd})", *map(str, others)])
+    hint = "" if os.environ.get("FEDSHUFFLE_DATA") else "; $FEDSHUFFLE_DATA is not set (export FEDSHUFFLE_DATA=<the folder holding it>)"
+    raise ConfigError("path", f"{path} not found; looked in the config file's folder, then {places}{hint}")
 
 
 def sha256_of(path: Path) -> str:
