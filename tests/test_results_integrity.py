@@ -285,6 +285,9 @@ def test_plot_and_table_keep_folders_apart_and_count_each_seed_once(tmp_path):
     assert "| 2 |" in twice.stdout and "(a)" not in twice.stdout
     clean(cli("plot", a, b, "--metric", "loss", "--out", tmp_path / "fig"), 0)
     assert (tmp_path / "fig.png").stat().st_size > 10_000
+    bad_math = cli("plot", a, "--metric", "loss", "--title", "$\\frac{$", "--out", tmp_path / "math")
+    clean(bad_math, 2)
+    assert "plot: a title or variant label is not valid matplotlib math text" in bad_math.stderr
     shutil.copytree(a / "fedavg" / "seed-0", a / "fedavg" / "seed-0-copy")
     for command in ("table", "plot"):
         result = cli(command, a, "--metric", "loss")

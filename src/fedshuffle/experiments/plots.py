@@ -145,7 +145,11 @@ def plot_comparison(
     try:
         for path in out:
             buf = io.BytesIO()
-            fig.savefig(buf, format=path.suffix[1:], dpi=130)
+            try:
+                fig.savefig(buf, format=path.suffix[1:], dpi=130)
+            except ValueError as exc:  # matplotlib's mathtext parser rejects a '$...$' it cannot typeset
+                reason = " ".join(str(exc).split())
+                raise ConfigError("plot", f"a title or variant label is not valid matplotlib math text ({reason}); write a literal dollar sign as '\\$'") from None
             write_atomic(path, buf.getvalue())
     finally:
         plt.close(fig)
