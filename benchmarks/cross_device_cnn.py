@@ -49,7 +49,7 @@ def ours(executor: str, warmup: int, repeats: int, chunk_size: int | None = None
     xs, ys = zip(*(user_data(u) for u in range(USERS)))
     data = FederatedDataset(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)),
                             np.arange(USERS * PER_USER).reshape(USERS, PER_USER), objective_weights(np.full(USERS, PER_USER), "size"))
-    alg = build_algorithm("fedavg_rr", {"lr": LR, "epochs": 1, "batch_size": BATCH, "server_lr": 1.0})
+    alg = build_algorithm("fedavg_rr", {"local": {"lr": LR, "epochs": 1, "batch_size": BATCH}, "server": {"lr": 1.0}})
     ex = VectorizedExecutor(chunk_size) if executor == "vectorized" else SequentialExecutor()
     sim = Simulation(CNN(SHAPE, CLASSES, dropout=False), data, alg, UniformWithoutReplacement(USERS, COHORT), seed=0, dtype=torch.float32, executor=ex)
     return time_rounds(sim.step, warmup, repeats)

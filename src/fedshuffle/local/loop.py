@@ -4,7 +4,9 @@ Client models are stacked as ``(C, d)``. The clients are ordered longest-first, 
 clients still working are the prefix ``[0, k_t)``; their minibatches are gathered into ``(k_t, B, …)``
 with per-row weights (1/n on real rows, 0 on the padding of a short batch), the gradients come from
 :meth:`Problem.local_gradient`, the :class:`~fedshuffle.local.steps.StepChain` turns them into
-moves, and y ← y − η_i·d. One client (C = 1) is the sequential reference; every executor runs this
+moves, and y ← y − η_i·d. With an empty chain (plain SGD) the step is the problem's own
+:meth:`Problem.descend`, the same y ← y − η_i·g done in place (a module updates its parameters
+piece by piece, as a hand-written PyTorch loop does). One client (C = 1) is the sequential reference; every executor runs this
 function, so they all do the same arithmetic.
 """
 
@@ -87,9 +89,12 @@ def _run_sorted(problem: Problem, features: torch.Tensor, labels: torch.Tensor, 
         idx = safe[:k, t]
         y, f, lab, m = ys[:k], features[idx], labels[idx], weights[:k, t]
         seeds = [step_seed(p.key, t) for p in plans[:k]] if problem.stochastic else None
+        if not chain.transforms:  # plain SGD: the problem's in-place step (modules: piece by piece)
+            problem.descend(y, f, lab, m, lrs[:k], seeds)
+            continue
         g = problem.local_gradient(y, f, lab, m, seeds)
         g_x = problem.local_gradient(centers[:k], f, lab, m, seeds) if chain.needs_center_gradient else None
         step = Step(y, centers[:k], None if offsets is None else offsets[:k], k)
-        d = chain.update(g, g_x, states, step) if chain.transforms else g
+        d = chain.update(g, g_x, states, step)
         y.addcmul_(lrs[:k], d, value=-1.0)  # y is the view ys[:k]
     return starts - ys
