@@ -82,6 +82,8 @@ class LocalExecutor:
     """
 
     name = "vectorized"
+    #: how the executor was chosen when ``run.executor = "auto"`` ("auto: <name> — <reason>"), else None
+    chosen: str | None = None
 
     def __init__(self, chunk_size: int | None = None, memory_budget: int = 1 << 30) -> None:
         if chunk_size is not None and chunk_size < 1:
