@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fedshuffle.core.streams import step_seed
+from fedshuffle.local import fused
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.local.steps import Step, StepChain
 from fedshuffle.problems import Problem
@@ -53,11 +54,17 @@ class LocalWork:
         return replace(self, plans=list(plans) if plans is not None else [self.plans[i] for i in members], **pick)
 
 
-def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork) -> torch.Tensor:
-    """Δ_i = s_i − y_{τ_i} of every member, stacked ``(C, d)`` in the order of ``work.plans``."""
+def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork, compiled: bool = False) -> torch.Tensor:
+    """Δ_i = s_i − y_{τ_i} of every member, stacked ``(C, d)`` in the order of ``work.plans``.
+
+    ``compiled``: run the whole work as one compiled loop (:mod:`fedshuffle.local.fused`) where that
+    backend can (linear problems, float64 on the CPU, numba installed); the same steps either way.
+    """
     plans = work.plans
     if not plans:
         return work.start.new_zeros((0, work.start.shape[-1]))
+    if compiled and fused.usable(problem, features, work):
+        return fused.run(problem, features, labels, work)
     order = np.argsort([-p.steps for p in plans], kind="stable")
     if np.array_equal(order, np.arange(len(plans))):
         return _run_sorted(problem, features, labels, work)
