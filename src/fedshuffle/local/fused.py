@@ -86,11 +86,12 @@ def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Te
     plans = work.plans
     kind, l2, classes = problem_code(problem)
     ops, values, momentum = chain_code(work.chain, work.start.shape[-1])
-    steps = np.array([p.steps for p in plans], dtype=np.int64)
-    batch = max(p.batches.shape[1] for p in plans)
+    shapes = [p.batches.shape for p in plans]
+    steps = np.array([s[0] for s in shapes], dtype=np.int64)
+    batch = max(s[1] for s in shapes)
     rows = np.full((len(plans), int(steps.max()), batch), -1, dtype=np.int64)
-    for c, plan in enumerate(plans):
-        rows[c, : plan.steps, : plan.batches.shape[1]] = plan.batches
+    for c, (plan, (tau, width)) in enumerate(zip(plans, shapes)):
+        rows[c, :tau, :width] = plan.batches
     starts = work.rows("start").detach().cpu().numpy()
     centers = starts if work.center is None else np.ascontiguousarray(work.rows("center").detach().cpu().numpy())
     offsets = np.zeros((1, starts.shape[1])) if work.offset is None else np.ascontiguousarray(work.rows("offset").detach().cpu().numpy())

@@ -241,10 +241,11 @@ class LocalSolver:
         epochs = []
         for _ in range(-(-steps // per_epoch)):
             perm = fixed if fixed is not None else rng.permutation(n)
-            epoch = np.full(padded, -1, dtype=np.int64)
-            epoch[:n] = rows[perm]
+            epoch = np.asarray(rows[perm], dtype=np.int64)
+            if padded > n:  # −1 pads the short last batch
+                epoch = np.concatenate([epoch, np.full(padded - n, -1, dtype=np.int64)])
             epochs.append(epoch.reshape(per_epoch, b))
-        return np.concatenate(epochs)[:steps]
+        return (epochs[0] if len(epochs) == 1 else np.concatenate(epochs))[:steps]
 
     def _completed_steps(self, planned: int, client: int, occurrence: int, round_index: int, seed: int) -> int:
         done = max(1, planned - self.drop_last_steps)
