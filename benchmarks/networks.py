@@ -13,6 +13,7 @@ Cases, each in its own process (seconds per round after a warm-up round, wall an
 * ``sequential`` — fedshuffle, one client after another (the module's parameters are views of the flat vector);
 * ``vectorized`` — fedshuffle, the whole cohort as one masked loop (on CPU: clients one after another inside each step);
 * ``vmap`` — fedshuffle, the cohort as one ``vmap`` of ``torch.func.grad`` per step (``vectorize=True``; the CUDA default);
+* ``auto`` — fedshuffle with ``run.executor = "auto"`` (:mod:`fedshuffle.executors.choice`);
 * ``torch_loop`` — the limit case: a plain PyTorch FedAvg round — per client, load the global weights,
   ``module(x)`` / ``loss.backward()`` / ``optimizer.step()`` over the same minibatches, accumulate the update.
 
@@ -97,8 +98,10 @@ def ours(h: Harness, executor: str) -> Callable[[], object]:
     from fedshuffle.executors.local import SequentialExecutor, VectorizedExecutor
 
     alg = build_algorithm("fedavg_rr", {"local": {"lr": h.lr, "epochs": 1, "batch_size": h.batch}, "server": {"lr": 1.0}})
-    ex = SequentialExecutor() if executor == "sequential" else VectorizedExecutor(chunk_size=h.cohort)
+    from fedshuffle.executors import make_executor
+
     problem = _problem(h, vectorize=True if executor == "vmap" else None)
+    ex = make_executor("auto", problem) if executor == "auto" else SequentialExecutor() if executor == "sequential" else VectorizedExecutor(chunk_size=h.cohort)
     sim = Simulation(problem, _dataset(h), alg, UniformWithoutReplacement(h.users, h.cohort), seed=0, dtype=torch.float32, executor=ex)
     return sim.step
 
@@ -117,7 +120,7 @@ def torch_loop(h: Harness) -> Callable[[], object]:
         cohort = np.random.default_rng(r).choice(h.users, h.cohort, replace=False)
         total = torch.zeros_like(global_)
         for user in cohort:
-            torch.nn.utils.vector_to_parameters(global_, params)
+            torch.nn.utils.vector_to_parameters(global_.clone(), params)  # a copy: the parameters must not alias the global model
             opt = torch.optim.SGD(params, lr=h.lr)
             rows = torch.from_numpy(data.client_indices[user][np.random.default_rng((r, user)).permutation(h.per_user)])
             for k in range(0, h.per_user, h.batch):
@@ -152,7 +155,7 @@ def make_step(case: str) -> Callable[[], object]:
     return torch_loop(h) if kind == "torch_loop" else ours(h, kind)
 
 
-CASES = [f"{h}_{k}" for h in HARNESSES for k in ("sequential", "vectorized", "vmap", "torch_loop")]
+CASES = [f"{h}_{k}" for h in HARNESSES for k in ("sequential", "vectorized", "vmap", "auto", "torch_loop")]
 
 
 def profile(case: str) -> None:
@@ -190,7 +193,7 @@ def main() -> None:
     ratios = {}
     for h in HARNESSES:
         limit = results.get(f"{h}_torch_loop", {}).get("median_s")
-        for kind in ("sequential", "vectorized", "vmap"):
+        for kind in ("sequential", "vectorized", "vmap", "auto"):
             ours_s = results.get(f"{h}_{kind}", {}).get("median_s")
             if limit and ours_s:
                 ratios[f"{h}_{kind}_over_torch_loop"] = round(ours_s / limit, 3)
