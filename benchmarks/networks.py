@@ -172,18 +172,50 @@ def profile(case: str) -> None:
     print(table)
 
 
+def interleaved(harness: str, kinds: list[str], rounds: int) -> None:
+    """The ``kinds`` of one harness in this process, round by round in turn (wall and CPU seconds per round,
+    medians): on a shared machine, load changes hit every kind alike. Writes results/networks_<harness>_interleaved.json."""
+    from fedshuffle.executors import choose
+
+    steps = {kind: make_step(f"{harness}_{kind}") for kind in kinds}
+    for step in steps.values():
+        step()  # warm-up
+    wall: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(rounds):
+        for kind, step in steps.items():
+            w, c = time.perf_counter(), time.process_time()
+            step()
+            wall[kind].append(time.perf_counter() - w)
+            cpu[kind].append(time.process_time() - c)
+    cases = {k: {"median_s": statistics.median(wall[k]), "cpu_median_s": statistics.median(cpu[k]), "wall_s": wall[k], "cpu_s": cpu[k]} for k in kinds}
+    best = min(("sequential", "vectorized"), key=lambda k: cases[k]["cpu_median_s"]) if {"sequential", "vectorized"} <= set(kinds) else None
+    h = HARNESSES[harness]
+    payload = {"setup": {"harness": harness, "users": h.users, "samples_per_user": h.per_user, "cohort": h.cohort, "batch": h.batch, "lr": h.lr, "sample_shape": h.sample_shape,
+                         "parameters": _problem(h).dim, "dtype": "float32", "threads": torch.get_num_threads(), "protocol": f"one process, the kinds in turn each round, {rounds} rounds after a warm-up round"},
+               "auto_picks": choose(_problem(h))[0], "cases": cases}
+    if best and "auto" in cases:
+        payload["auto_over_best_cpu"] = round(cases["auto"]["cpu_median_s"] / cases[best]["cpu_median_s"], 3)
+    print(write(f"networks_{harness}_interleaved", payload).read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=CASES)
     parser.add_argument("--profile", choices=CASES)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per case (after one warm-up round)")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--interleaved", metavar="HARNESS", choices=list(HARNESSES), help="run --kinds of HARNESS in one process, round by round in turn")
+    parser.add_argument("--kinds", default="sequential,vectorized,auto")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: PyTorch's, one per core)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.profile:
         profile(args.profile)
+        return
+    if args.interleaved:
+        interleaved(args.interleaved, args.kinds.split(","), args.rounds)
         return
     if args.case:
         emit({"case": args.case, **timed(make_step(args.case), 1, args.rounds), "threads": torch.get_num_threads()})
