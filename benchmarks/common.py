@@ -50,13 +50,14 @@ def time_rounds(step: Callable[[], Any], warmup: int, repeats: int, sync: Callab
     for _ in range(warmup):
         step()
     sync()
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step()
         sync()
         times.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(times), "mean_s": statistics.fmean(times), "min_s": min(times), "max_s": max(times), "rounds": repeats, "warmup": warmup}
+        cpu.append(time.process_time() - start_cpu)
+    return {"median_s": statistics.median(times), "mean_s": statistics.fmean(times), "min_s": min(times), "max_s": max(times), "cpu_median_s": statistics.median(cpu), "rounds": repeats, "warmup": warmup}
 
 
 def run_case(module: str, case: str, *args: str, timeout: float = 3600, python: str | None = None) -> dict[str, Any]:
@@ -74,6 +75,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if not good:
         return runs[-1] if runs else {}
     out = {k: v for k, v in good[0].items() if k not in ("median_s", "mean_s", "min_s", "max_s", "peak_rss_mib", "wall_s")}
+    if all("cpu_median_s" in r for r in good):
+        out["cpu_median_s"] = statistics.median(r["cpu_median_s"] for r in good)
     out.update(median_s=statistics.median(r["median_s"] for r in good), peak_rss_mib=max(r["peak_rss_mib"] for r in good),
                runs_median_s=[round(r["median_s"], 3) for r in good], runs=len(good))
     return out

@@ -141,6 +141,8 @@ def save(runs: dict[str, list[dict]], repeat: int):
     for name, r in results.items():
         if name != "pfl" and reference and "median_s" in r:
             ratios[f"{name}_over_pfl_seconds"] = round(r["median_s"] / reference, 3)
+            if "cpu_median_s" in r and "cpu_median_s" in results["pfl"]:
+                ratios[f"{name}_over_pfl_cpu_seconds"] = round(r["cpu_median_s"] / results["pfl"]["cpu_median_s"], 3)
             ratios[f"{name}_over_pfl_peak_rss"] = round(r["peak_rss_mib"] / results["pfl"]["peak_rss_mib"], 3)
     return write("cross_device_cnn", {
         "setup": {"users": USERS, "images_per_user": PER_USER, "image": SHAPE, "cohort": COHORT, "local": "1 epoch, batch 10 (5 steps)", "client_lr": LR, "server_lr": 1.0,
@@ -157,8 +159,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per case (after one warm-up round)")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--repeat", type=int, default=1, help="run the list of cases this many times, interleaved; medians over the runs")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads in every case (default: PyTorch's, one per core)")
     parser.add_argument("--python", action="append", default=[], metavar="CASE=PYTHON", help="interpreter for a case (e.g. pfl=/path/to/venv/bin/python)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.case:
         start = time.perf_counter()
         result = CASES[args.case](1, args.rounds)
@@ -169,7 +174,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for _ in range(args.repeat):
         for name in names:
-            runs[name].append(run_case("benchmarks.cross_device_cnn", name, "--rounds", str(args.rounds), python=pythons.get(name)))
+            threads = ("--threads", str(args.threads)) if args.threads else ()
+            runs[name].append(run_case("benchmarks.cross_device_cnn", name, "--rounds", str(args.rounds), *threads, python=pythons.get(name)))
             path = save({n: rs for n, rs in runs.items() if rs}, args.repeat)  # after every case: a cut-off run keeps what it measured
     print(path.read_text())
 
