@@ -50,22 +50,36 @@ def time_rounds(step: Callable[[], Any], warmup: int, repeats: int, sync: Callab
     for _ in range(warmup):
         step()
     sync()
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         step()
         sync()
         times.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(times), "mean_s": statistics.fmean(times), "min_s": min(times), "max_s": max(times), "rounds": repeats, "warmup": warmup}
+        cpu.append(time.process_time() - start_cpu)
+    return {"median_s": statistics.median(times), "mean_s": statistics.fmean(times), "min_s": min(times), "max_s": max(times), "cpu_median_s": statistics.median(cpu), "rounds": repeats, "warmup": warmup}
 
 
-def run_case(module: str, case: str, *args: str, timeout: float = 3600) -> dict[str, Any]:
-    """Run one case in a fresh interpreter and parse the JSON line it prints last."""
-    cmd = [sys.executable, "-m", module, "--case", case, *args]
+def run_case(module: str, case: str, *args: str, timeout: float = 3600, python: str | None = None) -> dict[str, Any]:
+    """Run one case in a fresh interpreter (``python``, default this one) and parse the JSON line it prints last."""
+    cmd = [python or sys.executable, "-m", module, "--case", case, *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).parents[1])
     if out.returncode != 0:
         return {"case": case, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One case over interleaved runs: the median of the runs' median s/round, the largest peak RSS, every run's figures."""
+    good = [r for r in runs if "median_s" in r]
+    if not good:
+        return runs[-1] if runs else {}
+    out = {k: v for k, v in good[0].items() if k not in ("median_s", "mean_s", "min_s", "max_s", "peak_rss_mib", "wall_s")}
+    if all("cpu_median_s" in r for r in good):
+        out["cpu_median_s"] = statistics.median(r["cpu_median_s"] for r in good)
+    out.update(median_s=statistics.median(r["median_s"] for r in good), peak_rss_mib=max(r["peak_rss_mib"] for r in good),
+               runs_median_s=[round(r["median_s"], 3) for r in good], runs=len(good))
+    return out
 
 
 def case_or_all(module: str, cases: Sequence[str], case: Callable[[str, int, int], None], warmup: int, repeats: int) -> dict[str, Any] | None:

@@ -1,6 +1,8 @@
 """Benchmark 1 — convex cross-device: L2 logistic regression, d = 123, 1,000 clients with log-normal
 sizes (mean 50), cohort 100, one local epoch of batch-1 random reshuffling (FedShuffle), fp64.
-Vectorized vs sequential executor, seconds per round.
+Seconds per round of the executors — ``sequential`` (the reference), ``vectorized`` (the torch masked loop),
+``compiled`` (the vectorized executor's numba backend, :mod:`fedshuffle.local.fused`), ``auto`` — and of
+``limit``, the same round written as one numba loop by hand. Needs numba (``pip install 'fedshuffle[fast]'``).
 
     python -m benchmarks.convex            # writes benchmarks/results/convex.json
 """
@@ -12,9 +14,10 @@ import argparse
 import numpy as np
 import torch
 
-from benchmarks.common import emit, run_case, time_rounds, write
+from benchmarks.common import emit, run_case, summarize, time_rounds, write
 from fedshuffle import LogisticRegression, Simulation, UniformWithoutReplacement, build_algorithm
 from fedshuffle.data import FederatedDataset, objective_weights
+from fedshuffle.executors import make_executor
 from fedshuffle.executors.local import SequentialExecutor, VectorizedExecutor
 
 CLIENTS, COHORT, DIM, MEAN_SIZE, SIGMA = 1000, 100, 123, 50, 1.0
@@ -37,31 +40,92 @@ def problem_and_data(seed: int = 0) -> tuple[LogisticRegression, FederatedDatase
     return LogisticRegression(DIM, 1e-3), FederatedDataset(torch.tensor(x), torch.tensor(y), parts, objective_weights(sizes, "size"))
 
 
+def limit_round(problem: LogisticRegression, data: FederatedDataset):
+    """The compiled-loop limit: a round of the same shape as one numba loop — cohort draw, a permutation per client,
+    batch-1 logistic steps on dense features, the size-weighted average — without planning, executors or methods."""
+    import numba
+
+    @numba.njit(cache=True)
+    def steps(x, b, order, starts, ends, lr, l2, params, out):
+        for c in range(starts.shape[0]):
+            y = params.copy()
+            for k in range(starts[c], ends[c]):
+                r = order[k]
+                margin = 0.0
+                for j in range(y.shape[0]):
+                    margin += x[r, j] * y[j]
+                coef = b[r] / (1.0 + np.exp(b[r] * margin))
+                for j in range(y.shape[0]):
+                    y[j] -= lr * (l2 * y[j] - coef * x[r, j])
+            out[c] = params - y
+
+    x, b = data.features.numpy(), data.labels.numpy()
+    offsets = np.concatenate([[0], np.cumsum(data.sizes)])
+    params, rounds = np.zeros(DIM), iter(range(10**9))
+
+    def round_() -> None:
+        nonlocal params
+        r = next(rounds)
+        rng = np.random.default_rng(r)
+        cohort = rng.choice(CLIENTS, COHORT, replace=False)
+        order = np.concatenate([offsets[i] + rng.permutation(data.sizes[i]) for i in cohort])
+        ends = np.cumsum(data.sizes[cohort])
+        out = np.empty((COHORT, DIM))
+        steps(x, b, order, ends - data.sizes[cohort], ends, 0.05 / 1, problem.l2, params, out)
+        w = data.sizes[cohort] / data.sizes[cohort].sum()
+        params = params - w @ out
+
+    return round_
+
+
 def case(executor: str, warmup: int, repeats: int) -> None:
     torch.set_num_threads(1)
     problem, data = problem_and_data()
-    alg = build_algorithm("fedshuffle", {"lr": 0.05, "epochs": 1, "batch_size": 1})
-    ex = SequentialExecutor() if executor == "sequential" else VectorizedExecutor()
+    if executor == "limit":
+        emit({"case": executor, **time_rounds(limit_round(problem, data), warmup, repeats), "threads": 1})
+        return
+    alg = build_algorithm("fedshuffle", {"local": {"lr": 0.05, "epochs": 1, "batch_size": 1}})
+    ex = {"sequential": SequentialExecutor(), "vectorized": VectorizedExecutor(compiled=False), "compiled": VectorizedExecutor(), "auto": make_executor("auto", problem)}[executor]
     sim = Simulation(problem, data, alg, UniformWithoutReplacement(CLIENTS, COHORT), seed=0, executor=ex)
     timing = time_rounds(sim.step, warmup, repeats)
     steps = int(np.mean([data.sizes[sim.sampler.sample(r, 0)].sum() for r in range(sim.counters.rounds)]))
-    emit({"case": executor, **timing, "mean_local_steps_per_round": steps, "threads": 1})
+    emit({"case": executor, **timing, "mean_local_steps_per_round": steps, "threads": 1, "executor": ex.name, "compiled_backend": fused_usable(problem, data, ex)})
+
+
+def fused_usable(problem, data, executor) -> bool:
+    from fedshuffle.local import fused
+
+    return bool(getattr(executor, "compiled", False)) and fused.numba is not None and fused.problem_code(problem) is not None
+
+
+CASES = ("sequential", "vectorized", "compiled", "auto", "limit")
+REPEATS = {"sequential": 5, "vectorized": 20}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=["sequential", "vectorized"])
+    parser.add_argument("--case", choices=CASES)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--repeat", type=int, default=1, help="run the list of cases this many times, interleaved; medians over the runs")
     args = parser.parse_args()
     if args.case:
-        repeats = args.repeats or (5 if args.case == "sequential" else 30)
-        case(args.case, warmup=2, repeats=repeats)
+        case(args.case, warmup=3, repeats=args.repeats or REPEATS.get(args.case, 100))
         return
-    results = {name: run_case("benchmarks.convex", name) for name in ("sequential", "vectorized")}
-    ratio = results["sequential"]["median_s"] / results["vectorized"]["median_s"]
+    runs: dict[str, list[dict]] = {name: [] for name in CASES}
+    for _ in range(args.repeat):
+        for name in CASES:
+            runs[name].append(run_case("benchmarks.convex", name))
+    results = {name: summarize(r) for name, r in runs.items()}
+    seconds = {name: r.get("median_s") for name, r in results.items()}
+    ratios = {}
+    if seconds["sequential"]:
+        ratios.update({f"speedup_{n}_over_sequential": round(seconds["sequential"] / seconds[n], 2) for n in ("vectorized", "compiled", "auto") if seconds[n]})
+    if seconds["limit"]:
+        ratios.update({f"{n}_over_limit": round(seconds[n] / seconds["limit"], 2) for n in ("vectorized", "compiled", "auto") if seconds[n]})
     path = write("convex", {
-        "setup": {"clients": CLIENTS, "cohort": COHORT, "dim": DIM, "sizes": f"floor(LogNormal) + 1, mean {MEAN_SIZE}, sigma {SIGMA}", "local": "1 epoch, batch 1, RR (FedShuffle)", "dtype": "float64", "threads": 1},
-        "cases": results, "speedup_vectorized_over_sequential": round(ratio, 2), "goal": ">= 30x",
+        "setup": {"clients": CLIENTS, "cohort": COHORT, "dim": DIM, "sizes": f"floor(LogNormal) + 1, mean {MEAN_SIZE}, sigma {SIGMA}", "local": "1 epoch, batch 1, RR (FedShuffle)", "dtype": "float64", "threads": 1,
+                  "protocol": f"each case in its own process, the list run {args.repeat}x interleaved; per case the median over runs of the per-run median s/round"},
+        "cases": results, "ratios": ratios, "goals": {"speedup_auto_over_sequential": ">= 30", "auto_over_limit": "<= 3"},
     })
     print(path.read_text())
 

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.common import emit, run_case, time_rounds, write
+from benchmarks.common import emit, run_case, summarize, time_rounds, write
 
 USERS, PER_USER, COHORT, BATCH, LR, CLASSES = 1000, 50, 50, 10, 0.1, 10
 SHAPE = (3, 32, 32)
@@ -40,19 +40,50 @@ def cohort(round_index: int) -> np.ndarray:
     return np.sort(np.random.default_rng(10_000 + round_index).choice(USERS, COHORT, replace=False))
 
 
+def lazy_data():
+    """The users' data as fedshuffle's lazy dataset: a user's images are made when it takes part, as pfl-research's harness does."""
+    from fedshuffle.data import LazyFederatedDataset, objective_weights
+
+    def make(user: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y = user_data(user)
+        return x.reshape(PER_USER, -1), y
+
+    return LazyFederatedDataset(np.full(USERS, PER_USER), objective_weights(np.full(USERS, PER_USER), "size"), make, (int(np.prod(SHAPE)),), dtype=torch.float32)
+
+
 def ours(executor: str, warmup: int, repeats: int, chunk_size: int | None = None) -> dict:
     from fedshuffle import Simulation, UniformWithoutReplacement, build_algorithm
-    from fedshuffle.data import FederatedDataset, objective_weights
-    from fedshuffle.executors.local import SequentialExecutor, VectorizedExecutor
+    from fedshuffle.executors import make_executor
     from fedshuffle.problems import CNN
 
-    xs, ys = zip(*(user_data(u) for u in range(USERS)))
-    data = FederatedDataset(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)),
-                            np.arange(USERS * PER_USER).reshape(USERS, PER_USER), objective_weights(np.full(USERS, PER_USER), "size"))
-    alg = build_algorithm("fedavg_rr", {"lr": LR, "epochs": 1, "batch_size": BATCH, "server_lr": 1.0})
-    ex = VectorizedExecutor(chunk_size) if executor == "vectorized" else SequentialExecutor()
-    sim = Simulation(CNN(SHAPE, CLASSES, dropout=False), data, alg, UniformWithoutReplacement(USERS, COHORT), seed=0, dtype=torch.float32, executor=ex)
-    return time_rounds(sim.step, warmup, repeats)
+    alg = build_algorithm("fedavg_rr", {"local": {"lr": LR, "epochs": 1, "batch_size": BATCH}, "server": {"lr": 1.0}})
+    problem, data = CNN(SHAPE, CLASSES, dropout=False), lazy_data()
+    ex = make_executor(executor, problem, chunk_size=chunk_size)
+    sim = Simulation(problem, data, alg, UniformWithoutReplacement(USERS, COHORT), seed=0, dtype=torch.float32, executor=ex)
+    return {**time_rounds(sim.step, warmup, repeats), "executor": ex.name}
+
+
+def torch_loop(warmup: int, repeats: int) -> dict:
+    """The limit case: a plain PyTorch FedAvg round — per user, load the global weights, SGD over its minibatches
+    (``module(x)`` / ``loss.backward()`` / ``optimizer.step()``), add its update to the sum."""
+    from benchmarks.frameworks import local_epoch, make_module
+
+    module = make_module()
+    params = list(module.parameters())
+    global_ = torch.nn.utils.parameters_to_vector(params).detach().clone()
+    rounds = iter(range(10**6))
+
+    def round_() -> None:
+        nonlocal global_
+        r = next(rounds)
+        total = torch.zeros_like(global_)
+        for user in cohort(r):
+            torch.nn.utils.vector_to_parameters(global_.clone(), params)  # a copy: the parameters must not alias the global model
+            local_epoch(module, int(user), seed=r * USERS + int(user))
+            total += global_ - torch.nn.utils.parameters_to_vector(params).detach()
+        global_ = global_ - total / COHORT
+
+    return time_rounds(round_, warmup, repeats)
 
 
 def limit(warmup: int, repeats: int) -> dict:
@@ -90,7 +121,36 @@ def pfl(warmup: int, repeats: int) -> dict:
     return pfl_round_seconds(warmup, repeats)
 
 
-CASES = {"vectorized": lambda w, r: ours("vectorized", w, r), "vectorized_chunk10": lambda w, r: ours("vectorized", w, r, 10), "sequential": lambda w, r: ours("sequential", w, r), "limit": limit, "flower": flower, "pfl": pfl}
+CASES = {
+    "sequential": lambda w, r: ours("sequential", w, r),
+    "auto": lambda w, r: ours("auto", w, r),
+    "vectorized_chunk10": lambda w, r: ours("vectorized", w, r, 10),
+    "vectorized": lambda w, r: ours("vectorized", w, r),
+    "torch_loop": torch_loop,
+    "limit": limit,
+    "flower": flower,
+    "pfl": pfl,
+}
+
+
+def save(runs: dict[str, list[dict]], repeat: int):
+    """Write the cases measured so far, with their ratios to pfl-research."""
+    results = {name: summarize(rs) for name, rs in runs.items()}
+    reference = results.get("pfl", {}).get("median_s")
+    ratios = {}
+    for name, r in results.items():
+        if name != "pfl" and reference and "median_s" in r:
+            ratios[f"{name}_over_pfl_seconds"] = round(r["median_s"] / reference, 3)
+            if "cpu_median_s" in r and "cpu_median_s" in results["pfl"]:
+                ratios[f"{name}_over_pfl_cpu_seconds"] = round(r["cpu_median_s"] / results["pfl"]["cpu_median_s"], 3)
+            ratios[f"{name}_over_pfl_peak_rss"] = round(r["peak_rss_mib"] / results["pfl"]["peak_rss_mib"], 3)
+    return write("cross_device_cnn", {
+        "setup": {"users": USERS, "images_per_user": PER_USER, "image": SHAPE, "cohort": COHORT, "local": "1 epoch, batch 10 (5 steps)", "client_lr": LR, "server_lr": 1.0,
+                  "model": "pfl-research simple_cnn without dropout (1.63M parameters)", "dtype": "float32", "data": "generated per user when it takes part (fedshuffle: LazyFederatedDataset)",
+                  "protocol": f"each case in its own process, the list run {repeat}x interleaved; per case the median over runs of the per-run median s/round, and the largest peak RSS"},
+        "cases": results, "ratios": ratios,
+        "goals": {"sequential_over_pfl_seconds": "<= 0.9", "sequential_over_pfl_peak_rss": "<= 1.5", "auto_over_pfl_seconds": "<= 0.9"},
+    })
 
 
 def main() -> None:
@@ -98,20 +158,25 @@ def main() -> None:
     parser.add_argument("--case", choices=list(CASES))
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per case (after one warm-up round)")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--repeat", type=int, default=1, help="run the list of cases this many times, interleaved; medians over the runs")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads in every case (default: PyTorch's, one per core)")
+    parser.add_argument("--python", action="append", default=[], metavar="CASE=PYTHON", help="interpreter for a case (e.g. pfl=/path/to/venv/bin/python)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.case:
         start = time.perf_counter()
         result = CASES[args.case](1, args.rounds)
         emit({"case": args.case, **result, "threads": torch.get_num_threads(), "wall_s": round(time.perf_counter() - start, 1)})
         return
-    results = {name: run_case("benchmarks.cross_device_cnn", name, "--rounds", str(args.rounds)) for name in args.cases.split(",")}
-    ours_s = results["vectorized"].get("median_s")
-    ratios = {f"{name}_over_vectorized": round(r["median_s"] / ours_s, 2) for name, r in results.items() if name != "vectorized" and "median_s" in r and ours_s}
-    path = write("cross_device_cnn", {
-        "setup": {"users": USERS, "images_per_user": PER_USER, "image": SHAPE, "cohort": COHORT, "local": "1 epoch, batch 10 (5 steps)", "client_lr": LR, "server_lr": 1.0, "model": "pfl-research simple_cnn without dropout (1.63M parameters)", "dtype": "float32"},
-        "cases": results, "ratios": ratios,
-        "goals": {"flower_over_vectorized": ">= 3", "pfl_over_vectorized": ">= 3", "vectorized_over_limit": "<= 1.5"},
-    })
+    pythons = dict(item.split("=", 1) for item in args.python)
+    names = args.cases.split(",")
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for _ in range(args.repeat):
+        for name in names:
+            threads = ("--threads", str(args.threads)) if args.threads else ()
+            runs[name].append(run_case("benchmarks.cross_device_cnn", name, "--rounds", str(args.rounds), *threads, python=pythons.get(name)))
+            path = save({n: rs for n, rs in runs.items() if rs}, args.repeat)  # after every case: a cut-off run keeps what it measured
     print(path.read_text())
 
 

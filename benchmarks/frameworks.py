@@ -39,9 +39,12 @@ def local_epoch(module: torch.nn.Module, user: int, seed: int) -> None:
         opt.step()
 
 
-def _summary(stamps: list[float], warmup: int) -> dict[str, float]:
+def _summary(stamps: list[float], warmup: int, cpu_stamps: list[float] | None = None) -> dict[str, float]:
     times = np.diff(stamps)[warmup:]
-    return {"median_s": statistics.median(times), "min_s": float(min(times)), "max_s": float(max(times)), "rounds": len(times), "warmup": warmup}
+    out = {"median_s": statistics.median(times), "min_s": float(min(times)), "max_s": float(max(times)), "rounds": len(times), "warmup": warmup}
+    if cpu_stamps:
+        out["cpu_median_s"] = statistics.median(np.diff(cpu_stamps)[warmup:])
+    return out
 
 
 def flower_round_seconds(warmup: int, repeats: int) -> dict[str, float]:
@@ -119,14 +122,17 @@ def pfl_round_seconds(warmup: int, repeats: int) -> dict[str, float]:
     train = FederatedDataset(make_dataset, get_user_sampler("random", users))
     val = FederatedDataset(make_dataset, get_user_sampler("random", users))
     stamps: list[float] = []
+    cpu_stamps: list[float] = []
 
     class Timer(TrainingProcessCallback):
         def on_train_begin(self, *, model):
             stamps.append(time.perf_counter())
+            cpu_stamps.append(time.process_time())
             return Metrics()
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
             stamps.append(time.perf_counter())
+            cpu_stamps.append(time.process_time())
             return False, Metrics()
 
     net = Net()
@@ -140,4 +146,4 @@ def pfl_round_seconds(warmup: int, repeats: int) -> dict[str, float]:
         callbacks=[Timer()],
         send_metrics_to_platform=False,
     )
-    return _summary(stamps, warmup)
+    return _summary(stamps, warmup, cpu_stamps)

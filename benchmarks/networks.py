@@ -13,6 +13,7 @@ Cases, each in its own process (seconds per round after a warm-up round, wall an
 * ``sequential`` — fedshuffle, one client after another (the module's parameters are views of the flat vector);
 * ``vectorized`` — fedshuffle, the whole cohort as one masked loop (on CPU: clients one after another inside each step);
 * ``vmap`` — fedshuffle, the cohort as one ``vmap`` of ``torch.func.grad`` per step (``vectorize=True``; the CUDA default);
+* ``auto`` — fedshuffle with ``run.executor = "auto"`` (:mod:`fedshuffle.executors.choice`);
 * ``torch_loop`` — the limit case: a plain PyTorch FedAvg round — per client, load the global weights,
   ``module(x)`` / ``loss.backward()`` / ``optimizer.step()`` over the same minibatches, accumulate the update.
 
@@ -97,8 +98,10 @@ def ours(h: Harness, executor: str) -> Callable[[], object]:
     from fedshuffle.executors.local import SequentialExecutor, VectorizedExecutor
 
     alg = build_algorithm("fedavg_rr", {"local": {"lr": h.lr, "epochs": 1, "batch_size": h.batch}, "server": {"lr": 1.0}})
-    ex = SequentialExecutor() if executor == "sequential" else VectorizedExecutor(chunk_size=h.cohort)
+    from fedshuffle.executors import make_executor
+
     problem = _problem(h, vectorize=True if executor == "vmap" else None)
+    ex = make_executor("auto", problem) if executor == "auto" else SequentialExecutor() if executor == "sequential" else VectorizedExecutor(chunk_size=h.cohort)
     sim = Simulation(problem, _dataset(h), alg, UniformWithoutReplacement(h.users, h.cohort), seed=0, dtype=torch.float32, executor=ex)
     return sim.step
 
@@ -117,7 +120,7 @@ def torch_loop(h: Harness) -> Callable[[], object]:
         cohort = np.random.default_rng(r).choice(h.users, h.cohort, replace=False)
         total = torch.zeros_like(global_)
         for user in cohort:
-            torch.nn.utils.vector_to_parameters(global_, params)
+            torch.nn.utils.vector_to_parameters(global_.clone(), params)  # a copy: the parameters must not alias the global model
             opt = torch.optim.SGD(params, lr=h.lr)
             rows = torch.from_numpy(data.client_indices[user][np.random.default_rng((r, user)).permutation(h.per_user)])
             for k in range(0, h.per_user, h.batch):
@@ -152,7 +155,7 @@ def make_step(case: str) -> Callable[[], object]:
     return torch_loop(h) if kind == "torch_loop" else ours(h, kind)
 
 
-CASES = [f"{h}_{k}" for h in HARNESSES for k in ("sequential", "vectorized", "vmap", "torch_loop")]
+CASES = [f"{h}_{k}" for h in HARNESSES for k in ("sequential", "vectorized", "vmap", "auto", "torch_loop")]
 
 
 def profile(case: str) -> None:
@@ -169,18 +172,50 @@ def profile(case: str) -> None:
     print(table)
 
 
+def interleaved(harness: str, kinds: list[str], rounds: int) -> None:
+    """The ``kinds`` of one harness in this process, round by round in turn (wall and CPU seconds per round,
+    medians): on a shared machine, load changes hit every kind alike. Writes results/networks_<harness>_interleaved.json."""
+    from fedshuffle.executors import choose
+
+    steps = {kind: make_step(f"{harness}_{kind}") for kind in kinds}
+    for step in steps.values():
+        step()  # warm-up
+    wall: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(rounds):
+        for kind, step in steps.items():
+            w, c = time.perf_counter(), time.process_time()
+            step()
+            wall[kind].append(time.perf_counter() - w)
+            cpu[kind].append(time.process_time() - c)
+    cases = {k: {"median_s": statistics.median(wall[k]), "cpu_median_s": statistics.median(cpu[k]), "wall_s": wall[k], "cpu_s": cpu[k]} for k in kinds}
+    best = min(("sequential", "vectorized"), key=lambda k: cases[k]["cpu_median_s"]) if {"sequential", "vectorized"} <= set(kinds) else None
+    h = HARNESSES[harness]
+    payload = {"setup": {"harness": harness, "users": h.users, "samples_per_user": h.per_user, "cohort": h.cohort, "batch": h.batch, "lr": h.lr, "sample_shape": h.sample_shape,
+                         "parameters": _problem(h).dim, "dtype": "float32", "threads": torch.get_num_threads(), "protocol": f"one process, the kinds in turn each round, {rounds} rounds after a warm-up round"},
+               "auto_picks": choose(_problem(h))[0], "cases": cases}
+    if best and "auto" in cases:
+        payload["auto_over_best_cpu"] = round(cases["auto"]["cpu_median_s"] / cases[best]["cpu_median_s"], 3)
+    print(write(f"networks_{harness}_interleaved", payload).read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=CASES)
     parser.add_argument("--profile", choices=CASES)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per case (after one warm-up round)")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--interleaved", metavar="HARNESS", choices=list(HARNESSES), help="run --kinds of HARNESS in one process, round by round in turn")
+    parser.add_argument("--kinds", default="sequential,vectorized,auto")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per case (default: PyTorch's, one per core)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.profile:
         profile(args.profile)
+        return
+    if args.interleaved:
+        interleaved(args.interleaved, args.kinds.split(","), args.rounds)
         return
     if args.case:
         emit({"case": args.case, **timed(make_step(args.case), 1, args.rounds), "threads": torch.get_num_threads()})
@@ -190,7 +225,7 @@ def main() -> None:
     ratios = {}
     for h in HARNESSES:
         limit = results.get(f"{h}_torch_loop", {}).get("median_s")
-        for kind in ("sequential", "vectorized", "vmap"):
+        for kind in ("sequential", "vectorized", "vmap", "auto"):
             ours_s = results.get(f"{h}_{kind}", {}).get("median_s")
             if limit and ours_s:
                 ratios[f"{h}_{kind}_over_torch_loop"] = round(ours_s / limit, 3)

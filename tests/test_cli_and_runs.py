@@ -221,14 +221,17 @@ def test_inspect_config_shows_theoretical_step_sizes(tmp_path):
 def test_executor_setting_runs_the_same_numbers(tmp_path):
     """run.executor switches the executor, not the results (metrics files identical)."""
     base = load_experiment(write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6))).runs()[0][1]
-    for name in ("sequential", "vectorized"):
+    for name in ("sequential", "vectorized", "auto"):
         spec = base.model_copy(update={"run": base.run.model_copy(update={"executor": name})})
         run_single(spec, tmp_path / name, seed=2)
-    a, b = (read_metrics(tmp_path / n / "metrics.csv") for n in ("sequential", "vectorized"))
+    a, b, c = (read_metrics(tmp_path / n / "metrics.csv") for n in ("sequential", "vectorized", "auto"))
     np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-12)
+    np.testing.assert_allclose(a["loss"], c["loss"], rtol=1e-12)
+    picked = json.loads((tmp_path / "auto" / "config.json").read_text())["executor"]
+    assert picked["name"] == "vectorized" and picked["chosen"].startswith("auto: vectorized")  # logistic regression: batched closed forms
     bad = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6).replace('[run]', '[run]\nexecutor = "gpu"'))
     result = runner.invoke(app, ["run", str(bad), "--out", str(tmp_path / "bad")])
-    assert result.exit_code == 2 and "run.executor" in result.output
+    assert result.exit_code == 2 and "run.executor" in result.output and "auto" in result.output  # the accepted values are listed
 
 def fake_sweep(root, lrs=(0.1, 0.2, 0.4), labels=("FedAvg", "FedShuffle"), seeds=(0, 1)):
     """Run folders as a sweep writes them, with f_gap = 1/(1 + lr·r) · (1 + k): the largest step is each variant's best point."""

@@ -139,3 +139,40 @@ def test_device_setting_is_validated():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA is not available"):
             Simulation(problem, data, alg, UniformWithoutReplacement(6, 3), device="cuda")
+
+
+def test_auto_picks_by_problem_and_device():
+    """'auto': batched closed forms → vectorized; modules on CPU, and recurrent/dropout modules anywhere → sequential
+    (in-place steps); modules without either on CUDA → vectorized. The choice is recorded on the executor."""
+    from fedshuffle.executors import choose, make_executor
+    from fedshuffle.problems import CNN, CharLSTM, ModuleProblem
+
+    lstm = ModuleProblem(CharLSTM(7, 3, 5, 1))
+    assert choose(LogisticRegression(4, 0.1))[0] == choose(MLP(4, [3], 2))[0] == "vectorized"
+    assert choose(CNN((3, 8, 8), 3, dropout=False))[0] == choose(lstm, "cuda")[0] == choose(CNN((3, 8, 8), 3), "cuda")[0] == "sequential"
+    assert choose(CNN((3, 8, 8), 3, dropout=False), "cuda")[0] == "vectorized"
+    executor = make_executor("auto", LogisticRegression(4, 0.1))
+    assert isinstance(executor, VectorizedExecutor) and executor.chosen.startswith("auto: vectorized")
+    with pytest.raises(ConfigError, match="run.executor.*auto, sequential, vectorized, ray"):
+        make_executor("gpu")
+
+
+@pytest.mark.parametrize("problem_name", ["quadratic", "logistic", "softmax"])
+def test_compiled_backend_gives_the_reference_trajectory(problem_name):
+    """The numba backend of the local loop (fedshuffle.local.fused) against the sequential torch reference, fp64,
+    1e-10: every step transform (clip, weight decay, local momentum; prox; SCAFFOLD's offset with FedShuffleMVR's
+    corrected drift) on each linear problem."""
+    pytest.importorskip("numba")
+    from fedshuffle import Quadratic, SoftmaxRegression
+    from fedshuffle.local import fused
+
+    problem, data = {
+        "quadratic": (Quadratic(4), dataset()),
+        "logistic": (LogisticRegression(4, 1e-2), dataset()),
+        "softmax": (SoftmaxRegression(4, 3, 1e-2), dataset(classes=3)),
+    }[problem_name]
+    assert fused.problem_code(problem) is not None
+    cases = {"quadratic": ("fedavg_rr", "fednova"), "logistic": ("fedavg", "scaffold+mvr+adam"), "softmax": ("scaffold+mvr+adam",)}[problem_name]
+    for case in cases:  # local momentum, prox; clip and weight decay, offset and corrected drift; softmax with the most
+        reference = trajectory(case, SequentialExecutor(), problem, data)
+        assert_close(trajectory(case, VectorizedExecutor(), problem, data), reference)

@@ -107,6 +107,37 @@ def test_executors_give_the_same_trajectory(name):
     assert_relative_close(trajectory(name, VectorizedExecutor()), reference, 1e-10)
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_in_place_step_equals_the_flat_step(name):
+    """A plain local step done in place (modules: piece by piece on the parameters) is y − η·g of the flat gradient,
+    per client, with padding rows, the l2 term (λ = 0.1) and each client's own step size and dropout seed."""
+    problem, features, labels = build(name, 8)
+    problem.l2 = 0.1
+    gen = torch.Generator().manual_seed(7)
+    y = torch.stack([problem.init_params(gen, torch.float64) for _ in range(2)])
+    f, lab = features.reshape(2, 4, *features.shape[1:]), labels.reshape(2, 4, *labels.shape[1:])
+    w = torch.tensor([[0.25] * 4, [0.5, 0.5, 0.0, 0.0]], dtype=torch.float64)
+    lrs, seeds = torch.tensor([[0.1], [0.3]], dtype=torch.float64), [3, 4]
+    expected = y - lrs * problem.local_gradient(y, f, lab, w, seeds)
+    problem.descend(y, f, lab, w, lrs, seeds)
+    assert_relative_close(y, expected, 1e-12)
+
+
+@pytest.mark.parametrize("settings", [{}, {"local_momentum": 0.5, "clip_norm": 1.0, "weight_decay": 1e-2}, {"prox_mu": 0.5}])
+def test_sequential_fast_path_gives_the_reference_trajectory(settings):
+    """The sequential executor on a dropout CNN, with the in-place step, against the flat reference step (y − η·d of
+    the assembled gradient) — with and without step transforms (clip, weight decay, momentum, prox)."""
+    from fedshuffle.problems.base import Problem
+
+    problem, data = dataset("cnn")
+    algorithm = build_flat("fedavg", {"lr": 0.05, "steps": 3, "batch_size": 2, **settings})
+    fast = params_trajectory(Simulation(problem, data, algorithm, UniformWithoutReplacement(len(SIZES), 3), seed=4, executor=SequentialExecutor()), 2)
+    problem.descend = lambda *args: Problem.descend(problem, *args)
+    reference = params_trajectory(Simulation(problem, data, algorithm, UniformWithoutReplacement(len(SIZES), 3), seed=4, executor=SequentialExecutor()), 2)
+    assert not torch.equal(reference[0], reference[1])
+    assert_relative_close(fast, reference, 1e-10)
+
+
 @pytest.mark.parametrize("method, settings", [("scaffold", {"scaffold_option": "I"}), ("fedshuffle_mvr", {}), ("fedavg", {"steps": 3, "local_momentum": 0.5, "clip_norm": 1.0})])
 def test_stateful_methods_with_dropout_agree_across_executors(method, settings):
     """Full local gradients (eval mode) and center gradients (FedShuffleMVR, same dropout mask) of a dropout CNN."""

@@ -147,3 +147,16 @@ def test_executor_independence_of_streams():
         alone = solver.plan(clients, np.array([i]), 7, seed=3)[0]
         assert np.array_equal(alone.batches, plan.batches)
     assert any(not np.array_equal(a.batches, b.batches) for a, b in itertools.pairwise([together[0], solver.plan(clients, np.array([0]), 8, seed=3)[0]]))
+
+
+def test_batched_generators_are_the_keyed_generators():
+    """streams.generators (SeedSequence hash vectorized, PCG64 seeded by hand) draws what streams.generator draws,
+    key by key — also for keys beyond one 32-bit word and for seeds past 2³¹."""
+    from fedshuffle.core.streams import Stream, generator, generators
+
+    rng = np.random.default_rng(0)
+    keys = np.concatenate([rng.integers(0, 2**32, (40, 2)), rng.integers(0, 3, (40, 1))], axis=1)
+    keys[0] = 0
+    for seed, rows in ((0, keys), (2**31 + 7, keys), (5, keys[:, :1]), (1, np.array([[2**40, 1, 0]]))):
+        for g, row in zip(generators(seed, Stream.DATA_ORDER, rows), rows.tolist(), strict=True):
+            assert np.array_equal(g.permutation(30), generator(seed, Stream.DATA_ORDER, *row).permutation(30))

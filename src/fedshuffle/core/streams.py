@@ -40,3 +40,79 @@ def step_seed(key: tuple[int, ...], step: int) -> int:
     stream ``key`` = (seed, round, client, occurrence): the same on every executor."""
     seed, *keys = key
     return int(np.random.SeedSequence([int(seed), int(Stream.LOCAL_NOISE), *map(int, keys), int(step)]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+# -- many generators of one stream at once --------------------------------------------------------
+#
+# ``generator`` costs tens of microseconds (a SeedSequence, a PCG64 and a Generator per call): at
+# batch-1 convex sizes, more than the client's whole local work. ``generators`` gives the same
+# generators for many keys: NumPy's SeedSequence hash (numpy/random/bit_generator.pyx) computed for
+# all keys at once with uint32 array arithmetic, PCG64's seeding (pcg64.c, pcg_setseq_128_srandom_r)
+# on Python integers, and one Generator whose state is set to each in turn.
+
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R, _POOL = 0xCA01F9DD, 0x4973F715, 4
+_PCG_MULT = (2549297995355413924 << 64) + 4865540595714422341
+_MASK128 = (1 << 128) - 1
+
+
+def _hashmix(values: np.ndarray, hash_const: list[np.uint32]) -> np.ndarray:
+    values = values ^ hash_const[0]
+    hash_const[0] = np.uint32((int(hash_const[0]) * _MULT_A) & 0xFFFFFFFF)
+    values = values * hash_const[0]
+    return values ^ (values >> np.uint32(16))
+
+
+def _mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    result = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
+    return result ^ (result >> np.uint32(16))
+
+
+def _pcg64_states(entropy: np.ndarray) -> list[tuple[int, int]]:
+    """(state, inc) of ``PCG64(SeedSequence(row))`` for each row of 32-bit entropy words."""
+    with np.errstate(over="ignore"):
+        words = entropy.astype(np.uint32)
+        if words.shape[1] < _POOL:
+            words = np.concatenate([words, np.zeros((words.shape[0], _POOL - words.shape[1]), np.uint32)], axis=1)
+        hash_const = [np.uint32(_INIT_A)]
+        mixer = [_hashmix(words[:, i], hash_const) for i in range(_POOL)]
+        for src in range(_POOL):
+            for dst in range(_POOL):
+                if src != dst:
+                    mixer[dst] = _mix(mixer[dst], _hashmix(mixer[src], hash_const))
+        for src in range(_POOL, words.shape[1]):
+            for dst in range(_POOL):
+                mixer[dst] = _mix(mixer[dst], _hashmix(words[:, src], hash_const))
+        h = np.uint32(_INIT_B)
+        out = []
+        for i in range(8):  # generate_state(4, uint64): eight 32-bit words, cycling over the pool
+            value = mixer[i % _POOL] ^ h
+            h = np.uint32((int(h) * _MULT_B) & 0xFFFFFFFF)
+            value = value * h
+            out.append((value ^ (value >> np.uint32(16))).astype(np.uint64))
+    seeds = [(out[2 * k + 1] << np.uint64(32)) | out[2 * k] for k in range(4)]  # little-endian pairs of words
+    states = []
+    for s0, s1, i0, i1 in zip(*(s.tolist() for s in seeds)):
+        initstate, initseq = (s0 << 64) | s1, (i0 << 64) | i1
+        inc = ((initseq << 1) | 1) & _MASK128
+        state = ((inc + initstate) * _PCG_MULT + inc) & _MASK128  # state = 0; step (state = inc); += initstate; step
+        states.append((state, inc))
+    return states
+
+
+def generators(seed: int, stream: Stream, keys: np.ndarray):
+    """``generator(seed, stream, *row)`` for each row of ``keys`` ``(n, k)``, in order, as one Generator whose state
+    is reset for each row: use each before asking for the next. Keys below 2³² (one entropy word each)."""
+    keys = np.asarray(keys, dtype=np.int64).reshape(len(keys), -1)
+    if seed < 0 or (keys.size and keys.min() < 0):
+        raise ValueError(f"seed and stream keys must be non-negative, got {seed}, {keys.min()}")
+    if seed >= 2**32 or (keys.size and keys.max() >= 2**32):  # several entropy words per key: the general path
+        for row in keys.tolist():
+            yield generator(seed, stream, *row)
+        return
+    entropy = np.concatenate([np.full((len(keys), 2), [seed, int(stream)], dtype=np.int64), keys], axis=1)
+    bit_generator = np.random.PCG64(0)
+    rng = np.random.Generator(bit_generator)
+    for state, inc in _pcg64_states(entropy):
+        bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0}
+        yield rng

@@ -1,5 +1,6 @@
 """Executors run a cohort's planned local work; every executor gives the same numbers."""
 
+from fedshuffle.executors.choice import EXECUTORS, choose, make_executor
 from fedshuffle.executors.local import Executor, SequentialExecutor, VectorizedExecutor
 
 
@@ -11,4 +12,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["Executor", "RayExecutor", "SequentialExecutor", "VectorizedExecutor"]
+__all__ = ["EXECUTORS", "Executor", "choose", "make_executor", "RayExecutor", "SequentialExecutor", "VectorizedExecutor"]

@@ -78,17 +78,21 @@ class LocalExecutor:
     masked batched loop (:func:`~fedshuffle.local.loop.run_local`).
 
     ``chunk_size = 1`` is the sequential reference (one client after another). By default a chunk is
-    as many clients as fit in ``memory_budget`` bytes by the estimate of :meth:`chunk_for`.
+    as many clients as fit in ``memory_budget`` bytes by the estimate of :meth:`chunk_for`. With
+    ``compiled`` (not for the sequential reference), linear problems in float64 run each chunk as one
+    compiled loop when numba is installed (:mod:`fedshuffle.local.fused`).
     """
 
     name = "vectorized"
+    #: how the executor was chosen when ``run.executor = "auto"`` ("auto: <name> — <reason>"), else None
+    chosen: str | None = None
 
-    def __init__(self, chunk_size: int | None = None, memory_budget: int = 1 << 30) -> None:
+    def __init__(self, chunk_size: int | None = None, memory_budget: int = 1 << 30, compiled: bool = True) -> None:
         if chunk_size is not None and chunk_size < 1:
             raise ConfigError("run.chunk_size", f"must be >= 1, got {chunk_size}")
         if memory_budget < 1 << 20:
             raise ConfigError("run.memory_budget_mb", f"must be at least 1 MiB, got {memory_budget} bytes")
-        self.chunk_size, self.memory_budget = chunk_size, memory_budget
+        self.chunk_size, self.memory_budget, self.compiled = chunk_size, memory_budget, compiled
 
     @staticmethod
     def client_bytes(data: Data, dim: int, batch: int, steps: int = 1) -> int:
@@ -121,7 +125,7 @@ class LocalExecutor:
         for k in range(0, len(plans), size):
             members = order[k : k + size]
             features, labels, chunk_plans = rows_of(data, [plans[i] for i in members])
-            deltas[torch.from_numpy(members).to(deltas.device)] = run_local(problem, features, labels, work.subset(members, chunk_plans))
+            deltas[torch.from_numpy(members).to(deltas.device)] = run_local(problem, features, labels, work.subset(members, chunk_plans), self.compiled)
         return deltas
 
     def client_gradients(self, problem, data, params, clients):
@@ -149,7 +153,7 @@ class SequentialExecutor(LocalExecutor):
     name = "sequential"
 
     def __init__(self) -> None:
-        super().__init__(chunk_size=1)
+        super().__init__(chunk_size=1, compiled=False)
 
 
 class VectorizedExecutor(LocalExecutor):

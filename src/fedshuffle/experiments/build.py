@@ -13,7 +13,7 @@ from fedshuffle.core.errors import ConfigError, section
 from fedshuffle.core.registry import call_with
 from fedshuffle.data import FederatedDataset
 from fedshuffle.data.catalog import federate, load_samples
-from fedshuffle.executors import Executor, SequentialExecutor, VectorizedExecutor
+from fedshuffle.executors import Executor, make_executor
 from fedshuffle.experiments.schema import RunConfig, RunSpec, SamplerConfig
 from fedshuffle.methods.algorithm import Algorithm, build_algorithm
 from fedshuffle.problems import PROBLEMS, Problem
@@ -72,15 +72,9 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
     return resolved, {"constants": constants.to_dict(), "local_steps": local_steps, "rounds_per_meta_epoch": rounds, "theory": values, "used": {k: values[k] for k in wanted}}
 
 
-def build_executor(run: RunConfig) -> Executor:
-    """The executor a run asks for."""
-    if run.executor == "vectorized":
-        return VectorizedExecutor(run.chunk_size, run.memory_budget_mb << 20)
-    if run.executor == "ray":
-        from fedshuffle.executors.ray import RayExecutor
-
-        return RayExecutor(run.ray_workers, run.ray_address, run.chunk_size, run.memory_budget_mb << 20)
-    return SequentialExecutor()
+def build_executor(run: RunConfig, problem: Problem | None = None) -> Executor:
+    """The executor a run asks for; ``auto`` picks by the problem and ``run.device`` (:mod:`fedshuffle.executors.choice`)."""
+    return make_executor(run.executor, problem, run.device, run.chunk_size, run.memory_budget_mb << 20, run.ray_workers, run.ray_address)
 
 
 def build_algorithm_from(spec: RunSpec) -> Algorithm:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import platform
 import shutil
@@ -53,6 +54,9 @@ class RunOutcome:
     status: str
     final: dict[str, Any]
     message: str = ""
+
+
+LOGGER = logging.getLogger("fedshuffle")
 
 
 def environment() -> dict[str, str]:
@@ -108,7 +112,7 @@ def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> 
     spec, step_sizes = resolve_step_sizes(spec, problem, data, sampler)
     algorithm = build_algorithm_from(spec)
     sim = Simulation(
-        problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run), device=spec.run.device,
+        problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run, problem), device=spec.run.device,
         state_memory_limit=spec.run.state_memory_mb << 20, state_dir=state_dir,
     )
     return sim, step_sizes
@@ -200,7 +204,11 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
         rows = _load_checkpoint(checkpoint, sim)
         # a run extended past its end drops the evaluation it made only because it ended there
         rows = [row for row in rows if row["round"] % every == 0 or row["round"] == total]
-    write_json(run_dir / "config.json", {**stored, **meta, "step_sizes": step_sizes, "environment": environment()})
+    chosen = getattr(sim.executor, "chosen", None)
+    if chosen:
+        LOGGER.info("%s: executor %s", run_dir, chosen)
+    executor = {"name": sim.executor.name, **({"chosen": chosen} if chosen else {})}
+    write_json(run_dir / "config.json", {**stored, **meta, "step_sizes": step_sizes, "executor": executor, "environment": environment()})
     (run_dir / "summary.json").unlink(missing_ok=True)  # from here on the folder holds an unfinished run
     sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
                        params=flatten(spec.model_dump()))

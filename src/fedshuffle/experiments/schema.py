@@ -230,7 +230,7 @@ class RunConfig(_Section):
     seed: int = Field(0, ge=0)
     dtype: Literal["float64", "float32"] = "float64"
     eval_every: int = Field(10, ge=1)
-    executor: Literal["sequential", "vectorized", "ray"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers")
+    executor: Literal["sequential", "vectorized", "ray", "auto"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers; 'auto' picks the fastest for the problem and device")
     device: Literal["cpu", "cuda"] = "cpu"
     chunk_size: int | None = Field(None, ge=1, description="vectorized: clients per batched chunk (default: as many as fit in memory_budget_mb)")
     memory_budget_mb: int = Field(1024, ge=1, description="vectorized: memory one chunk may use")

@@ -4,7 +4,9 @@ Client models are stacked as ``(C, d)``. The clients are ordered longest-first, 
 clients still working are the prefix ``[0, k_t)``; their minibatches are gathered into ``(k_t, B, …)``
 with per-row weights (1/n on real rows, 0 on the padding of a short batch), the gradients come from
 :meth:`Problem.local_gradient`, the :class:`~fedshuffle.local.steps.StepChain` turns them into
-moves, and y ← y − η_i·d. One client (C = 1) is the sequential reference; every executor runs this
+moves, and y ← y − η_i·d. With an empty chain (plain SGD) the step is the problem's own
+:meth:`Problem.descend`, the same y ← y − η_i·g done in place (a module updates its parameters
+piece by piece, as a hand-written PyTorch loop does). One client (C = 1) is the sequential reference; every executor runs this
 function, so they all do the same arithmetic.
 """
 
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 
 from fedshuffle.core.streams import step_seed
+from fedshuffle.local import fused
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.local.steps import Step, StepChain
 from fedshuffle.problems import Problem
@@ -51,11 +54,17 @@ class LocalWork:
         return replace(self, plans=list(plans) if plans is not None else [self.plans[i] for i in members], **pick)
 
 
-def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork) -> torch.Tensor:
-    """Δ_i = s_i − y_{τ_i} of every member, stacked ``(C, d)`` in the order of ``work.plans``."""
+def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork, compiled: bool = False) -> torch.Tensor:
+    """Δ_i = s_i − y_{τ_i} of every member, stacked ``(C, d)`` in the order of ``work.plans``.
+
+    ``compiled``: run the whole work as one compiled loop (:mod:`fedshuffle.local.fused`) where that
+    backend can (linear problems, float64 on the CPU, numba installed); the same steps either way.
+    """
     plans = work.plans
     if not plans:
         return work.start.new_zeros((0, work.start.shape[-1]))
+    if compiled and fused.usable(problem, features, work):
+        return fused.run(problem, features, labels, work)
     order = np.argsort([-p.steps for p in plans], kind="stable")
     if np.array_equal(order, np.arange(len(plans))):
         return _run_sorted(problem, features, labels, work)
@@ -87,9 +96,12 @@ def _run_sorted(problem: Problem, features: torch.Tensor, labels: torch.Tensor, 
         idx = safe[:k, t]
         y, f, lab, m = ys[:k], features[idx], labels[idx], weights[:k, t]
         seeds = [step_seed(p.key, t) for p in plans[:k]] if problem.stochastic else None
+        if not chain.transforms:  # plain SGD: the problem's in-place step (modules: piece by piece)
+            problem.descend(y, f, lab, m, lrs[:k], seeds)
+            continue
         g = problem.local_gradient(y, f, lab, m, seeds)
         g_x = problem.local_gradient(centers[:k], f, lab, m, seeds) if chain.needs_center_gradient else None
         step = Step(y, centers[:k], None if offsets is None else offsets[:k], k)
-        d = chain.update(g, g_x, states, step) if chain.transforms else g
+        d = chain.update(g, g_x, states, step)
         y.addcmul_(lrs[:k], d, value=-1.0)  # y is the view ys[:k]
     return starts - ys

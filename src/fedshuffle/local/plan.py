@@ -24,7 +24,7 @@ import numpy as np
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.local.steps import StepChain, standard_chain
-from fedshuffle.core.streams import Stream, generator
+from fedshuffle.core.streams import Stream, generator, generators
 
 ORDERS = ("rr", "so", "with_replacement")
 STEP_NORMALIZATIONS = ("none", "local_work", "max_local_work")
@@ -202,7 +202,9 @@ class LocalSolver:
         sizes = np.array([len(ix) for ix in client_indices]) if sizes is None else sizes
         if len(cohort) == 0:
             return []
-        epoch_based = np.array([self.draw_epochs(int(i), round_index, seed) * self.epoch_steps(sizes[i]) for i in cohort])
+        low, high = self._epoch_range
+        epochs = np.full(len(cohort), low) if low == high else np.array([self.draw_epochs(int(i), round_index, seed) for i in cohort])
+        epoch_based = epochs * self.epoch_steps(sizes[cohort])
         if self.steps is None:
             planned = epoch_based
         elif self.steps == "min":
@@ -215,11 +217,14 @@ class LocalSolver:
         limits.check_fits(4 * limits.array_bytes(float(np.sum(planned)), width), "local.steps" if isinstance(self.steps, int) else "local.epochs", "one round's minibatch plans")
         lrs = self.lr * lr_scale / self.normalizations(planned, cohort, sizes)
         seen: dict[int, int] = {}
+        occurrences = []
+        for i in cohort.tolist():
+            occurrences.append(seen.setdefault(i, -1) + 1)
+            seen[i] = occurrences[-1]
+        keys = np.stack([np.full(len(cohort), round_index), cohort, occurrences], axis=1)
         chain = self.chain()
         plans = []
-        for i, tau, lr in zip(cohort.tolist(), planned.tolist(), lrs.tolist()):
-            occurrence = seen[i] = seen.get(i, -1) + 1
-            rng = generator(seed, Stream.DATA_ORDER, round_index, i, occurrence)
+        for i, tau, lr, occurrence, rng in zip(cohort.tolist(), planned.tolist(), lrs.tolist(), occurrences, generators(seed, Stream.DATA_ORDER, keys)):
             rows = self._batches(client_indices[i], int(tau), rng, i, seed)
             done = self._completed_steps(int(tau), i, occurrence, round_index, seed)
             plans.append(ClientPlan(i, rows[:done], lr, int(tau), chain.a_l1(done, lr), (seed, round_index, i, occurrence)))
@@ -230,16 +235,17 @@ class LocalSolver:
         if self.order == "with_replacement":
             picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
             return rows[picks]
-        per_epoch = int(self.epoch_steps(n))
+        per_epoch = -(-n // b)
         padded = per_epoch * b
         fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "so" else None
         epochs = []
         for _ in range(-(-steps // per_epoch)):
             perm = fixed if fixed is not None else rng.permutation(n)
-            epoch = np.full(padded, -1, dtype=np.int64)
-            epoch[:n] = rows[perm]
+            epoch = np.asarray(rows[perm], dtype=np.int64)
+            if padded > n:  # −1 pads the short last batch
+                epoch = np.concatenate([epoch, np.full(padded - n, -1, dtype=np.int64)])
             epochs.append(epoch.reshape(per_epoch, b))
-        return np.concatenate(epochs)[:steps]
+        return (epochs[0] if len(epochs) == 1 else np.concatenate(epochs))[:steps]
 
     def _completed_steps(self, planned: int, client: int, occurrence: int, round_index: int, seed: int) -> int:
         done = max(1, planned - self.drop_last_steps)

@@ -66,6 +66,14 @@ class Problem(ABC):
         ``seeds[c]`` (:func:`fedshuffle.core.streams.step_seed`) seeding client c's dropout masks."""
         return self.batched_gradient(params, features, labels, weights)
 
+    def descend(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, lrs: torch.Tensor, seeds: list[int] | None = None) -> None:
+        """One plain local SGD step in place, y_c ← y_c − η_c·g_c with g = :meth:`local_gradient` (``lrs`` is ``(C, 1)``).
+
+        The local loop calls it when the step chain is empty; problems whose gradient comes in pieces
+        (modules) override it to apply the step piece by piece, without assembling g as one vector.
+        """
+        params.addcmul_(lrs, self.local_gradient(params, features, labels, weights, seeds), value=-1.0)
+
     def weighted_loss(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Σ_j s_j f_j(x) — the objective f(x) when ``weights`` are the dataset's sample weights."""
         return (self.losses(params, features, labels) * weights).sum()

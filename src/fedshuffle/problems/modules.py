@@ -273,21 +273,42 @@ class ModuleProblem(Problem):
             out = self._vmap_gradients(bound, params, features, labels, weights)
         else:
             out = torch.empty_like(params)
-            counts = (weights > 0).sum(1).tolist()  # real rows come first; padding rows have weight 0
-            devices = [params.device] if params.device.type == "cuda" else []
-            try:
-                with torch.enable_grad(), torch.random.fork_rng(devices=devices, enabled=seeds is not None):
-                    for c, n in enumerate(counts):
-                        if seeds is not None:
-                            _seed(params.device, seeds[c])
-                        bound.bind(params[c], self.shapes)
-                        total = self._objective(bound.module(self.inputs(features[c, :n], params.dtype)), labels[c, :n], weights[c, :n])
-                        torch.cat([g.reshape(-1) for g in bound.gradient(total)], out=out[c])
-            finally:
-                bound.release()
+            for c, grads in self._per_client(bound, params, features, labels, weights, seeds):
+                torch.cat([g.reshape(-1) for g in grads], out=out[c])
         if self.l2:
             out.add_(params * (self.l2 * weights.sum(1, keepdim=True)))
         return out
+
+    def descend(self, params, features, labels, weights, lrs, seeds=None):
+        """y_c ← y_c − η_c·g_c in train mode, per client on the module's parameters (views of y_c): the gradient
+        pieces from backward update their own slices of y_c (``_foreach_add_``), never assembled into one vector."""
+        if self.stochastic and seeds is None:
+            raise ValueError("a module with dropout needs the step seeds of its clients")
+        bound = self._instance(params)
+        bound.mode(True)
+        if params.shape[0] > 1 and self._vectorized(params):
+            return super().descend(params, features, labels, weights, lrs, seeds)
+        for c, grads in self._per_client(bound, params, features, labels, weights, seeds):
+            pieces = self.split(params[c])
+            if self.l2:
+                grads = torch._foreach_add(grads, pieces, alpha=self.l2 * float(weights[c].sum()))
+            torch._foreach_add_(pieces, grads, alpha=-float(lrs[c]))
+
+    def _per_client(self, bound: _Bound, params, features, labels, weights, seeds: Sequence[int] | None):
+        """(c, ∂/∂pieces Σ_b v_cb ℓ(module_{y_c}(a_cb), b_cb)) for each row c, the module's parameters bound to y_c;
+        padding rows (weight 0, after the real rows) are not run through the module."""
+        counts = (weights > 0).sum(1).tolist()
+        devices = [params.device] if params.device.type == "cuda" else []
+        try:
+            with torch.enable_grad(), torch.random.fork_rng(devices=devices, enabled=seeds is not None):
+                for c, n in enumerate(counts):
+                    if seeds is not None:
+                        _seed(params.device, seeds[c])
+                    bound.bind(params[c], self.shapes)
+                    total = self._objective(bound.module(self.inputs(features[c, :n], params.dtype)), labels[c, :n], weights[c, :n])
+                    yield c, bound.gradient(total)
+        finally:
+            bound.release()
 
     def _vmap_gradients(self, bound: _Bound, params, features, labels, weights) -> torch.Tensor:
         def client(p, f, y, v):
