@@ -163,7 +163,14 @@ def test_a_preset_with_a_bad_claim_is_refused_at_load_time(tmp_path):
     assert info.value.field == "claims[0].metric" and "did you mean 'f_gap'" in info.value.message
 
 
-def test_reproduce_runs_judges_and_reports(tmp_path):
+def test_reproduce_runs_judges_and_reports(tmp_path, monkeypatch):
+    from fedshuffle.experiments import report
+
+    def tiny_plot(groups, out_stem, **_):  # the figure itself is tested with `fedshuffle run`; a stand-in keeps this test fast
+        out_stem.with_suffix(".png").write_bytes(b"\x89PNG stand-in")
+        return [out_stem.with_suffix(".png")]
+
+    monkeypatch.setattr(report, "plot_runs", tiny_plot)
     cfg, gpu = tmp_path / "tiny.toml", tmp_path / "big.toml"
     cfg.write_text(TINY.format(budget="", metric="f_gap"))
     gpu.write_text(TINY.format(budget='budget = "gpu"', metric="f_gap"))
@@ -177,7 +184,7 @@ def test_reproduce_runs_judges_and_reports(tmp_path):
     assert sorted(p.name for p in (out / "tiny").glob("*/seed-*")) == ["seed-0", "seed-0", "seed-1", "seed-1"] and not (out / "big").exists()
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "“FedShuffle dominates”" in md and "| tiny | Tiny et al. | Fig. 0 |" in md and "**not run**" in md
-    assert "data:image/png;base64," in page and "<blockquote>“converges”</blockquote>" in page
+    assert "data:image/png;base64,iVBORyBzdGFuZC1pbg==" in page and "<blockquote>“converges”</blockquote>" in page
     # again: the runs are kept and the verdicts are the same
     again = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out), "--json"])
     assert again.exit_code == 0 and json.loads(again.output)["claims"] == claims[:2]
