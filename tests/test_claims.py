@@ -60,7 +60,16 @@ def test_ordering_follows_the_metric_direction_tiers_and_budgets(tmp_path):
     assert claim(kind="ordering", metric="f_gap", order=["A", "B"], at="epochs=5").evaluate(runs).verdict == "not measured"
     # best along the run of a curve that gets worse is its start
     worse = {"A": curves(tmp_path, "W", [2.0, 2.0]), "B": runs["B"]}
-    assert "1 ± 0" in claim(kind="ordering", metric="f_gap", order=["A", "B"], at="best").evaluate(worse).measured
+    assert "A: 1 ± 0 (n=2)" in claim(kind="ordering", metric="f_gap", order=["A", "B"], at="best", scale="linear").evaluate(worse).measured
+
+
+def test_errors_that_go_to_zero_compare_on_a_log_scale(tmp_path):
+    # a noise floor of 1e-7 against floors spread over 1e-5..3e-4: apart by orders of magnitude, yet not by 2 standard errors of the values
+    runs = {"A": curves(tmp_path, "A", [1e-7, 1.1e-7, 0.9e-7]), "B": curves(tmp_path, "B", [1e-5, 1e-4, 3e-4])}
+    linear = claim(kind="ordering", metric="f_gap", order=["A", "B"], scale="linear").evaluate(runs)
+    log = claim(kind="ordering", metric="f_gap", order=["A", "B"]).evaluate(runs)
+    assert linear.verdict == "partly" and log.verdict == "holds"
+    assert "A: 9.967e-08 ×/÷ 1.06 (geometric mean, n=3)" in log.measured
 
 
 @pytest.mark.parametrize(("finals", "raw", "verdict"), [

@@ -11,7 +11,8 @@ the paper's words (``quote``) and the figure or table they are about. Kinds:
 * ``reaches_first``: ``first`` reaches a target (``"test_accuracy=0.95"``) with less rounds, MiB or
   seconds than ``second`` (optionally ``ratio`` times less).
 
-Every verdict accounts for the seeds. With n ≥ 2 seeds per variant, a comparison of means
+Every verdict accounts for the seeds; errors that go to zero (f_gap, dist_sq, grad_norm_sq) are
+compared by their log10 (geometric means), as the papers plot them, unless ``scale = "linear"``. With n ≥ 2 seeds per variant, a comparison of means
 m_A, m_B with standard errors s = std/√n *holds* when the gap exceeds ``k`` standard errors of the
 difference, k·√(s_A² + s_B²) (a value: when m ± k·s lies inside the interval); it holds *partly*
 when the means are in the claimed order but not that far apart; else it *does not hold*. With a
@@ -51,11 +52,21 @@ class Verdict:
     why: str
 
 
+#: metrics compared on a log scale by default: errors that go to zero, plotted on log axes (noise floors differ by orders of magnitude)
+LOG_METRICS = ("f_gap", "dist_sq", "grad_norm_sq")
+TINY = 1e-300
+
+
 @dataclass(frozen=True)
 class Stat:
-    """Mean and standard error of the mean over seeds (se is None for a single seed)."""
+    """Mean and standard error of the mean over seeds (se is None for a single seed); with ``log``, of log10 of the values."""
 
     values: tuple[float, ...]
+    log: bool = False
+
+    @classmethod
+    def of(cls, values: Sequence[float], log: bool = False) -> Stat:
+        return cls(tuple(math.log10(max(v, TINY)) for v in values) if log else tuple(values), log)
 
     @property
     def n(self) -> int:
@@ -70,6 +81,9 @@ class Stat:
         return float(np.std(self.values, ddof=1) / math.sqrt(self.n)) if self.n > 1 else None
 
     def text(self) -> str:
+        if self.log:
+            spread = f" ×/÷ {10 ** self.se:.3g}" if self.se is not None else ""
+            return f"{10 ** self.mean:.4g}{spread} (geometric mean, n={self.n})"
         return f"{self.mean:.4g}" + (f" ± {self.se:.2g}" if self.se is not None else "") + f" (n={self.n})"
 
 
@@ -104,6 +118,7 @@ class Claim(BaseModel):
     figure: str = Field("", description="figure or table the words are about (default: the experiment's)")
     metric: str
     k: float = Field(2.0, ge=0, description="standard errors the means must be apart to hold")
+    scale: Literal["linear", "log"] | None = Field(None, description="compare means of the values or of their log10 (default: log for f_gap, dist_sq, grad_norm_sq)")
 
     @field_validator("metric")
     @classmethod
@@ -120,6 +135,10 @@ class Claim(BaseModel):
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
         """The verdict on the complete seeds' ``metrics.csv`` of each variant."""
         raise NotImplementedError
+
+    @property
+    def log(self) -> bool:
+        return self.scale == "log" if self.scale is not None else self.metric in LOG_METRICS
 
     @property
     def lower_is_better(self) -> bool:
@@ -142,11 +161,11 @@ def _value_at(table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_be
     return float(value) if np.isfinite(value) else None
 
 
-def _stat_of(files: Sequence[Path], metric: str, at: str, lower_is_better: bool) -> tuple[Stat | None, int]:
+def _stat_of(files: Sequence[Path], claim: Claim, at: str) -> tuple[Stat | None, int]:
     """The statistic over the seeds that have a value, and how many seeds lacked one."""
-    values = [_value_at(read_metrics(f), metric, at, lower_is_better) for f in files]
-    present = tuple(v for v in values if v is not None)
-    return (Stat(present) if present else None), len(values) - len(present)
+    values = [_value_at(read_metrics(f), claim.metric, at, claim.lower_is_better) for f in files]
+    present = [v for v in values if v is not None]
+    return (Stat.of(present, claim.log) if present else None), len(values) - len(present)
 
 
 def compare(better: Stat, worse: Stat, k: float, lower_is_better: bool, ratio: float = 1.0) -> str:
@@ -205,7 +224,7 @@ class OrderingClaim(Claim):
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
         stats, missing = {}, []
         for label in self.variants():
-            stat, lacking = _stat_of(runs.get(label, []), self.metric, self.at, self.lower_is_better)
+            stat, lacking = _stat_of(runs.get(label, []), self, self.at)
             if stat is None:
                 missing.append(label)
             else:
@@ -256,16 +275,18 @@ class ValueClaim(Claim):
         return f"{self.variant}: {_at_text(self.at)} {self.metric} {where}"
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
-        stat, _ = _stat_of(runs.get(self.variant, []), self.metric, self.at, self.lower_is_better)
+        stat, _ = _stat_of(runs.get(self.variant, []), self, self.at)
         if stat is None:
             return Verdict("—", "not measured", f"no value {_at_text(self.at)} for {self.variant}")
         lo, hi = self.interval()
         measured = f"{self.variant}: {stat.text()}"
-        if not lo <= stat.mean <= hi:
-            return Verdict(measured, "does not hold", f"mean {stat.mean:.4g} outside [{lo:.4g}, {hi:.4g}]")
+        t_lo, t_hi = (math.log10(lo) if lo > 0 else -math.inf, math.log10(hi) if hi > 0 else -math.inf) if stat.log else (lo, hi)
+        shown = 10 ** stat.mean if stat.log else stat.mean
+        if not t_lo <= stat.mean <= t_hi:
+            return Verdict(measured, "does not hold", f"mean {shown:.4g} outside [{lo:.4g}, {hi:.4g}]")
         if stat.se is None:
             return Verdict(measured, "holds", f"{SINGLE}; inside [{lo:.4g}, {hi:.4g}]")
-        if lo <= stat.mean - self.k * stat.se and stat.mean + self.k * stat.se <= hi:
+        if t_lo <= stat.mean - self.k * stat.se and stat.mean + self.k * stat.se <= t_hi:
             return Verdict(measured, "holds", f"mean ± {self.k:g} standard errors inside [{lo:.4g}, {hi:.4g}]")
         return Verdict(measured, "partly", f"mean inside [{lo:.4g}, {hi:.4g}], but not {self.k:g} standard errors from its edge")
 
