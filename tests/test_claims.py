@@ -209,3 +209,15 @@ def test_every_preset_carries_claims_that_validate():
         claims = parse_claims(experiment.claims, [v.label for v in experiment.variants])
         assert claims, f"{name} has no [[claims]]"
         assert all(c.kind in CLAIMS and c.quote for c in claims)
+
+
+def test_the_python_api_reports_presets_it_does_not_run(tmp_path):
+    from fedshuffle import api
+
+    gpu = tmp_path / "big.toml"
+    gpu.write_text(TINY.format(budget='budget = "gpu"', metric="f_gap"))
+    rows = api.reproduce(str(gpu), out=tmp_path / "o", budget="cpu")
+    assert [r["verdict"] for r in rows] == ["not run", "not run"] and rows[1]["claim"] == "FedShuffle: final f_gap ≤ 1e+09"
+    assert "| Tiny et al. | 0 | 0 | 0 | 0 | 2 |" in (tmp_path / "o" / "report.md").read_text()
+    with pytest.raises(ConfigError, match="--budget: unknown 'tpu'; accepted: cpu, gpu"):
+        api.reproduce(str(gpu), out=tmp_path / "o", budget="tpu")
