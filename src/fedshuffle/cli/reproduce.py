@@ -27,6 +27,7 @@ def reproduce(
     all_: Annotated[bool, typer.Option("--all", help="every shipped preset")] = False,
     budget: Annotated[Optional[str], typer.Option(help="cpu: skip the presets sized for a GPU; gpu: run every preset")] = None,
     out: Annotated[Optional[str], typer.Option(help="folder of the runs and the report (default: results/reproduce)")] = None,
+    no_run: Annotated[bool, typer.Option("--no-run", help="run nothing: judge the complete runs already in OUT")] = False,
     json_: Annotated[bool, typer.Option("--json", help='print {"claims": [{"preset", "claim", "measured", "verdict", ...}]}')] = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
@@ -39,7 +40,7 @@ def reproduce(
             raise ConfigError("--all", "give preset names or --all, not both")
         target = _out_path(out) or target
         names = preset_names() if all_ else list(presets or [])
-        rows = run_all(names, target, budget=budget, show_progress=not (quiet or json_), note=None if json_ else _note)
+        rows = run_all(names, target, budget=budget, run=not no_run, show_progress=not (quiet or json_), note=None if json_ else _note)
     except ConfigError as exc:
         _fail(exc)
     except ResultsError as exc:

@@ -61,9 +61,10 @@ def judge(name: str, experiment: Experiment, folder: Path) -> list[ClaimResult]:
     return rows
 
 
-def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, show_progress: bool = True, note: Any = None) -> list[ClaimResult]:
+def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, run: bool = True, show_progress: bool = True, note: Any = None) -> list[ClaimResult]:
     """Run (or continue) each preset into ``out/<name>`` and judge its claims; a preset sized for
-    another budget than ``budget`` is not run and its claims say so. Writes the reports into ``out``."""
+    another budget than ``budget`` is not run and its claims say so. With ``run=False`` nothing runs:
+    the complete runs already in ``out`` are judged. Writes the reports into ``out``."""
     from fedshuffle.experiments.session import run_experiment
 
     if budget is not None and budget not in BUDGETS:
@@ -82,9 +83,13 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, s
                 note(f"{name}: skipped, sized for a GPU")
             continue
         folder = Path(out) / name
-        if note:
-            note(f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}")
-        run_experiment(experiment, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress)
+        if not run and not any((s.parent / "metrics.csv").is_file() for s in folder.rglob("summary.json")):
+            rows += _skipped(name, experiment, f"no results in {folder} (judged without running)")
+            continue
+        if run:
+            if note:
+                note(f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}")
+            run_experiment(experiment, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress)
         rows += judge(name, experiment, folder)
         if (folder / "plot.png").is_file():
             plots[name] = folder / "plot.png"
