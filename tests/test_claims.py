@@ -200,7 +200,7 @@ def test_reproduce_runs_judges_and_reports(tmp_path, monkeypatch):
     # judged without running: what is there, and the others said to be missing
     judged = CliRunner().invoke(app, ["reproduce", str(cfg), str(gpu), "--out", str(out), "--json", "--no-run"])
     rows = json.loads(judged.output)["claims"]
-    assert rows[:2] == claims[:2] and rows[2]["verdict"] == "not run" and "no results in" in rows[2]["why"]
+    assert rows[:2] == claims[:2] and rows[2]["verdict"] == "not run" and "no finished results in" in rows[2]["why"]
     # a folder holding another experiment is refused
     cfg.write_text(TINY.format(budget="", metric="f_gap").replace("lr = 0.02", "lr = 0.01"))
     refused = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out)])

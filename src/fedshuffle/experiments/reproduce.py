@@ -83,8 +83,8 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
                 note(f"{name}: skipped, sized for a GPU")
             continue
         folder = Path(out) / name
-        if not run and not any((s.parent / "metrics.csv").is_file() for s in folder.rglob("summary.json")):
-            rows += _skipped(name, experiment, f"no results in {folder} (judged without running)")
+        if not run and not (folder / "summary.json").is_file():  # written once every run of the preset has ended
+            rows += _skipped(name, experiment, f"no finished results in {folder} (judged without running)")
             continue
         if run:
             if note:
