@@ -55,6 +55,7 @@ def test_ordering_follows_the_metric_direction_tiers_and_budgets(tmp_path):
     assert claim(kind="ordering", metric="test_accuracy", order=["B", "A"]).evaluate(runs).verdict == "does not hold"
     assert claim(kind="ordering", metric="f_gap", order=["A", ["B", "C"]]).evaluate(runs).verdict == "holds"
     assert claim(kind="ordering", metric="f_gap", order=[["A", "C"], "B"]).evaluate(runs).verdict == "does not hold"
+    assert claim(kind="ordering", metric="f_gap", order=["A", ["B", "C"]]).describe() == "final f_gap: A < {B, C}"
     # at round 10 the values are halfway from 1: A 0.55, B 0.65; past the end of the run there is no value
     assert "0.55" in claim(kind="ordering", metric="f_gap", order=["A", "B"], at="round=10").evaluate(runs).measured
     assert claim(kind="ordering", metric="f_gap", order=["A", "B"], at="epochs=5").evaluate(runs).verdict == "not measured"

@@ -219,7 +219,7 @@ class OrderingClaim(Claim):
 
     def describe(self) -> str:
         sign = " < " if self.lower_is_better else " > "
-        return f"{_at_text(self.at)} {self.metric}: " + sign.join(" ≈ ".join(t) for t in self.tiers())
+        return f"{_at_text(self.at)} {self.metric}: " + sign.join(t[0] if len(t) == 1 else "{" + ", ".join(t) + "}" for t in self.tiers())
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
         stats, missing = {}, []
