@@ -161,11 +161,11 @@ def _value_at(table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_be
     return float(value) if np.isfinite(value) else None
 
 
-def _stat_of(files: Sequence[Path], claim: Claim, at: str) -> tuple[Stat | None, int]:
-    """The statistic over the seeds that have a value, and how many seeds lacked one."""
+def _stat_of(files: Sequence[Path], claim: Claim, at: str) -> Stat | None:
+    """The statistic over the seeds that have a value (None when none has)."""
     values = [_value_at(read_metrics(f), claim.metric, at, claim.lower_is_better) for f in files]
     present = [v for v in values if v is not None]
-    return (Stat.of(present, claim.log) if present else None), len(values) - len(present)
+    return Stat.of(present, claim.log) if present else None
 
 
 def compare(better: Stat, worse: Stat, k: float, lower_is_better: bool, ratio: float = 1.0) -> str:
@@ -224,7 +224,7 @@ class OrderingClaim(Claim):
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
         stats, missing = {}, []
         for label in self.variants():
-            stat, lacking = _stat_of(runs.get(label, []), self, self.at)
+            stat = _stat_of(runs.get(label, []), self, self.at)
             if stat is None:
                 missing.append(label)
             else:
@@ -275,7 +275,7 @@ class ValueClaim(Claim):
         return f"{self.variant}: {_at_text(self.at)} {self.metric} {where}"
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
-        stat, _ = _stat_of(runs.get(self.variant, []), self, self.at)
+        stat = _stat_of(runs.get(self.variant, []), self, self.at)
         if stat is None:
             return Verdict("—", "not measured", f"no value {_at_text(self.at)} for {self.variant}")
         lo, hi = self.interval()
