@@ -141,6 +141,17 @@ def preset_table() -> list[dict[str, Any]]:
     return rows
 
 
+def reproduce(*presets: str, out: str | os.PathLike = "results/reproduce", budget: str | None = None, progress: bool = False) -> list[dict[str, Any]]:
+    """As ``fedshuffle reproduce``: run the presets (every one when none is given) where runs are missing,
+    judge their papers' claims and write ``report.md`` and ``report.html`` into ``out``; one dict per
+    claim (preset, paper, figure, claim, quote, measured, verdict, why)."""
+    from dataclasses import asdict
+
+    from fedshuffle.experiments.reproduce import reproduce as run_all
+
+    return [asdict(r) for r in run_all(list(presets) or preset_names(), Path(out), budget=budget, show_progress=progress)]
+
+
 class Experiment:
     """Variants × seeds of one configuration, ready to run or to inspect.
 

@@ -112,6 +112,7 @@ def _command(name: str, config: str, set_: list[str] | None, seeds: str | None, 
 
 # the commands register themselves on ``app`` when their modules are imported
 from fedshuffle.cli import catalog, flower, inspection, results, runs  # noqa: E402,F401
+from fedshuffle.cli import reproduce  # noqa: E402,F401
 
 
 def main() -> None:

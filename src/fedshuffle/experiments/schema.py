@@ -320,6 +320,7 @@ class Experiment(_PartialSections):
 
     experiment: ExperimentMeta = Field(default_factory=ExperimentMeta)
     variants: list[Variant] = Field(default_factory=list)
+    claims: list[dict[str, Any]] = Field(default_factory=list, description="the paper's claims about this experiment (fedshuffle.experiments.claims)")
 
     def runs(self, overrides: Mapping[str, Any] | None = None) -> list[tuple[str, RunSpec]]:
         """(label, spec) for each variant (one unlabeled run when there are none), validated."""
@@ -409,6 +410,9 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
     except OSError as exc:
         raise ConfigError("config", f"cannot read {path} ({exc.strerror or exc})") from None
     experiment = validate(Experiment, raw)
+    from fedshuffle.experiments.claims import parse_claims
+
+    parse_claims(experiment.claims, [v.label for v in experiment.variants])
     if not experiment.experiment.name or experiment.experiment.name == "experiment":
         experiment.experiment.name = path.stem
     for data in (experiment.data, *(v.data for v in experiment.variants)):  # relative to the file first, whatever the working directory

@@ -1,0 +1,60 @@
+"""``fedshuffle reproduce``: run presets and check every claim of their papers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.cli import app, console, EXIT_STATUS, _fail, _fail_results, _interrupted, _note, _out_path
+
+
+@app.command(help=f"""Run presets (what is missing) and judge every claim of their papers; write report.md and report.html.
+
+    Each preset runs into OUT/NAME (default OUT: results/reproduce); runs already there are kept and
+    continued, a folder holding another experiment is refused. Every claim the preset declares
+    ([[claims]]: an ordering of variants, a value within a tolerance, a target reached first) gets a
+    verdict over the seeds: holds (means more than k standard errors apart), partly (in the claimed
+    order but closer), does not hold. --budget cpu skips the presets sized for a GPU, saying so.
+
+    {EXIT_STATUS}""")
+def reproduce(
+    presets: Annotated[Optional[list[str]], typer.Argument(help="preset names or TOML files")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="every shipped preset")] = False,
+    budget: Annotated[Optional[str], typer.Option(help="cpu: skip the presets sized for a GPU; gpu: run every preset")] = None,
+    out: Annotated[Optional[str], typer.Option(help="folder of the runs and the report (default: results/reproduce)")] = None,
+    no_run: Annotated[bool, typer.Option("--no-run", help="run nothing: judge the complete runs already in OUT")] = False,
+    json_: Annotated[bool, typer.Option("--json", help='print {"claims": [{"preset", "claim", "measured", "verdict", ...}]}')] = False,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    from fedshuffle.experiments.reproduce import as_json, reproduce as run_all
+    from fedshuffle.experiments.schema import preset_names
+
+    target = Path("results") / "reproduce"
+    try:
+        if all_ and presets:
+            raise ConfigError("--all", "give preset names or --all, not both")
+        target = _out_path(out) or target
+        names = preset_names() if all_ else list(presets or [])
+        rows = run_all(names, target, budget=budget, run=not no_run, show_progress=not (quiet or json_), note=None if json_ else _note)
+    except ConfigError as exc:
+        _fail(exc)
+    except ResultsError as exc:
+        _fail_results(exc, "run the same command again to continue: finished runs are kept")
+    except KeyboardInterrupt:
+        _interrupted("run the same command again to continue: finished runs are kept")
+    if json_:
+        print(json.dumps(as_json(rows), indent=1, ensure_ascii=False))
+        return
+    table = Table(title="claims")
+    for column in ("preset", "figure", "claim", "measured", "verdict"):
+        table.add_column(column, overflow="fold")
+    colour = {"holds": "green", "partly": "yellow", "does not hold": "red"}
+    for r in rows:
+        table.add_row(r.preset, r.figure, r.claim, r.measured, f"[{colour.get(r.verdict, 'dim')}]{r.verdict}[/]: {r.why}")
+    console.print(table)
+    console.print(f"report: {target / 'report.md'}, {target / 'report.html'}")

@@ -1,0 +1,382 @@
+"""The papers' claims, as data a preset carries and the tool checks.
+
+A preset lists its claims as ``[[claims]]`` tables; each has a ``kind`` registered in :data:`CLAIMS`,
+the paper's words (``quote``) and the figure or table they are about. Kinds:
+
+* ``ordering``: variants ordered on a metric (``order``, best first; a tier ``["A", "B"]`` puts several
+  on one rank), at the end of the run, at their best, or at a budget (``at = "round=500"``,
+  ``"epochs=10"``, ``"mib=5"``);
+* ``value``: a variant's metric within ``tolerance`` of ``value`` (or at most / at least it): the
+  paper's reported number or a closed form;
+* ``reaches_first``: ``first`` reaches a target (``"test_accuracy=0.95"``) with less rounds, MiB or
+  seconds than ``second`` (optionally ``ratio`` times less).
+
+Every verdict accounts for the seeds; errors that go to zero (f_gap, dist_sq, grad_norm_sq) are
+compared by their log10 (geometric means), as the papers plot them, unless ``scale = "linear"``. With n ≥ 2 seeds per variant, a comparison of means
+m_A, m_B with standard errors s = std/√n *holds* when the gap exceeds ``k`` standard errors of the
+difference, k·√(s_A² + s_B²) (a value: when m ± k·s lies inside the interval); it holds *partly*
+when the means are in the claimed order but not that far apart; else it *does not hold*. With a
+single seed there is no standard error: the verdict compares the values and says so.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fedshuffle import metrics
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.registry import Registry
+from fedshuffle.experiments.results import read_metrics
+from fedshuffle.experiments.targets import COLUMNS as TARGET_AXES, Target, time_to_target
+
+CLAIMS = Registry("claims.kind")
+VERDICTS = ("holds", "partly", "does not hold")
+#: budgets a value can be read at: ``round=N``, ``epochs=X``, ``mib=X`` (MiB per worker, up + down)
+BUDGET_AXES = ("round", "epochs", "mib")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a claim measured, and whether it holds (one of :data:`VERDICTS`, or ``not measured``) and why."""
+
+    measured: str
+    verdict: str
+    why: str
+
+
+#: metrics compared on a log scale by default: errors that go to zero, plotted on log axes (noise floors differ by orders of magnitude)
+LOG_METRICS = ("f_gap", "dist_sq", "grad_norm_sq")
+TINY = 1e-300
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and standard error of the mean over seeds (se is None for a single seed); with ``log``, of log10 of the values."""
+
+    values: tuple[float, ...]
+    log: bool = False
+
+    @classmethod
+    def of(cls, values: Sequence[float], log: bool = False) -> Stat:
+        return cls(tuple(math.log10(max(v, TINY)) for v in values) if log else tuple(values), log)
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values))
+
+    @property
+    def se(self) -> float | None:
+        return float(np.std(self.values, ddof=1) / math.sqrt(self.n)) if self.n > 1 else None
+
+    def text(self) -> str:
+        if self.log:
+            spread = f" ×/÷ {10 ** self.se:.3g}" if self.se is not None else ""
+            return f"{10 ** self.mean:.4g}{spread} (geometric mean, n={self.n})"
+        return f"{self.mean:.4g}" + (f" ± {self.se:.2g}" if self.se is not None else "") + f" (n={self.n})"
+
+
+def _valid_metric(v: str) -> str:
+    accepted = metrics.of_kind("model", "method")
+    if v not in accepted:
+        hint = difflib.get_close_matches(str(v), accepted, n=1)
+        raise ValueError(f"unknown metric {v!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(accepted)}")
+    return v
+
+
+def _valid_at(v: str) -> str:
+    if v in ("final", "best"):
+        return v
+    axis, sep, number = v.partition("=")
+    try:
+        ok = bool(sep) and axis in BUDGET_AXES and math.isfinite(float(number)) and float(number) >= 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"expected final, best, or a budget {', '.join(a + '=N' for a in BUDGET_AXES)}")
+    return v
+
+
+class Claim(BaseModel):
+    """What every claim has: the paper's words, where they are, the metric, and the seeds' separation k."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    kind: str
+    quote: str = Field(min_length=1, description="the paper's words, quoted")
+    figure: str = Field("", description="figure or table the words are about (default: the experiment's)")
+    metric: str
+    k: float = Field(2.0, ge=0, description="standard errors the means must be apart to hold")
+    scale: Literal["linear", "log"] | None = Field(None, description="compare means of the values or of their log10 (default: log for f_gap, dist_sq, grad_norm_sq)")
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        return _valid_metric(v)
+
+    def variants(self) -> list[str]:
+        """The variant labels the claim names (checked against the experiment's)."""
+        return []
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
+        """The verdict on the complete seeds' ``metrics.csv`` of each variant."""
+        raise NotImplementedError
+
+    @property
+    def log(self) -> bool:
+        return self.scale == "log" if self.scale is not None else self.metric in LOG_METRICS
+
+    @property
+    def lower_is_better(self) -> bool:
+        return metrics.METRICS[self.metric].defaults["better"] == "min"
+
+
+def _value_at(table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_better: bool) -> float | None:
+    """The metric at the end of the run, its best, or at the first evaluation at or past a budget."""
+    column = table[metric]
+    if at == "final":
+        value = column[-1] if column.size else np.nan
+    elif at == "best":
+        finite = column[np.isfinite(column)]
+        value = (finite.min() if lower_is_better else finite.max()) if finite.size else np.nan
+    else:
+        axis, _, number = at.partition("=")
+        spent = table["mib_up"] + table["mib_down"] if axis == "mib" else table[axis]
+        hits = np.flatnonzero(spent >= float(number) - 1e-12)
+        value = column[hits[0]] if hits.size else np.nan
+    return float(value) if np.isfinite(value) else None
+
+
+def _stat_of(files: Sequence[Path], claim: Claim, at: str) -> Stat | None:
+    """The statistic over the seeds that have a value (None when none has)."""
+    values = [_value_at(read_metrics(f), claim.metric, at, claim.lower_is_better) for f in files]
+    present = [v for v in values if v is not None]
+    return Stat.of(present, claim.log) if present else None
+
+
+def compare(better: Stat, worse: Stat, k: float, lower_is_better: bool, ratio: float = 1.0) -> str:
+    """``separated``, ``ordered`` (right order, within k standard errors) or ``reversed``.
+
+    The gap is m_worse − ratio·m_better (lower is better; the mirror image otherwise), its standard
+    error √(s_worse² + ratio²·s_better²); a single seed on either side is never ``separated``.
+    """
+    gap = (1.0 if lower_is_better else -1.0) * (worse.mean - ratio * better.mean)
+    if not gap > 0:
+        return "reversed"
+    if better.se is None or worse.se is None:
+        return "ordered"
+    se = math.hypot(worse.se, ratio * better.se)
+    return "separated" if gap > k * se else "ordered"
+
+
+def _single(*stats: Stat) -> bool:
+    return any(s.n < 2 for s in stats)
+
+
+SINGLE = "single seed, no standard error: judged on the values alone"
+
+
+def _at_text(at: str) -> str:
+    return at if at in ("final", "best") else f"at {at.replace('=', ' ')}"
+
+
+class OrderingClaim(Claim):
+    kind: Literal["ordering"] = "ordering"
+    order: list[str | list[str]] = Field(min_length=2, description="variants best first; a list is a tier of equals")
+    at: str = Field("final", description="final, best, round=N, epochs=X or mib=X")
+
+    @field_validator("at")
+    @classmethod
+    def _at(cls, v: str) -> str:
+        return _valid_at(v)
+
+    @field_validator("order")
+    @classmethod
+    def _tiers(cls, v: list[str | list[str]]) -> list[str | list[str]]:
+        if any(isinstance(t, list) and not t for t in v):
+            raise ValueError("a tier is a non-empty list of variant labels")
+        return v
+
+    def tiers(self) -> list[list[str]]:
+        return [t if isinstance(t, list) else [t] for t in self.order]
+
+    def variants(self) -> list[str]:
+        return [v for tier in self.tiers() for v in tier]
+
+    def describe(self) -> str:
+        sign = " < " if self.lower_is_better else " > "
+        return f"{_at_text(self.at)} {self.metric}: " + sign.join(t[0] if len(t) == 1 else "{" + ", ".join(t) + "}" for t in self.tiers())
+
+    def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
+        stats, missing = {}, []
+        for label in self.variants():
+            stat = _stat_of(runs.get(label, []), self, self.at)
+            if stat is None:
+                missing.append(label)
+            else:
+                stats[label] = stat
+        measured = "; ".join(f"{label}: {s.text()}" for label, s in stats.items())
+        if missing:
+            return Verdict(measured, "not measured", f"no value {_at_text(self.at)} for {', '.join(missing)} (not run, or the run is shorter than the budget)")
+        tiers = self.tiers()
+        results = [(a, b, compare(stats[a], stats[b], self.k, self.lower_is_better)) for up, down in zip(tiers, tiers[1:]) for a in up for b in down]
+        wrong = [f"{b} is not worse than {a}" for a, b, r in results if r == "reversed"]
+        close = [f"{a} vs {b}" for a, b, r in results if r == "ordered"]
+        single = _single(*stats.values())
+        if wrong:
+            return Verdict(measured, "does not hold", "; ".join(wrong))
+        if single:
+            return Verdict(measured, "holds", f"{SINGLE}; the means are in the claimed order")
+        if close:
+            return Verdict(measured, "partly", f"in the claimed order, but within {self.k:g} standard errors: {', '.join(close)}")
+        return Verdict(measured, "holds", f"every step of the order separated by more than {self.k:g} standard errors")
+
+
+class ValueClaim(Claim):
+    kind: Literal["value"] = "value"
+    variant: str
+    at: str = Field("final", description="final, best, round=N, epochs=X or mib=X")
+    value: float
+    tolerance: float = Field(0.0, ge=0, description="absolute, or relative to |value| with relative = true")
+    relative: bool = False
+    bound: Literal["within", "at_most", "at_least"] = Field("within", description="value ± tolerance, or ≤ / ≥ value (+/− tolerance)")
+
+    @field_validator("at")
+    @classmethod
+    def _at(cls, v: str) -> str:
+        return _valid_at(v)
+
+    def variants(self) -> list[str]:
+        return [self.variant]
+
+    def interval(self) -> tuple[float, float]:
+        tol = self.tolerance * abs(self.value) if self.relative else self.tolerance
+        lo = -math.inf if self.bound == "at_most" else self.value - tol
+        hi = math.inf if self.bound == "at_least" else self.value + tol
+        return lo, hi
+
+    def describe(self) -> str:
+        lo, hi = self.interval()
+        where = f"≤ {hi:.4g}" if self.bound == "at_most" else f"≥ {lo:.4g}" if self.bound == "at_least" else f"in [{lo:.4g}, {hi:.4g}]"
+        return f"{self.variant}: {_at_text(self.at)} {self.metric} {where}"
+
+    def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
+        stat = _stat_of(runs.get(self.variant, []), self, self.at)
+        if stat is None:
+            return Verdict("—", "not measured", f"no value {_at_text(self.at)} for {self.variant}")
+        lo, hi = self.interval()
+        measured = f"{self.variant}: {stat.text()}"
+        t_lo, t_hi = (math.log10(lo) if lo > 0 else -math.inf, math.log10(hi) if hi > 0 else -math.inf) if stat.log else (lo, hi)
+        shown = 10 ** stat.mean if stat.log else stat.mean
+        if not t_lo <= stat.mean <= t_hi:
+            return Verdict(measured, "does not hold", f"mean {shown:.4g} outside [{lo:.4g}, {hi:.4g}]")
+        if stat.se is None:
+            return Verdict(measured, "holds", f"{SINGLE}; inside [{lo:.4g}, {hi:.4g}]")
+        if t_lo <= stat.mean - self.k * stat.se and stat.mean + self.k * stat.se <= t_hi:
+            return Verdict(measured, "holds", f"mean ± {self.k:g} standard errors inside [{lo:.4g}, {hi:.4g}]")
+        return Verdict(measured, "partly", f"mean inside [{lo:.4g}, {hi:.4g}], but not {self.k:g} standard errors from its edge")
+
+
+class ReachesFirstClaim(Claim):
+    kind: Literal["reaches_first"] = "reaches_first"
+    metric: str = ""
+    first: str
+    second: str
+    target: str = Field(description="METRIC=VALUE, e.g. test_accuracy=0.95")
+    by: Literal[TARGET_AXES] = Field("round", description="the cost: round, mib (per worker, up + down), wallclock_seconds or compute_seconds")
+    ratio: float = Field(1.0, gt=0, description="the second needs at least ratio times the first's cost")
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        try:
+            Target.parse(v)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
+        return v
+
+    def model_post_init(self, _: Any) -> None:
+        self.metric = Target.parse(self.target).metric
+
+    def variants(self) -> list[str]:
+        return [self.first, self.second]
+
+    def describe(self) -> str:
+        times = f" {self.ratio:g}× " if self.ratio != 1 else " "
+        return f"{self.first} reaches {self.target} with{times}less {self.by} than {self.second}"
+
+    def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
+        target = Target.parse(self.target)
+        costs = {}
+        for label in (self.first, self.second):
+            files = runs.get(label, [])
+            costs[label] = [h[self.by] if h is not None else math.inf for h in time_to_target(files, target)]
+        a, b = costs[self.first], costs[self.second]
+        if not a or not b:
+            return Verdict("—", "not measured", f"no complete run of {self.first if not a else self.second}")
+
+        def text(label: str, values: list[float]) -> str:
+            reached = [v for v in values if math.isfinite(v)]
+            return f"{label}: " + (Stat(tuple(reached)).text() if reached else "—") + f", reached in {len(reached)} of {len(values)}"
+
+        measured = f"{self.by} to {self.target}: {text(self.first, a)}; {text(self.second, b)}"
+        reached_a, reached_b = [v for v in a if math.isfinite(v)], [v for v in b if math.isfinite(v)]
+        if not reached_a:
+            return Verdict(measured, "does not hold", f"{self.first} never reached {self.target}" + (" (neither did " + self.second + ")" if not reached_b else ""))
+        if not reached_b:
+            if len(reached_a) < len(a):
+                return Verdict(measured, "partly", f"{self.second} never reached it; {self.first} only in {len(reached_a)} of {len(a)} seeds")
+            return Verdict(measured, "holds", (f"{SINGLE}; " if len(a) < 2 else "") + f"{self.second} never reached it")
+        result = compare(Stat(tuple(reached_a)), Stat(tuple(reached_b)), self.k, True, self.ratio)
+        factor = f"{self.ratio:g}× " if self.ratio != 1 else ""
+        if result == "reversed":
+            return Verdict(measured, "does not hold", f"{self.second} needs no more than {factor}the {self.by} of {self.first}")
+        if len(reached_a) < len(a) or len(reached_b) < len(b):
+            return Verdict(measured, "partly", "in the claimed order where both reached it, but not every seed did")
+        if _single(Stat(tuple(reached_a)), Stat(tuple(reached_b))):
+            return Verdict(measured, "holds", f"{SINGLE}; {self.first} needs less than {factor}that of {self.second}".replace("than that", "than"))
+        if result == "ordered":
+            return Verdict(measured, "partly", f"in the claimed order, but within {self.k:g} standard errors")
+        return Verdict(measured, "holds", f"separated by more than {self.k:g} standard errors")
+
+
+CLAIMS.add("ordering", OrderingClaim, "variants ordered on a metric: final, best, or at a budget of rounds, epochs or MiB")
+CLAIMS.add("value", ValueClaim, "a variant's metric within a tolerance of a value (the paper's number or a closed form), or beyond a bound")
+CLAIMS.add("reaches_first", ReachesFirstClaim, "one variant reaches a target with less rounds, MiB or seconds than another")
+
+
+def parse_claims(raw: Sequence[Any], labels: Sequence[str]) -> list[Claim]:
+    """The validated claims of an experiment with these variant labels; errors name ``claims[i].field``."""
+    from fedshuffle.experiments.schema import validate
+
+    out = []
+    for i, item in enumerate(raw):
+        where = f"claims[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(where, f"expected a table with kind = {' | '.join(CLAIMS)}, got {item!r}")
+        kind = item.get("kind")
+        if kind not in CLAIMS:
+            hint = difflib.get_close_matches(str(kind), CLAIMS.names(), n=1)
+            raise ConfigError(f"{where}.kind", f"unknown claim kind {kind!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(CLAIMS)}")
+        claim = validate(CLAIMS[kind].factory, item, f"{where}.")
+        for name in claim.variants():
+            if name not in labels:
+                hint = difflib.get_close_matches(name, labels, n=1)
+                field = next(f for f in ("order", "variant", "first", "second") if name in str(getattr(claim, f, "")))
+                raise ConfigError(f"{where}.{field}", f"unknown variant {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(map(repr, labels))}")
+        out.append(claim)
+    return out
