@@ -75,7 +75,7 @@ def test_stochastic_runs_average_to_the_closed_form(toy, method):
     """The long-run average of the random-reshuffling iterates is the closed-form stationary mean."""
     alg = build_flat(method, {"lr": ETA / 3})
     sim = Simulation(Quadratic(6), toy, alg, FullParticipation(3), seed=7)
-    x_bar = tail_average(sim, 12000, 1000)
+    x_bar = tail_average(sim, 3000, 500)
     x_hat = unit_quadratic_fixed_point(alg, sim.sampler, toy.sizes, toy.weights, client_means(toy))
     assert np.max(np.abs(x_bar - x_hat)) < 3e-4
 
@@ -106,7 +106,7 @@ def test_sum_one_is_biased_and_unbiased_weights_are_not_under_partial_participat
     for normalization in ("sum_one", "unbiased"):
         alg = build_flat("fedshuffle", {"lr": 1 / 480, "normalization": normalization})
         sim = Simulation(Quadratic(6), toy, alg, sampler, seed=3)
-        errs[normalization] = np.sum((tail_average(sim, 20000, 2000) - X_STAR) ** 2)
+        errs[normalization] = np.sum((tail_average(sim, 6000, 1500) - X_STAR) ** 2)
     assert errs["sum_one"] > 1.2e-3 and errs["unbiased"] < 2e-4
 
 
@@ -146,7 +146,7 @@ def test_global_momentum_exact_fixes_fedavg_inconsistency(toy):
     for beta in (0.0, 0.9):
         alg = build_flat("fedavg_rr", {"lr": ETA / 3, "global_momentum": beta})
         sim = Simulation(Quadratic(6), toy, alg, FullParticipation(3), seed=5)
-        errs[beta] = np.sum((tail_average(sim, 4000, 2000) - X_STAR) ** 2)
+        errs[beta] = np.sum((tail_average(sim, 3000, 1500) - X_STAR) ** 2)
     assert errs[0.0] > 1.6e-2
     assert errs[0.9] < 0.1 * errs[0.0]
 
