@@ -58,7 +58,8 @@ METHODS.add("scaffold", Scaffold, "control variates c, c_i in every local step (
 METHODS.add("fedcdr", FedCDR, "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
             "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML submission), Algorithm 1",
             local={"order": "rr", "epochs": 20, "batch_size": 10},
-            method={"fedcdr_alpha": 1.0, "fedcdr_eta": 1.0, "fedcdr_form": "y", "exact_prox": True, "warm_start": False})
+            method={"fedcdr_alpha": 1.0, "fedcdr_eta": 1.0, "fedcdr_form": "y", "exact_prox": True, "warm_start": False,
+                    "fedcdr_init": "prox", "prox_solver": "lbfgs", "prox_tol": 1e-4, "prox_max_iter": 500})
 METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic terms in the local objective, server state h",
             "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR 2021, Algorithm 1",
             local={"order": "rr"}, method={"feddyn_alpha": 0.01})
@@ -67,7 +68,8 @@ METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic term
 METHOD_SETTINGS = {
     "scaffold_option": (Scaffold, "option"),
     "fedcdr_alpha": (FedCDR, "alpha"), "fedcdr_eta": (FedCDR, "eta"), "fedcdr_form": (FedCDR, "form"),
-    "exact_prox": (FedCDR, "exact_prox"), "warm_start": (FedCDR, "warm_start"),
+    "exact_prox": (FedCDR, "exact_prox"), "warm_start": (FedCDR, "warm_start"), "fedcdr_init": (FedCDR, "init"),
+    "prox_solver": (FedCDR, "prox_solver"), "prox_tol": (FedCDR, "prox_tol"), "prox_max_iter": (FedCDR, "prox_max_iter"),
     "feddyn_alpha": (FedDyn, "alpha"),
 }
 
