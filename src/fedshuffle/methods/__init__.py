@@ -41,9 +41,11 @@ METHODS.add("fedshuffle_gen", Method, "FedShuffleGen with free c, w̃, q; defaul
 METHODS.add("fedshuffle_mvr", Method, "FedShuffle with the MVR global momentum", f"{_FEDSHUFFLE}, §5.1, eqs. (12)–(14)",
             local={"order": "rr", "step_normalization": "max_local_work"}, aggregation={"normalization": "unbiased"},
             server={"global_momentum": 0.9, "momentum_estimator": "exact"})
-METHODS.add("nastya", Method, "one RR/SO pass with client step γ, x ← x − η·mean g_i, g_i = (x − y_i)/(γN)",
+#: Nastya's g = (1/C) Σ_{m∈S} g_m (Algorithm 1; objective (1/M) Σ_m f_m, eq. (1)) for any client sizes: ω_m = 1/(C·γ_m·N_m)
+#: with N_m the client's steps; aggregation.weighting = "data" gives the data-weighted Σ_S (w_m/p_m) g_m instead
+METHODS.add("nastya", Method, "one RR/SO pass with client step γ, x ← x − η·(1/C)Σ_{m∈S} g_m, g_m = (x − y_m)/(γN_m)",
             "Malinovsky, Mishchenko & Richtárik, Server-Side Stepsizes and Sampling Without Replacement Provably Help in Federated Optimization, 2022, Algorithm 1",
-            local={"order": "rr"}, aggregation={"normalization": "unbiased", "direction": "mean_gradient"})
+            local={"order": "rr"}, aggregation={"weighting": "uniform", "normalization": "unbiased", "direction": "mean_gradient"})
 METHODS.add("rr_cli", Method, "Nastya rounds over cyclic cohorts, then x_{t+1} = x_t − θ(x_t − x_t^R)/(ηR)",
             "Malinovsky, Horváth, Burlachenko & Richtárik, Federated Learning with Regularized Client Participation, 2023, Algorithm 1",
             local={"order": "so"}, aggregation={"normalization": "unbiased", "direction": "mean_gradient"}, server={"meta_epoch_step": True})
