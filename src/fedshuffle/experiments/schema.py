@@ -102,6 +102,7 @@ class LocalConfig(_Section):
     steps: int | Literal[STEP_MODES] | None = Field(None, description="K local steps instead of epochs; 'min'/'mean' over the cohort")
     order: Literal[ORDERS] = "rr"
     batch_size: int = Field(1, ge=1)
+    epoch_batches: int | None = Field(None, ge=1, description="instead of batch_size: exactly K nearly equal minibatches per epoch")
     step_normalization: Literal[STEP_NORMALIZATIONS] | list[float] = Field("none", description="c_i in η_i = η_l/c_i")
     weight_decay: float = Field(0.0, ge=0)
     clip_norm: float | None = Field(None, gt=0)
