@@ -4,15 +4,17 @@ For a cohort of clients with centers v_i (stacked ``(C, d)``) it minimizes, row 
 
     h_i(z) = f_i(z) + ‖z − v_i‖²/(2η),   ∇h_i(z) = ∇f_i(z) + (z − v_i)/η,
 
-by L-BFGS (memory m, two-loop recursion per row) with a per-row Armijo backtracking line search, and stops
-a row once its residual ‖∇h_i(z)‖ ≤ tol. Every row has its own curvature pairs, step and stopping test, but
-all rows still working share one batched evaluation of f_i and ∇f_i per trial point. Because h_i is
+by L-BFGS (:class:`torch.optim.LBFGS`, memory m, strong-Wolfe line search), one client at a time, and stops
+a client once its residual ‖∇h_i(z)‖ ≤ tol. Because h_i is
 (1/η − L)-strongly convex when ηL < 1, the residual bounds the error: ‖z − prox_{ηf_i}(v_i)‖ ≤ η·residual/(1 − ηL).
-A non-convex f_i (an MLP with large η) gets a stationary point of h_i with that residual.
+A non-convex f_i (an MLP with large η) gets a stationary point of h_i with that residual. A ReLU network is only
+piecewise smooth: where h_i's minimizer sits on a kink the residual cannot reach 0 and the solver stops when it
+stalls; the residual it returns says so (the FedCDR ``prox_residual`` metric).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,8 +25,6 @@ from fedshuffle.problems import Problem
 
 #: inner solvers of FedCDR's prox: deterministic L-BFGS on the full client data, or the local SGD epochs
 SOLVERS = ("lbfgs", "sgd")
-ARMIJO = 1e-4
-MAX_HALVINGS = 40
 
 
 @dataclass(frozen=True)
@@ -64,63 +64,42 @@ class ClientObjectives:
 
 
 def solve_prox(objectives: ClientObjectives, centers: torch.Tensor, eta: float, tol: float, max_iter: int, start: torch.Tensor | None = None, memory: int = 10) -> ProxSolution:
-    """prox_{ηf_i}(v_i) for every row by L-BFGS with Armijo backtracking, until ‖∇h_i‖ ≤ tol or ``max_iter`` iterations."""
-    z = (centers if start is None else start).clone()
-    C = z.shape[0]
-    all_rows = torch.arange(C, device=z.device)
-    sizes = torch.as_tensor(objectives.sizes, device=z.device)
-    evaluated = 0
+    """prox_{ηf_i}(v_i) for every row by :class:`torch.optim.LBFGS` (strong-Wolfe line search), one row at a time,
+    until ‖∇h_i‖ ≤ tol or ``max_iter`` iterations: LBFGS stops on ‖∇h_i‖_∞ ≤ tol/√d, which implies ‖∇h_i‖ ≤ tol."""
+    points = (centers if start is None else start).detach().clone()
+    sizes = objectives.sizes
+    evaluated, iterations = 0, 0
+    for c in range(points.shape[0]):
+        row = torch.tensor([c], device=points.device)
+        z = points[c : c + 1].clone().requires_grad_(False)
+        z.requires_grad_(True)
+        optimizer = torch.optim.LBFGS([z], lr=1, max_iter=max_iter, max_eval=4 * max_iter, tolerance_grad=tol / math.sqrt(z.shape[1]),
+                                      tolerance_change=0.0, history_size=memory, line_search_fn="strong_wolfe")
 
-    def h(points: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        nonlocal evaluated
-        evaluated += int(sizes[rows].sum())
-        value, gradient = objectives(points, rows)
-        diff = points - centers[rows]
-        return value + (diff * diff).sum(1) / (2 * eta), gradient + diff / eta
+        def closure() -> torch.Tensor:
+            nonlocal evaluated
+            evaluated += int(sizes[c])
+            with torch.no_grad():
+                value, gradient = objectives(z.detach(), row)
+                diff = z.detach() - centers[c : c + 1]
+                z.grad = gradient + diff / eta
+            return value.sum() + (diff * diff).sum() / (2 * eta)
 
-    value, gradient = h(z, all_rows)
-    pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (s, y, ρ) per row; ρ = 0 drops a row's pair
-    scale = torch.full((C,), eta, dtype=z.dtype, device=z.device)  # H₀ = γ I per row, γ = sᵀy/yᵀy
-    iterations = 0
-    for iterations in range(1, max_iter + 1):
-        active = gradient.norm(dim=1) > tol
-        if not bool(active.any()):
-            iterations -= 1
-            break
-        q = gradient.clone()
-        alphas = []
-        for s, y, rho in reversed(pairs):
-            a = rho * (s * q).sum(1)
-            q -= a.unsqueeze(1) * y
-            alphas.append(a)
-        r = scale.unsqueeze(1) * q
-        for (s, y, rho), a in zip(pairs, reversed(alphas)):
-            b = rho * (y * r).sum(1)
-            r += (a - b).unsqueeze(1) * s
-        direction = -r
-        slope = (direction * gradient).sum(1)
-        bad = slope >= 0  # not a descent direction (a non-convex row): steepest descent instead
-        direction[bad] = -scale[bad].unsqueeze(1) * gradient[bad]
-        slope = (direction * gradient).sum(1)
-        step = torch.ones(C, dtype=z.dtype, device=z.device)
-        pending = active.clone()
-        new_z, new_value, new_gradient = z.clone(), value.clone(), gradient.clone()
-        for _ in range(MAX_HALVINGS):
-            rows = pending.nonzero().squeeze(1)
-            if len(rows) == 0:
+        done, last = 0, math.inf
+        while done < max_iter:  # LBFGS also stops on a non-descent direction: restart it until the tolerance or the cap
+            optimizer.state.clear()
+            optimizer.param_groups[0].update(max_iter=max_iter - done, max_eval=4 * (max_iter - done))
+            optimizer.step(closure)
+            ran = int(optimizer.state[z]["n_iter"])
+            done += ran
+            closure()
+            norm = float(z.grad.norm())
+            if ran == 0 or norm <= tol or norm >= 0.99 * last:  # met, or stalled (a ReLU kink: the gradient jumps there)
                 break
-            trial = z[rows] + step[rows].unsqueeze(1) * direction[rows]
-            v_trial, g_trial = h(trial, rows)
-            ok = v_trial <= value[rows] + ARMIJO * step[rows] * slope[rows]
-            done = rows[ok]
-            new_z[done], new_value[done], new_gradient[done] = trial[ok], v_trial[ok], g_trial[ok]
-            pending[done] = False
-            step[rows[~ok]] *= 0.5
-        s, y = new_z - z, new_gradient - gradient
-        sy = (s * y).sum(1)
-        good = sy > 1e-10 * s.norm(dim=1) * y.norm(dim=1)
-        rho = torch.where(good, 1.0 / torch.where(good, sy, torch.ones_like(sy)), torch.zeros_like(sy))
-        pairs = [*pairs[-(memory - 1):], (s, y, rho)] if memory > 1 else [(s, y, rho)]
-        scale = torch.where(good, sy / (y * y).sum(1).clamp(min=torch.finfo(z.dtype).tiny), scale)
-        z, value, gradient = new_z, new_value, new_gradient
-    return ProxSolution(z, gradient.norm(dim=1), iterations, evaluated)
+            last = norm
+        iterations = max(iterations, done)
+        points[c] = z.detach()[0]
+    with torch.no_grad():
+        _, gradient = objectives(points, torch.arange(points.shape[0], device=points.device))
+        residual = (gradient + (points - centers) / eta).norm(dim=1)
+    return ProxSolution(points, residual, iterations, evaluated + int(sizes.sum()))
