@@ -71,7 +71,7 @@ FLAT_SETTINGS = {
     **{f"server_{k}": ("server", k) for k in ("lr", "optimizer", "momentum", "beta1", "beta2", "eps")},
     **{k: ("server", k) for k in ("global_lr", "global_momentum", "momentum_estimator", "meta_epoch_step")},
     "lr_schedule": ("schedule", "name"), "lr_decay_at": ("schedule", "decay_at"), "lr_decay_factor": ("schedule", "decay_factor"),
-    **{k: ("method", k) for k in ("scaffold_option", "fedcdr_alpha", "fedcdr_eta", "fedcdr_form", "exact_prox", "warm_start", "feddyn_alpha")},
+    **{k: ("method", k) for k in ("scaffold_option", "fedcdr_alpha", "fedcdr_eta", "fedcdr_form", "exact_prox", "warm_start", "fedcdr_init", "prox_solver", "prox_tol", "prox_max_iter", "feddyn_alpha")},
 }
 
 

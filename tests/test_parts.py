@@ -82,6 +82,20 @@ def test_rr_epochs_are_permutations_and_so_repeats_one():
         assert same == (order == "so")
 
 
+@pytest.mark.parametrize("size, order", [(921, "so"), (409, "rr"), (265, "so")])
+def test_epoch_batches_give_exactly_k_steps_that_cover_one_pass(size, order):
+    """RR-CLI §4.5: 100 local steps on ≈1 % of the local data, every sample once per pass (phishing, w3a, a3a splits)."""
+    clients = [np.arange(size) + 7]
+    plan = LocalSolver(lr=0.1, epochs=2, order=order, epoch_batches=100).plan(clients, np.array([0]), 0, seed=1)[0]
+    assert plan.steps == 200 and plan.sample_gradients == 2 * size
+    counts = (plan.batches >= 0).sum(1)
+    assert set(counts.tolist()) <= {size // 100, -(-size // 100)} and counts[:100].sum() == size
+    for epoch in (plan.batches[:100], plan.batches[100:]):
+        assert np.array_equal(np.sort(epoch[epoch >= 0]), clients[0])
+    with pytest.raises(ConfigError, match="epoch_batches"):
+        LocalSolver(lr=0.1, epoch_batches=100).plan([np.arange(50)], np.array([0]), 0, seed=1)
+
+
 def test_random_epochs_are_within_range_and_cover_it():
     solver = LocalSolver(lr=0.1, epochs=(2, 5))
     draws = {solver.draw_epochs(0, r, seed=1) for r in range(200)}

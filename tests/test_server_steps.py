@@ -266,3 +266,28 @@ def test_nastya_theory_matches_the_stated_formula():
     c = smoothness(problem, data)
     assert resolved.server.lr == pytest.approx(1 / (4 * c.sample_max))
     assert resolved.local.lr == pytest.approx(1 / (8 * (PER_CLIENT // BATCH) * c.sample_max * math.sqrt(c.sample_max / c.mu)))
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "data"])
+def test_nastya_server_step_on_unequal_clients_matches_a_hand_computation(weighting):
+    """Algorithm 1 with client sizes (3, 1, 4, 2), 2 of 4 clients, one pass of single-sample steps:
+    x⁺ = x − η·(1/C)Σ_{m∈S} g_m, g_m = (x − y_m)/(γN_m) (the paper's mean); ``data`` gives Σ_S (w_m/p_m) g_m."""
+    sizes = [3, 1, 4, 2]
+    rng = np.random.default_rng(7)
+    targets = np.repeat(rng.normal(size=(4, 2)), sizes, axis=0)  # one target per client: the pass is order-free
+    parts = np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1])
+    data = FederatedDataset(torch.tensor(targets), torch.zeros(sum(sizes)), parts, objective_weights(np.array(sizes), "size"))
+    gamma, eta = 0.1, 0.7
+    alg = build_flat("nastya", {"lr": gamma, "batch_size": 1, "order": "rr", "server_lr": eta, "weighting": weighting})
+    sim = Simulation(Quadratic(2), data, alg, UniformWithoutReplacement(4, 2), seed=1)
+    for _ in range(3):
+        x = sim.params.clone()
+        record = sim.step()
+        step = torch.zeros(2, dtype=torch.float64)
+        for m in record.cohort:  # ½‖y − a_j‖² per sample: y ← y − γ(y − a_j)
+            y = x.clone()
+            for j in parts[m]:
+                y = y - gamma * (y - torch.tensor(targets[j]))
+            g = (x - y) / (gamma * sizes[m])
+            step += g / 2 if weighting == "uniform" else (sizes[m] / sum(sizes)) / (2 / 4) * g
+        torch.testing.assert_close(sim.params, x - eta * step, rtol=0, atol=1e-13)

@@ -30,7 +30,7 @@ def heterogeneous_quadratic(spread, sizes=(3, 1, 4, 2, 5, 1), dim=3, seed=0):
 @pytest.mark.parametrize("cohort", [6, 2], ids=["full", "cyclic-2-of-6"])
 def test_fedcdr_reaches_the_exact_minimizer_for_any_heterogeneity(spread, cohort):
     problem, data, x_star = heterogeneous_quadratic(spread)
-    alg = build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": 1.0, "fedcdr_eta": 2.0})
+    alg = build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": 1.0, "fedcdr_eta": 2.0, "fedcdr_init": "lazy"})
     sim = Simulation(problem, data, alg, Cyclic(6, cohort, "reshuffle"), seed=1)
     for _ in range(60 * (6 // cohort)):
         sim.step()
@@ -45,7 +45,7 @@ def test_fedcdr_reaches_the_exact_minimizer_for_any_heterogeneity(spread, cohort
 def test_fedcdr_keeps_the_server_model_equal_to_the_weighted_mean_of_its_clients():
     """x = Σ_i w_i x̂_i at every round (clients not yet seen count as x⁰), the invariant of eq. (23)."""
     problem, data, _ = heterogeneous_quadratic(3.0)
-    sim = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": 0.7, "fedcdr_eta": 0.5}), Cyclic(6, 2), seed=3)
+    sim = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": 0.7, "fedcdr_eta": 0.5, "fedcdr_init": "lazy"}), Cyclic(6, 2), seed=3)
     x0 = sim.params.clone()
     for _ in range(7):
         sim.step()
@@ -57,7 +57,7 @@ def test_fedcdr_keeps_the_server_model_equal_to_the_weighted_mean_of_its_clients
 def test_inner_solver_prox_agrees_with_the_closed_form_within_its_reported_residual():
     problem, data, _ = heterogeneous_quadratic(5.0)
     eta = 0.5
-    alg = build_flat("fedcdr", {"lr": 0.05, "epochs": 200, "batch_size": 5, "fedcdr_eta": eta, "exact_prox": False})
+    alg = build_flat("fedcdr", {"lr": 0.05, "epochs": 200, "batch_size": 5, "fedcdr_eta": eta, "exact_prox": False, "prox_solver": "sgd"})
     sim = Simulation(problem, data, alg, Cyclic(6, 6), seed=0)
     clients = np.arange(6)
     centers = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
@@ -74,8 +74,8 @@ def test_fedcdr_reports_its_prox_residual_on_problems_without_a_closed_form():
     rng = np.random.default_rng(0)
     x = torch.tensor(rng.normal(size=(40, 3)))
     data = FederatedDataset(x, torch.tensor(np.sign(rng.normal(size=40))), np.split(np.arange(40), 4), objective_weights(np.full(4, 10), "uniform"))
-    few = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.05, "epochs": 1, "batch_size": 5}), Cyclic(4, 2), seed=0)
-    many = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.05, "epochs": 60, "batch_size": 5}), Cyclic(4, 2), seed=0)
+    few = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.05, "epochs": 1, "batch_size": 5, "prox_solver": "sgd"}), Cyclic(4, 2), seed=0)
+    many = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.05, "epochs": 60, "batch_size": 5, "prox_solver": "sgd"}), Cyclic(4, 2), seed=0)
     few.step(), many.step()
     assert many.last_extras["prox_residual"] < 0.1 * few.last_extras["prox_residual"]
 

@@ -27,7 +27,9 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Registry
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.local.plan import ORDERS, STEP_MODES, STEP_NORMALIZATIONS
+from fedshuffle.local.prox import SOLVERS as PROX_SOLVERS
 from fedshuffle.methods.fedcdr import FORMS as FEDCDR_FORMS
+from fedshuffle.methods.fedcdr import INITS as FEDCDR_INITS
 from fedshuffle.methods.momentum import ESTIMATORS
 from fedshuffle.methods.scaffold import OPTIONS as SCAFFOLD_OPTIONS
 from fedshuffle.samplers import SAMPLERS
@@ -76,6 +78,10 @@ class MethodConfig(_Section):
     fedcdr_form: Literal[FEDCDR_FORMS] | None = Field(None, description="fedcdr: y update of Algorithm 1 ('y') or eq. (14) ('x')")
     exact_prox: bool | None = Field(None, description="fedcdr: closed-form prox where the problem has one")
     warm_start: bool | None = Field(None, description="fedcdr: start the inner prox solver from the previous x_i instead of y_i")
+    fedcdr_init: Literal[FEDCDR_INITS] | None = Field(None, description="fedcdr: x̂_i⁰ = 2prox(x⁰) − x⁰ (Algorithm 1, 'prox') or x⁰ until first seen ('lazy')")
+    prox_solver: Literal[PROX_SOLVERS] | None = Field(None, description="fedcdr: L-BFGS on the full client data to prox_tol, or the local SGD epochs")
+    prox_tol: float | None = Field(None, gt=0, description="fedcdr: L-BFGS stops at ‖∇f_i(z) + (z − y_i)/η‖ ≤ prox_tol")
+    prox_max_iter: int | None = Field(None, ge=1, description="fedcdr: L-BFGS iteration cap per prox")
     feddyn_alpha: float | None = Field(None, description="feddyn: regularization α > 0")
 
     @field_validator("name")
@@ -96,6 +102,7 @@ class LocalConfig(_Section):
     steps: int | Literal[STEP_MODES] | None = Field(None, description="K local steps instead of epochs; 'min'/'mean' over the cohort")
     order: Literal[ORDERS] = "rr"
     batch_size: int = Field(1, ge=1)
+    epoch_batches: int | None = Field(None, ge=1, description="instead of batch_size: exactly K nearly equal minibatches per epoch")
     step_normalization: Literal[STEP_NORMALIZATIONS] | list[float] = Field("none", description="c_i in η_i = η_l/c_i")
     weight_decay: float = Field(0.0, ge=0)
     clip_norm: float | None = Field(None, gt=0)

@@ -77,6 +77,10 @@ class LocalSolver:
         run, ``"with_replacement"`` an independent minibatch every step.
     batch_size:
         B; an epoch is ⌈|D_i|/B⌉ steps, the last batch possibly smaller.
+    epoch_batches:
+        Instead of B: an epoch is exactly K steps whose minibatches split the epoch's permutation into
+        K nearly equal parts of ⌊|D_i|/K⌋ or ⌈|D_i|/K⌉ samples (``numpy.array_split``), so that K steps are
+        one full pass (RR-CLI §4.5: 100 local steps on 1 % of the local data). Needs K ≤ |D_i|.
     step_normalization:
         c_i in η_i = η_l/c_i: ``"none"`` (c_i = 1), ``"local_work"`` (c_i = τ_i, Algorithm 1's
         η_l/|D_i| written per step), ``"max_local_work"`` (c_i = τ_i/τ_max, so the client with the
@@ -103,6 +107,7 @@ class LocalSolver:
     prox_mu: float = 0.0
     drop_last_steps: int = 0
     straggler_probability: float = 0.0
+    epoch_batches: int | None = None
     _epoch_range: tuple[int, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +125,8 @@ class LocalSolver:
             raise ConfigError("steps", f"must be >= 1, got {self.steps}")
         if self.batch_size < 1:
             raise ConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
+        if self.epoch_batches is not None and self.epoch_batches < 1:
+            raise ConfigError("epoch_batches", f"must be >= 1, got {self.epoch_batches}")
         if isinstance(self.step_normalization, str) and self.step_normalization not in STEP_NORMALIZATIONS:
             raise ConfigError("step_normalization", f"unknown {self.step_normalization!r}; accepted: {', '.join(STEP_NORMALIZATIONS)} or a list of per-client values")
         if not isinstance(self.step_normalization, str) and any(not (c > 0 and math.isfinite(c)) for c in self.step_normalization):
@@ -142,8 +149,18 @@ class LocalSolver:
     # -- local work ------------------------------------------------------------------------------
 
     def epoch_steps(self, size: int | np.ndarray) -> int | np.ndarray:
-        """Steps in one epoch: ⌈|D_i|/B⌉."""
+        """Steps in one epoch: ⌈|D_i|/B⌉, or K with ``epoch_batches``."""
+        if self.epoch_batches is not None:
+            return np.full_like(np.asarray(size), self.epoch_batches)
         return -(-np.asarray(size) // self.batch_size)
+
+    def batch_width(self, size: int) -> int:
+        """Samples in the largest minibatch of a client with ``size`` samples."""
+        if self.epoch_batches is not None:
+            if self.epoch_batches > size:
+                raise ConfigError("epoch_batches", f"{self.epoch_batches} minibatches per epoch need at least as many samples; a client has {size}")
+            return -(-size // self.epoch_batches)
+        return min(self.batch_size, size)
 
     def draw_epochs(self, client: int, round_index: int, seed: int) -> int:
         """E_i for this round: the fixed value, or uniform on the configured range."""
@@ -213,7 +230,7 @@ class LocalSolver:
             planned = np.full(len(cohort), max(1, int(np.floor(epoch_based.mean() + 0.5))))
         else:
             planned = np.full(len(cohort), self.steps)
-        width = min(self.batch_size, int(np.max(sizes[cohort])))
+        width = self.batch_width(int(np.max(sizes[cohort])))
         limits.check_fits(4 * limits.array_bytes(float(np.sum(planned)), width), "local.steps" if isinstance(self.steps, int) else "local.epochs", "one round's minibatch plans")
         lrs = self.lr * lr_scale / self.normalizations(planned, cohort, sizes)
         seen: dict[int, int] = {}
@@ -231,7 +248,7 @@ class LocalSolver:
         return plans
 
     def _batches(self, rows: np.ndarray, steps: int, rng: np.random.Generator, client: int, seed: int) -> np.ndarray:
-        n, b = len(rows), min(self.batch_size, len(rows))  # a batch beyond the client's data is all of it: no padding columns
+        n, b = len(rows), self.batch_width(len(rows))  # a batch beyond the client's data is all of it: no padding columns
         if self.order == "with_replacement":
             picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
             return rows[picks]
@@ -241,9 +258,12 @@ class LocalSolver:
         epochs = []
         for _ in range(-(-steps // per_epoch)):
             perm = fixed if fixed is not None else rng.permutation(n)
-            epoch = np.asarray(rows[perm], dtype=np.int64)
-            if padded > n:  # −1 pads the short last batch
-                epoch = np.concatenate([epoch, np.full(padded - n, -1, dtype=np.int64)])
+            epoch = np.full(padded, -1, dtype=np.int64)
+            if self.epoch_batches is None:
+                epoch[:n] = rows[perm]
+            else:  # K parts of ⌈n/K⌉ or ⌊n/K⌋ samples, each padded to ⌈n/K⌉
+                for k, part in enumerate(np.array_split(rows[perm], per_epoch)):
+                    epoch[k * b : k * b + len(part)] = part
             epochs.append(epoch.reshape(per_epoch, b))
         return (epochs[0] if len(epochs) == 1 else np.concatenate(epochs))[:steps]
 

@@ -41,9 +41,11 @@ METHODS.add("fedshuffle_gen", Method, "FedShuffleGen with free c, w̃, q; defaul
 METHODS.add("fedshuffle_mvr", Method, "FedShuffle with the MVR global momentum", f"{_FEDSHUFFLE}, §5.1, eqs. (12)–(14)",
             local={"order": "rr", "step_normalization": "max_local_work"}, aggregation={"normalization": "unbiased"},
             server={"global_momentum": 0.9, "momentum_estimator": "exact"})
-METHODS.add("nastya", Method, "one RR/SO pass with client step γ, x ← x − η·mean g_i, g_i = (x − y_i)/(γN)",
+#: Nastya's g = (1/C) Σ_{m∈S} g_m (Algorithm 1; objective (1/M) Σ_m f_m, eq. (1)) for any client sizes: ω_m = 1/(C·γ_m·N_m)
+#: with N_m the client's steps; aggregation.weighting = "data" gives the data-weighted Σ_S (w_m/p_m) g_m instead
+METHODS.add("nastya", Method, "one RR/SO pass with client step γ, x ← x − η·(1/C)Σ_{m∈S} g_m, g_m = (x − y_m)/(γN_m)",
             "Malinovsky, Mishchenko & Richtárik, Server-Side Stepsizes and Sampling Without Replacement Provably Help in Federated Optimization, 2022, Algorithm 1",
-            local={"order": "rr"}, aggregation={"normalization": "unbiased", "direction": "mean_gradient"})
+            local={"order": "rr"}, aggregation={"weighting": "uniform", "normalization": "unbiased", "direction": "mean_gradient"})
 METHODS.add("rr_cli", Method, "Nastya rounds over cyclic cohorts, then x_{t+1} = x_t − θ(x_t − x_t^R)/(ηR)",
             "Malinovsky, Horváth, Burlachenko & Richtárik, Federated Learning with Regularized Client Participation, 2023, Algorithm 1",
             local={"order": "so"}, aggregation={"normalization": "unbiased", "direction": "mean_gradient"}, server={"meta_epoch_step": True})
@@ -58,7 +60,8 @@ METHODS.add("scaffold", Scaffold, "control variates c, c_i in every local step (
 METHODS.add("fedcdr", FedCDR, "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
             "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML submission), Algorithm 1",
             local={"order": "rr", "epochs": 20, "batch_size": 10},
-            method={"fedcdr_alpha": 1.0, "fedcdr_eta": 1.0, "fedcdr_form": "y", "exact_prox": True, "warm_start": False})
+            method={"fedcdr_alpha": 1.0, "fedcdr_eta": 1.0, "fedcdr_form": "y", "exact_prox": True, "warm_start": False,
+                    "fedcdr_init": "lazy", "prox_solver": "lbfgs", "prox_tol": 1e-4, "prox_max_iter": 500})
 METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic terms in the local objective, server state h",
             "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR 2021, Algorithm 1",
             local={"order": "rr"}, method={"feddyn_alpha": 0.01})
@@ -67,7 +70,8 @@ METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic term
 METHOD_SETTINGS = {
     "scaffold_option": (Scaffold, "option"),
     "fedcdr_alpha": (FedCDR, "alpha"), "fedcdr_eta": (FedCDR, "eta"), "fedcdr_form": (FedCDR, "form"),
-    "exact_prox": (FedCDR, "exact_prox"), "warm_start": (FedCDR, "warm_start"),
+    "exact_prox": (FedCDR, "exact_prox"), "warm_start": (FedCDR, "warm_start"), "fedcdr_init": (FedCDR, "init"),
+    "prox_solver": (FedCDR, "prox_solver"), "prox_tol": (FedCDR, "prox_tol"), "prox_max_iter": (FedCDR, "prox_max_iter"),
     "feddyn_alpha": (FedDyn, "alpha"),
 }
 

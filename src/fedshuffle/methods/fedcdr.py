@@ -7,12 +7,15 @@ import torch
 
 from fedshuffle.aggregation import Aggregator
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.local.prox import SOLVERS, ClientObjectives, solve_prox
 from fedshuffle.metrics import metric
 from fedshuffle.methods.base import ClientResult, Method, Trainer, sample_gradients
 
 #: The stream key offset of FedCDR's initialization solves, so that they never reuse a round's data order.
 INIT_ROUND_OFFSET = 1 << 40
 FORMS = ("y", "x")
+#: "prox": Algorithm 1, line 3 (x̂_i⁰ = 2 prox_{ηf_i}(x⁰) − x⁰); "lazy": x̂_i counted as x⁰ until its first round
+INITS = ("prox", "lazy")
 
 metric("prox_residual", "mean prox residual ‖∇f_i(x_i) + (x_i − y_i)/η‖", lambda e: e.extras.get("prox_residual"), kind="method")
 
@@ -31,23 +34,29 @@ class FedCDR(Method):
     * **y update:** Algorithm 1 (line 8) and its proofs (Lemma A.2, eq. (21)) update y_i ← y_i + α(x − x_i);
       the derivation's (14) writes x_i + α(x − x_i). We follow Algorithm 1 (``form = "y"``), whose fixed
       point is x* for any heterogeneity; ``form = "x"`` gives (14).
-    * **Prox:** prox_{ηf_i} as in Algorithm 1; (12) shows it is the i-th block of (14)'s prox_{nηf}.
-    * **Initialization:** line 3 initializes every client up front (x_i = prox_{ηf_i}(x⁰), x̂_i = 2x_i − x⁰)
-      but starts the server at x⁰, which breaks the invariant x = (1/n)Σx̂_i the analysis uses (eq. (23))
-      unless ∇f_i(x⁰) = 0. We create a client's state at its first participation and count it as
-      x̂_i = x⁰ until then, so the invariant holds from round 0 and never-seen clients cost nothing.
-    * **The prox:** solved in closed form where the problem has one (:meth:`Problem.prox`: quadratics),
-      otherwise by the local solver — SGD epochs on f_i(z) + ‖z − y_i‖²/(2η) (20 epochs in the paper),
-      started from the prox center y_i (the paper does not say; ``warm_start`` starts from the previous x_i,
-      which on the paper's synthetic MLP gave higher residuals and a higher loss after 40 rounds). Each round reports the mean prox residual ‖∇f_i(x_i) + (x_i − y_i)/η‖ of the cohort;
-      since the subproblem is (1/η)-strongly convex, ‖x_i − prox(y_i)‖ ≤ η·residual.
+    * **Initialization** (``init``): ``"prox"`` is Algorithm 1, lines 2–3: y_i⁰ = x⁰, x_i⁰ = prox_{ηf_i}(x⁰),
+      x̂_i⁰ = 2x_i⁰ − x⁰ and the server at x⁰. Lemma A.1 (y_i = x_i + η∇f_i(x_i)) then holds from the start, but
+      the server's x − (1/n)Σx̂_i = 2η·(1/n)Σ∇f_i(x_i⁰) stays constant, so the limit satisfies
+      ∇f(x) = 2·(1/n)Σ∇f_i(x_i⁰) rather than ∇f(x) = 0 (eq. (23) assumes the offset is 0; eq. (45) assumes
+      x_i⁰ = x⁰). ``"lazy"`` counts x̂_i = x⁰ until the client's first round (x_i, y_i as in Algorithm 1), which
+      keeps x = (1/n)Σx̂_i, hence the fixed point ∇f = 0, and costs nothing for never-seen clients. We default to
+      ``"lazy"``: the text says server and clients start "at the same point x⁰", which only the lazy start keeps.
+      Both create a client's state at its first participation; prox_{ηf_i}(x⁰) is the same then as up front.
+    * **The prox** (``prox_solver``): the closed form where the problem has one (:meth:`Problem.prox`: quadratics,
+      with ``exact_prox``); else ``"lbfgs"``: L-BFGS on the client's full data until
+      ‖∇f_i(z) + (z − y_i)/η‖ ≤ ``prox_tol`` or ``prox_max_iter`` iterations (:mod:`fedshuffle.local.prox`);
+      or ``"sgd"``: the local solver's SGD epochs on f_i(z) + ‖z − y_i‖²/(2η) (20 epochs in the paper §6).
+      Either starts from the prox center y_i (the paper does not say; ``warm_start`` starts from the previous x_i).
+      Each round reports the mean prox residual ‖∇f_i(x_i) + (x_i − y_i)/η‖ of the cohort (``prox_residual``);
+      when ηL < 1 the subproblem is (1/η − L)-strongly convex and ‖x_i − prox(y_i)‖ ≤ η·residual/(1 − ηL).
     """
 
     name = "fedcdr"
     state_fields = ("y", "x", "xhat")
     needs_cycles = True
 
-    def __init__(self, aggregator: Aggregator, alpha: float = 1.0, eta: float = 1.0, form: str = "y", exact_prox: bool = True, warm_start: bool = False) -> None:
+    def __init__(self, aggregator: Aggregator, alpha: float = 1.0, eta: float = 1.0, form: str = "y", exact_prox: bool = True, warm_start: bool = False,
+                 init: str = "lazy", prox_solver: str = "lbfgs", prox_tol: float = 1e-4, prox_max_iter: int = 500) -> None:
         super().__init__(aggregator)
         if not 0 < alpha < 2:
             raise ConfigError("fedcdr_alpha", f"the relaxation α must be in (0, 2), got {alpha}")
@@ -55,7 +64,16 @@ class FedCDR(Method):
             raise ConfigError("fedcdr_eta", f"the prox step η must be > 0, got {eta}")
         if form not in FORMS:
             raise ConfigError("fedcdr_form", f"unknown {form!r}; accepted: y (Algorithm 1), x (eq. (14))")
+        if init not in INITS:
+            raise ConfigError("fedcdr_init", f"unknown {init!r}; accepted: prox (Algorithm 1), lazy (x̂_i = x⁰ until first seen)")
+        if prox_solver not in SOLVERS:
+            raise ConfigError("prox_solver", f"unknown {prox_solver!r}; accepted: {', '.join(SOLVERS)}")
+        if not prox_tol > 0:
+            raise ConfigError("prox_tol", f"the prox residual tolerance must be > 0, got {prox_tol}")
+        if prox_max_iter < 1:
+            raise ConfigError("prox_max_iter", f"must be >= 1, got {prox_max_iter}")
         self.alpha, self.eta, self.form, self.exact_prox, self.warm_start = alpha, eta, form, exact_prox, warm_start
+        self.initialization, self.prox_solver, self.prox_tol, self.prox_max_iter = init, prox_solver, prox_tol, prox_max_iter
 
     def init(self, params):
         return {"x0": params.clone()}
@@ -71,6 +89,10 @@ class FedCDR(Method):
         exact = trainer.problem.prox(centers, trainer.data, clients, self.eta) if self.exact_prox else None
         if exact is not None:
             return exact, 0
+        if self.prox_solver == "lbfgs":
+            objectives = ClientObjectives(trainer.problem, trainer.data, clients, centers.device)
+            solution = solve_prox(objectives, centers, self.eta, self.prox_tol, self.prox_max_iter, starts)
+            return solution.points, solution.sample_gradients
         starts = centers if starts is None else starts
         deltas = trainer.train(plans, starts, center=centers, prox_mu=1.0 / self.eta)
         return starts - deltas, sample_gradients(plans)
@@ -85,7 +107,8 @@ class FedCDR(Method):
             fresh = clients[new.cpu().numpy()]
             starts = x0.expand(len(fresh), -1)
             x_first, spent = self._prox(trainer, starts, fresh, trainer.plan(fresh, INIT_ROUND_OFFSET + trainer.round_index))
-            y[new], x_i[new], xhat[new] = starts, x_first, x0  # x̂ counted as x⁰ by the server until now
+            y[new], x_i[new] = starts, x_first
+            xhat[new] = 2 * x_first - starts if self.initialization == "prox" else starts  # "lazy": x̂ counted as x⁰ by the server until now
         base = y if self.form == "y" else x_i
         y_new = base + self.alpha * (broadcast["model"] - x_i)
         x_new, cost = self._prox(trainer, y_new, clients, plans, x_i if self.warm_start else None)
@@ -104,4 +127,4 @@ class FedCDR(Method):
         return rnd.member_weights(params) @ payload["delta"], state, {}
 
     def describe(self):
-        return f"fedcdr (α = {self.alpha}, η = {self.eta})"
+        return f"fedcdr (α = {self.alpha}, η = {self.eta}, init {self.initialization}, prox {self.prox_solver})"

@@ -1,0 +1,97 @@
+"""FedCDR's deterministic prox: Algorithm 1 with an exact prox against its closed form, and the stated tolerance."""
+
+import numpy as np
+import pytest
+import torch
+
+from fedshuffle import MLP, Cyclic, LogisticRegression, Quadratic, Simulation
+from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
+from fedshuffle.executors.local import VectorizedExecutor
+from fedshuffle.local.prox import ClientObjectives, solve_prox
+
+from conftest import build_flat
+
+
+def quadratic_population(sizes=(3, 1, 4, 2, 5, 1), dim=3, spread=4.0, seed=0):
+    rng = np.random.default_rng(seed)
+    centers = spread * rng.normal(size=(len(sizes), dim))
+    targets = np.concatenate([c + rng.normal(size=(s, dim)) for c, s in zip(centers, sizes)])
+    data = FederatedDataset(torch.tensor(targets), torch.zeros(len(targets)), contiguous_partition(list(sizes)), objective_weights(np.array(sizes), "uniform"))
+    means = np.stack([targets[ix].mean(0) for ix in data.client_indices])  # f_i(z) = ½‖z − ē_i‖² + const
+    return Quadratic(dim), data, torch.tensor(means)
+
+
+@pytest.mark.parametrize("init", ["prox", "lazy"])
+def test_fedcdr_with_the_lbfgs_prox_equals_algorithm_1_in_closed_form_on_quadratics(init):
+    """prox_{ηf_i}(y) = (y + ηē_i)/(1 + η); Algorithm 1 run by hand with it, on the simulation's cohorts."""
+    problem, data, means = quadratic_population()
+    alpha, eta = 0.8, 1.5
+    alg = build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": alpha, "fedcdr_eta": eta, "exact_prox": False, "prox_solver": "lbfgs", "prox_tol": 1e-11, "fedcdr_init": init})
+    sim = Simulation(problem, data, alg, Cyclic(6, 2, "reshuffle"), seed=5)
+    prox = lambda v, i: (v + eta * means[i]) / (1 + eta)  # noqa: E731
+    x0 = sim.params.clone()
+    y = x0.expand(6, -1).clone()
+    xi = torch.stack([prox(x0, i) for i in range(6)])
+    xhat = 2 * xi - y if init == "prox" else x0.expand(6, -1).clone()
+    x = x0.clone()
+    for _ in range(18):
+        record, broadcast = sim.step(), x.clone()
+        for i in record.cohort:
+            y[i] = y[i] + alpha * (broadcast - xi[i])
+            new = prox(y[i], i)
+            x = x + (2 * new - y[i] - xhat[i]) / 6
+            xi[i], xhat[i] = new, 2 * new - y[i]
+        torch.testing.assert_close(sim.params, x, rtol=0, atol=1e-9)
+        assert record.extras["prox_residual"] <= 1e-11
+    gradient = x - means.mean(0)  # ∇f(x) for f = (1/n)Σ f_i
+    offset = 2 * (x0 - torch.stack([prox(x0, i) for i in range(6)]).mean(0)) / eta  # Algorithm 1 keeps x − (1/n)Σx̂_i = η·offset/1
+    if init == "prox":  # the literal initialization converges to ∇f(x) = 2·(1/n)Σ∇f_i(x_i⁰), not to x*
+        for _ in range(300):
+            sim.step()
+        torch.testing.assert_close(sim.params - means.mean(0), offset, rtol=0, atol=1e-8)
+    else:
+        assert float(gradient.norm()) < float(offset.norm())  # moving toward x* = (1/n)Σē_i
+
+
+def logistic_clients():
+    rng = np.random.default_rng(3)
+    sizes = [30, 7, 55, 12]
+    x = np.concatenate([rng.normal(loc=2 * rng.normal(size=5), size=(s, 5)) for s in sizes])
+    y = np.sign(x @ rng.normal(size=5) + 0.5 * rng.normal(size=len(x)))
+    return LogisticRegression(5, 0.01), FederatedDataset(torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), "uniform"))
+
+
+def mlp_clients():
+    rng = np.random.default_rng(4)
+    sizes = [40, 9, 25]
+    x = rng.normal(size=(sum(sizes), 6))
+    y = rng.integers(0, 3, size=sum(sizes))
+    return MLP(6, [8], 3), FederatedDataset(torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), "uniform"))
+
+
+@pytest.mark.parametrize("make, clients, eta, tol", [(logistic_clients, [0, 1, 2, 3], 10.0, 1e-7), (logistic_clients, [0, 1, 2, 3], 0.5, 1e-7), (mlp_clients, [0, 2], 0.5, 1e-4)],
+                         ids=["logistic-eta10", "logistic-eta0.5", "mlp-eta0.5"])
+def test_lbfgs_prox_meets_its_tolerance_on_the_clients_full_data(make, clients, eta, tol):
+    problem, data = make()
+    clients = np.array(clients)
+    gen = torch.Generator().manual_seed(0)
+    centers = torch.randn(len(clients), problem.dim, generator=gen, dtype=torch.float64)
+    solution = solve_prox(ClientObjectives(problem, data, clients, centers.device), centers, eta, tol, 200)
+    gradients = VectorizedExecutor().client_gradients(problem, data, solution.points, clients)  # an independent check
+    residual = (gradients + (solution.points - centers) / eta).norm(dim=1)
+    assert float(residual.max()) <= tol and solution.iterations < 200
+    torch.testing.assert_close(residual, solution.residual, rtol=1e-6, atol=1e-12)
+    assert solution.sample_gradients >= solution.iterations * int(data.sizes[clients].min())
+    if problem.convex:  # h_i is (1/η)-strongly convex: ‖z − prox‖ ≤ η·residual; a far tighter solve is the reference
+        tight = solve_prox(ClientObjectives(problem, data, clients, centers.device), centers, eta, 1e-12, 500)
+        assert bool(((solution.points - tight.points).norm(dim=1) <= eta * residual + 1e-12).all())
+
+
+def test_the_prox_residual_is_reported_when_a_relu_kink_stops_the_solver():
+    """Client 1 of the small ReLU MLP: the minimizer of h_1 sits on a kink; the solver stops and says how far it got."""
+    problem, data = mlp_clients()
+    centers = torch.randn(1, problem.dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    solution = solve_prox(ClientObjectives(problem, data, np.array([1]), centers.device), centers, 0.5, 1e-8, 200)
+    gradients = VectorizedExecutor().client_gradients(problem, data, solution.points, np.array([1]))
+    torch.testing.assert_close((gradients + (solution.points - centers) / 0.5).norm(dim=1), solution.residual, rtol=1e-6, atol=1e-12)
+    assert solution.iterations < 200 and float(solution.residual[0]) > 1e-8
