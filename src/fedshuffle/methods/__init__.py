@@ -70,7 +70,7 @@ METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic term
 METHOD_SETTINGS = {
     "scaffold_option": (Scaffold, "option"),
     "fedcdr_alpha": (FedCDR, "alpha"), "fedcdr_eta": (FedCDR, "eta"), "fedcdr_form": (FedCDR, "form"),
-    "exact_prox": (FedCDR, "exact_prox"), "warm_start": (FedCDR, "warm_start"), "fedcdr_init": (FedCDR, "init"),
+    "exact_prox": (FedCDR, "exact_prox"), "warm_start": (FedCDR, "warm_start"), "fedcdr_init": (FedCDR, "initialization"),
     "prox_solver": (FedCDR, "prox_solver"), "prox_tol": (FedCDR, "prox_tol"), "prox_max_iter": (FedCDR, "prox_max_iter"),
     "feddyn_alpha": (FedDyn, "alpha"),
 }

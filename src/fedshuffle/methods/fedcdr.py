@@ -34,7 +34,7 @@ class FedCDR(Method):
     * **y update:** Algorithm 1 (line 8) and its proofs (Lemma A.2, eq. (21)) update y_i ← y_i + α(x − x_i);
       the derivation's (14) writes x_i + α(x − x_i). We follow Algorithm 1 (``form = "y"``), whose fixed
       point is x* for any heterogeneity; ``form = "x"`` gives (14).
-    * **Initialization** (``init``): ``"prox"`` is Algorithm 1, lines 2–3: y_i⁰ = x⁰, x_i⁰ = prox_{ηf_i}(x⁰),
+    * **Initialization** (``initialization``, setting ``fedcdr_init``): ``"prox"`` is Algorithm 1, lines 2–3: y_i⁰ = x⁰, x_i⁰ = prox_{ηf_i}(x⁰),
       x̂_i⁰ = 2x_i⁰ − x⁰ and the server at x⁰. Lemma A.1 (y_i = x_i + η∇f_i(x_i)) then holds from the start, but
       the server's x − (1/n)Σx̂_i = 2η·(1/n)Σ∇f_i(x_i⁰) stays constant, so the limit satisfies
       ∇f(x) = 2·(1/n)Σ∇f_i(x_i⁰) rather than ∇f(x) = 0 (eq. (23) assumes the offset is 0; eq. (45) assumes
@@ -56,7 +56,7 @@ class FedCDR(Method):
     needs_cycles = True
 
     def __init__(self, aggregator: Aggregator, alpha: float = 1.0, eta: float = 1.0, form: str = "y", exact_prox: bool = True, warm_start: bool = False,
-                 init: str = "lazy", prox_solver: str = "lbfgs", prox_tol: float = 1e-4, prox_max_iter: int = 500) -> None:
+                 initialization: str = "lazy", prox_solver: str = "lbfgs", prox_tol: float = 1e-4, prox_max_iter: int = 500) -> None:
         super().__init__(aggregator)
         if not 0 < alpha < 2:
             raise ConfigError("fedcdr_alpha", f"the relaxation α must be in (0, 2), got {alpha}")
@@ -64,8 +64,8 @@ class FedCDR(Method):
             raise ConfigError("fedcdr_eta", f"the prox step η must be > 0, got {eta}")
         if form not in FORMS:
             raise ConfigError("fedcdr_form", f"unknown {form!r}; accepted: y (Algorithm 1), x (eq. (14))")
-        if init not in INITS:
-            raise ConfigError("fedcdr_init", f"unknown {init!r}; accepted: prox (Algorithm 1), lazy (x̂_i = x⁰ until first seen)")
+        if initialization not in INITS:
+            raise ConfigError("fedcdr_init", f"unknown {initialization!r}; accepted: prox (Algorithm 1), lazy (x̂_i = x⁰ until first seen)")
         if prox_solver not in SOLVERS:
             raise ConfigError("prox_solver", f"unknown {prox_solver!r}; accepted: {', '.join(SOLVERS)}")
         if not prox_tol > 0:
@@ -73,7 +73,7 @@ class FedCDR(Method):
         if prox_max_iter < 1:
             raise ConfigError("prox_max_iter", f"must be >= 1, got {prox_max_iter}")
         self.alpha, self.eta, self.form, self.exact_prox, self.warm_start = alpha, eta, form, exact_prox, warm_start
-        self.initialization, self.prox_solver, self.prox_tol, self.prox_max_iter = init, prox_solver, prox_tol, prox_max_iter
+        self.initialization, self.prox_solver, self.prox_tol, self.prox_max_iter = initialization, prox_solver, prox_tol, prox_max_iter
 
     def init(self, params):
         return {"x0": params.clone()}
