@@ -252,7 +252,7 @@ class LocalSolver:
         if self.order == "with_replacement":
             picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
             return rows[picks]
-        per_epoch = -(-n // b)
+        per_epoch = int(self.epoch_steps(n))
         padded = per_epoch * b
         fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "so" else None
         epochs = []
