@@ -3,6 +3,8 @@
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -226,3 +228,25 @@ def test_the_python_api_reports_presets_it_does_not_run(tmp_path):
     assert "| Tiny et al. | 0 | 0 | 0 | 0 | 2 |" in (tmp_path / "o" / "report.md").read_text()
     with pytest.raises(ConfigError, match="--budget: unknown 'tpu'; accepted: cpu, gpu"):
         api.reproduce(str(gpu), out=tmp_path / "o", budget="tpu")
+
+
+def test_the_report_gives_a_methods_own_quantities_per_round(tmp_path, monkeypatch):
+    """FedCDR's prox residual (a metric of kind "method") appears per evaluated round, averaged over seeds."""
+    from fedshuffle.experiments import report, reproduce
+
+    monkeypatch.setattr(report, "plot_runs", lambda groups, out_stem, **_: [])
+    cfg = tmp_path / "cdr.toml"
+    cfg.write_text(TINY.format(budget="", metric="loss").replace('name = "fedshuffle" }', 'name = "fedcdr", exact_prox = false, prox_tol = 1e-9 }')
+                   .replace('name = "full"', 'name = "cyclic"\ncohort = 1'))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    [diag] = reproduce.diagnostics("cdr", out / "cdr")
+    assert (diag.variant, diag.metric, diag.rounds) == ("FedShuffle", "prox_residual", [3, 6])
+    seeds = [pd.read_csv(p) for p in sorted((out / "cdr").glob("*/seed-*/metrics.csv")) if pd.read_csv(p)["prox_residual"].notna().any()]
+    expected = [float(np.mean([s.loc[s["round"] == r, "prox_residual"].item() for s in seeds])) for r in (3, 6)]
+    assert len(seeds) == 2 and diag.values == pytest.approx(expected, rel=1e-12) and max(diag.values) <= 1e-9
+    md = (out / "report.md").read_text()
+    assert "### cdr, FedShuffle: prox_residual per round" in md and f"| 6 | {diag.values[1]:.4g} |" in md
+    assert "prox_residual per round (mean over seeds)" in (out / "report.html").read_text()
+    assert [len(reproduce._shown_rows(n)) for n in (3, 26, 27, 1000)] == [3, 26, 26, 26] and reproduce._shown_rows(1000)[-1] == 999

@@ -32,7 +32,7 @@ def test_water_filling_is_exact_and_capped(b):
 
 @pytest.mark.parametrize(
     "sampler",
-    [FullParticipation(5), UniformWithoutReplacement(5, 2), WithReplacement(5, 3, [0.1, 0.2, 0.3, 0.2, 0.2]), Independent.importance([1, 2, 3, 4, 10], 2), Cyclic(6, 2, "reshuffle"), Cyclic(6, 3, "fixed")],
+    [FullParticipation(5), UniformWithoutReplacement(5, 2), WithReplacement(5, 3, [0.1, 0.2, 0.3, 0.2, 0.2]), WithReplacement(4, 1, np.array([3, 1, 4, 2]) / 10), Independent.importance([1, 2, 3, 4, 10], 2), Cyclic(6, 2, "reshuffle"), Cyclic(6, 3, "fixed")],
     ids=lambda s: type(s).__name__,
 )
 def test_distribution_matches_inclusion_probabilities_and_sampling(sampler):

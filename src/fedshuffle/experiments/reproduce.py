@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import write_atomic
 from fedshuffle.experiments.claims import VERDICTS, parse_claims
@@ -38,6 +39,49 @@ class ClaimResult:
     measured: str
     verdict: str
     why: str
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """A method's own per-round quantity (a metric of kind ``method``, e.g. FedCDR's prox residual) for one
+    variant of a preset: the evaluated rounds and, at each, the mean over the complete seeds."""
+
+    preset: str
+    variant: str
+    metric: str
+    rounds: list[int]
+    values: list[float]
+
+
+#: at most this many rounds of a diagnostic in the report (evenly spaced, the last one always)
+DIAGNOSTIC_ROWS = 26
+
+
+def diagnostics(name: str, folder: Path) -> list[Diagnostic]:
+    """The method metrics recorded by the complete runs in ``folder``, per variant, averaged over seeds by round."""
+    import pandas as pd
+
+    from fedshuffle.experiments.report import collect_runs, group_runs
+
+    out = []
+    for label, members in group_runs(collect_runs([folder])).items():
+        frames = [pd.read_csv(r.path / "metrics.csv") for r in members if r.status == "complete"]
+        if not frames:
+            continue
+        table = pd.concat(frames)
+        for metric in metrics.of_kind("method"):
+            if metric not in table or table[metric].isna().all():
+                continue
+            by_round = table.dropna(subset=[metric]).groupby("round")[metric].mean()
+            out.append(Diagnostic(name, label, metric, [int(r) for r in by_round.index], [float(v) for v in by_round.values]))
+    return out
+
+
+def _shown_rows(count: int) -> list[int]:
+    if count <= DIAGNOSTIC_ROWS:
+        return list(range(count))
+    step = (count - 1) / (DIAGNOSTIC_ROWS - 1)
+    return sorted({round(k * step) for k in range(DIAGNOSTIC_ROWS)})
 
 
 def _skipped(name: str, experiment: Experiment, reason: str) -> list[ClaimResult]:
@@ -74,6 +118,7 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
     loaded = [(p, load_experiment(p)) for p in presets]  # every config checked before anything runs
     rows: list[ClaimResult] = []
     plots: dict[str, Path] = {}
+    extra: list[Diagnostic] = []
     for given, experiment in loaded:
         name = experiment.experiment.name
         sized = experiment.experiment.budget or "cpu"
@@ -91,9 +136,10 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
                 note(f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}")
             run_experiment(experiment, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress)
         rows += judge(name, experiment, folder)
+        extra += diagnostics(name, folder)
         if (folder / "plot.png").is_file():
             plots[name] = folder / "plot.png"
-    write_reports(rows, Path(out), plots)
+    write_reports(rows, Path(out), plots, extra)
     return rows
 
 
@@ -109,8 +155,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(rows: Sequence[ClaimResult]) -> str:
-    """The report as Markdown: verdict counts per paper, then one row per claim."""
+def markdown(rows: Sequence[ClaimResult], extra: Sequence[Diagnostic] = ()) -> str:
+    """The report as Markdown: verdict counts per paper, one row per claim, then the methods' own per-round quantities."""
     columns = (*VERDICTS, "not measured", "not run")
     lines = ["# Reproduction of the papers' claims", "", "| paper | " + " | ".join(columns) + " |", "| --- |" + " ---: |" * len(columns)]
     for paper, c in counts(rows).items():
@@ -119,6 +165,10 @@ def markdown(rows: Sequence[ClaimResult]) -> str:
     for r in rows:
         claim = f"“{_cell(r.quote)}” — {_cell(r.claim)}"
         lines.append(f"| {r.preset} | {_cell(r.paper)} | {_cell(r.figure)} | {claim} | {_cell(r.measured)} | **{r.verdict}**: {_cell(r.why)} |")
+    for d in extra:
+        lines += ["", f"### {d.preset}, {_cell(d.variant)}: {d.metric} per round", "", f"{_cell(metrics.label(d.metric))}, mean over seeds.", "",
+                  f"| round | {d.metric} |", "| ---: | ---: |"]
+        lines += [f"| {d.rounds[k]} | {d.values[k]:.4g} |" for k in _shown_rows(len(d.rounds))]
     return "\n".join(lines) + "\n"
 
 
@@ -128,7 +178,7 @@ td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:13px}th
 blockquote{margin:0;color:#444;font-style:italic}img{max-width:100%}"""
 
 
-def html_page(rows: Sequence[ClaimResult], plots: dict[str, Path]) -> str:
+def html_page(rows: Sequence[ClaimResult], plots: dict[str, Path], extra: Sequence[Diagnostic] = ()) -> str:
     """The report as one HTML page, the plots inside it as base64 PNG."""
     e = html.escape
     columns = (*VERDICTS, "not measured", "not run")
@@ -142,6 +192,9 @@ def html_page(rows: Sequence[ClaimResult], plots: dict[str, Path]) -> str:
         parts.append(f"<tr class='{css}'><td><a href='#{e(r.preset)}'>{e(r.preset)}</a></td><td>{e(r.paper)}</td><td>{e(r.figure)}</td>"
                      f"<td><blockquote>“{e(r.quote)}”</blockquote>{e(r.claim)}</td><td>{e(r.measured)}</td><td><b>{e(r.verdict)}</b>: {e(r.why)}</td></tr>")
     parts.append("</table>")
+    for d in extra:
+        shown = "".join(f"<tr><td>{d.rounds[k]}</td><td>{d.values[k]:.4g}</td></tr>" for k in _shown_rows(len(d.rounds)))
+        parts.append(f"<h3>{e(d.preset)}, {e(d.variant)}: {e(d.metric)} per round (mean over seeds)</h3><table><tr><th>round</th><th>{e(d.metric)}</th></tr>{shown}</table>")
     for name, path in plots.items():
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(f"<h2 id='{e(name)}'>{e(name)}</h2><img alt='{e(name)}' src='data:image/png;base64,{data}'>")
@@ -149,11 +202,11 @@ def html_page(rows: Sequence[ClaimResult], plots: dict[str, Path]) -> str:
     return "\n".join(parts)
 
 
-def write_reports(rows: Sequence[ClaimResult], out: Path, plots: dict[str, Path]) -> None:
+def write_reports(rows: Sequence[ClaimResult], out: Path, plots: dict[str, Path], extra: Sequence[Diagnostic] = ()) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "report.md", markdown(rows).encode())
-        write_atomic(out / "report.html", html_page(rows, plots).encode())
+        write_atomic(out / "report.md", markdown(rows, extra).encode())
+        write_atomic(out / "report.html", html_page(rows, plots, extra).encode())
     except OSError as exc:
         raise ResultsError(f"cannot write the report into {out} ({exc.strerror or exc}); the runs' results are kept") from None
 
