@@ -94,7 +94,8 @@ def case_or_all(module: str, cases: Sequence[str], case: Callable[[str, int, int
 
 
 def emit(result: dict[str, Any]) -> None:
-    result["peak_rss_mib"] = round(peak_rss_mib(), 1)
+    """Print a case's result as its last line, with its peak memory (plus that of the processes it started, if measured)."""
+    result["peak_rss_mib"] = round(peak_rss_mib() + result.get("descendants_peak_rss_mib", 0.0), 1)
     print(json.dumps(result))
 
 

@@ -51,16 +51,36 @@ def lazy_data():
     return LazyFederatedDataset(np.full(USERS, PER_USER), objective_weights(np.full(USERS, PER_USER), "size"), make, (int(np.prod(SHAPE)),), dtype=torch.float32)
 
 
-def ours(executor: str, warmup: int, repeats: int, chunk_size: int | None = None) -> dict:
+def ours(executor: str, warmup: int, repeats: int, chunk_size: int | None = None, workers: int = 2) -> dict:
     from fedshuffle import Simulation, UniformWithoutReplacement, build_algorithm
     from fedshuffle.executors import make_executor
     from fedshuffle.problems import CNN
 
     alg = build_algorithm("fedavg_rr", {"local": {"lr": LR, "epochs": 1, "batch_size": BATCH}, "server": {"lr": 1.0}})
     problem, data = CNN(SHAPE, CLASSES, dropout=False), lazy_data()
-    ex = make_executor(executor, problem, chunk_size=chunk_size)
+    ex = make_executor(executor, problem, chunk_size=chunk_size, ray_workers=workers)
     sim = Simulation(problem, data, alg, UniformWithoutReplacement(USERS, COHORT), seed=0, dtype=torch.float32, executor=ex)
-    return {**time_rounds(sim.step, warmup, repeats), "executor": ex.name}
+    try:
+        timed = time_rounds(sim.step, warmup, repeats)
+        if executor == "ray":  # Ray's processes (started by this one) count too
+            timed["descendants_peak_rss_mib"] = descendants_peak_rss_mib()
+        return {**timed, "executor": ex.name}
+    finally:
+        getattr(ex, "close", lambda: None)()
+
+
+def descendants_peak_rss_mib() -> float:
+    """Sum of the peak resident memory (VmHWM) of every process this one started (Ray's GCS, raylet, workers)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            with open(f"/proc/{child.pid}/status") as status:
+                total += next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+        except (OSError, StopIteration):
+            pass
+    return round(total, 1)
 
 
 def torch_loop(warmup: int, repeats: int) -> dict:
@@ -125,6 +145,7 @@ CASES = {
     "sequential": lambda w, r: ours("sequential", w, r),
     "auto": lambda w, r: ours("auto", w, r),
     "vectorized_chunk10": lambda w, r: ours("vectorized", w, r, 10),
+    "ray_sequential": lambda w, r: ours("ray", w, r, 1),
     "vectorized": lambda w, r: ours("vectorized", w, r),
     "torch_loop": torch_loop,
     "limit": limit,

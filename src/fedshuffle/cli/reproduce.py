@@ -17,7 +17,7 @@ from fedshuffle.cli import app, console, EXIT_STATUS, _fail, _fail_results, _int
 
     Each preset runs into OUT/NAME (default OUT: results/reproduce); runs already there are kept and
     continued, a folder holding another experiment is refused. Every claim the preset declares
-    ([[claims]]: an ordering of variants, a value within a tolerance, a target reached first) gets a
+    (its claims tables: an ordering of variants, a value within a tolerance, a target reached first) gets a
     verdict over the seeds: holds (means more than k standard errors apart), partly (in the claimed
     order but closer), does not hold. --budget cpu skips the presets sized for a GPU, saying so.
 
