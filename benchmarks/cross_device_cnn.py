@@ -7,6 +7,7 @@ float32. Seconds per round (median after warm-up) for
 * ``vectorized`` — fedshuffle, the whole cohort as one vmap-ed batch (``vectorized_chunk10``: in
   chunks of 10 clients, which on CPU keeps each grouped convolution in cache);
 * ``sequential`` — fedshuffle, one client after another;
+* ``auto`` — fedshuffle's choice (on a multi-core CPU ``threaded``: clients in parallel, one thread each);
 * ``limit`` — the vectorization limit: 5 steps of one forward/backward of a single model on 50·10 images;
 * ``flower`` — Flower's simulation engine (Ray backend), FedAvg with NumPyClients;
 * ``pfl`` — pfl-research's simulated backend, FederatedAveraging with a PyTorch model.
@@ -154,7 +155,7 @@ CASES = {
 }
 
 
-def save(runs: dict[str, list[dict]], repeat: int):
+def save(runs: dict[str, list[dict]], repeat: int, output: str = "cross_device_cnn"):
     """Write the cases measured so far, with their ratios to pfl-research."""
     results = {name: summarize(rs) for name, rs in runs.items()}
     reference = results.get("pfl", {}).get("median_s")
@@ -165,7 +166,7 @@ def save(runs: dict[str, list[dict]], repeat: int):
             if "cpu_median_s" in r and "cpu_median_s" in results["pfl"]:
                 ratios[f"{name}_over_pfl_cpu_seconds"] = round(r["cpu_median_s"] / results["pfl"]["cpu_median_s"], 3)
             ratios[f"{name}_over_pfl_peak_rss"] = round(r["peak_rss_mib"] / results["pfl"]["peak_rss_mib"], 3)
-    return write("cross_device_cnn", {
+    return write(output, {
         "setup": {"users": USERS, "images_per_user": PER_USER, "image": SHAPE, "cohort": COHORT, "local": "1 epoch, batch 10 (5 steps)", "client_lr": LR, "server_lr": 1.0,
                   "model": "pfl-research simple_cnn without dropout (1.63M parameters)", "dtype": "float32", "data": "generated per user when it takes part (fedshuffle: LazyFederatedDataset)",
                   "protocol": f"each case in its own process, the list run {repeat}x interleaved; per case the median over runs of the per-run median s/round, and the largest peak RSS"},
@@ -182,6 +183,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="run the list of cases this many times, interleaved; medians over the runs")
     parser.add_argument("--threads", type=int, default=None, help="torch threads in every case (default: PyTorch's, one per core)")
     parser.add_argument("--python", action="append", default=[], metavar="CASE=PYTHON", help="interpreter for a case (e.g. pfl=/path/to/venv/bin/python)")
+    parser.add_argument("--output", default="cross_device_cnn", help="name of the JSON file in benchmarks/results/")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -197,7 +199,7 @@ def main() -> None:
         for name in names:
             threads = ("--threads", str(args.threads)) if args.threads else ()
             runs[name].append(run_case("benchmarks.cross_device_cnn", name, "--rounds", str(args.rounds), *threads, python=pythons.get(name)))
-            path = save({n: rs for n, rs in runs.items() if rs}, args.repeat)  # after every case: a cut-off run keeps what it measured
+            path = save({n: rs for n, rs in runs.items() if rs}, args.repeat, args.output)  # after every case: a cut-off run keeps what it measured
     print(path.read_text())
 
 

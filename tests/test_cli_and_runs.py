@@ -228,12 +228,14 @@ def test_inspect_config_shows_theoretical_step_sizes(tmp_path):
 def test_executor_setting_runs_the_same_numbers(tmp_path):
     """run.executor switches the executor, not the results (metrics files identical)."""
     base = load_experiment(write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6))).runs()[0][1]
-    for name in ("sequential", "vectorized", "auto"):
-        spec = base.model_copy(update={"run": base.run.model_copy(update={"executor": name})})
+    for name in ("sequential", "vectorized", "auto", "threaded"):
+        spec = base.model_copy(update={"run": base.run.model_copy(update={"executor": name, "threads": 2})})
         run_single(spec, tmp_path / name, seed=2)
-    a, b, c = (read_metrics(tmp_path / n / "metrics.csv") for n in ("sequential", "vectorized", "auto"))
+    a, b, c, d = (read_metrics(tmp_path / n / "metrics.csv") for n in ("sequential", "vectorized", "auto", "threaded"))
     np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-12)
     np.testing.assert_allclose(a["loss"], c["loss"], rtol=1e-12)
+    np.testing.assert_allclose(a["loss"], d["loss"], rtol=1e-12)
+    assert json.loads((tmp_path / "threaded" / "config.json").read_text())["executor"] == {"name": "threaded"}
     picked = json.loads((tmp_path / "auto" / "config.json").read_text())["executor"]
     assert picked["name"] == "vectorized" and picked["chosen"].startswith("auto: vectorized")  # logistic regression: batched closed forms
     bad = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6).replace('[run]', '[run]\nexecutor = "gpu"'))

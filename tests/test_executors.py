@@ -8,7 +8,7 @@ from fedshuffle import MLP, Cyclic, LogisticRegression, Simulation, UniformWitho
 from fedshuffle.methods import METHODS
 from fedshuffle.data import FederatedDataset, objective_weights
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.executors.local import SequentialExecutor, VectorizedExecutor
+from fedshuffle.executors.local import SequentialExecutor, ThreadedExecutor, VectorizedExecutor
 from fedshuffle.executors.ray import RayExecutor
 
 from conftest import assert_relative_close, params_trajectory, build_flat
@@ -73,10 +73,11 @@ def test_settings_cover_every_method():
 
 
 @pytest.mark.parametrize("method", sorted(CASES))
-def test_vectorized_equals_sequential(method):
+def test_vectorized_and_threaded_equal_sequential(method):
     reference = trajectory(method, SequentialExecutor())
     assert_close(trajectory(method, VectorizedExecutor()), reference)
     assert_close(trajectory(method, VectorizedExecutor(chunk_size=2)), reference)  # chunked cohorts too
+    assert_close(trajectory(method, ThreadedExecutor(2)), reference)  # clients in two threads
 
 
 @pytest.mark.parametrize("method", ["fedavg_rr", "fedshuffle_mvr", "fednova"])
@@ -142,18 +143,22 @@ def test_device_setting_is_validated():
 
 
 def test_auto_picks_by_problem_and_device():
-    """'auto': batched closed forms → vectorized; modules on CPU, and recurrent/dropout modules anywhere → sequential
-    (in-place steps); modules without either on CUDA → vectorized. The choice is recorded on the executor."""
-    from fedshuffle.executors import choose, make_executor
+    """'auto': batched closed forms → vectorized; modules on a multi-threaded CPU → threaded, with one thread →
+    sequential (in-place steps); dropout modules anywhere and recurrent ones on CUDA → sequential; other modules on
+    CUDA → vectorized. The choice is recorded on the executor."""
+    from fedshuffle.executors import ThreadedExecutor, choose, make_executor
     from fedshuffle.problems import CNN, CharLSTM, ModuleProblem
 
-    lstm = ModuleProblem(CharLSTM(7, 3, 5, 1))
+    lstm, cnn, dropout = ModuleProblem(CharLSTM(7, 3, 5, 1)), CNN((3, 8, 8), 3, dropout=False), CNN((3, 8, 8), 3)
     assert choose(LogisticRegression(4, 0.1))[0] == choose(MLP(4, [3], 2))[0] == "vectorized"
-    assert choose(CNN((3, 8, 8), 3, dropout=False))[0] == choose(lstm, "cuda")[0] == choose(CNN((3, 8, 8), 3), "cuda")[0] == "sequential"
-    assert choose(CNN((3, 8, 8), 3, dropout=False), "cuda")[0] == "vectorized"
+    assert choose(cnn, threads=2)[0] == choose(lstm, threads=4)[0] == "threaded"
+    assert choose(cnn, threads=1)[0] == choose(dropout, threads=2)[0] == choose(lstm, "cuda")[0] == choose(dropout, "cuda")[0] == "sequential"
+    assert choose(cnn, "cuda")[0] == "vectorized"
     executor = make_executor("auto", LogisticRegression(4, 0.1))
     assert isinstance(executor, VectorizedExecutor) and executor.chosen.startswith("auto: vectorized")
-    with pytest.raises(ConfigError, match="run.executor.*auto, sequential, vectorized, ray"):
+    threaded = make_executor("auto", cnn, threads=3)
+    assert isinstance(threaded, ThreadedExecutor) and threaded.threads == 3 and threaded.chosen.startswith("auto: threaded — cnn on the CPU: 3 clients at a time")
+    with pytest.raises(ConfigError, match="run.executor.*auto, sequential, vectorized, threaded, ray"):
         make_executor("gpu")
 
 

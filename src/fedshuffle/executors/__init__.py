@@ -1,7 +1,7 @@
 """Executors run a cohort's planned local work; every executor gives the same numbers."""
 
 from fedshuffle.executors.choice import EXECUTORS, choose, make_executor
-from fedshuffle.executors.local import Executor, SequentialExecutor, VectorizedExecutor
+from fedshuffle.executors.local import Executor, SequentialExecutor, ThreadedExecutor, VectorizedExecutor
 
 
 def __getattr__(name: str):
@@ -12,4 +12,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["EXECUTORS", "Executor", "choose", "make_executor", "RayExecutor", "SequentialExecutor", "VectorizedExecutor"]
+__all__ = ["EXECUTORS", "Executor", "choose", "make_executor", "RayExecutor", "SequentialExecutor", "ThreadedExecutor", "VectorizedExecutor"]

@@ -6,10 +6,12 @@ by what ``benchmarks/`` measured:
 * problems with batched closed-form gradients (quadratic, logistic, softmax regression, the MLP) →
   ``vectorized``: one masked loop over the whole cohort pays the per-step dispatch once for all
   clients (``benchmarks/convex.py``: 8× over sequential at cohort 100);
-* ``torch.nn.Module`` problems on the CPU, and recurrent or dropout modules anywhere → ``sequential``:
-  each client's steps run on the module's own parameters in place, as a hand-written PyTorch loop
-  (``benchmarks/cross_device_cnn.py``, ``benchmarks/networks.py``: a vmap over clients is slower
-  on CPU, and LSTMs have no batching rule);
+* ``torch.nn.Module`` problems on the CPU → ``threaded`` when PyTorch has more than one thread: clients
+  in parallel, each as a hand-written PyTorch loop on one core (``benchmarks/cross_device_cnn.py``:
+  faster than one client's operators split across the cores); ``sequential`` with one thread, and for
+  modules with dropout (their masks come from the global generator);
+* recurrent or dropout modules elsewhere → ``sequential`` (``benchmarks/networks.py``: a vmap over
+  clients is slower on CPU, and LSTMs have no batching rule);
 * modules without dropout or recurrent layers on CUDA → ``vectorized`` (one vmap over the chunk).
 """
 
@@ -18,23 +20,27 @@ from __future__ import annotations
 import torch
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.executors.local import Executor, LocalExecutor, SequentialExecutor, VectorizedExecutor
+from fedshuffle.executors.local import Executor, LocalExecutor, SequentialExecutor, ThreadedExecutor, VectorizedExecutor
 from fedshuffle.problems import Problem
 
-EXECUTORS = ("auto", "sequential", "vectorized", "ray")
+EXECUTORS = ("auto", "sequential", "vectorized", "threaded", "ray")
 
 
-def choose(problem: Problem, device: str | torch.device = "cpu") -> tuple[str, str]:
-    """(executor name, one-line reason) that ``auto`` picks for ``problem`` on ``device``."""
+def choose(problem: Problem, device: str | torch.device = "cpu", threads: int | None = None) -> tuple[str, str]:
+    """(executor name, one-line reason) that ``auto`` picks for ``problem`` on ``device`` with ``threads`` CPU
+    threads (default: PyTorch's, one per core)."""
     from fedshuffle.problems.modules import ModuleProblem
 
     device = torch.device(device)
+    threads = torch.get_num_threads() if threads is None else threads
     if not isinstance(problem, ModuleProblem):
         return "vectorized", f"{problem.name} has batched closed-form gradients: the cohort as one masked loop"
-    if problem.recurrent:
-        return "sequential", f"{problem.name} has recurrent layers (no batching rule): clients one after another, parameters updated in place"
     if problem.stochastic:
         return "sequential", f"{problem.name} has dropout: clients one after another, parameters updated in place"
+    if device.type == "cpu" and threads > 1:
+        return "threaded", f"{problem.name} on the CPU: {threads} clients at a time, one thread each, parameters updated in place"
+    if problem.recurrent:
+        return "sequential", f"{problem.name} has recurrent layers (no batching rule): clients one after another, parameters updated in place"
     if device.type == "cuda":
         return "vectorized", f"{problem.name} on CUDA: the cohort as one vmap per step"
     return "sequential", f"{problem.name} on {device.type}: clients one after another, parameters updated in place (a hand-written PyTorch loop)"
@@ -42,7 +48,7 @@ def choose(problem: Problem, device: str | torch.device = "cpu") -> tuple[str, s
 
 def make_executor(
     name: str, problem: Problem | None = None, device: str | torch.device = "cpu", chunk_size: int | None = None, memory_budget: int = 1 << 30,
-    ray_workers: int = 2, ray_address: str | None = None,
+    ray_workers: int = 2, ray_address: str | None = None, threads: int | None = None,
 ) -> Executor:
     """The executor ``name`` (one of :data:`EXECUTORS`); ``auto`` needs the ``problem`` and records its choice
     in the executor's ``chosen`` attribute ("auto: <name> — <reason>")."""
@@ -52,12 +58,16 @@ def make_executor(
     if name == "auto":
         if problem is None:
             raise ConfigError("run.executor", "'auto' chooses by the problem; give the problem")
-        name, reason = choose(problem, device)
+        name, reason = choose(problem, device, threads)
         chosen = f"auto: {name} — {reason}"
     if name == "ray":
         from fedshuffle.executors.ray import RayExecutor
 
         return RayExecutor(ray_workers, ray_address, chunk_size, memory_budget)
+    if name == "threaded":
+        threaded = ThreadedExecutor(threads)
+        threaded.chosen = chosen
+        return threaded
     executor: LocalExecutor = VectorizedExecutor(chunk_size, memory_budget) if name == "vectorized" else SequentialExecutor()
     executor.chosen = chosen
     return executor

@@ -4,12 +4,14 @@ An executor receives a :class:`~fedshuffle.local.loop.LocalWork` — every membe
 minibatch sequence and step size), start, center, offset and the step chain — and returns the
 stacked updates Δ_i = s_i − y_i. Because all randomness is in the plans, every executor returns the
 same numbers up to floating-point reassociation: the sequential one runs the loop one client at a
-time (C = 1), the vectorized one on chunks of the cohort, the Ray one on shares in other processes.
+time (C = 1), the vectorized one on chunks of the cohort, the threaded one on shares in threads of this
+process, the Ray one on shares in other processes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Protocol
 
@@ -116,17 +118,25 @@ class LocalExecutor:
         plans = work.plans
         if not plans:
             return work.start.new_zeros((0, work.start.shape[-1]))
+        deltas = work.start.new_empty((len(plans), work.start.shape[-1]))
+        for members in self.chunks(data, work):
+            self.run_chunk(problem, data, work, members, deltas)
+        return deltas
+
+    def chunks(self, data: Data, work: LocalWork) -> list[np.ndarray]:
+        """The members of ``work`` in the chunks this executor runs, longest plans first (chunks of similar length)."""
+        plans = work.plans
         batch, steps = max(p.batches.shape[1] for p in plans), max(p.steps for p in plans)
         size = self.chunk_for(data, work.start.shape[-1], batch, steps)
         limits.check_fits(3 * len(plans) * work.start[0].nbytes, "sampler.cohort", f"the updates of a cohort of {len(plans)}")
         self.check_chunk(data, work.start.shape[-1], batch, steps, min(size, len(plans)))
-        order = np.argsort([-p.steps for p in plans], kind="stable")  # longest first: chunks of similar length
-        deltas = work.start.new_empty((len(plans), work.start.shape[-1]))
-        for k in range(0, len(plans), size):
-            members = order[k : k + size]
-            features, labels, chunk_plans = rows_of(data, [plans[i] for i in members])
-            deltas[torch.from_numpy(members).to(deltas.device)] = run_local(problem, features, labels, work.subset(members, chunk_plans), self.compiled)
-        return deltas
+        order = np.argsort([-p.steps for p in plans], kind="stable")
+        return [order[k : k + size] for k in range(0, len(plans), size)]
+
+    def run_chunk(self, problem: Problem, data: Data, work: LocalWork, members: np.ndarray, deltas: torch.Tensor) -> None:
+        """Run the members' local work as one masked loop and write their updates into their rows of ``deltas``."""
+        features, labels, chunk_plans = rows_of(data, [work.plans[i] for i in members])
+        deltas[torch.from_numpy(members).to(deltas.device)] = run_local(problem, features, labels, work.subset(members, chunk_plans), self.compiled)
 
     def client_gradients(self, problem, data, params, clients):
         if len(clients) == 0:
@@ -158,3 +168,51 @@ class SequentialExecutor(LocalExecutor):
 
 class VectorizedExecutor(LocalExecutor):
     """The whole cohort at once (in memory-bounded chunks)."""
+
+
+class ThreadedExecutor:
+    """The cohort's clients run ``threads`` at a time in threads of this process, each as the sequential reference
+    with one operator thread: clients in parallel use a multi-core CPU better than one client's operators split
+    across the cores (PyTorch releases the GIL inside operators; ``benchmarks/cross_device_cnn.py``). The threads
+    take the clients longest plan first, each writing its update into its own row of the cohort's result, and
+    each runs its client's plan on its own thread's copy of the module, so the numbers are the sequential ones.
+    Modules with dropout are refused: their masks come from the global generator, which threads share.
+    """
+
+    name = "threaded"
+    #: how the executor was chosen when ``run.executor = "auto"``, else None
+    chosen: str | None = None
+
+    def __init__(self, threads: int | None = None) -> None:
+        threads = torch.get_num_threads() if threads is None else threads
+        if threads < 1:
+            raise ConfigError("run.threads", f"must be >= 1, got {threads}")
+        self.threads = threads
+        self.sequential = SequentialExecutor()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run(self, problem: Problem, data: Data, work: LocalWork) -> torch.Tensor:
+        if problem.stochastic:
+            raise ConfigError("run.executor", f"'threaded' cannot run {problem.name}: its dropout masks come from the global generator, which threads share; accepted for it: sequential, vectorized, ray")
+        if len(work.plans) < 2 or self.threads == 1:
+            return self.sequential.run(problem, data, work)
+        deltas = work.start.new_empty((len(work.plans), work.start.shape[-1]))
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fedshuffle-clients")
+        operator_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for done in [self._pool.submit(self.sequential.run_chunk, problem, data, work, members, deltas) for members in self.sequential.chunks(data, work)]:
+                done.result()
+        finally:
+            torch.set_num_threads(operator_threads)
+        return deltas
+
+    def client_gradients(self, problem: Problem, data: Data, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
+        return self.sequential.client_gradients(problem, data, params, clients)
+
+    def close(self) -> None:
+        """Stop the threads (idempotent)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None

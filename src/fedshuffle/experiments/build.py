@@ -74,7 +74,7 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
 
 def build_executor(run: RunConfig, problem: Problem | None = None) -> Executor:
     """The executor a run asks for; ``auto`` picks by the problem and ``run.device`` (:mod:`fedshuffle.executors.choice`)."""
-    return make_executor(run.executor, problem, run.device, run.chunk_size, run.memory_budget_mb << 20, run.ray_workers, run.ray_address)
+    return make_executor(run.executor, problem, run.device, run.chunk_size, run.memory_budget_mb << 20, run.ray_workers, run.ray_address, run.threads)
 
 
 def build_algorithm_from(spec: RunSpec) -> Algorithm:

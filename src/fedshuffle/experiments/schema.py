@@ -237,10 +237,11 @@ class RunConfig(_Section):
     seed: int = Field(0, ge=0)
     dtype: Literal["float64", "float32"] = "float64"
     eval_every: int = Field(10, ge=1)
-    executor: Literal["sequential", "vectorized", "ray", "auto"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers; 'auto' picks the fastest for the problem and device")
+    executor: Literal["sequential", "vectorized", "threaded", "ray", "auto"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers; 'auto' picks the fastest for the problem and device")
     device: Literal["cpu", "cuda"] = "cpu"
     chunk_size: int | None = Field(None, ge=1, description="vectorized: clients per batched chunk (default: as many as fit in memory_budget_mb)")
     memory_budget_mb: int = Field(1024, ge=1, description="vectorized: memory one chunk may use")
+    threads: int | None = Field(None, ge=1, description="threaded (and auto): clients run in parallel, one CPU thread each (default: PyTorch's thread count, one per core)")
     ray_workers: int = Field(2, ge=1, description="ray: shares the cohort is split into (one Ray task each)")
     ray_address: str | None = Field(None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray")
     sinks: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list, description="also send metrics to TensorBoard and/or MLflow")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -185,7 +186,7 @@ class ModuleProblem(Problem):
         self.stochastic = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in module.modules())
         self.recurrent = any(isinstance(m, RECURRENT) for m in module.modules())
         self.vectorize = vectorize
-        self._bound: dict[tuple[torch.device, torch.dtype], _Bound] = {}
+        self._bound: dict[tuple[torch.device, torch.dtype, int], _Bound] = {}
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_bound": {}}
@@ -197,7 +198,8 @@ class ModuleProblem(Problem):
     # -- the module on the parameters' device and dtype --------------------------------------------
 
     def _instance(self, params: torch.Tensor) -> _Bound:
-        key = (params.device, params.dtype)
+        """The module bound for ``params``' device and dtype, one per thread (the threaded executor runs clients in parallel)."""
+        key = (params.device, params.dtype, threading.get_ident())
         if key not in self._bound:
             self._bound[key] = _Bound(self.module, self.names, params.device, params.dtype)
         return self._bound[key]
