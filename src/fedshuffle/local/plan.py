@@ -252,18 +252,21 @@ class LocalSolver:
         if self.order == "with_replacement":
             picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
             return rows[picks]
-        per_epoch = int(self.epoch_steps(n))
+        per_epoch = -(-n // self.batch_size) if self.epoch_batches is None else self.epoch_batches
         padded = per_epoch * b
         fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "so" else None
         epochs = []
         for _ in range(-(-steps // per_epoch)):
             perm = fixed if fixed is not None else rng.permutation(n)
-            epoch = np.full(padded, -1, dtype=np.int64)
-            if self.epoch_batches is None:
-                epoch[:n] = rows[perm]
-            else:  # K parts of ⌈n/K⌉ or ⌊n/K⌋ samples, each padded to ⌈n/K⌉
-                for k, part in enumerate(np.array_split(rows[perm], per_epoch)):
-                    epoch[k * b : k * b + len(part)] = part
+            if padded == n:  # minibatches tile the epoch exactly: no padding
+                epoch = rows[perm].astype(np.int64, copy=False)
+            else:
+                epoch = np.full(padded, -1, dtype=np.int64)
+                if self.epoch_batches is None:
+                    epoch[:n] = rows[perm]
+                else:  # K parts of ⌈n/K⌉ or ⌊n/K⌋ samples, each padded to ⌈n/K⌉
+                    for k, part in enumerate(np.array_split(rows[perm], per_epoch)):
+                        epoch[k * b : k * b + len(part)] = part
             epochs.append(epoch.reshape(per_epoch, b))
         return (epochs[0] if len(epochs) == 1 else np.concatenate(epochs))[:steps]
 
