@@ -181,3 +181,23 @@ def test_compiled_backend_gives_the_reference_trajectory(problem_name):
     for case in cases:  # local momentum, prox; clip and weight decay, offset and corrected drift; softmax with the most
         reference = trajectory(case, SequentialExecutor(), problem, data)
         assert_close(trajectory(case, VectorizedExecutor(), problem, data), reference)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fednova_rr", "fedshuffle", "generalized_fedavg"])
+def test_summed_updates_equal_the_stacked_ones(method, monkeypatch):
+    """A method with the default halves gets Σ ω_iΔ_i from the executor as the updates are produced (never the
+    (C, d) stack): the same trajectory and the same bytes counted as up to each member sending its own Δ_i."""
+    from fedshuffle.methods.base import Method
+
+    def run(executor):
+        sim = Simulation(LogisticRegression(4, 1e-2), dataset(), build_flat(method, {"lr": 0.1, **SETTINGS[method]}), UniformWithoutReplacement(6, 3), seed=5, executor=executor)
+        return params_trajectory(sim, ROUNDS), sim.counters.bytes_up
+
+    assert Simulation(LogisticRegression(4, 1e-2), dataset(), build_flat(method, {"lr": 0.1, **SETTINGS[method]}), UniformWithoutReplacement(6, 3)).method.sums_updates
+    summed = {name: run(executor) for name, executor in {"sequential": SequentialExecutor(), "vectorized": VectorizedExecutor(chunk_size=2), "threaded": ThreadedExecutor(2)}.items()}
+    assert torch.equal(run(ThreadedExecutor(2))[0], summed["threaded"][0])  # the threads' timing does not change a bit
+    monkeypatch.setattr(Method, "sums_updates", property(lambda self: False))
+    stacked, up = run(SequentialExecutor())
+    for name, (trajectory_, bytes_up) in summed.items():
+        assert_close(trajectory_, stacked, 1e-12)
+        assert bytes_up == up > 0

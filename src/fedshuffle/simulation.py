@@ -155,7 +155,11 @@ class Simulation:
         broadcast = self.broadcast(rnd, points, [trainer.gradients(p, rnd.cohort) for p in points])
         result = None
         if len(rnd.cohort):
-            result = self.method.client_update(broadcast, rnd.plans, self._read_rows(rnd.cohort), trainer)
+            if self.method.sums_updates:  # Σ ω_iΔ_i as the executor produces the Δ_i: one model in memory, not the cohort's
+                weights = torch.as_tensor(self.method.aggregation_weights(rnd), dtype=self.dtype, device=self.device)
+                result = self.method.client_update(broadcast, rnd.plans, {}, trainer, weights)
+            else:
+                result = self.method.client_update(broadcast, rnd.plans, self._read_rows(rnd.cohort), trainer)
             self._write_rows(rnd.cohort, result.rows)
         return self.close_round(rnd, points, broadcast, result, time.perf_counter() - started)
 
@@ -188,8 +192,9 @@ class Simulation:
         if result is not None and members:
             payload, extras = result.payload, dict(result.extras)
             grads_used += result.sample_gradients
-            up += _bytes(payload.values())
-            worker_up += _elements(payload.values()) // members
+            sent_up = [t.expand(members, *t.shape) if name.endswith("_sum") else t for name, t in payload.items()]  # each member sent its own
+            up += _bytes(sent_up)
+            worker_up += _elements(sent_up) // members
         else:
             payload, extras = {}, {}
         direction, self.method_state, more = self.method.aggregate(rnd, self.params, self.method_state, payload)

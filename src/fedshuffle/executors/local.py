@@ -31,8 +31,9 @@ class Executor(Protocol):
 
     name: str
 
-    def run(self, problem: Problem, data: FederatedDataset, work: LocalWork) -> torch.Tensor:
-        """Client updates Δ_i = s_i − y_i stacked as a ``(len(work), d)`` tensor."""
+    def run(self, problem: Problem, data: FederatedDataset, work: LocalWork, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Client updates Δ_i = s_i − y_i stacked as a ``(len(work), d)`` tensor; with ``weights`` ω, Σ_i ω_iΔ_i
+        ``(d,)`` added up as the updates are produced, in an order that does not depend on timing."""
         ...
 
     def client_gradients(self, problem: Problem, data: FederatedDataset, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
@@ -114,14 +115,24 @@ class LocalExecutor:
         setting = "run.chunk_size" if self.chunk_size is not None else "run.memory_budget_mb"
         limits.check_fits(members * self.client_bytes(data, dim, batch, steps), setting, f"a vectorized chunk of {members} clients")
 
-    def run(self, problem: Problem, data: Data, work: LocalWork) -> torch.Tensor:
+    def run(self, problem: Problem, data: Data, work: LocalWork, weights: torch.Tensor | None = None) -> torch.Tensor:
         plans = work.plans
+        if weights is not None:
+            return self.run_summed(problem, data, work, weights, self.chunks(data, work) if plans else [])
         if not plans:
             return work.start.new_zeros((0, work.start.shape[-1]))
         deltas = work.start.new_empty((len(plans), work.start.shape[-1]))
         for members in self.chunks(data, work):
             self.run_chunk(problem, data, work, members, deltas)
         return deltas
+
+    def run_summed(self, problem: Problem, data: Data, work: LocalWork, weights: torch.Tensor, chunks: Sequence[np.ndarray]) -> torch.Tensor:
+        """Σ ω_iΔ_i over the members of ``chunks``, chunk after chunk in their order."""
+        total = work.start.new_zeros(work.start.shape[-1])
+        for members in chunks:
+            index = torch.from_numpy(members).to(total.device)
+            total += weights[index] @ self.chunk_deltas(problem, data, work, members)
+        return total
 
     def chunks(self, data: Data, work: LocalWork) -> list[np.ndarray]:
         """The members of ``work`` in the chunks this executor runs, longest plans first (chunks of similar length)."""
@@ -133,10 +144,14 @@ class LocalExecutor:
         order = np.argsort([-p.steps for p in plans], kind="stable")
         return [order[k : k + size] for k in range(0, len(plans), size)]
 
-    def run_chunk(self, problem: Problem, data: Data, work: LocalWork, members: np.ndarray, deltas: torch.Tensor) -> None:
-        """Run the members' local work as one masked loop and write their updates into their rows of ``deltas``."""
+    def chunk_deltas(self, problem: Problem, data: Data, work: LocalWork, members: np.ndarray) -> torch.Tensor:
+        """The members' updates ``(len(members), d)``, their local work run as one masked loop."""
         features, labels, chunk_plans = rows_of(data, [work.plans[i] for i in members])
-        deltas[torch.from_numpy(members).to(deltas.device)] = run_local(problem, features, labels, work.subset(members, chunk_plans), self.compiled)
+        return run_local(problem, features, labels, work.subset(members, chunk_plans), self.compiled)
+
+    def run_chunk(self, problem: Problem, data: Data, work: LocalWork, members: np.ndarray, deltas: torch.Tensor) -> None:
+        """Write the members' updates into their rows of ``deltas``."""
+        deltas[torch.from_numpy(members).to(deltas.device)] = self.chunk_deltas(problem, data, work, members)
 
     def client_gradients(self, problem, data, params, clients):
         if len(clients) == 0:
@@ -191,22 +206,32 @@ class ThreadedExecutor:
         self.sequential = SequentialExecutor()
         self._pool: ThreadPoolExecutor | None = None
 
-    def run(self, problem: Problem, data: Data, work: LocalWork) -> torch.Tensor:
+    def run(self, problem: Problem, data: Data, work: LocalWork, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The updates as :class:`SequentialExecutor` computes them. Stacked: the threads take the clients in turn.
+        Summed (``weights``): thread k sums clients k, k + T, k + 2T, … (longest plans first) and the T partial sums
+        are added in order, so the result does not depend on which thread finishes first."""
         if problem.stochastic:
             raise ConfigError("run.executor", f"'threaded' cannot run {problem.name}: its dropout masks come from the global generator, which threads share; accepted for it: sequential, vectorized, ray")
         if len(work.plans) < 2 or self.threads == 1:
-            return self.sequential.run(problem, data, work)
-        deltas = work.start.new_empty((len(work.plans), work.start.shape[-1]))
+            return self.sequential.run(problem, data, work, weights)
+        chunks = self.sequential.chunks(data, work)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fedshuffle-clients")
         operator_threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            for done in [self._pool.submit(self.sequential.run_chunk, problem, data, work, members, deltas) for members in self.sequential.chunks(data, work)]:
+            if weights is not None:
+                parts = [self._pool.submit(self.sequential.run_summed, problem, data, work, weights, chunks[k :: self.threads]) for k in range(min(self.threads, len(chunks)))]
+                total = parts[0].result()
+                for part in parts[1:]:
+                    total += part.result()
+                return total
+            deltas = work.start.new_empty((len(work.plans), work.start.shape[-1]))
+            for done in [self._pool.submit(self.sequential.run_chunk, problem, data, work, members, deltas) for members in chunks]:
                 done.result()
+            return deltas
         finally:
             torch.set_num_threads(operator_threads)
-        return deltas
 
     def client_gradients(self, problem: Problem, data: Data, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         return self.sequential.client_gradients(problem, data, params, clients)

@@ -117,7 +117,9 @@ class RayExecutor:
             self._data = (id(data), self._ray.put(data))
         return self._data[1]
 
-    def run(self, problem, data, work):
+    def run(self, problem, data, work, weights=None):
+        if weights is not None:  # the shares come back stacked; summed here
+            return weights @ self.run(problem, data, work) if work.plans else work.start.new_zeros(work.start.shape[-1])
         if not work.plans:
             return work.start.new_zeros((0, work.start.shape[-1]))
         task = self._start()

@@ -57,7 +57,10 @@ class RoundInfo:
 
 @dataclass
 class ClientResult:
-    """What the client half returns: uploads per member (``(C, …)``), new state rows, work done."""
+    """What the client half returns: uploads per member (``(C, …)``), new state rows, work done.
+
+    In the simulation, a method with the default halves returns instead ``delta_sum`` = Σ_S ω_iΔ_i (one
+    model): the members' updates are summed as the executor produces them, never stacked."""
 
     payload: dict[str, torch.Tensor]
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -82,8 +85,12 @@ class Trainer:
     lr_scale: float = 1.0
     drift: Drift | None = None
 
-    def train(self, plans: Sequence[ClientPlan], start: torch.Tensor, *, center: torch.Tensor | None = None, offset: torch.Tensor | None = None, prox_mu: float | None = None) -> torch.Tensor:
-        """Δ_i = s_i − y_i after each member's planned steps y ← y − η_i·chain(∇f_batch(y)).
+    def train(
+        self, plans: Sequence[ClientPlan], start: torch.Tensor, *, center: torch.Tensor | None = None, offset: torch.Tensor | None = None, prox_mu: float | None = None,
+        weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Δ_i = s_i − y_i after each member's planned steps y ← y − η_i·chain(∇f_batch(y)), stacked ``(C, d)``;
+        with ``weights`` ω ``(C,)``, their sum Σ_i ω_iΔ_i ``(d,)``, added up as the executor produces them.
 
         The chain is the local settings' (clip, weight decay, prox μ, local momentum) with this
         trainer's drift, a per-member ``offset`` o_i added to every step, and ``prox_mu`` in place of the
@@ -92,7 +99,7 @@ class Trainer:
         local = self.local
         mu = local.prox_mu if prox_mu is None else prox_mu
         chain = standard_chain(local.weight_decay, local.clip_norm, mu, local.momentum, self.drift, offset is not None)
-        return self.executor.run(self.problem, self.data, LocalWork(list(plans), start, chain, center, offset))
+        return self.executor.run(self.problem, self.data, LocalWork(list(plans), start, chain, center, offset), weights)
 
     def gradients(self, points: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         """Full local gradients ∇f_i at ``points`` (one model, or one per client)."""
@@ -152,19 +159,33 @@ class Method:
         return self.aggregator.weights(rnd.plans, rnd.objective_weights, rnd.expected_counts, rnd.base_lr, rnd.tau_eff)
 
     def aggregate(self, rnd: RoundInfo, params: torch.Tensor, state: State, payload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, State, dict[str, float]]:
-        """d = Σ_S ω_iΔ_i; the server optimizer then takes x ← x − step(d)."""
+        """d = Σ_S ω_iΔ_i (or the ``delta_sum`` the client half already summed); the server optimizer then takes x ← x − step(d)."""
         if len(rnd.cohort) == 0:
             return torch.zeros_like(params), state, {}
+        if "delta_sum" in payload:
+            return payload["delta_sum"], state, {}
         deltas = payload["delta"]
         omega = torch.as_tensor(self.aggregation_weights(rnd), dtype=deltas.dtype, device=deltas.device)
         return omega @ deltas, state, {}
 
     # -- client half ------------------------------------------------------------------------------
 
-    def client_update(self, broadcast: Mapping[str, torch.Tensor], plans: Sequence[ClientPlan], rows: Mapping[str, torch.Tensor], trainer: Trainer) -> ClientResult:
-        """Δ_i = x − y_i after the planned local steps from x."""
+    def client_update(
+        self, broadcast: Mapping[str, torch.Tensor], plans: Sequence[ClientPlan], rows: Mapping[str, torch.Tensor], trainer: Trainer, weights: torch.Tensor | None = None
+    ) -> ClientResult:
+        """Δ_i = x − y_i after the planned local steps from x; with the aggregation ``weights`` ω (the simulation,
+        where client and server halves share a process), only Σ_i ω_iΔ_i as ``delta_sum``."""
+        if weights is not None:
+            return ClientResult({"delta_sum": trainer.train(plans, broadcast["model"], weights=weights)}, sample_gradients=sample_gradients(plans))
         deltas = trainer.train(plans, broadcast["model"])
         return ClientResult({"delta": deltas}, sample_gradients=sample_gradients(plans))
+
+    @property
+    def sums_updates(self) -> bool:
+        """Whether the round's updates may be summed as they are produced: the method keeps the default halves
+        (client: Δ_i; server: Σ_S ω_iΔ_i)."""
+        cls = type(self)
+        return cls.client_update is Method.client_update and cls.aggregate is Method.aggregate
 
     def describe(self) -> str:
         return self.name
