@@ -12,8 +12,11 @@ One round (FedShuffleGen, Horváth et al., TMLR 2022, Algorithm 4, with the meth
     d = method.aggregate(payload)                 e.g. Σ ω_iΔ_i with ω_i = w̃_i/q_i^S
     x ← x − server.update(d)                      η_g, momentum, Adam, AdGD, RR-CLI's meta-epoch step
 
+A method that keeps the default halves (client: Δ_i; server: Σ ω_iΔ_i) gets ``delta_sum`` = Σ ω_iΔ_i from
+the executor directly, added up as the members finish: the cohort's updates are never stacked.
+
 Costs are counted here from what was exchanged: bytes down are the distinct tensors sent to each
-member, bytes up the member's payload; sample gradients are what the client half reports. Per
+member, bytes up the member's payload (one Δ_i per member for a summed ``delta_sum``); sample gradients are what the client half reports. Per
 participating worker, the elements each member received and sent are counted too (Yang, Fang & Liu,
 ICLR 2021, Table 2 reports these in MB of fp32), and the seconds of local computation it took,
 measured, the cohort's time divided by its size (workers train in parallel).
