@@ -73,7 +73,7 @@ def config_strategy(draw):
     return raw
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(raw=config_strategy())
 def test_random_configs_end_in_a_clear_error_or_a_correct_run(raw, tmp_path):
     CASES["configs"] += 1
