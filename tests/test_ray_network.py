@@ -5,8 +5,10 @@ import gc
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,9 +48,10 @@ def ray_processes(root: int, besides: int | None = None) -> list[int]:
 
 
 @pytest.fixture
-def other_ray(tmp_path_factory):
-    """Another local Ray instance on this machine, in its own process session, named by ``RAY_ADDRESS``."""
-    folder = tmp_path_factory.mktemp("other-ray")
+def other_ray():
+    """Another local Ray instance on this machine, in its own process session, named by ``RAY_ADDRESS``; its
+    folder is short (Ray's socket paths must fit in 107 bytes, which pytest's nested temporary folders may not)."""
+    folder = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     proc = subprocess.Popen([sys.executable, "-c", OTHER_RAY, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         address = proc.stdout.readline().strip()
@@ -66,6 +69,7 @@ def other_ray(tmp_path_factory):
             except ProcessLookupError:
                 pass
             proc.wait()
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def ray_spec(**run):
