@@ -149,7 +149,9 @@ class LocalSolver:
     # -- local work ------------------------------------------------------------------------------
 
     def epoch_steps(self, size: int | np.ndarray) -> int | np.ndarray:
-        """Steps in one epoch: ⌈|D_i|/B⌉, or K with ``epoch_batches``."""
+        """Steps in one epoch: ⌈|D_i|/B⌉, or K with ``epoch_batches`` (a Python int for an int size: planning calls it per client)."""
+        if isinstance(size, int):
+            return -(-size // self.batch_size) if self.epoch_batches is None else self.epoch_batches
         if self.epoch_batches is not None:
             return np.full_like(np.asarray(size), self.epoch_batches)
         return -(-np.asarray(size) // self.batch_size)
@@ -252,7 +254,7 @@ class LocalSolver:
         if self.order == "with_replacement":
             picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
             return rows[picks]
-        per_epoch = -(-n // self.batch_size) if self.epoch_batches is None else self.epoch_batches
+        per_epoch = self.epoch_steps(n)
         padded = per_epoch * b
         fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "so" else None
         epochs = []
