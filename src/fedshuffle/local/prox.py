@@ -47,10 +47,11 @@ class ClientObjectives:
         from fedshuffle.executors.local import client_rows  # the executors' own data access (lazy data included)
 
         features, labels, own = client_rows(data, clients)
-        self.problem, self.device = problem, device
+        self.problem = problem
         self.sizes = np.array([len(r) for r in own], dtype=np.int64)
-        self.groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (members, features, labels, weights)
-        self.group_of = torch.empty(len(clients), dtype=torch.long, device=device)
+        self.groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (features, labels, weights) padded per group
+        self.group_of = torch.empty(len(clients), dtype=torch.long, device=device)  # member → its group
+        self.slot_of = torch.empty(len(clients), dtype=torch.long, device=device)  # member → its row in the group
         order = np.argsort(-self.sizes, kind="stable")
         while len(order):
             take = order[self.sizes[order] * spread > self.sizes[order[0]]]
@@ -63,7 +64,8 @@ class ClientObjectives:
             mask = (rows_t >= 0).to(features.dtype)
             members = torch.from_numpy(take).to(device)
             self.group_of[members] = len(self.groups)
-            self.groups.append((members, features[rows_t.clamp(min=0)], labels[rows_t.clamp(min=0)], mask / mask.sum(1, keepdim=True)))
+            self.slot_of[members] = torch.arange(len(take), device=device)
+            self.groups.append((features[rows_t.clamp(min=0)], labels[rows_t.clamp(min=0)], mask / mask.sum(1, keepdim=True)))
 
     def __call__(self, points: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(f_i(z_i), ∇f_i(z_i)) of the members ``rows`` at ``points`` (one row per member), a batched call per group."""
@@ -71,10 +73,9 @@ class ClientObjectives:
         values, gradients = points.new_empty(len(rows)), torch.empty_like(points)
         groups = self.group_of[rows]
         for g in torch.unique(groups).tolist():
-            members, features, labels, weights = self.groups[g]
+            features, labels, weights = self.groups[g]
             at = (groups == g).nonzero().squeeze(1)
-            slot = torch.searchsorted(members.sort().values, rows[at])
-            slot = members.sort().indices[slot]  # each row's position in its group
+            slot = self.slot_of[rows[at]]
             f, y, v = features[slot], labels[slot], weights[slot]
             values[at] = vmap(lambda p, a, b, w: (problem.losses(p, a, b) * w).sum())(points[at], f, y, v)
             gradients[at] = problem.batched_gradient(points[at], f, y, v)
