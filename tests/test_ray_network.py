@@ -27,7 +27,7 @@ OTHER_RAY = """
 import os, sys
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray
-ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=sys.argv[1])
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=sys.argv[1], _node_ip_address="127.0.0.1")
 print(ray.get_runtime_context().gcs_address, flush=True)
 sys.stdin.read()
 ray.shutdown()

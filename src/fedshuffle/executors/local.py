@@ -4,8 +4,8 @@ An executor receives a :class:`~fedshuffle.local.loop.LocalWork` — every membe
 minibatch sequence and step size), start, center, offset and the step chain — and returns the
 stacked updates Δ_i = s_i − y_i. Because all randomness is in the plans, every executor returns the
 same numbers up to floating-point reassociation: the sequential one runs the loop one client at a
-time (C = 1), the vectorized one on chunks of the cohort, the threaded one on shares in threads of this
-process, the Ray one on shares in other processes.
+time (C = 1), the vectorized one on chunks of the cohort, the threaded one client by client in threads of
+this process, the Ray one on shares in other processes.
 """
 
 from __future__ import annotations
