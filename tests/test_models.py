@@ -43,7 +43,7 @@ def samples(kind: str, n: int = sum(SIZES), seed: int = 0) -> Samples:
 
 #: every registered model on a tiny input: (samples kind, settings)
 MODELS = {
-    "softmax": ("flat", {}),
+    "softmax": ("flat", {"l2": 1e-2}),
     "mlp": ("flat", {"hidden": [6]}),
     "2nn": ("gray", {}),
     "mnist_cnn": ("gray", {}),
