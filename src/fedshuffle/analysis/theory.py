@@ -34,6 +34,7 @@ import torch
 from fedshuffle.data import FederatedDataset
 from fedshuffle.data.sources.fetch import cache_dir
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.threads import operator_threads
 from fedshuffle.problems import LogisticRegression, Problem, Quadratic
 from fedshuffle.core.io import write_atomic
 
@@ -63,13 +64,14 @@ class Smoothness:
 def _largest_gram_eigenvalues(features: torch.Tensor, client_indices, chunk: int = 256) -> torch.Tensor:
     """λ_max(A_iᵀA_i/n_i) of every client, the Gram matrices decomposed a chunk of clients per call.
 
-    One batched call instead of one per client: each LAPACK call starts the operator threads, which
-    costs a scheduler time slice per call when other processes keep the cores busy.
+    Batched, on one operator thread: these small decompositions are fastest there, and are not slowed
+    by other processes (on two threads a busy machine made one call take up to seconds).
     """
     tops = []
-    for start in range(0, len(client_indices), chunk):
-        grams = torch.stack([features[ix].T @ features[ix] / len(ix) for ix in map(torch.as_tensor, client_indices[start : start + chunk])])
-        tops.append(torch.linalg.eigvalsh(grams)[:, -1])
+    with operator_threads(1):
+        for start in range(0, len(client_indices), chunk):
+            grams = torch.stack([features[ix].T @ features[ix] / len(ix) for ix in map(torch.as_tensor, client_indices[start : start + chunk])])
+            tops.append(torch.linalg.eigvalsh(grams)[:, -1])
     return torch.cat(tops)
 
 
@@ -83,7 +85,8 @@ def smoothness(problem: Problem, data: FederatedDataset) -> Smoothness:
     per_sample = float((a * a).sum(dim=1).max()) / 4 + lam
     clients = np.array([float(top) / 4 + lam for top in _largest_gram_eigenvalues(a, data.client_indices)])
     s = data.sample_weights().double()
-    global_ = float(torch.linalg.eigvalsh((a.T * s) @ a)[-1]) / 4 + lam * float(s.sum())
+    with operator_threads(1):
+        global_ = float(torch.linalg.eigvalsh((a.T * s) @ a)[-1]) / 4 + lam * float(s.sum())
     return Smoothness(per_sample, clients, global_, lam)
 
 

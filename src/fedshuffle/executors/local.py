@@ -20,6 +20,7 @@ import torch
 
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.threads import operator_threads
 from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.local.loop import LocalWork, run_local
 from fedshuffle.local.plan import ClientPlan
@@ -217,9 +218,7 @@ class ThreadedExecutor:
         chunks = self.sequential.chunks(data, work)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fedshuffle-clients")
-        operator_threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with operator_threads(1):
             if weights is not None:
                 parts = [self._pool.submit(self.sequential.run_summed, problem, data, work, weights, chunks[k :: self.threads]) for k in range(min(self.threads, len(chunks)))]
                 total = parts[0].result()
@@ -230,8 +229,6 @@ class ThreadedExecutor:
             for done in [self._pool.submit(self.sequential.run_chunk, problem, data, work, members, deltas) for members in chunks]:
                 done.result()
             return deltas
-        finally:
-            torch.set_num_threads(operator_threads)
 
     def client_gradients(self, problem: Problem, data: Data, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         return self.sequential.client_gradients(problem, data, params, clients)
