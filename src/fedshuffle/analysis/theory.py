@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +62,7 @@ class Smoothness:
         return {"L_sample_max": self.sample_max, "L_client_max": self.client_max, "L_global": self.global_, "mu": self.mu, "kappa": self.kappa}
 
 
-def _largest_gram_eigenvalues(features: torch.Tensor, client_indices, chunk: int = 256) -> torch.Tensor:
+def _largest_gram_eigenvalues(features: torch.Tensor, client_indices: Sequence[np.ndarray], chunk: int = 256) -> torch.Tensor:
     """λ_max(A_iᵀA_i/n_i) of every client, the Gram matrices decomposed a chunk of clients per call.
 
     Batched, on one operator thread: these small decompositions are fastest there, and are not slowed
