@@ -63,30 +63,29 @@ class Smoothness:
 
 
 def _largest_gram_eigenvalues(features: torch.Tensor, client_indices: Sequence[np.ndarray], chunk: int = 256) -> torch.Tensor:
-    """λ_max(A_iᵀA_i/n_i) of every client, the Gram matrices decomposed a chunk of clients per call.
-
-    Batched, on one operator thread: these small decompositions are fastest there, and are not slowed
-    by other processes (on two threads a busy machine made one call take up to seconds).
-    """
+    """λ_max(A_iᵀA_i/n_i) of every client, the Gram matrices decomposed a chunk of clients per call."""
     tops = []
-    with operator_threads(1):
-        for start in range(0, len(client_indices), chunk):
-            grams = torch.stack([features[ix].T @ features[ix] / len(ix) for ix in map(torch.as_tensor, client_indices[start : start + chunk])])
-            tops.append(torch.linalg.eigvalsh(grams)[:, -1])
+    for start in range(0, len(client_indices), chunk):
+        grams = torch.stack([features[ix].T @ features[ix] / len(ix) for ix in map(torch.as_tensor, client_indices[start : start + chunk])])
+        tops.append(torch.linalg.eigvalsh(grams)[:, -1])
     return torch.cat(tops)
 
 
 def smoothness(problem: Problem, data: FederatedDataset) -> Smoothness:
-    """Exact constants for logistic regression and the quadratic; other problems have none."""
+    """Exact constants for logistic regression and the quadratic; other problems have none.
+
+    The eigendecompositions are small and run on one operator thread: fastest there, and not slowed by
+    other processes (on two threads a busy machine made one call take up to seconds).
+    """
     if isinstance(problem, Quadratic):
         return Smoothness(1.0, np.ones(data.num_clients), 1.0, 1.0)
     if not isinstance(problem, LogisticRegression):
         raise ConfigError("algorithm.lr", f"theoretical step sizes need known smoothness constants (logistic or quadratic problems), not {problem.name!r}")
     a, lam = data.features.double(), problem.l2
     per_sample = float((a * a).sum(dim=1).max()) / 4 + lam
-    clients = np.array([float(top) / 4 + lam for top in _largest_gram_eigenvalues(a, data.client_indices)])
     s = data.sample_weights().double()
     with operator_threads(1):
+        clients = np.array([float(top) / 4 + lam for top in _largest_gram_eigenvalues(a, data.client_indices)])
         global_ = float(torch.linalg.eigvalsh((a.T * s) @ a)[-1]) / 4 + lam * float(s.sum())
     return Smoothness(per_sample, clients, global_, lam)
 
