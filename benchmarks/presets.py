@@ -62,9 +62,14 @@ def timed_run(src: Path, preset: str, rounds: int, seed: int, timeout: float) ->
     return seconds
 
 
+def preset_file(src: Path, preset: str) -> dict[str, Any]:
+    """The preset's TOML file in ``src``, parsed."""
+    return tomllib.loads((src / "fedshuffle" / "presets" / f"{preset}.toml").read_text())
+
+
 def preset_settings(src: Path, preset: str) -> dict[str, Any]:
     """The preset file's settings as written (its claims and description left out, its seeds kept)."""
-    settings = tomllib.loads((src / "fedshuffle" / "presets" / f"{preset}.toml").read_text())
+    settings = preset_file(src, preset)
     settings.pop("claims", None)
     settings["experiment"] = {"seeds": settings.get("experiment", {}).get("seeds")}
     return settings
@@ -116,7 +121,7 @@ def estimate(entry: dict[str, Any], process_s: float) -> float:
 
 def cpu_presets() -> list[str]:
     folder = HERE / "fedshuffle" / "presets"
-    return sorted(p.stem for p in folder.glob("*.toml") if resolved(HERE, p.stem)["experiment"].get("budget") == "cpu")
+    return sorted(p.stem for p in folder.glob("*.toml") if preset_file(HERE, p.stem).get("experiment", {}).get("budget") == "cpu")
 
 
 def main() -> None:
