@@ -95,3 +95,72 @@ def test_the_prox_residual_is_reported_when_a_relu_kink_stops_the_solver():
     gradients = VectorizedExecutor().client_gradients(problem, data, solution.points, np.array([1]))
     torch.testing.assert_close((gradients + (solution.points - centers) / 0.5).norm(dim=1), solution.residual, rtol=1e-6, atol=1e-12)
     assert solution.iterations < 200 and float(solution.residual[0]) > 1e-8
+
+
+@pytest.mark.parametrize("make", [logistic_clients, mlp_clients], ids=["logistic", "mlp"])
+def test_a_cohort_solve_equals_each_member_solved_alone(make):
+    """The rows share one batched evaluation and one ring of L-BFGS pairs, but no information: a member's iterates
+    are the same in a cohort as alone (an early stop included: the tolerance is met by some rows before others)."""
+    problem, data = make()
+    clients = np.arange(len(data.sizes))
+    centers = torch.randn(len(clients), problem.dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    together = solve_prox(ClientObjectives(problem, data, clients, centers.device), centers, 2.0, 1e-6, 25)
+    for row, client in enumerate(clients):
+        alone = solve_prox(ClientObjectives(problem, data, clients[row : row + 1], centers.device), centers[row : row + 1], 2.0, 1e-6, 25)
+        torch.testing.assert_close(together.points[row : row + 1], alone.points, rtol=0, atol=1e-9)
+        torch.testing.assert_close(together.residual[row : row + 1], alone.residual, rtol=0, atol=1e-9)
+
+
+def textbook_lbfgs(objective, center, eta, tol, max_iter, memory=10):
+    """One row's L-BFGS as the solver's docstring states it, unbatched: the pairs of the last ``memory`` iterations
+    (None where sᵀy ≤ 0 left a pair out), the two-loop recursion, Armijo backtracking by halving."""
+    def h(z):
+        value, gradient = objective(z[None], torch.tensor([0]))
+        return float(value[0] + (z - center).square().sum() / (2 * eta)), gradient[0] + (z - center) / eta
+
+    z = center.clone()
+    value, gradient = h(z)
+    pairs, gamma = [], 0.0
+    for _ in range(max_iter):
+        if float(gradient.norm()) <= tol:
+            break
+        stored = [p for p in pairs if p is not None]
+        q, alphas = gradient.clone(), []
+        for s, y in reversed(stored):
+            alphas.append(float(s @ q) / float(s @ y))
+            q -= alphas[-1] * y
+        r = q * (gamma if stored else min(eta, 1 / float(gradient.norm())))
+        for (s, y), a in zip(stored, reversed(alphas)):
+            r += s * (a - float(y @ r) / float(s @ y))
+        direction = -r
+        if float(gradient @ direction) >= 0:
+            pairs, direction = [], -min(eta, 1 / float(gradient.norm())) * gradient
+        for halving in range(40):
+            step = 0.5**halving
+            trial_value, trial_gradient = h(z + step * direction)
+            if trial_value <= value + 1e-4 * step * float(gradient @ direction):
+                break
+        else:
+            break
+        s, y = step * direction, trial_gradient - gradient
+        z, value, gradient = z + s, trial_value, trial_gradient
+        kept = float(s @ y) > 1e-10 * float(s.norm() * y.norm())
+        pairs = (pairs + [(s, y) if kept else None])[-memory:]
+        gamma = float(s @ y) / float(y @ y) if kept else gamma
+    return z
+
+
+@pytest.mark.parametrize("make, eta, iterations", [(logistic_clients, 10.0, 25), (mlp_clients, 2.0, 15)], ids=["logistic", "mlp"])
+def test_the_batched_solver_follows_textbook_lbfgs_row_by_row(make, eta, iterations):
+    """The ring of pairs shared by the cohort gives each row the iterates of an unbatched L-BFGS (memory 3, so
+    the ring wraps around several times; the logistic rows meet the tolerance at different iterations). Compared
+    before rounding takes over: near the solution a backtracking line search decides on differences of 1e-16,
+    and the MLP's kinks amplify them (1e-8 apart after 40 iterations)."""
+    problem, data = make()
+    clients = np.arange(len(data.sizes))
+    centers = torch.randn(len(clients), problem.dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    batched = solve_prox(ClientObjectives(problem, data, clients, centers.device), centers, eta, 1e-9, iterations, memory=3)
+    assert batched.iterations > 3 * 3  # the ring of 3 slots went round at least three times
+    for row in range(len(clients)):
+        reference = textbook_lbfgs(ClientObjectives(problem, data, clients[row : row + 1], centers.device), centers[row], eta, 1e-9, iterations, memory=3)
+        torch.testing.assert_close(batched.points[row], reference, rtol=0, atol=1e-10)
