@@ -105,7 +105,7 @@ def test_a_cohort_solve_equals_each_member_solved_alone(make):
     clients = np.arange(len(data.sizes))
     centers = torch.randn(len(clients), problem.dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     together = solve_prox(ClientObjectives(problem, data, clients, centers.device), centers, 2.0, 1e-6, 25)
-    for row, client in enumerate(clients):
+    for row in range(len(clients)):
         alone = solve_prox(ClientObjectives(problem, data, clients[row : row + 1], centers.device), centers[row : row + 1], 2.0, 1e-6, 25)
         torch.testing.assert_close(together.points[row : row + 1], alone.points, rtol=0, atol=1e-9)
         torch.testing.assert_close(together.residual[row : row + 1], alone.residual, rtol=0, atol=1e-9)
