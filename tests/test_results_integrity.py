@@ -316,6 +316,9 @@ def test_metric_names_are_checked_before_any_work(tmp_path):
         result = cli(*command)
         clean(result, 2)
         assert "accepted:" in result.stderr
+    result = cli("plot", tmp_path / "r", "--metric", "accuracy")  # a near miss names the metric meant
+    clean(result, 2)
+    assert "unknown metric 'accuracy' (did you mean 'test_accuracy'?)" in result.stderr
 
 
 # -- exit statuses ---------------------------------------------------------------------------------------

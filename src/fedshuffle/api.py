@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshuffle import metrics as _metrics
-from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.experiments import schema
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
 from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, parse_overrides, preset_names, slug, validate
@@ -367,7 +367,7 @@ class Results:
     def _check_metric(self, metric: Any, argument: str = "metric", kinds: tuple[str, ...] = ("model", "method", "cost")) -> str:
         accepted = [m for m in ("round", *VALUE_COLUMNS) if _metrics.METRICS[m].defaults["kind"] in kinds]
         if metric not in accepted:
-            raise ConfigError(argument, f"unknown metric {metric!r}; accepted: {', '.join(accepted)}")
+            raise ConfigError(argument, f"unknown metric {metric!r}{did_you_mean(metric, accepted)}; accepted: {', '.join(accepted)}")
         if not self.curves[metric].notna().any():
             present = [m for m in accepted if self.curves[m].notna().any()]
             raise ConfigError(argument, f"no run has values of {metric!r}; these runs have: {', '.join(present)}")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import difflib
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 
@@ -13,6 +14,12 @@ class ConfigError(ValueError):
         self.field = field
         self.message = message
         super().__init__(f"{field}: {message}")
+
+
+def did_you_mean(value: object, accepted: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the accepted name closest to ``value``, or an empty string."""
+    hint = difflib.get_close_matches(str(value), list(accepted), n=1)
+    return f" (did you mean {hint[0]!r}?)" if hint else ""
 
 
 class ResultsError(OSError):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedshuffle import metrics
-from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.core.io import write_atomic
 
 import numpy as np
@@ -58,7 +58,7 @@ def check_metrics(names: Sequence[str], option: str) -> list[str]:
         raise ConfigError(option, f"give at least one metric; accepted: {', '.join(accepted)}")
     for m in names:
         if m not in accepted:
-            raise ConfigError(option, f"unknown metric {m!r}; accepted: {', '.join(accepted)}")
+            raise ConfigError(option, f"unknown metric {m!r}{did_you_mean(m, accepted)}; accepted: {', '.join(accepted)}")
     return names
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedshuffle import metrics
-from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.experiments.results import read_metrics
 
 
@@ -33,8 +33,8 @@ class Target:
         if not sep:
             raise ConfigError("--target", f"expected METRIC=VALUE (e.g. test_accuracy=0.95), got {text!r}")
         if name not in metrics.METRICS or metrics.METRICS[name].defaults["kind"] == "cost":
-            accepted = ", ".join(metrics.of_kind("model", "method"))
-            raise ConfigError("--target", f"unknown metric {name!r}; accepted: {accepted}")
+            accepted = metrics.of_kind("model", "method")
+            raise ConfigError("--target", f"unknown metric {name!r}{did_you_mean(name, accepted)}; accepted: {', '.join(accepted)}")
         try:
             number = float(value)
         except ValueError:
