@@ -17,7 +17,7 @@ from fedshuffle.experiments.schema import load_experiment
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.experiments.results import read_metrics
 from fedshuffle.experiments.runner import run_single
-from fedshuffle.experiments.sweep import parse_grid, parse_seeds, point_name
+from fedshuffle.experiments.sweep import grid_edges, parse_grid, parse_seeds, point_name
 from conftest import toy_config
 
 runner = CliRunner()
@@ -36,6 +36,14 @@ def test_grid_and_seed_syntax():
         with pytest.raises(ConfigError) as err:
             bad()
         assert err.value.field == field
+
+def test_a_best_point_at_the_edge_of_its_grid_is_flagged():
+    tried = [{"local": {"lr": lr, "epochs": e}} for lr in (0.1, 0.2, 0.4) for e in (1, 2)]
+    assert grid_edges({"local": {"lr": 0.4, "epochs": 2}}, tried) == ["local.lr"]  # two values of epochs are no range to be inside
+    assert grid_edges({"local": {"lr": 0.2, "epochs": 1}}, tried) == []
+    assert grid_edges({"local": {"lr": 0.1}}, [{"local": {"lr": 0.1}}, {"local": {"lr": 0.2}}, {"local": {"lr": 0.3}}]) == ["local.lr"]
+    assert grid_edges(None, tried) == [] and grid_edges({"local": {"epochs": [2, 5]}}, [{"local": {"epochs": [2, 5]}}]) == []
+
 
 def test_sweep_runs_every_combination_in_parallel_skips_finished_runs_and_picks_the_best(tmp_path):
     cfg, out = config(tmp_path, method="fedavg", rounds=60), tmp_path / "sweep"

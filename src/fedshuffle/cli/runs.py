@@ -143,6 +143,9 @@ def sweep(
         rows = [(label, _point(b["point"]), "—" if b["mean"] is None else f"{b['mean']:.4g}", "—" if b["std"] is None else f"{b['std']:.2g}", str(b["candidates"]))
                 for label, b in record["best"].items()]
         print_table(f"best point per variant by final {pick}", ("variant", "point", f"mean {pick}", "std", "points tried"), rows, right=(f"mean {pick}", "std", "points tried"))
+        for label, b in record["best"].items():
+            if b.get("at_edge"):
+                _note(f"{label or 'run'}: the best {', '.join(b['at_edge'])} is at the edge of the grid; the optimum may lie beyond it, widen the grid there")
     if any(o.status != "complete" for o in outcomes):
         raise typer.Exit(3)
 

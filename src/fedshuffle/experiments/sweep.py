@@ -336,6 +336,8 @@ def select_best(outcomes: Iterable[Outcome], metric: str) -> dict[str, dict[str,
     """Per variant: the grid point with the best mean final ``metric`` over seeds.
 
     Lower is better, except for accuracies. A point with a diverged or failed seed is never chosen.
+    ``at_edge`` lists the settings whose chosen value is the smallest or largest of at least three
+    values tried: the best may lie outside the grid, so widen it there.
     """
     groups: dict[str, dict[str, list[Outcome]]] = {}
     for o in outcomes:
@@ -354,5 +356,17 @@ def select_best(outcomes: Iterable[Outcome], metric: str) -> dict[str, dict[str,
             continue
         name = min(finite, key=lambda k: sign * finite[k][0])
         mean, std, point = finite[name]
-        best[label or "run"] = {"point": point, "folder": name, "metric": metric, "mean": mean, "std": std, "candidates": len(scores)}
+        best[label or "run"] = {"point": point, "folder": name, "metric": metric, "mean": mean, "std": std, "candidates": len(scores),
+                                "at_edge": grid_edges(point, [p for _, _, p in scores.values()])}
     return best
+
+
+def grid_edges(chosen: Mapping[str, Mapping[str, Any]] | None, tried: Sequence[Mapping[str, Mapping[str, Any]] | None]) -> list[str]:
+    """``section.key`` of each numeric setting where ``chosen`` takes the smallest or largest of ≥ 3 values tried."""
+    edges = []
+    for section, settings in (chosen or {}).items():
+        for key, value in settings.items():
+            values = {p[section][key] for p in tried if p and isinstance(p.get(section, {}).get(key), (int, float))}
+            if isinstance(value, (int, float)) and len(values) >= 3 and value in (min(values), max(values)):
+                edges.append(f"{section}.{key}")
+    return edges
