@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,10 @@ def read_checkpoint(path: Path, run: Mapping[str, Any] | None = None) -> tuple[d
         state = decode(saved["state"])
     except ConfigError:
         raise
+    except OSError as exc:
+        raise ConfigError(str(path), f"unreadable checkpoint ({exc.strerror or exc}); {REMEDY}") from None
+    except pickle.UnpicklingError:
+        raise ConfigError(str(path), f"refused: it holds objects other than tensors, numbers, strings, lists and dicts, which no checkpoint of fedshuffle holds; {REMEDY}") from None
     except Exception as exc:  # reading or loading a damaged or hostile file raises many kinds of errors
         raise ConfigError(str(path), f"damaged checkpoint ({exc.__class__.__name__}); {REMEDY}") from None
     if run is not None:

@@ -81,7 +81,7 @@ def ensure_writable(folder: Path, needed_bytes: int = 0) -> None:
         probe.unlink()
         free = shutil.disk_usage(folder).free
     except OSError as exc:
-        raise ResultsError(f"cannot write to {folder} ({exc.strerror or exc})") from None
+        raise ResultsError(f"cannot write to {folder} ({f'{exc.filename}: ' if exc.filename else ''}{exc.strerror or exc})") from None
     if free < needed_bytes:
         raise ResultsError(f"{folder} has {free / 2**20:.1f} MiB free, a run needs about {needed_bytes / 2**20:.1f} MiB for its checkpoints and results")
 

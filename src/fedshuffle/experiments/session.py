@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedshuffle.core.errors import ResultsError
+from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import write_json
 from fedshuffle.experiments import folders
 from fedshuffle.experiments.results import check_metrics
@@ -46,6 +46,8 @@ class ResultsFolder:
     def __enter__(self) -> ResultsFolder:
         from fedshuffle.experiments.runner import ensure_writable, run_identity
 
+        if self.resume and self.kind == "run" and not (self.out / folders.MANIFEST).is_file():
+            raise ConfigError("--resume", f"{self.out} holds no fedshuffle results (no {folders.MANIFEST}); give the folder that --out named")
         ensure_writable(self.out)
         self.lock.__enter__()
         try:
