@@ -194,6 +194,23 @@ def test_links_in_a_results_folder_are_refused_and_their_targets_untouched(finis
         assert "symbolic link" in stderr and victim.read_text() == "precious\n", link.name
 
 
+def test_a_linked_run_or_variant_folder_is_refused(tmp_path):
+    cfg = toy_config(tmp_path, method="fedavg", rounds=10, seeds=(0,), eval_every=5, extra='\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\n')
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    assert cli("run", cfg, "--out", out, "--quiet").exit_code == 0
+    for linked in (out / "a", out / "b" / "seed-0"):
+        shutil.rmtree(elsewhere, ignore_errors=True)
+        shutil.move(linked, elsewhere)
+        linked.symlink_to(elsewhere, target_is_directory=True)
+        (elsewhere / "summary.json").unlink(missing_ok=True)
+        (elsewhere / "seed-0" / "summary.json").unlink(missing_ok=True)
+        before = sorted(p.name for p in elsewhere.rglob("*"))
+        assert f"{linked}: a symbolic link" in one_line(cli("run", cfg, "--resume", out, "--quiet"), 2)
+        assert sorted(p.name for p in elsewhere.rglob("*")) == before
+        linked.unlink()
+        shutil.move(elsewhere, linked)
+
+
 def test_a_linked_client_state_file_is_refused(tmp_path, monkeypatch):
     import fedshuffle.experiments.runner as runner_mod
 
@@ -348,3 +365,24 @@ def test_results_files_get_the_umask_permissions(umask, mode, tmp_path):
             assert stat.S_IMODE(os.stat(tmp_path / "out" / "manifest.json").st_mode) == 0o644
     finally:
         os.umask(previous)
+
+
+# -- the fuzzer's hostile results folders ------------------------------------------------------------------------
+
+
+def test_fuzzed_hostile_results_folders_fail_cleanly(tmp_path, monkeypatch):
+    """One case of each attack of the fuzzer (links, FIFOs, names as paths, swapped and malicious
+    checkpoints, deep folders): a clean error or a correct run, no file written outside, no code run."""
+    import fuzzing
+
+    for key, value in fuzzing.environment(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    template = fuzzing.make_template(tmp_path / "template")
+    outcomes = {}
+    for seed in range(len(fuzzing.HOSTILE)):
+        work = tmp_path / f"case-{seed}"
+        work.mkdir()
+        result = fuzzing.run_case("hostile", seed, work, template)
+        outcomes[result.case.split(":")[0]] = result.outcome
+        assert result.outcome not in fuzzing.BAD, f"{result.outcome}: {result.detail} [{result.case}] — replay: python scripts/fuzz.py --replay hostile:{seed}"
+    assert set(outcomes) == set(fuzzing.HOSTILE) and outcomes["malicious"] == outcomes["swap"] == "clean_error"

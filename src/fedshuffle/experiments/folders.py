@@ -299,6 +299,16 @@ def read_manifest(out: Path) -> dict[str, Any] | None:
     return manifest
 
 
+def check_no_links(out: Path, run_dir: Path) -> None:
+    """Refuse a symbolic link among the folders from ``out`` down to ``run_dir``: fedshuffle makes them all,
+    never as links, and one would let a run write outside ``out``."""
+    path = Path(out)
+    for part in Path(run_dir).relative_to(out).parts:
+        path = path / part
+        if path.is_symlink():
+            raise ConfigError(str(path), "a symbolic link, which a results folder never holds (the run would be written where it points); remove it")
+
+
 def existing_runs(out: Path) -> list[str]:
     """Run folders under ``out`` (holding ``config.json``), relative, as POSIX paths."""
     return sorted(p.parent.relative_to(out).as_posix() for p in find_files(Path(out), "config.json"))
@@ -391,8 +401,10 @@ class FolderLock:
 
 def remove_leftovers(folder: Path) -> list[Path]:
     """Temporary files of writes cut short (``.<name>.<random>.tmp`` of :func:`~fedshuffle.core.io.write_atomic`,
-    the ``.write-test`` probe) in ``folder``; call it holding the folder's lock."""
-    removed = []
+    the ``.write-test`` probe) in ``folder``; call it holding the folder's lock. Nothing is removed through a link."""
+    removed: list[Path] = []
+    if Path(folder).is_symlink():
+        return removed
     for path in [*Path(folder).glob(".*.tmp"), Path(folder) / ".write-test"]:
         try:
             if stat.S_ISREG(os.lstat(path).st_mode):

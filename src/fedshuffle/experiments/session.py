@@ -57,6 +57,7 @@ class ResultsFolder:
             previous = folders.check_folder(self.out, kind=self.kind, variants=variants, runs=relative, resume=self.resume)
             runs = {}
             for job, where in zip(self.jobs, relative):
+                folders.check_no_links(self.out, job.run_dir)
                 spec = job.spec.model_copy(update={"run": job.spec.run.model_copy(update={"seed": job.seed})})
                 dumped, hashes = run_identity(spec)
                 folders.check_run_folder(job.run_dir, dumped, hashes, extend=self.extend)
