@@ -110,8 +110,10 @@ def profile_case(preset: str, rounds: int | None, seed: int) -> dict[str, Any]:
     return {"wall_s": round(wall, 3), **shares(pstats.Stats(profiler))}
 
 
-def run_tree(src: Path, preset: str, rounds: int | None, seed: int, timeout: float) -> dict[str, Any]:
+def run_tree(src: Path, preset: str, rounds: int | None, seed: int, timeout: float, threads: int | None) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{ROOT}", "PYTHONHASHSEED": "0"}
+    if threads:  # PyTorch's operator threads in both trees alike (a tree may choose fewer for its runs)
+        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     cmd = [sys.executable, "-m", "benchmarks.profile_shares", "--case", preset, "--seed", str(seed), *(["--rounds", str(rounds)] if rounds else [])]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     if out.returncode != 0:
@@ -134,6 +136,7 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=[], help="LABEL=SRC (default: this tree as 'this')")
     parser.add_argument("--preset", action="append", default=[], help="NAME or NAME=ROUNDS")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="operator threads of every run (OMP_NUM_THREADS); default: PyTorch's")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--name", default="profile_shares", help="results file benchmarks/results/NAME.json")
     parser.add_argument("--smoke", action="store_true", help="a tiny built-in config, once per tree; prints the result, writes nothing")
@@ -149,8 +152,8 @@ def main() -> None:
         for r in range(1 if args.smoke else args.repeats):
             order = trees if (k + r) % 2 == 0 else trees[::-1]
             for label, src in order:
-                runs[label].append(run_tree(src, preset, rounds, args.seed, args.timeout))
-        results[preset] = {"rounds": rounds or "preset's own", "seed": args.seed, **{label: _median(rs) for label, rs in runs.items()},
+                runs[label].append(run_tree(src, preset, rounds, args.seed, args.timeout, args.threads))
+        results[preset] = {"rounds": rounds or "preset's own", "seed": args.seed, "threads": args.threads or "default", **{label: _median(rs) for label, rs in runs.items()},
                            "each_run": runs}
         print(json.dumps({preset: {label: _median(rs) for label, rs in runs.items()}}), flush=True)
     if not args.smoke:
