@@ -41,6 +41,7 @@ from fedshuffle.simulation import Simulation
 from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint as write_checkpoint
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import write_atomic, write_json
+from fedshuffle.core.threads import operator_threads, run_threads
 from fedshuffle import metrics
 from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, AppendedTable, write_parquet
 from fedshuffle.experiments.sinks import flatten, open_sinks
@@ -177,8 +178,12 @@ def run_single(
         evaluator = metrics.ModelScores(sim.problem, sim.data)
         meta = {"label": label, "point": dict(point or {}), "seed": seed}
         stored = {"spec": dumped, "config_hash": config_hash(identity(dumped, hashes)), "data_hashes": hashes}
+        threads, reason = run_threads(sim.problem, spec.run.device)
+        LOGGER.info("%s: %d operator thread(s): %s", run_dir, threads, reason)
+        meta_threads = {"operator_threads": {"count": threads, "reason": reason}}
         try:
-            return _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_round, experiment)
+            with operator_threads(threads):
+                return _train(spec, run_dir, sim, evaluator, meta, {**stored, **meta_threads}, step_sizes, resume, on_round, experiment)
         except OSError as exc:
             raise ResultsError(f"writing results to {run_dir} failed ({exc.strerror or exc}); everything written before is kept, and the run continues from its last checkpoint when resumed") from None
 
