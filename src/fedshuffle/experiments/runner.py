@@ -26,6 +26,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -41,8 +42,9 @@ from fedshuffle.simulation import Simulation
 from fedshuffle.core.checkpoint import read_checkpoint, save_checkpoint as write_checkpoint
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import open_regular, write_atomic, write_json
+from fedshuffle.core.threads import operator_threads, run_threads
 from fedshuffle import metrics
-from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, write_metrics, write_parquet
+from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, AppendedTable, write_parquet
 from fedshuffle.experiments.sinks import flatten, open_sinks
 from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_hash, data_hashes, identity, intact, remove_leftovers, sealed, stored_run
 
@@ -178,8 +180,12 @@ def run_single(
         evaluator = metrics.ModelScores(sim.problem, sim.data)
         meta = {"label": label, "point": dict(point or {}), "seed": seed}
         stored = {"spec": dumped, "config_hash": config_hash(identity(dumped, hashes)), "data_hashes": hashes}
+        threads, reason = run_threads(sim.problem, spec.run.device)
+        LOGGER.info("%s: %d operator thread(s): %s", run_dir, threads, reason)
+        meta_threads = {"operator_threads": {"count": threads, "reason": reason}}
         try:
-            return _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_round, experiment)
+            with operator_threads(threads):
+                return _train(spec, run_dir, sim, evaluator, meta, {**stored, **meta_threads}, step_sizes, resume, on_round, experiment)
         except OSError as exc:
             raise ResultsError(f"writing results to {run_dir} failed ({exc.strerror or exc}); everything written before is kept, and the run continues from its last checkpoint when resumed") from None
 
@@ -201,6 +207,31 @@ def _load_checkpoint(path: Path, sim: Simulation, run: Mapping[str, Any], total:
     return rows
 
 
+class CheckpointCadence:
+    """When a run checkpoints: every ``rounds`` rounds (``run.checkpoint_every``), or, with ``rounds = 0``, at an
+    evaluation once ``seconds`` (``run.checkpoint_seconds``) have passed since the last checkpoint, the first
+    evaluation after the start included; always at the last round (a run can be extended from there).
+
+    A checkpoint rewrites the whole state and every row so far, so checkpointing at every evaluation makes a run
+    quadratic in its evaluations; between checkpoints the metric tables only grow by appended rows. Where the
+    checkpoints fall does not change a run's numbers: a run resumed from any of them gives the same files.
+    """
+
+    def __init__(self, rounds: int, seconds: float, total: int) -> None:
+        self.rounds, self.seconds, self.total = rounds, seconds, total
+        self.last: float | None = None
+
+    def due(self, round_: int, evaluated: bool) -> bool:
+        if round_ == self.total:
+            return True
+        if self.rounds:
+            return round_ % self.rounds == 0
+        return evaluated and (self.last is None or time.monotonic() - self.last >= self.seconds)
+
+    def saved(self) -> None:
+        self.last = time.monotonic()
+
+
 def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_round, experiment) -> RunOutcome:
     rows: list[dict[str, Any]] = []
     checkpoint = run_dir / "checkpoint.pt"
@@ -219,51 +250,53 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
     sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
                        params=flatten(spec.model_dump()))
     total_samples = sim.data.num_samples
+    tables = [AppendedTable(run_dir / "metrics.csv", rows), AppendedTable(run_dir / "timing.csv", rows, TIMING_COLUMNS)]
+    cadence = CheckpointCadence(ckpt_every, spec.run.checkpoint_seconds, total)
 
     def record() -> dict[str, Any]:
         row = metrics.evaluate(metrics.Evaluation(sim.counters, total_samples, spec.run.bandwidth_mib_s, sim.last_extras, evaluator(sim.params)))
         rows.append(row)
+        for table in tables:
+            table.append(row)
         for sink in sinks:
             sink.log(row)
         return row
 
-    def save_tables() -> None:
-        write_metrics(run_dir / "metrics.csv", rows)
-        write_metrics(run_dir / "timing.csv", rows, TIMING_COLUMNS)
-        write_parquet(run_dir / "metrics.parquet", rows)
-
     def save_checkpoint() -> None:
+        """The resume point: the simulation and every row so far (the tables past it are rewritten from these rows on resume)."""
         write_checkpoint(checkpoint, {"simulation": sim.state_dict(), "rows": rows}, {**owner, "round": sim.counters.rounds})
         sim.commit_checkpoint()
-        save_tables()
+        write_parquet(run_dir / "metrics.parquet", rows)
+        cadence.saved()
 
-    if not rows:
-        record()
     status, message = "complete", ""
-    if on_round and sim.counters.rounds:
-        on_round(sim.counters.rounds)
     try:
+        if not rows:
+            record()
+        if on_round and sim.counters.rounds:
+            on_round(sim.counters.rounds)
         while sim.counters.rounds < total:
             sim.step()
             r = sim.counters.rounds
             finite = bool(torch.isfinite(sim.params).all())
-            if not finite or r % every == 0 or r == total:
+            evaluated = not finite or r % every == 0 or r == total
+            if evaluated:
                 row = record()
                 if not finite or not math.isfinite(row["loss"]):
                     status, message = "diverged", f"diverged at round {r}: {'model' if not finite else 'loss'} is not finite"
                     break
-                if ckpt_every == 0 or r % ckpt_every == 0 or r == total:  # the last one too: a run can be extended from it
-                    save_checkpoint()
-                else:
-                    save_tables()
-            elif ckpt_every and r % ckpt_every == 0:
+            if cadence.due(r, evaluated):
                 save_checkpoint()
             if on_round:
                 on_round(1)
+        for table in tables:  # the finished tables are what summary.json seals: on disk before it
+            table.sync()
     finally:
+        for table in tables:
+            table.close()
         for sink in sinks:
             sink.close()
-    save_tables()
+    write_parquet(run_dir / "metrics.parquet", rows)
     npy = io.BytesIO()
     np.save(npy, sim.params.detach().double().cpu().numpy())
     write_atomic(run_dir / "final_params.npy", npy.getvalue())
