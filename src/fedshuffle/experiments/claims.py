@@ -39,6 +39,11 @@ from fedshuffle.experiments.targets import COLUMNS as TARGET_AXES, Target, time_
 
 CLAIMS = Registry("claims.kind")
 VERDICTS = ("holds", "partly", "does not hold")
+#: what a claim is to the paper: ``primary`` claims (one per statement of the paper, on its setup) enter the
+#: paper's totals; the others are reported beside them: a ``proxy`` judges another metric or setting than the
+#: paper's statement, an ``extrapolation`` a setup the paper does not show, a ``duplicate`` repeats a claim
+#: judged elsewhere, a ``post_hoc`` claim was added after seeing the results
+ROLES = ("primary", "proxy", "extrapolation", "duplicate", "post_hoc")
 #: budgets a value can be read at: ``round=N``, ``epochs=X``, ``mib=X`` (MiB per worker, up + down)
 BUDGET_AXES = ("round", "epochs", "mib")
 
@@ -119,6 +124,7 @@ class Claim(BaseModel):
     metric: str
     k: float = Field(2.0, ge=0, description="standard errors the means must be apart to hold")
     scale: Literal["linear", "log"] | None = Field(None, description="compare means of the values or of their log10 (default: log for f_gap, dist_sq, grad_norm_sq)")
+    role: Literal[ROLES] = Field("primary", description="primary claims enter the paper's totals; proxy, extrapolation, duplicate and post_hoc ones are listed beside them")
 
     @field_validator("metric")
     @classmethod
