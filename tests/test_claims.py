@@ -212,7 +212,7 @@ def test_reproduce_runs_judges_and_reports(tmp_path, monkeypatch):
     assert {"preset", "claim", "measured", "verdict"} <= set(claims[0]) and "sized for a GPU" in claims[2]["why"]
     assert sorted(p.name for p in (out / "tiny").glob("*/seed-*")) == ["seed-0", "seed-0", "seed-1", "seed-1"] and not (out / "big").exists()
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
-    assert "“FedShuffle dominates”" in md and "| tiny | Tiny et al. | Fig. 0 |" in md and "**not run**" in md
+    assert "“FedShuffle dominates”" in md and "## tiny: Tiny et al., Fig. 0" in md and "**not run**" in md
     assert "data:image/png;base64,iVBORyBzdGFuZC1pbg==" in page and "<blockquote>“converges”</blockquote>" in page
     # again: the runs are kept and the verdicts are the same
     again = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out), "--json"])
