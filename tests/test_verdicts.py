@@ -45,6 +45,25 @@ def test_a_target_no_arm_reaches_is_not_measured_never_does_not_hold(tmp_path):
     assert claim(kind="reaches_first", first="B", second="A", target="f_gap=0.85").judge(runs).verdict == "does not hold"
 
 
+def test_at_least_twice_the_cost_holds_at_exactly_twice(tmp_path):
+    """SCAFFOLD sends the control variate with the model: exactly twice FedAvg's bytes a round, so at equal rounds "twice" holds."""
+    rounds = [0, 1, 2, 3]
+    curve = [[1, 0.5, 0.2, 0.1]] * 3
+    fedavg = write_curves(tmp_path, "A", curve, rounds)
+    scaffold = write_curves(tmp_path / "x", "B", curve, rounds)
+    for path in scaffold:  # twice the MiB at every evaluation
+        text = path.read_text().splitlines()
+        header = text[0].split(",")
+        col = header.index("mib_up")
+        rows = [",".join(str(2 * float(v)) if i == col else v for i, v in enumerate(line.split(","))) for line in text[1:]]
+        path.write_text("\n".join([text[0], *rows]) + "\n")
+    runs = {"A": fedavg, "B": scaffold}
+    twice = claim(kind="reaches_first", first="A", second="B", target="f_gap=0.3", by="mib", ratio=2).judge(runs)
+    assert twice.verdict == "holds", twice
+    assert claim(kind="reaches_first", first="A", second="B", target="f_gap=0.3", by="mib", ratio=2.01).judge(runs).verdict == "does not hold"
+    assert claim(kind="reaches_first", first="A", second="B", target="f_gap=0.3", by="round").judge(runs).verdict == "does not hold"  # a tie is not "fewer"
+
+
 def test_rounds_to_a_target_against_the_papers_number(tmp_path):
     rounds = [0, 1, 2, 3, 4, 5]
     # f_gap reaches 0.5 at round 2 in two seeds and round 3 in the third: mean 2.33, se 0.33

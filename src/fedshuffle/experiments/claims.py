@@ -258,15 +258,19 @@ def compare(better: Stat, worse: Stat, k: float, lower_is_better: bool, ratio: f
     """``separated``, ``ordered`` (right order, within k standard errors) or ``reversed``.
 
     The gap is m_worse − ratio·m_better (lower is better; the mirror image otherwise), its standard
-    error √(s_worse² + ratio²·s_better²); a single seed on either side is never ``separated``.
+    error √(s_worse² + ratio²·s_better²); a single seed on either side is never ``separated``. With
+    ``ratio`` ≠ 1 the claim is "at least ratio times", so a gap of exactly zero (to rounding) is in
+    order, and separated when the seeds do not spread (SCAFFOLD's exactly doubled bytes per round).
     """
     gap = (1.0 if lower_is_better else -1.0) * (worse.mean - ratio * better.mean)
-    if not gap > 0:
+    at_least = ratio != 1.0
+    rounding = 1e-9 * abs(ratio * better.mean) if at_least else 0.0
+    if not (gap > 0 or (at_least and gap >= -rounding)):
         return "reversed"
     if better.se is None or worse.se is None:
         return "ordered"
     se = math.hypot(worse.se, ratio * better.se)
-    return "separated" if gap > k * se else "ordered"
+    return "separated" if gap > k * se or (at_least and se == 0) else "ordered"
 
 
 def _interval(value: float, tolerance: float, relative: bool, bound: str) -> tuple[float, float]:
@@ -406,7 +410,7 @@ class ReachesFirstClaim(Claim):
     second: str
     target: str = Field(description="METRIC=VALUE, e.g. test_accuracy=0.95")
     by: Literal[TARGET_AXES] = Field("round", description="the cost: round, mib (per worker, up + down), wallclock_seconds or compute_seconds")
-    ratio: float = Field(1.0, gt=0, description="the second needs at least ratio times the first's cost")
+    ratio: float = Field(1.0, gt=0, description="the second needs at least ratio times the first's cost (with ratio = 1: strictly more)")
 
     @field_validator("target")
     @classmethod
