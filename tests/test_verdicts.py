@@ -201,6 +201,29 @@ def test_tuning_selects_on_the_tuning_seeds_and_judges_on_fresh_seeds(tmp_path, 
     assert again.exit_code == 0 and json.loads(again.output)["claims"] == json.loads(result.output)["claims"]
 
 
+def test_the_selection_rule_follows_the_metric_and_skips_points_with_a_missing_seed(tmp_path):
+    from fedshuffle.experiments.schema import TuneConfig
+
+    tune = TuneConfig(grid={"local.lr": [0.1, 0.2, 0.3]}, metric="test_accuracy", at="last:0.5", seeds=[7, 8])
+    rounds = [0, 10, 20]
+    key = lambda lr: json.dumps({"local": {"lr": lr}}, sort_keys=True)  # noqa: E731
+    runs = {key(0.1): write_curves(tmp_path / "a", "p", [[1, 0.5, 0.3], [1, 0.5, 0.3]], rounds),   # accuracy: mean of 0.5, 0.7 = 0.6
+            key(0.2): write_curves(tmp_path / "b", "p", [[1, 0.4, 0.2], [1, 0.4, 0.2]], rounds),   # 0.7: the best
+            key(0.3): write_curves(tmp_path / "c", "p", [[1, 0.1, 0.0]], rounds)}                  # better still, but one of two seeds
+    chosen = reproduce.select("V", tune, runs)
+    assert chosen.scores[:2] == pytest.approx([0.6, 0.7]) and chosen.scores[2] is None and chosen.selected == {"local": {"lr": 0.2}}
+    assert reproduce.select("V", tune, {}).selected is None
+
+
+def test_a_tuning_where_no_point_completes_leaves_the_claims_not_measured(tmp_path, no_plots):
+    cfg = tmp_path / "quad.toml"
+    cfg.write_text(QUADRATIC.format(extra="").replace('"local.lr" = [0.001, 0.05, 0.01]', '"local.lr" = [1e30]'))
+    result = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(tmp_path / "o"), "--json"])
+    [row] = json.loads(result.stdout)["claims"]
+    assert row["verdict"] == "not measured" and "tuning chose no point for Tuned" in row["why"]
+    assert not (tmp_path / "o" / "quad").exists()  # nothing judged on an untuned point
+
+
 def test_tuning_seeds_must_not_be_judged_seeds(tmp_path):
     cfg = tmp_path / "quad.toml"
     cfg.write_text(QUADRATIC.format(extra="").replace("seeds = [100, 101]", "seeds = [2, 101]"))

@@ -169,15 +169,15 @@ def _point_text(point: Mapping[str, Mapping[str, Any]] | None) -> str:
     return ", ".join(f"{section}.{key} = {value}" for section, settings in (point or {}).items() for key, value in settings.items()) or "—"
 
 
-def _tuning_runs(folder: Path) -> dict[str, list[Path]]:
-    """point key → the ``metrics.csv`` of the complete tuning runs at that point."""
+def _tuning_runs(folder: Path, seeds: Sequence[int]) -> dict[str, list[Path]]:
+    """point key → the ``metrics.csv`` of the complete tuning runs at that point on ``seeds`` (others in the folder are left out)."""
     from fedshuffle.experiments.report import collect_runs
 
     if not (Path(folder) / "sweep.json").is_file():
         return {}
     out: dict[str, list[Path]] = {}
     for r in collect_runs([folder]):
-        if r.status == "complete":
+        if r.status == "complete" and r.seed in seeds:
             out.setdefault(_point_key(r.point), []).append(r.path / "metrics.csv")
     return out
 
@@ -219,10 +219,11 @@ def tune(name: str, experiment: Experiment, out: Path, *, run: bool, workers: in
         if variant.tune is None:
             continue
         folder = tuning_folder(out, name, variant.label)
-        if run:
-            run_sweep(experiment, folder, variant.tune.points(), seeds=variant.tune.seeds, overrides=None, variants=[variant.label], pick=None, extend=False,
+        if run:  # the sweep folder records this variant alone: another variant's settings do not touch its tuning
+            alone = experiment.model_copy(update={"variants": [variant]})
+            run_sweep(alone, folder, variant.tune.points(), seeds=variant.tune.seeds, overrides=None, variants=None, pick=None, extend=False,
                       workers=workers, show_progress=show_progress, record={"tuning": {"variant": variant.label, **variant.tune.model_dump()}})
-        runs[variant.label] = _tuning_runs(folder)
+        runs[variant.label] = _tuning_runs(folder, variant.tune.seeds)
         tunings.append(select(variant.label, variant.tune, runs[variant.label]))
     return tunings, runs
 
@@ -264,7 +265,7 @@ def _provenance(out: Path, folder: Path, tunings: Sequence[Tuning]) -> dict[str,
     recorded = (manifest or {}).get("runs", {})
     runs = {f"{folder.name}/{where}": entry.get("config_hash", "") for where, entry in sorted(recorded.items()) if isinstance(entry, dict)}
     seeds = sorted({entry.get("seed") for entry in recorded.values() if isinstance(entry, dict) and isinstance(entry.get("seed"), int)})
-    tuning = {t.variant: sum(len(p) for p in _tuning_runs(tuning_folder(out, folder.name, t.variant)).values()) for t in tunings}
+    tuning = {t.variant: sum(len(p) for p in _tuning_runs(tuning_folder(out, folder.name, t.variant), t.seeds).values()) for t in tunings}
     return {"runs": runs, "seeds": seeds, "tuning_runs": tuning}
 
 
@@ -276,7 +277,7 @@ def _record(name: str, experiment: Experiment, rows: Sequence[ClaimResult], *, p
             "robustness": [asdict(r) for r in robust], "diagnostics": [asdict(d) for d in extra], "plot": plot}
 
 
-def _one(given: str, experiment: Experiment, out: Path, *, budget: str | None, run: bool, workers: int, show_progress: bool, note: Any) -> tuple[dict[str, Any], bool]:
+def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, workers: int, show_progress: bool, note: Any) -> tuple[dict[str, Any], bool]:
     """The record of one preset, and whether it holds verdicts (False: skipped, nothing judged)."""
     from fedshuffle.experiments.session import run_experiment
 
@@ -319,10 +320,10 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
         raise ConfigError("presets", f"give at least one preset (or --all); presets: {', '.join(preset_names())}")
     if workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {workers}")
-    loaded = [(p, load_experiment(p)) for p in presets]  # every config checked before anything runs
+    loaded = [load_experiment(p) for p in presets]  # every config checked before anything runs
     rows: list[ClaimResult] = []
-    for given, experiment in loaded:
-        record, judged = _one(given, experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note)
+    for experiment in loaded:
+        record, judged = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note)
         rows += [ClaimResult(**r) for r in record["claims"]]
         save(Path(out), record, replace=judged)
     return rows
@@ -341,8 +342,14 @@ def load_store(out: Path) -> dict[str, dict[str, Any]]:
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ConfigError(str(path), f"unreadable verdicts ({exc.__class__.__name__}: {exc}); remove it to start the report afresh") from None
     presets = doc.get("presets") if isinstance(doc, dict) else None
-    if not isinstance(presets, dict) or not all(isinstance(r, dict) and isinstance(r.get("claims"), list) for r in presets.values()):
+    if not isinstance(presets, dict) or not all(isinstance(r, dict) and r.get("name") == name and isinstance(r.get("claims"), list) for name, r in presets.items()):
         raise ConfigError(str(path), "not a verdicts file (expected an object with 'presets'); remove it to start the report afresh")
+    try:
+        for record in presets.values():
+            [ClaimResult(**row) for row in record["claims"]]
+            [Diagnostic(**d) for d in record.get("diagnostics", [])]
+    except TypeError as exc:
+        raise ConfigError(str(path), f"a verdict of another form ({exc}); remove it to start the report afresh") from None
     return presets
 
 
