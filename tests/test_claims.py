@@ -124,6 +124,23 @@ def test_bad_claims_name_the_field_and_accepted_values(raw, field, words):
     assert info.value.field == field and words in info.value.message
 
 
+def test_a_claim_has_a_role_primary_by_default():
+    assert claim(kind="value", metric="f_gap", variant="A", value=0).role == "primary"
+    assert claim(kind="value", metric="f_gap", variant="A", value=0, role="post_hoc").role == "post_hoc"
+    with pytest.raises(ConfigError) as info:
+        claim(kind="value", metric="f_gap", variant="A", value=0, role="secondary")
+    assert info.value.field == "claims[0].role" and "'primary', 'proxy', 'extrapolation', 'duplicate' or 'post_hoc'" in info.value.message
+
+
+def test_an_experiment_lists_its_deviations(tmp_path):
+    path = tmp_path / "dev.toml"
+    path.write_text(TINY.format(budget='deviations = ["batch size 50 is ours"]', metric="f_gap"))
+    assert load_experiment(path).experiment.deviations == ["batch size 50 is ours"]
+    path.write_text(TINY.format(budget='deviations = "one"', metric="f_gap"))
+    with pytest.raises(ConfigError, match="experiment.deviations"):
+        load_experiment(path)
+
+
 def test_a_claim_without_the_papers_words_is_refused():
     with pytest.raises(ConfigError, match="claims.0..quote"):
         parse_claims([{"kind": "value", "metric": "f_gap", "variant": "A", "value": 0}], ["A"])
@@ -195,7 +212,7 @@ def test_reproduce_runs_judges_and_reports(tmp_path, monkeypatch):
     assert {"preset", "claim", "measured", "verdict"} <= set(claims[0]) and "sized for a GPU" in claims[2]["why"]
     assert sorted(p.name for p in (out / "tiny").glob("*/seed-*")) == ["seed-0", "seed-0", "seed-1", "seed-1"] and not (out / "big").exists()
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
-    assert "“FedShuffle dominates”" in md and "| tiny | Tiny et al. | Fig. 0 |" in md and "**not run**" in md
+    assert "“FedShuffle dominates”" in md and "## tiny: Tiny et al., Fig. 0" in md and "**not run**" in md
     assert "data:image/png;base64,iVBORyBzdGFuZC1pbg==" in page and "<blockquote>“converges”</blockquote>" in page
     # again: the runs are kept and the verdicts are the same
     again = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out), "--json"])

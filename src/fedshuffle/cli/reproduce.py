@@ -13,13 +13,18 @@ from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.cli import app, console, EXIT_STATUS, _fail, _fail_results, _interrupted, _note, _out_path
 
 
-@app.command(help=f"""Run presets (what is missing) and judge every claim of their papers; write report.md and report.html.
+@app.command(help=f"""Run presets or experiment files (what is missing) and judge every claim; write report.md and report.html.
 
-    Each preset runs into OUT/NAME (default OUT: results/reproduce); runs already there are kept and
-    continued, a folder holding another experiment is refused. Every claim the preset declares
-    (its claims tables: an ordering of variants, a value within a tolerance, a target reached first) gets a
-    verdict over the seeds: holds (means more than k standard errors apart), partly (in the claimed
-    order but closer), does not hold. --budget cpu skips the presets sized for a GPU, saying so.
+    Each preset, or TOML file with its own claims tables, runs into OUT/NAME (default OUT:
+    results/reproduce); runs already there are kept and continued, a folder holding another experiment
+    is refused. A variant with a tuning protocol (tune = {{grid, metric, at, seeds}}) first runs its grid
+    on the tuning seeds into OUT/NAME.tuning/, and is judged at the selected point on the experiment's
+    seeds. Every claim (an ordering of variants, a value within a tolerance, a target reached first or
+    at a cost) gets a verdict over the seeds: holds (means more than k standard errors apart), partly
+    (in the claimed order but closer), does not hold, or not measured (no value, or a target no arm
+    reached). Only primary claims enter a paper's totals; proxy, extrapolation, duplicate and post-hoc
+    claims are counted beside them. The verdicts join those already in OUT (OUT/verdicts.json), so
+    the report shows every preset judged there. --budget cpu skips the presets sized for a GPU, saying so.
 
     {EXIT_STATUS}""")
 def reproduce(
@@ -27,8 +32,9 @@ def reproduce(
     all_: Annotated[bool, typer.Option("--all", help="every shipped preset")] = False,
     budget: Annotated[Optional[str], typer.Option(help="cpu: skip the presets sized for a GPU; gpu: run every preset")] = None,
     out: Annotated[Optional[str], typer.Option(help="folder of the runs and the report (default: results/reproduce)")] = None,
+    workers: Annotated[int, typer.Option(help="tuning runs in parallel worker processes")] = 1,
     no_run: Annotated[bool, typer.Option("--no-run", help="run nothing: judge the complete runs already in OUT")] = False,
-    json_: Annotated[bool, typer.Option("--json", help='print {"claims": [{"preset", "claim", "measured", "verdict", ...}]}')] = False,
+    json_: Annotated[bool, typer.Option("--json", help='print {"claims": [{"preset", "claim", "role", "measured", "verdict", "fractions", ...}], "counts" (primary claims), "other_roles"}')] = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     from fedshuffle.experiments.reproduce import as_json, reproduce as run_all
@@ -40,7 +46,7 @@ def reproduce(
             raise ConfigError("--all", "give preset names or --all, not both")
         target = _out_path(out) or target
         names = preset_names() if all_ else list(presets or [])
-        rows = run_all(names, target, budget=budget, run=not no_run, show_progress=not (quiet or json_), note=None if json_ else _note)
+        rows = run_all(names, target, budget=budget, run=not no_run, show_progress=not (quiet or json_), note=None if json_ else _note, workers=workers)
     except ConfigError as exc:
         _fail(exc)
     except ResultsError as exc:
@@ -51,10 +57,10 @@ def reproduce(
         print(json.dumps(as_json(rows), indent=1, ensure_ascii=False))
         return
     table = Table(title="claims")
-    for column in ("preset", "figure", "claim", "measured", "verdict"):
+    for column in ("preset", "role", "figure", "claim", "measured", "verdict"):
         table.add_column(column, overflow="fold")
     colour = {"holds": "green", "partly": "yellow", "does not hold": "red"}
     for r in rows:
-        table.add_row(r.preset, r.figure, r.claim, r.measured, f"[{colour.get(r.verdict, 'dim')}]{r.verdict}[/]: {r.why}")
+        table.add_row(r.preset, r.role, r.figure, r.claim, r.measured, f"[{colour.get(r.verdict, 'dim')}]{r.verdict}[/]: {r.why}")
     console.print(table)
     console.print(f"report: {target / 'report.md'}, {target / 'report.html'}")

@@ -4,19 +4,28 @@ A preset lists its claims as ``[[claims]]`` tables; each has a ``kind`` register
 the paper's words (``quote``) and the figure or table they are about. Kinds:
 
 * ``ordering``: variants ordered on a metric (``order``, best first; a tier ``["A", "B"]`` puts several
-  on one rank), at the end of the run, at their best, or at a budget (``at = "round=500"``,
-  ``"epochs=10"``, ``"mib=5"``);
+  on one rank), at the end of the run, at their best, at a budget (``at = "round=500"``,
+  ``"epochs=10"``, ``"mib=5"``), on the mean over the last fraction of the run (``at = "last:0.25"``) or
+  on the area under the curve (``at = "auc"``, the curve's mean over the rounds run); the verdict is
+  also given as if the run had stopped at 25 % and 50 % of its rounds, so that a flip is visible;
 * ``value``: a variant's metric within ``tolerance`` of ``value`` (or at most / at least it): the
   paper's reported number or a closed form;
 * ``reaches_first``: ``first`` reaches a target (``"test_accuracy=0.95"``) with less rounds, MiB or
-  seconds than ``second`` (optionally ``ratio`` times less).
+  seconds than ``second`` (optionally ``ratio`` times less);
+* ``reaches``: a variant reaches a target with a cost (rounds, MiB, seconds) within ``tolerance`` of
+  ``value``, or at most / at least it: the paper's rounds to a target.
 
-Every verdict accounts for the seeds; errors that go to zero (f_gap, dist_sq, grad_norm_sq) are
-compared by their log10 (geometric means), as the papers plot them, unless ``scale = "linear"``. With n ≥ 2 seeds per variant, a comparison of means
-m_A, m_B with standard errors s = std/√n *holds* when the gap exceeds ``k`` standard errors of the
-difference, k·√(s_A² + s_B²) (a value: when m ± k·s lies inside the interval); it holds *partly*
-when the means are in the claimed order but not that far apart; else it *does not hold*. With a
-single seed there is no standard error: the verdict compares the values and says so.
+A target that no arm of a claim reaches is *not measured*: the run says nothing about the order of
+costs it never paid. Every verdict accounts for the seeds; errors that go to zero (f_gap, dist_sq,
+grad_norm_sq) are compared by their log10 (geometric means), as the papers plot them, unless
+``scale = "linear"``. With n ≥ 2 seeds per variant, a comparison of means m_A, m_B with standard
+errors s = std/√n *holds* when the gap exceeds ``k`` standard errors of the difference,
+k·√(s_A² + s_B²) (a value: when m ± k·s lies inside the interval); it holds *partly* when the means
+are in the claimed order but not that far apart; else it *does not hold*. With a single seed there is
+no standard error: the verdict compares the values and says so. A claim judged on fewer seeds than
+its ``seeds`` (3 unless the paper states its count) says so in its verdict.
+
+Each claim has a ``role`` (:data:`ROLES`): only ``primary`` claims count in a paper's totals.
 """
 
 from __future__ import annotations
@@ -39,17 +48,29 @@ from fedshuffle.experiments.targets import COLUMNS as TARGET_AXES, Target, time_
 
 CLAIMS = Registry("claims.kind")
 VERDICTS = ("holds", "partly", "does not hold")
+#: what a claim is to the paper: ``primary`` claims (one per statement of the paper, on its setup) enter the
+#: paper's totals; the others are reported beside them: a ``proxy`` judges another metric or setting than the
+#: paper's statement, an ``extrapolation`` a setup the paper does not show, a ``duplicate`` repeats a claim
+#: judged elsewhere, a ``post_hoc`` claim was added after seeing the results
+ROLES = ("primary", "proxy", "extrapolation", "duplicate", "post_hoc")
 #: budgets a value can be read at: ``round=N``, ``epochs=X``, ``mib=X`` (MiB per worker, up + down)
 BUDGET_AXES = ("round", "epochs", "mib")
 
 
+#: the fractions of the run at which an ordering is judged again (the run as if it had stopped there)
+FRACTIONS = (0.25, 0.5, 1.0)
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """What a claim measured, and whether it holds (one of :data:`VERDICTS`, or ``not measured``) and why."""
+    """What a claim measured, and whether it holds (one of :data:`VERDICTS`, or ``not measured``) and why;
+    ``seeds``: the fewest complete seeds of an arm; ``fractions``: an ordering's verdict at each of :data:`FRACTIONS`."""
 
     measured: str
     verdict: str
     why: str
+    seeds: int = 0
+    fractions: tuple[tuple[float, str], ...] = ()
 
 
 #: metrics compared on a log scale by default: errors that go to zero, plotted on log axes (noise floors differ by orders of magnitude)
@@ -96,7 +117,15 @@ def _valid_metric(v: str) -> str:
 
 
 def _valid_at(v: str) -> str:
-    if v in ("final", "best"):
+    if v in ("final", "best", "auc"):
+        return v
+    if v.startswith("last:"):
+        try:
+            fraction = float(v.removeprefix("last:"))
+        except ValueError:
+            fraction = math.nan
+        if not 0 < fraction <= 1:
+            raise ValueError("last:F takes a fraction 0 < F <= 1 of the run, e.g. last:0.25")
         return v
     axis, sep, number = v.partition("=")
     try:
@@ -104,7 +133,7 @@ def _valid_at(v: str) -> str:
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"expected final, best, or a budget {', '.join(a + '=N' for a in BUDGET_AXES)}")
+        raise ValueError(f"expected final, best, last:F (mean over the last fraction F of the run), auc, or a budget {', '.join(a + '=N' for a in BUDGET_AXES)}")
     return v
 
 
@@ -119,6 +148,8 @@ class Claim(BaseModel):
     metric: str
     k: float = Field(2.0, ge=0, description="standard errors the means must be apart to hold")
     scale: Literal["linear", "log"] | None = Field(None, description="compare means of the values or of their log10 (default: log for f_gap, dist_sq, grad_norm_sq)")
+    role: Literal[ROLES] = Field("primary", description="primary claims enter the paper's totals; proxy, extrapolation, duplicate and post_hoc ones are listed beside them")
+    seeds: int = Field(3, ge=1, description="seeds the protocol judges on (the paper's count where it states one); a verdict on fewer says so")
 
     @field_validator("metric")
     @classmethod
@@ -136,19 +167,61 @@ class Claim(BaseModel):
         """The verdict on the complete seeds' ``metrics.csv`` of each variant."""
         raise NotImplementedError
 
+    def judge(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
+        """:meth:`evaluate`, with the seeds it was judged on (said in ``why`` when fewer than ``seeds``)."""
+        verdict = self.evaluate(runs)
+        seeds = min((len(runs.get(label, [])) for label in self.variants()), default=0)
+        why = verdict.why
+        if 0 < seeds < self.seeds and verdict.verdict != "not measured":
+            why = f"judged on {seeds} seed{'s' if seeds > 1 else ''}, fewer than the {self.seeds} the protocol asks for; {why}"
+        return Verdict(verdict.measured, verdict.verdict, why, seeds, verdict.fractions)
+
     @property
     def log(self) -> bool:
-        return self.scale == "log" if self.scale is not None else self.metric in LOG_METRICS
+        return is_log(self.metric, self.scale)
 
     @property
     def lower_is_better(self) -> bool:
         return metrics.METRICS[self.metric].defaults["better"] == "min"
 
 
-def _value_at(table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_better: bool) -> float | None:
-    """The metric at the end of the run, its best, or at the first evaluation at or past a budget."""
+def _truncated(table: Mapping[str, np.ndarray], fraction: float) -> dict[str, np.ndarray]:
+    """The rows of a run as if it had stopped at ``fraction`` of its last evaluated round (none when that
+    leaves only the starting evaluation, where every variant is alike)."""
+    rounds = table["round"]
+    if fraction >= 1 or not rounds.size:
+        return dict(table)
+    keep = rounds <= fraction * rounds[-1] + 1e-9
+    if not (rounds[keep] > rounds[0]).any():  # nothing evaluated after the start: no reading of the cut run
+        keep[:] = False
+    return {name: column[keep] for name, column in table.items()}
+
+
+def _window_mean(rounds: np.ndarray, column: np.ndarray, at: str, log: bool) -> float:
+    """``last:F``: the mean over the evaluations in the last fraction F of the run (rounds ≥ (1 − F)·R);
+    ``auc``: the area under the curve over the rounds run, divided by their span (trapezoidal rule).
+    With ``log``, of log10 of the values (a geometric mean, returned as a value)."""
+    finite = np.isfinite(column) & (column > 0 if log else True)
+    if not finite.all():  # a diverged evaluation inside the window: no mean to report
+        return np.nan
+    values = np.log10(column) if log else column
+    if at == "auc":
+        span = rounds[-1] - rounds[0]
+        mean = float(np.sum(np.diff(rounds) * (values[1:] + values[:-1]) / 2) / span) if span > 0 else float(values[-1])
+    else:
+        fraction = float(at.removeprefix("last:"))
+        mean = float(values[rounds >= (1 - fraction) * rounds[-1] - 1e-9].mean())
+    return 10 ** mean if log else mean
+
+
+def _value_at(table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_better: bool, log: bool = False) -> float | None:
+    """The metric at the end of the run, its best, its mean over the last fraction or the whole run
+    (:func:`_window_mean`), or at the first evaluation at or past a budget."""
     column = table[metric]
-    if at == "final":
+    if at == "auc" or at.startswith("last:"):
+        rows = np.flatnonzero(~np.isnan(column))
+        value = _window_mean(table["round"][rows], column[rows], at, log) if rows.size else np.nan
+    elif at == "final":
         value = column[-1] if column.size else np.nan
     elif at == "best":
         finite = column[np.isfinite(column)]
@@ -161,9 +234,22 @@ def _value_at(table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_be
     return float(value) if np.isfinite(value) else None
 
 
-def _stat_of(files: Sequence[Path], claim: Claim, at: str) -> Stat | None:
-    """The statistic over the seeds that have a value (None when none has)."""
-    values = [_value_at(read_metrics(f), claim.metric, at, claim.lower_is_better) for f in files]
+def is_log(metric: str, scale: str | None = None) -> bool:
+    """Whether a metric is compared by its log10 (errors that go to zero, unless ``scale`` says otherwise)."""
+    return scale == "log" if scale is not None else metric in LOG_METRICS
+
+
+def score(files: Sequence[Path], metric: str, at: str) -> Stat | None:
+    """``metric`` read ``at`` a point of each run, over the runs (log10 for :data:`LOG_METRICS`); None
+    when a run has no value there (diverged, or shorter than the budget): a tuning point with a failed seed never wins."""
+    lower = metrics.METRICS[metric].defaults["better"] == "min"
+    values = [_value_at(read_metrics(f), metric, at, lower, is_log(metric)) for f in files]
+    return Stat.of(values, is_log(metric)) if values and all(v is not None for v in values) else None
+
+
+def _stat_of(files: Sequence[Path], claim: Claim, at: str, fraction: float = 1.0) -> Stat | None:
+    """The statistic over the seeds that have a value (None when none has), on the runs cut at ``fraction``."""
+    values = [_value_at(_truncated(read_metrics(f), fraction), claim.metric, at, claim.lower_is_better, claim.log) for f in files]
     present = [v for v in values if v is not None]
     return Stat.of(present, claim.log) if present else None
 
@@ -172,15 +258,33 @@ def compare(better: Stat, worse: Stat, k: float, lower_is_better: bool, ratio: f
     """``separated``, ``ordered`` (right order, within k standard errors) or ``reversed``.
 
     The gap is m_worse − ratio·m_better (lower is better; the mirror image otherwise), its standard
-    error √(s_worse² + ratio²·s_better²); a single seed on either side is never ``separated``.
+    error √(s_worse² + ratio²·s_better²); a single seed on either side is never ``separated``. With
+    ``ratio`` ≠ 1 the claim is "at least ratio times", so a gap of exactly zero (to rounding) is in
+    order, and separated when the seeds do not spread (SCAFFOLD's exactly doubled bytes per round).
     """
     gap = (1.0 if lower_is_better else -1.0) * (worse.mean - ratio * better.mean)
-    if not gap > 0:
+    at_least = ratio != 1.0
+    rounding = 1e-9 * abs(ratio * better.mean) if at_least else 0.0
+    if not (gap > 0 or (at_least and gap >= -rounding)):
         return "reversed"
     if better.se is None or worse.se is None:
         return "ordered"
     se = math.hypot(worse.se, ratio * better.se)
-    return "separated" if gap > k * se else "ordered"
+    return "separated" if gap > k * se or (at_least and se == 0) else "ordered"
+
+
+def _interval(value: float, tolerance: float, relative: bool, bound: str) -> tuple[float, float]:
+    """[value − tol, value + tol] (tol relative to |value| when ``relative``), open on one side for at_most / at_least."""
+    tol = tolerance * abs(value) if relative else tolerance
+    return (-math.inf if bound == "at_most" else value - tol, math.inf if bound == "at_least" else value + tol)
+
+
+def _valid_target(v: str) -> str:
+    try:
+        Target.parse(v)
+    except ConfigError as exc:
+        raise ValueError(exc.message) from None
+    return v
 
 
 def _single(*stats: Stat) -> bool:
@@ -191,13 +295,17 @@ SINGLE = "single seed, no standard error: judged on the values alone"
 
 
 def _at_text(at: str) -> str:
+    if at.startswith("last:"):
+        return f"mean over the last {float(at.removeprefix('last:')):.0%} of the run,"
+    if at == "auc":
+        return "area under the curve (mean over the run),"
     return at if at in ("final", "best") else f"at {at.replace('=', ' ')}"
 
 
 class OrderingClaim(Claim):
     kind: Literal["ordering"] = "ordering"
     order: list[str | list[str]] = Field(min_length=2, description="variants best first; a list is a tier of equals")
-    at: str = Field("final", description="final, best, round=N, epochs=X or mib=X")
+    at: str = Field("final", description="final, best, last:F (mean over the last fraction F of the run), auc, round=N, epochs=X or mib=X")
 
     @field_validator("at")
     @classmethod
@@ -222,9 +330,16 @@ class OrderingClaim(Claim):
         return f"{_at_text(self.at)} {self.metric}: " + sign.join(t[0] if len(t) == 1 else "{" + ", ".join(t) + "}" for t in self.tiers())
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
+        """The verdict on the whole runs, with the verdicts as if the runs had stopped at each of :data:`FRACTIONS`."""
+        verdict = self.evaluate_at(runs, 1.0)
+        fractions = tuple((f, verdict.verdict if f == 1.0 else self.evaluate_at(runs, f).verdict) for f in FRACTIONS)
+        return Verdict(verdict.measured, verdict.verdict, verdict.why, fractions=fractions)
+
+    def evaluate_at(self, runs: Mapping[str, Sequence[Path]], fraction: float) -> Verdict:
+        """The verdict on the runs cut at ``fraction`` of their rounds."""
         stats, missing = {}, []
         for label in self.variants():
-            stat = _stat_of(runs.get(label, []), self, self.at)
+            stat = _stat_of(runs.get(label, []), self, self.at, fraction)
             if stat is None:
                 missing.append(label)
             else:
@@ -249,7 +364,7 @@ class OrderingClaim(Claim):
 class ValueClaim(Claim):
     kind: Literal["value"] = "value"
     variant: str
-    at: str = Field("final", description="final, best, round=N, epochs=X or mib=X")
+    at: str = Field("final", description="final, best, last:F, auc, round=N, epochs=X or mib=X")
     value: float
     tolerance: float = Field(0.0, ge=0, description="absolute, or relative to |value| with relative = true")
     relative: bool = False
@@ -264,10 +379,7 @@ class ValueClaim(Claim):
         return [self.variant]
 
     def interval(self) -> tuple[float, float]:
-        tol = self.tolerance * abs(self.value) if self.relative else self.tolerance
-        lo = -math.inf if self.bound == "at_most" else self.value - tol
-        hi = math.inf if self.bound == "at_least" else self.value + tol
-        return lo, hi
+        return _interval(self.value, self.tolerance, self.relative, self.bound)
 
     def describe(self) -> str:
         lo, hi = self.interval()
@@ -298,16 +410,12 @@ class ReachesFirstClaim(Claim):
     second: str
     target: str = Field(description="METRIC=VALUE, e.g. test_accuracy=0.95")
     by: Literal[TARGET_AXES] = Field("round", description="the cost: round, mib (per worker, up + down), wallclock_seconds or compute_seconds")
-    ratio: float = Field(1.0, gt=0, description="the second needs at least ratio times the first's cost")
+    ratio: float = Field(1.0, gt=0, description="the second needs at least ratio times the first's cost (with ratio = 1: strictly more)")
 
     @field_validator("target")
     @classmethod
     def _target(cls, v: str) -> str:
-        try:
-            Target.parse(v)
-        except ConfigError as exc:
-            raise ValueError(exc.message) from None
-        return v
+        return _valid_target(v)
 
     def model_post_init(self, _: Any) -> None:
         self.metric = Target.parse(self.target).metric
@@ -335,8 +443,10 @@ class ReachesFirstClaim(Claim):
 
         measured = f"{self.by} to {self.target}: {text(self.first, a)}; {text(self.second, b)}"
         reached_a, reached_b = [v for v in a if math.isfinite(v)], [v for v in b if math.isfinite(v)]
+        if not reached_a and not reached_b:
+            return Verdict(measured, "not measured", f"neither {self.first} nor {self.second} reached {self.target} in any seed: the runs do not order their costs")
         if not reached_a:
-            return Verdict(measured, "does not hold", f"{self.first} never reached {self.target}" + (" (neither did " + self.second + ")" if not reached_b else ""))
+            return Verdict(measured, "does not hold", f"{self.first} never reached {self.target}; {self.second} did")
         if not reached_b:
             if len(reached_a) < len(a):
                 return Verdict(measured, "partly", f"{self.second} never reached it; {self.first} only in {len(reached_a)} of {len(a)} seeds")
@@ -354,9 +464,62 @@ class ReachesFirstClaim(Claim):
         return Verdict(measured, "holds", f"separated by more than {self.k:g} standard errors")
 
 
+class ReachesClaim(Claim):
+    kind: Literal["reaches"] = "reaches"
+    metric: str = ""
+    variant: str
+    target: str = Field(description="METRIC=VALUE, e.g. test_accuracy=0.95")
+    by: Literal[TARGET_AXES] = Field("round", description="the cost: round, mib (per worker, up + down), wallclock_seconds or compute_seconds")
+    value: float = Field(ge=0, description="the paper's cost to the target")
+    tolerance: float = Field(0.0, ge=0, description="absolute, or relative to value with relative = true")
+    relative: bool = False
+    bound: Literal["within", "at_most", "at_least"] = Field("within", description="value ± tolerance, or ≤ / ≥ value (+/− tolerance)")
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        return _valid_target(v)
+
+    def interval(self) -> tuple[float, float]:
+        return _interval(self.value, self.tolerance, self.relative, self.bound)
+
+    def model_post_init(self, _: Any) -> None:
+        self.metric = Target.parse(self.target).metric
+
+    def variants(self) -> list[str]:
+        return [self.variant]
+
+    def describe(self) -> str:
+        lo, hi = self.interval()
+        where = f"≤ {hi:.4g}" if self.bound == "at_most" else f"≥ {lo:.4g}" if self.bound == "at_least" else f"in [{lo:.4g}, {hi:.4g}]"
+        return f"{self.variant}: {self.by} to {self.target} {where}"
+
+    def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
+        files = runs.get(self.variant, [])
+        if not files:
+            return Verdict("—", "not measured", f"no complete run of {self.variant}")
+        costs = [h[self.by] for h in time_to_target(files, Target.parse(self.target)) if h is not None and math.isfinite(h[self.by])]
+        measured = f"{self.variant}: {self.by} to {self.target}: " + (Stat(tuple(costs)).text() if costs else "—") + f", reached in {len(costs)} of {len(files)}"
+        if not costs:
+            return Verdict(measured, "not measured", f"{self.variant} never reached {self.target} in any seed: no cost to compare with the paper's {self.value:g}")
+        lo, hi = self.interval()
+        stat = Stat(tuple(costs))
+        missed = f"; only {len(costs)} of {len(files)} seeds reached it" if len(costs) < len(files) else ""
+        if not lo <= stat.mean <= hi:
+            return Verdict(measured, "does not hold", f"mean {stat.mean:.4g} outside [{lo:.4g}, {hi:.4g}]{missed}")
+        if missed:
+            return Verdict(measured, "partly", f"mean inside [{lo:.4g}, {hi:.4g}]{missed}")
+        if stat.se is None:
+            return Verdict(measured, "holds", f"{SINGLE}; inside [{lo:.4g}, {hi:.4g}]")
+        if lo <= stat.mean - self.k * stat.se and stat.mean + self.k * stat.se <= hi:
+            return Verdict(measured, "holds", f"mean ± {self.k:g} standard errors inside [{lo:.4g}, {hi:.4g}]")
+        return Verdict(measured, "partly", f"mean inside [{lo:.4g}, {hi:.4g}], but not {self.k:g} standard errors from its edge")
+
+
 CLAIMS.add("ordering", OrderingClaim, "variants ordered on a metric: final, best, or at a budget of rounds, epochs or MiB")
 CLAIMS.add("value", ValueClaim, "a variant's metric within a tolerance of a value (the paper's number or a closed form), or beyond a bound")
 CLAIMS.add("reaches_first", ReachesFirstClaim, "one variant reaches a target with less rounds, MiB or seconds than another")
+CLAIMS.add("reaches", ReachesClaim, "a variant reaches a target with a cost (rounds, MiB, seconds) near the paper's, or beyond a bound")
 
 
 def parse_claims(raw: Sequence[Any], labels: Sequence[str]) -> list[Claim]:

@@ -1,35 +1,46 @@
-"""Reproduce presets and check their papers' claims: run what is missing, judge every claim, write the report.
+"""Reproduce presets and check their papers' claims: tune, run what is missing, judge every claim, write the report.
 
-Each preset runs into ``OUT/<name>`` as ``fedshuffle run`` would (a folder that holds its runs is
-continued, one that holds another experiment is refused), then each of its claims
-(:mod:`fedshuffle.experiments.claims`) is judged on the complete seeds. The report is one row per
-claim — paper, figure, claim, measured, verdict and why — as ``OUT/report.md`` and a self-contained
-``OUT/report.html`` (the plots embedded as base64 PNG).
+Each preset (or experiment file with ``[[claims]]``) runs into ``OUT/<name>`` as ``fedshuffle run``
+would (a folder that holds its runs is continued, one that holds another experiment is refused). A
+variant with a tuning protocol (``tune`` in its ``[[variants]]`` table: the paper's grid and selection
+rule) is first run at every grid point on its tuning seeds, as ``fedshuffle sweep`` would, into
+``OUT/<name>.tuning/<variant>/``; the point with the best mean of the rule's metric is chosen, and the
+judged runs in ``OUT/<name>`` use it on the experiment's own seeds. Each claim
+(:mod:`fedshuffle.experiments.claims`) is then judged on the complete seeds.
+
+The verdicts of every preset judged into ``OUT`` are kept in ``OUT/verdicts.json``, with when they were
+computed and from which runs: the report (``OUT/report.md`` and a self-contained ``OUT/report.html``,
+plots embedded as base64 PNG) shows them all, so ``reproduce B`` after ``reproduce A`` keeps A's
+verdicts. Only *primary* claims enter a paper's totals; the others are counted beside them by role.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import html
+import json
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import write_atomic
-from fedshuffle.experiments.claims import VERDICTS, parse_claims
-from fedshuffle.experiments.folders import MANIFEST
-from fedshuffle.experiments.schema import Experiment, load_experiment, preset_names
+from fedshuffle.experiments.claims import FRACTIONS, ROLES, VERDICTS, Claim, is_log, parse_claims, score
+from fedshuffle.experiments.folders import MANIFEST, FolderLock, folder_name, read_manifest
+from fedshuffle.experiments.schema import Experiment, TuneConfig, _deep_merge, load_experiment, preset_names
 
 BUDGETS = ("cpu", "gpu")
+#: the store of every preset's verdicts in a reproduce folder
+STORE = "verdicts.json"
 
 
 @dataclass(frozen=True)
 class ClaimResult:
-    """One row of the report."""
+    """One row of the report; ``fractions``: an ordering's verdict as if the runs had stopped at 25 %, 50 %, 100 %."""
 
     preset: str
     paper: str
@@ -39,6 +50,32 @@ class ClaimResult:
     measured: str
     verdict: str
     why: str
+    role: str = "primary"
+    seeds: int = 0
+    fractions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """One variant's tuning: its protocol, each grid point's score (mean over the tuning seeds; None when a
+    seed did not complete or has no value) and the point chosen (None when no point scored)."""
+
+    variant: str
+    metric: str
+    at: str
+    seeds: list[int]
+    points: list[dict[str, Any]]
+    scores: list[float | None]
+    selected: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Robustness:
+    """A claim's verdict at one grid point, on the tuning seeds (``point``: the arms and settings varied)."""
+
+    claim: str
+    point: str
+    verdict: str
 
 
 @dataclass(frozen=True)
@@ -84,132 +121,411 @@ def _shown_rows(count: int) -> list[int]:
     return sorted({round(k * step) for k in range(DIAGNOSTIC_ROWS)})
 
 
-def _skipped(name: str, experiment: Experiment, reason: str) -> list[ClaimResult]:
+def _row(name: str, experiment: Experiment, claim: Claim, measured: str, verdict: str, why: str, seeds: int = 0, fractions: Mapping[float, str] | None = None) -> ClaimResult:
     meta = experiment.experiment
-    claims = parse_claims(experiment.claims, [v.label for v in experiment.variants])
-    return [ClaimResult(name, meta.paper, c.figure or meta.figure, c.describe(), c.quote, "—", "not run", reason) for c in claims]
+    shown = {f"{f:.0%}": v for f, v in (fractions or {}).items()}
+    return ClaimResult(name, meta.paper, claim.figure or meta.figure, claim.describe(), claim.quote, measured, verdict, why, claim.role, seeds, shown)
+
+
+def _claims(experiment: Experiment) -> list[Claim]:
+    return parse_claims(experiment.claims, [v.label for v in experiment.variants])
+
+
+def _skipped(name: str, experiment: Experiment, reason: str, verdict: str = "not run") -> list[ClaimResult]:
+    return [_row(name, experiment, c, "—", verdict, reason) for c in _claims(experiment)]
+
+
+def _complete_runs(folder: Path) -> dict[str, list[Path]]:
+    """label → the ``metrics.csv`` of the complete runs of the experiment stored in ``folder`` (not of folders nested in it)."""
+    from fedshuffle.experiments.report import collect_runs, group_runs
+
+    runs = [r for r in collect_runs([folder]) if r.experiment == Path(folder).resolve()]
+    return {label: [r.path / "metrics.csv" for r in members if r.status == "complete"] for label, members in group_runs(runs).items()} if runs else {}
 
 
 def judge(name: str, experiment: Experiment, folder: Path) -> list[ClaimResult]:
     """Every claim of ``experiment`` on the complete runs stored in ``folder``."""
-    from fedshuffle.experiments.report import collect_runs, group_runs
-
-    meta = experiment.experiment
-    claims = parse_claims(experiment.claims, [v.label for v in experiment.variants])
-    groups = group_runs(collect_runs([folder]))
-    runs = {label: [r.path / "metrics.csv" for r in members if r.status == "complete"] for label, members in groups.items()}
+    runs = _complete_runs(folder)
     rows = []
-    for claim in claims:
-        verdict = claim.evaluate(runs)
-        rows.append(ClaimResult(name, meta.paper, claim.figure or meta.figure, claim.describe(), claim.quote, verdict.measured, verdict.verdict, verdict.why))
+    for claim in _claims(experiment):
+        verdict = claim.judge(runs)
+        rows.append(_row(name, experiment, claim, verdict.measured, verdict.verdict, verdict.why, verdict.seeds, dict(verdict.fractions)))
     return rows
 
 
-def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, run: bool = True, show_progress: bool = True, note: Any = None) -> list[ClaimResult]:
-    """Run (or continue) each preset into ``out/<name>`` and judge its claims; a preset sized for
-    another budget than ``budget`` is not run and its claims say so. With ``run=False`` nothing runs:
-    the complete runs already in ``out`` are judged. Writes the reports into ``out``."""
+# -- tuning ---------------------------------------------------------------------------------------------
+
+
+def tuning_folder(out: Path, name: str, label: str) -> Path:
+    """Where a variant's tuning sweep lives: beside the judged runs, never inside their folder."""
+    return Path(out) / f"{name}.tuning" / folder_name(label)
+
+
+def _point_key(point: Mapping[str, Any]) -> str:
+    return json.dumps(point, sort_keys=True)
+
+
+def _point_text(point: Mapping[str, Mapping[str, Any]] | None) -> str:
+    return ", ".join(f"{section}.{key} = {value}" for section, settings in (point or {}).items() for key, value in settings.items()) or "—"
+
+
+def _tuning_runs(folder: Path, seeds: Sequence[int]) -> dict[str, list[Path]]:
+    """point key → the ``metrics.csv`` of the complete tuning runs at that point on ``seeds`` (others in the folder are left out)."""
+    from fedshuffle.experiments.report import collect_runs
+
+    if not (Path(folder) / "sweep.json").is_file():
+        return {}
+    out: dict[str, list[Path]] = {}
+    for r in collect_runs([folder]):
+        if r.status == "complete" and r.seed in seeds:
+            out.setdefault(_point_key(r.point), []).append(r.path / "metrics.csv")
+    return out
+
+
+def select(label: str, tune: TuneConfig, runs: Mapping[str, Sequence[Path]]) -> Tuning:
+    """The paper's selection rule on the tuning runs: per grid point, the mean over the tuning seeds of
+    ``tune.metric`` read ``tune.at`` (the geometric mean for errors that go to zero); the best point wins
+    (lowest, or highest where higher is better; the first in grid order on a tie). A point where a
+    tuning seed did not complete, or has no value, is never chosen."""
+    points = tune.points()
+    scores: list[float | None] = []
+    for point in points:
+        files = runs.get(_point_key(point), [])
+        stat = score(files, tune.metric, tune.at) if len(files) == len(tune.seeds) else None
+        scores.append(None if stat is None else 10 ** stat.mean if stat.log else stat.mean)
+    sign = -1.0 if metrics.METRICS[tune.metric].defaults["better"] == "max" else 1.0
+    ranked = [k for k, v in enumerate(scores) if v is not None]
+    best = min(ranked, key=lambda k: sign * scores[k]) if ranked else None  # type: ignore[operator]
+    return Tuning(label, tune.metric, tune.at, list(tune.seeds), points, scores, points[best] if best is not None else None)
+
+
+def at_selected(experiment: Experiment, tunings: Sequence[Tuning]) -> Experiment:
+    """The experiment with each tuned variant's settings at its selected point (the point overrides the variant)."""
+    chosen = {t.variant: t.selected for t in tunings}
+    variants = []
+    for v in experiment.variants:
+        point = chosen.get(v.label)
+        variants.append(v.model_copy(update={s: _deep_merge(getattr(v, s), settings) for s, settings in point.items()}) if point else v)
+    return experiment.model_copy(update={"variants": variants})
+
+
+def tune(name: str, experiment: Experiment, out: Path, *, run: bool, workers: int, show_progress: bool) -> tuple[list[Tuning], dict[str, dict[str, list[Path]]]]:
+    """Run (or continue) every tuned variant's grid on its tuning seeds, then select its point.
+    Returns the tunings and, per variant, the tuning runs by point key."""
+    from fedshuffle.experiments.session import run_sweep
+
+    tunings, runs = [], {}
+    for variant in experiment.variants:
+        if variant.tune is None:
+            continue
+        folder = tuning_folder(out, name, variant.label)
+        if run:  # the sweep folder records this variant alone: another variant's settings do not touch its tuning
+            alone = experiment.model_copy(update={"variants": [variant]})
+            run_sweep(alone, folder, variant.tune.points(), seeds=variant.tune.seeds, overrides=None, variants=None, pick=None, extend=False,
+                      workers=workers, show_progress=show_progress, record={"tuning": {"variant": variant.label, **variant.tune.model_dump()}})
+        runs[variant.label] = _tuning_runs(folder, variant.tune.seeds)
+        tunings.append(select(variant.label, variant.tune, runs[variant.label]))
+    return tunings, runs
+
+
+def robustness(experiment: Experiment, tunings: Sequence[Tuning], tuning_runs: Mapping[str, Mapping[str, list[Path]]], judged: Mapping[str, list[Path]]) -> list[Robustness]:
+    """Every claim's verdict at every grid point of its tuned arms, on the tuning seeds (untuned arms: their judged runs).
+
+    When the claim's tuned arms share one grid, all of them sit at the same point (the papers compare
+    methods at equal multipliers); otherwise each tuned arm goes through its grid with the others at their selected points.
+    """
+    by_label = {t.variant: t for t in tunings}
+    out = []
+    for claim in _claims(experiment):
+        tuned = [v for v in claim.variants() if v in by_label]
+        if not tuned:
+            continue
+        fixed = {v: judged.get(v, []) for v in claim.variants() if v not in by_label}
+        grids = {json.dumps(by_label[v].points, sort_keys=True) for v in tuned}
+        if len(grids) == 1:
+            cases = [(_point_text(p), {v: p for v in tuned}) for p in by_label[tuned[0]].points]
+        else:
+            cases = [(f"{v}: {_point_text(p)}", {**{u: by_label[u].selected for u in tuned}, v: p}) for v in tuned for p in by_label[v].points]
+        for text, points in cases:
+            runs = {**fixed, **{v: tuning_runs[v].get(_point_key(p), []) if p is not None else [] for v, p in points.items()}}
+            out.append(Robustness(claim.describe(), text, claim.evaluate(runs).verdict))
+    return out
+
+
+# -- one preset -----------------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _provenance(out: Path, folder: Path, tunings: Sequence[Tuning]) -> dict[str, Any]:
+    """The runs the verdicts come from: each judged run folder (relative to ``out``) with its config hash, and the tuning folders."""
+    manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
+    recorded = (manifest or {}).get("runs", {})
+    runs = {f"{folder.name}/{where}": entry.get("config_hash", "") for where, entry in sorted(recorded.items()) if isinstance(entry, dict)}
+    seeds = sorted({entry.get("seed") for entry in recorded.values() if isinstance(entry, dict) and isinstance(entry.get("seed"), int)})
+    tuning = {t.variant: sum(len(p) for p in _tuning_runs(tuning_folder(out, folder.name, t.variant), t.seeds).values()) for t in tunings}
+    return {"runs": runs, "seeds": seeds, "tuning_runs": tuning}
+
+
+def _record(name: str, experiment: Experiment, rows: Sequence[ClaimResult], *, provenance: Mapping[str, Any] | None = None, tunings: Sequence[Tuning] = (),
+            robust: Sequence[Robustness] = (), extra: Sequence[Diagnostic] = (), plot: str | None = None) -> dict[str, Any]:
+    meta = experiment.experiment
+    return {"name": name, "paper": meta.paper, "figure": meta.figure, "title": meta.title, "deviations": list(meta.deviations), "computed": _now(),
+            "provenance": dict(provenance or {}), "claims": [asdict(r) for r in rows], "tuning": [asdict(t) for t in tunings],
+            "robustness": [asdict(r) for r in robust], "diagnostics": [asdict(d) for d in extra], "plot": plot}
+
+
+def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, workers: int, show_progress: bool, note: Any) -> tuple[dict[str, Any], bool]:
+    """The record of one preset, and whether it holds verdicts (False: skipped, nothing judged)."""
     from fedshuffle.experiments.session import run_experiment
 
+    name = experiment.experiment.name
+    sized = experiment.experiment.budget or "cpu"
+    if budget == "cpu" and sized == "gpu":
+        if note:
+            note(f"{name}: skipped, sized for a GPU")
+        reason = f"sized for a GPU (budget = gpu, about {experiment.experiment.expected_minutes or '?'} min there); run with --budget gpu"
+        return _record(name, experiment, _skipped(name, experiment, reason)), False
+    folder = Path(out) / name
+    tunings, tuning_runs = tune(name, experiment, out, run=run, workers=workers, show_progress=show_progress)
+    unselected = [t.variant for t in tunings if t.selected is None]
+    if unselected:
+        verdict = "not run" if not run else "not measured"
+        reason = f"tuning chose no point for {', '.join(unselected)}: " + ("no finished tuning runs (judged without running)" if not run else "at no grid point did every tuning seed complete")
+        return _record(name, experiment, _skipped(name, experiment, reason, verdict), tunings=tunings), run
+    judged = at_selected(experiment, tunings)
+    if not run and not (folder / "summary.json").is_file():  # written once every run of the preset has ended
+        return _record(name, experiment, _skipped(name, experiment, f"no finished results in {folder} (judged without running)"), tunings=tunings), False
+    if run:
+        if note:
+            note(f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}" + (f" ({', '.join(f'{t.variant} at {_point_text(t.selected)}' for t in tunings)})" if tunings else ""))
+        run_experiment(judged, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress)
+    rows = judge(name, judged, folder)
+    robust = robustness(judged, tunings, tuning_runs, _complete_runs(folder)) if tunings else []
+    plot = f"{name}/plot.png" if (folder / "plot.png").is_file() else None
+    return _record(name, experiment, rows, provenance=_provenance(Path(out), folder, tunings), tunings=tunings, robust=robust, extra=diagnostics(name, folder), plot=plot), True
+
+
+def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, run: bool = True, show_progress: bool = True, note: Any = None, workers: int = 1) -> list[ClaimResult]:
+    """Tune, run (or continue) each preset into ``out/<name>`` and judge its claims; a preset sized for
+    another budget than ``budget`` is not run and its claims say so. With ``run=False`` nothing runs:
+    the complete runs already in ``out`` are judged. ``workers``: tuning runs in parallel. The verdicts
+    join those already in ``out`` (a preset judged again replaces its own; one skipped keeps the verdicts it had)
+    and the reports show them all. Returns this call's rows."""
     if budget is not None and budget not in BUDGETS:
         raise ConfigError("--budget", f"unknown {budget!r}; accepted: {', '.join(BUDGETS)}")
     if not presets:
         raise ConfigError("presets", f"give at least one preset (or --all); presets: {', '.join(preset_names())}")
-    loaded = [(p, load_experiment(p)) for p in presets]  # every config checked before anything runs
+    if workers < 1:
+        raise ConfigError("--workers", f"must be >= 1, got {workers}")
+    loaded = [load_experiment(p) for p in presets]  # every config checked before anything runs
     rows: list[ClaimResult] = []
-    plots: dict[str, Path] = {}
-    extra: list[Diagnostic] = []
-    for given, experiment in loaded:
-        name = experiment.experiment.name
-        sized = experiment.experiment.budget or "cpu"
-        if budget == "cpu" and sized == "gpu":
-            rows += _skipped(name, experiment, f"sized for a GPU (budget = gpu, about {experiment.experiment.expected_minutes or '?'} min there); run with --budget gpu")
-            if note:
-                note(f"{name}: skipped, sized for a GPU")
-            continue
-        folder = Path(out) / name
-        if not run and not (folder / "summary.json").is_file():  # written once every run of the preset has ended
-            rows += _skipped(name, experiment, f"no finished results in {folder} (judged without running)")
-            continue
-        if run:
-            if note:
-                note(f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}")
-            run_experiment(experiment, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress)
-        rows += judge(name, experiment, folder)
-        extra += diagnostics(name, folder)
-        if (folder / "plot.png").is_file():
-            plots[name] = folder / "plot.png"
-    write_reports(rows, Path(out), plots, extra)
+    for experiment in loaded:
+        record, judged = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note)
+        rows += [ClaimResult(**r) for r in record["claims"]]
+        save(Path(out), record, replace=judged)
     return rows
 
 
-def counts(rows: Sequence[ClaimResult]) -> dict[str, dict[str, int]]:
-    """paper → verdict → number of claims."""
+# -- the store of verdicts ------------------------------------------------------------------------------
+
+
+def load_store(out: Path) -> dict[str, dict[str, Any]]:
+    """preset name → its record, as kept in ``out/verdicts.json`` (empty when there is none)."""
+    path = Path(out) / STORE
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ConfigError(str(path), f"unreadable verdicts ({exc.__class__.__name__}: {exc}); remove it to start the report afresh") from None
+    presets = doc.get("presets") if isinstance(doc, dict) else None
+    if not isinstance(presets, dict) or not all(isinstance(r, dict) and r.get("name") == name and isinstance(r.get("claims"), list) for name, r in presets.items()):
+        raise ConfigError(str(path), "not a verdicts file (expected an object with 'presets'); remove it to start the report afresh")
+    try:
+        for record in presets.values():
+            [ClaimResult(**row) for row in record["claims"]]
+            [Diagnostic(**d) for d in record.get("diagnostics", [])]
+    except TypeError as exc:
+        raise ConfigError(str(path), f"a verdict of another form ({exc}); remove it to start the report afresh") from None
+    return presets
+
+
+def save(out: Path, record: Mapping[str, Any], *, replace: bool = True) -> dict[str, dict[str, Any]]:
+    """Add ``record`` to the store (in place of the preset's earlier one; with ``replace = False`` only
+    when it has none) and write the store and both reports, holding the folder's lock."""
+    out = Path(out)
+    try:
+        with FolderLock(out):
+            store = load_store(out)
+            if replace or record["name"] not in store:
+                store[record["name"]] = dict(record)
+            write_atomic(out / STORE, json.dumps({"format": 1, "presets": store}, indent=1, ensure_ascii=False))
+            write_reports(store, out)
+    except OSError as exc:
+        raise ResultsError(f"cannot write the report into {out} ({exc.strerror or exc}); the runs' results are kept") from None
+    return store
+
+
+def counts(rows: Sequence[ClaimResult | Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """paper → verdict → number of *primary* claims (the paper's totals)."""
     out: dict[str, Counter] = {}
-    for r in rows:
-        out.setdefault(r.paper, Counter())[r.verdict] += 1
+    for r in map(_as_row, rows):
+        if r.role == "primary":
+            out.setdefault(r.paper, Counter())[r.verdict] += 1
+        else:
+            out.setdefault(r.paper, Counter())
     return {paper: dict(c) for paper, c in out.items()}
+
+
+def other_roles(rows: Sequence[ClaimResult | Mapping[str, Any]]) -> dict[str, dict[str, dict[str, int]]]:
+    """paper → role → verdict → number of the claims that are not primary (listed beside the totals)."""
+    out: dict[str, dict[str, Counter]] = {}
+    for r in map(_as_row, rows):
+        if r.role != "primary":
+            out.setdefault(r.paper, {}).setdefault(r.role, Counter())[r.verdict] += 1
+    return {paper: {role: dict(c) for role, c in sorted(roles.items(), key=lambda kv: ROLES.index(kv[0]))} for paper, roles in out.items()}
+
+
+def _as_row(r: ClaimResult | Mapping[str, Any]) -> ClaimResult:
+    return r if isinstance(r, ClaimResult) else ClaimResult(**r)
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(rows: Sequence[ClaimResult], extra: Sequence[Diagnostic] = ()) -> str:
-    """The report as Markdown: verdict counts per paper, one row per claim, then the methods' own per-round quantities."""
-    columns = (*VERDICTS, "not measured", "not run")
-    lines = ["# Reproduction of the papers' claims", "", "| paper | " + " | ".join(columns) + " |", "| --- |" + " ---: |" * len(columns)]
+COLUMNS = (*VERDICTS, "not measured", "not run")
+
+
+def _all_rows(store: Mapping[str, Mapping[str, Any]]) -> list[ClaimResult]:
+    return [ClaimResult(**r) for record in store.values() for r in record["claims"]]
+
+
+def _fractions_text(r: ClaimResult) -> str:
+    return " / ".join(r.fractions.get(f"{f:.0%}", "—") for f in FRACTIONS) if r.fractions else ""
+
+
+def _tuning_lines(record: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for t in record.get("tuning", []):
+        scores = ", ".join(f"{_point_text(p)}: {'—' if v is None else f'{v:.4g}'}" for p, v in zip(t["points"], t["scores"]))
+        mean = "geometric mean" if is_log(t["metric"]) else "mean"
+        lines.append(f"{t['variant']}: selected {_point_text(t['selected'])} by the {mean} of {t['metric']} {t['at']} over tuning seeds "
+                     f"{', '.join(map(str, t['seeds']))}; every point: {scores}")
+    return lines
+
+
+def _provenance_text(record: Mapping[str, Any]) -> str:
+    prov = record.get("provenance") or {}
+    runs, seeds = prov.get("runs", {}), prov.get("seeds", [])
+    text = f"computed {record.get('computed', '?')}"
+    if runs:
+        text += f" from {len(runs)} runs in {record['name']}/ (seeds {', '.join(map(str, seeds))}; config hashes in {STORE})"
+    tuning = prov.get("tuning_runs") or {}
+    if tuning:
+        text += f"; tuning: {sum(tuning.values())} runs in {record['name']}.tuning/"
+    return text
+
+
+def markdown(store: Mapping[str, Mapping[str, Any]]) -> str:
+    """The report as Markdown: the primary claims' totals per paper, the other roles beside them, then per
+    preset its provenance, deviations from the paper, tuning, claims (with an ordering's verdict at 25 / 50 /
+    100 % of the run) and the methods' own per-round quantities."""
+    rows = _all_rows(store)
+    lines = ["# Reproduction of the papers' claims", "", "Totals of the primary claims (one per statement of the paper, on its setup):", "",
+             "| paper | " + " | ".join(COLUMNS) + " |", "| --- |" + " ---: |" * len(COLUMNS)]
     for paper, c in counts(rows).items():
-        lines.append(f"| {_cell(paper)} | " + " | ".join(str(c.get(v, 0)) for v in columns) + " |")
-    lines += ["", "| preset | paper | figure | claim | measured | verdict |", "| --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        claim = f"“{_cell(r.quote)}” — {_cell(r.claim)}"
-        lines.append(f"| {r.preset} | {_cell(r.paper)} | {_cell(r.figure)} | {claim} | {_cell(r.measured)} | **{r.verdict}**: {_cell(r.why)} |")
-    for d in extra:
-        lines += ["", f"### {d.preset}, {_cell(d.variant)}: {d.metric} per round", "", f"{_cell(metrics.label(d.metric))}, mean over seeds.", "",
-                  f"| round | {d.metric} |", "| ---: | ---: |"]
-        lines += [f"| {d.rounds[k]} | {d.values[k]:.4g} |" for k in _shown_rows(len(d.rounds))]
+        lines.append(f"| {_cell(paper)} | " + " | ".join(str(c.get(v, 0)) for v in COLUMNS) + " |")
+    others = other_roles(rows)
+    if others:
+        lines += ["", "Not in the totals: claims on a proxy, an extrapolation, duplicates and post-hoc readings.", "",
+                  "| paper | role | " + " | ".join(COLUMNS) + " |", "| --- | --- |" + " ---: |" * len(COLUMNS)]
+        for paper, roles in others.items():
+            for role, c in roles.items():
+                lines.append(f"| {_cell(paper)} | {role} | " + " | ".join(str(c.get(v, 0)) for v in COLUMNS) + " |")
+    for record in store.values():
+        lines += ["", f"## {record['name']}: {_cell(record.get('paper', ''))}, {_cell(record.get('figure', ''))}", "", _provenance_text(record) + "."]
+        if record.get("deviations"):
+            lines += ["", "Deviations from the paper:", ""] + [f"- {_cell(d)}" for d in record["deviations"]]
+        tuning = _tuning_lines(record)
+        if tuning:
+            lines += ["", "Tuning (the paper's protocol):", ""] + [f"- {_cell(t)}" for t in tuning]
+        lines += ["", "| role | figure | claim | measured | verdict | ordering at 25 / 50 / 100 % of the run |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in (ClaimResult(**c) for c in record["claims"]):
+            claim = f"“{_cell(r.quote)}” — {_cell(r.claim)}"
+            lines.append(f"| {r.role} | {_cell(r.figure)} | {claim} | {_cell(r.measured)} | **{r.verdict}**: {_cell(r.why)} | {_fractions_text(r)} |")
+        if record.get("robustness"):
+            lines += ["", "Verdict at every grid point (tuning seeds):", "", "| claim | point | verdict |", "| --- | --- | --- |"]
+            lines += [f"| {_cell(b['claim'])} | {_cell(b['point'])} | {b['verdict']} |" for b in record["robustness"]]
+        for d in (Diagnostic(**d) for d in record.get("diagnostics", [])):
+            lines += ["", f"### {d.preset}, {_cell(d.variant)}: {d.metric} per round", "", f"{_cell(metrics.label(d.metric))}, mean over seeds.", "",
+                      f"| round | {d.metric} |", "| ---: | ---: |"]
+            lines += [f"| {d.rounds[k]} | {d.values[k]:.4g} |" for k in _shown_rows(len(d.rounds))]
     return "\n".join(lines) + "\n"
 
 
 _STYLE = """body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:13px}th{background:#f4f4f4}
 .holds{background:#e3f6e3}.partly{background:#fff4d6}.does-not-hold{background:#fbe0e0}.not-run,.not-measured{background:#eee}
-blockquote{margin:0;color:#444;font-style:italic}img{max-width:100%}"""
+blockquote{margin:0;color:#444;font-style:italic}img{max-width:100%}.meta{color:#555}"""
 
 
-def html_page(rows: Sequence[ClaimResult], plots: dict[str, Path], extra: Sequence[Diagnostic] = ()) -> str:
-    """The report as one HTML page, the plots inside it as base64 PNG."""
+def _totals_html(rows: Sequence[ClaimResult]) -> list[str]:
     e = html.escape
-    columns = (*VERDICTS, "not measured", "not run")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Reproduction of the papers' claims</title><style>{_STYLE}</style></head><body>",
-             "<h1>Reproduction of the papers' claims</h1><table><tr><th>paper</th>" + "".join(f"<th>{v}</th>" for v in columns) + "</tr>"]
-    for paper, c in counts(rows).items():
-        parts.append(f"<tr><td>{e(paper)}</td>" + "".join(f"<td>{c.get(v, 0)}</td>" for v in columns) + "</tr>")
-    parts.append("</table><table><tr><th>preset</th><th>paper</th><th>figure</th><th>claim</th><th>measured</th><th>verdict</th></tr>")
-    for r in rows:
-        css = r.verdict.replace(" ", "-")
-        parts.append(f"<tr class='{css}'><td><a href='#{e(r.preset)}'>{e(r.preset)}</a></td><td>{e(r.paper)}</td><td>{e(r.figure)}</td>"
-                     f"<td><blockquote>“{e(r.quote)}”</blockquote>{e(r.claim)}</td><td>{e(r.measured)}</td><td><b>{e(r.verdict)}</b>: {e(r.why)}</td></tr>")
+    parts = ["<p>Totals of the primary claims (one per statement of the paper, on its setup):</p><table><tr><th>paper</th>" + "".join(f"<th>{v}</th>" for v in COLUMNS) + "</tr>"]
+    parts += [f"<tr><td>{e(paper)}</td>" + "".join(f"<td>{c.get(v, 0)}</td>" for v in COLUMNS) + "</tr>" for paper, c in counts(rows).items()]
     parts.append("</table>")
-    for d in extra:
-        shown = "".join(f"<tr><td>{d.rounds[k]}</td><td>{d.values[k]:.4g}</td></tr>" for k in _shown_rows(len(d.rounds)))
-        parts.append(f"<h3>{e(d.preset)}, {e(d.variant)}: {e(d.metric)} per round (mean over seeds)</h3><table><tr><th>round</th><th>{e(d.metric)}</th></tr>{shown}</table>")
-    for name, path in plots.items():
-        data = base64.b64encode(path.read_bytes()).decode()
-        parts.append(f"<h2 id='{e(name)}'>{e(name)}</h2><img alt='{e(name)}' src='data:image/png;base64,{data}'>")
+    others = other_roles(rows)
+    if others:
+        parts.append("<p>Not in the totals: claims on a proxy, an extrapolation, duplicates and post-hoc readings.</p><table><tr><th>paper</th><th>role</th>"
+                     + "".join(f"<th>{v}</th>" for v in COLUMNS) + "</tr>")
+        parts += [f"<tr><td>{e(paper)}</td><td>{role}</td>" + "".join(f"<td>{c.get(v, 0)}</td>" for v in COLUMNS) + "</tr>"
+                  for paper, roles in others.items() for role, c in roles.items()]
+        parts.append("</table>")
+    return parts
+
+
+def html_page(store: Mapping[str, Mapping[str, Any]], out: Path) -> str:
+    """The report as one HTML page, the plots (``out/<preset>/plot.png``) inside it as base64 PNG."""
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Reproduction of the papers' claims</title><style>{_STYLE}</style></head><body>",
+             "<h1>Reproduction of the papers' claims</h1>", *_totals_html(_all_rows(store))]
+    for record in store.values():
+        name = record["name"]
+        parts.append(f"<h2 id='{e(name)}'>{e(name)}: {e(record.get('paper', ''))}, {e(record.get('figure', ''))}</h2><p class='meta'>{e(_provenance_text(record))}</p>")
+        if record.get("deviations"):
+            parts.append("<p>Deviations from the paper:</p><ul>" + "".join(f"<li>{e(d)}</li>" for d in record["deviations"]) + "</ul>")
+        tuning = _tuning_lines(record)
+        if tuning:
+            parts.append("<p>Tuning (the paper's protocol):</p><ul>" + "".join(f"<li>{e(t)}</li>" for t in tuning) + "</ul>")
+        parts.append("<table><tr><th>role</th><th>figure</th><th>claim</th><th>measured</th><th>verdict</th><th>ordering at 25 / 50 / 100 % of the run</th></tr>")
+        for r in (ClaimResult(**c) for c in record["claims"]):
+            parts.append(f"<tr class='{r.verdict.replace(' ', '-')}'><td>{e(r.role)}</td><td>{e(r.figure)}</td><td><blockquote>“{e(r.quote)}”</blockquote>{e(r.claim)}</td>"
+                         f"<td>{e(r.measured)}</td><td><b>{e(r.verdict)}</b>: {e(r.why)}</td><td>{e(_fractions_text(r))}</td></tr>")
+        parts.append("</table>")
+        if record.get("robustness"):
+            parts.append("<p>Verdict at every grid point (tuning seeds):</p><table><tr><th>claim</th><th>point</th><th>verdict</th></tr>"
+                         + "".join(f"<tr class='{b['verdict'].replace(' ', '-')}'><td>{e(b['claim'])}</td><td>{e(b['point'])}</td><td>{e(b['verdict'])}</td></tr>" for b in record["robustness"])
+                         + "</table>")
+        for d in (Diagnostic(**d) for d in record.get("diagnostics", [])):
+            shown = "".join(f"<tr><td>{d.rounds[k]}</td><td>{d.values[k]:.4g}</td></tr>" for k in _shown_rows(len(d.rounds)))
+            parts.append(f"<h3>{e(d.preset)}, {e(d.variant)}: {e(d.metric)} per round (mean over seeds)</h3><table><tr><th>round</th><th>{e(d.metric)}</th></tr>{shown}</table>")
+        plot = Path(out) / record["plot"] if record.get("plot") else None
+        if plot is not None and plot.is_file():
+            parts.append(f"<img alt='{e(name)}' src='data:image/png;base64,{base64.b64encode(plot.read_bytes()).decode()}'>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def write_reports(rows: Sequence[ClaimResult], out: Path, plots: dict[str, Path], extra: Sequence[Diagnostic] = ()) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "report.md", markdown(rows, extra).encode())
-        write_atomic(out / "report.html", html_page(rows, plots, extra).encode())
-    except OSError as exc:
-        raise ResultsError(f"cannot write the report into {out} ({exc.strerror or exc}); the runs' results are kept") from None
+def write_reports(store: Mapping[str, Mapping[str, Any]], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "report.md", markdown(store).encode())
+    write_atomic(out / "report.html", html_page(store, out).encode())
 
 
 def as_json(rows: Sequence[ClaimResult]) -> dict[str, Any]:
-    return {"claims": [asdict(r) for r in rows], "counts": counts(rows)}
+    """This call's claims, the primary claims' totals per paper, and the other roles' counts beside them."""
+    return {"claims": [asdict(r) for r in rows], "counts": counts(rows), "other_roles": other_roles(rows)}

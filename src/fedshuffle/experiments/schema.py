@@ -273,6 +273,7 @@ class ExperimentMeta(_Section):
     seeds: list[int] | None = None
     budget: Literal["cpu", "gpu"] | None = Field(None, description="hardware the preset is sized for: 'cpu' (a 2-core CPU) or 'gpu' (the paper's scale, needs a GPU)")
     expected_minutes: float | None = Field(None, gt=0, description="expected wall time of the whole preset (every variant and seed) on its budget's hardware")
+    deviations: list[str] = Field(default_factory=list, description="where the experiment departs from the paper (a setting the paper does not give, a substitute dataset, a reduced scale); printed beside its verdicts")
 
     @field_validator("name")
     @classmethod
@@ -342,8 +343,75 @@ class _PartialSections(_Section):
     plot: dict[str, Any] = Field(default_factory=dict)
 
 
+#: grid points one variant's tuning may have at most
+MAX_TUNING_POINTS = 1000
+
+
+class TuneConfig(_Section):
+    """A variant's tuning protocol, as the paper states it: the grid it tuned over (``"section.setting"``
+    → values; every combination is a point) and the selection rule: the point with the best mean over
+    the tuning ``seeds`` of ``metric`` read ``at`` a point of the run (as a claim reads it:
+    final, best, last:F, auc or a budget). The judged runs then use fresh seeds."""
+
+    grid: dict[str, list[Any]] = Field(min_length=1, description='"section.setting" → the values tuned over, e.g. {"local.lr_multiplier" = [1, 2, 5]}')
+    metric: str = Field(description="the metric the best point is chosen by")
+    at: str = Field("final", description="where the metric is read: final, best, last:F, auc, round=N, epochs=X or mib=X")
+    seeds: list[int] = Field(min_length=1, description="tuning seeds, distinct from the judged ones")
+
+    @field_validator("grid")
+    @classmethod
+    def _settings(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        points = 1
+        for key, values in v.items():
+            section, _, setting = key.partition(".")
+            if section not in SECTIONS or setting not in RunSpec.model_fields[section].annotation.model_fields:
+                raise ValueError(f"{key!r} is not a setting; expected section.setting with section one of {', '.join(SECTIONS)}")
+            if not values:
+                raise ValueError(f"{key}: give at least one value")
+            points *= len(values)
+        if points > MAX_TUNING_POINTS:
+            raise ValueError(f"{points} grid points; at most {MAX_TUNING_POINTS}")
+        return v
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        from fedshuffle.experiments.claims import _valid_metric
+
+        return _valid_metric(v)
+
+    @field_validator("at")
+    @classmethod
+    def _at(cls, v: str) -> str:
+        from fedshuffle.experiments.claims import _valid_at
+
+        return _valid_at(v)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if any(s < 0 for s in v) or len(set(v)) < len(v):
+            raise ValueError("distinct integers >= 0")
+        return v
+
+    def points(self) -> list[dict[str, dict[str, Any]]]:
+        """Every combination of the grid, as override sections: ``[{"local": {"lr_multiplier": 1}}, ...]``."""
+        import itertools
+
+        keys = list(self.grid)
+        out = []
+        for combo in itertools.product(*(self.grid[k] for k in keys)):
+            point: dict[str, dict[str, Any]] = {}
+            for key, value in zip(keys, combo):
+                section, _, setting = key.partition(".")
+                point.setdefault(section, {})[setting] = value
+            out.append(point)
+        return out
+
+
 class Variant(_PartialSections):
     label: str
+    tune: TuneConfig | None = Field(None, description="the paper's tuning protocol for this variant: grid, metric, at, tuning seeds")
 
 
 class Experiment(_PartialSections):
@@ -352,6 +420,16 @@ class Experiment(_PartialSections):
     experiment: ExperimentMeta = Field(default_factory=ExperimentMeta)
     variants: list[Variant] = Field(default_factory=list)
     claims: list[dict[str, Any]] = Field(default_factory=list, description="the paper's claims about this experiment (fedshuffle.experiments.claims)")
+
+    def check_tuning_seeds(self) -> None:
+        """Tuning seeds are never judged seeds: a point chosen on the seeds it is judged on would be judged on its luck."""
+        for k, variant in enumerate(self.variants):
+            if variant.tune is None:
+                continue
+            judged = set(self.experiment.seeds or [self.runs()[k][1].run.seed])
+            shared = sorted(judged & set(variant.tune.seeds))
+            if shared:
+                raise ConfigError(f"variants[{k}].tune.seeds", f"seed {shared[0]} is also a judged seed (experiment.seeds); tuning seeds must differ from the judged ones")
 
     def runs(self, overrides: Mapping[str, Any] | None = None) -> list[tuple[str, RunSpec]]:
         """(label, spec) for each variant (one unlabeled run when there are none), validated."""
@@ -444,6 +522,7 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
     from fedshuffle.experiments.claims import parse_claims
 
     parse_claims(experiment.claims, [v.label for v in experiment.variants])
+    experiment.check_tuning_seeds()
     if not experiment.experiment.name or experiment.experiment.name == "experiment":
         experiment.experiment.name = path.stem if name_problem(path.stem) is None else slug(path.stem)
     for data in (experiment.data, *(v.data for v in experiment.variants)):  # relative to the file first, whatever the working directory
