@@ -34,7 +34,8 @@ class FakeGrid:
     """A Grid whose nodes are ClientApps called in this process, one Context (state) per node.
 
     ``lose(client)`` drops every reply of that node (a node that never answers); ``forget(node)`` wipes
-    a node's state (a SuperNode restarted); ``sent`` keeps every message pushed.
+    a node's state (a SuperNode restarted); ``sent`` keeps every message pushed. An exception of the
+    ClientApp becomes an error reply, as a SuperNode sends it.
     """
 
     def __init__(self, client_app, num_nodes: int, run_config: dict | None = None, node_config: Callable[[int], dict] | None = None) -> None:
@@ -67,13 +68,18 @@ class FakeGrid:
         return list(self.contexts)
 
     def push_messages(self, messages) -> list[str]:
+        from flwr.app import Error, Message
+
         ids = []
         for message in messages:
             self._count += 1
             message.metadata.__dict__["_message_id"] = f"m{self._count}"
             self.sent.append(message)
             node = message.metadata.dst_node_id
-            reply = self.app(message, self.contexts[node])
+            try:
+                reply = self.app(message, self.contexts[node])
+            except Exception as exc:  # as a SuperNode's runtime answers (flwr.supernode.runtime.run_clientapp)
+                reply = Message(Error(2, f"{type(exc)}:<'{exc}'>"), reply_to=message)
             if node not in self.silent:
                 self._replies[message.metadata.message_id] = reply
             ids.append(message.metadata.message_id)

@@ -13,6 +13,12 @@ Joining a cluster (``run.ray_address``): the address is checked when the executo
 throw-away Ray driver in a child process (at most :data:`CONNECT_TIMEOUT` s, killed after) — so an
 unreachable or non-Ray address fails in seconds with one line instead of Ray's minutes of retries.
 
+Data. A dataset held in memory is put in Ray's object store once, in blocks of consecutive clients
+(:class:`ClientBlocks`, at most :data:`BLOCK_BYTES` each unless one client is larger); each round, a
+task receives the blocks of its own share's clients only, with its plans' rows renumbered into them, so
+what a round moves grows with the share, not with the dataset. A dataset generated on demand
+(:class:`~fedshuffle.data.LazyFederatedDataset`, a few arrays and a generator) is put whole.
+
 Every Ray instance this executor starts (or connects) is shut down by :meth:`RayExecutor.close`, at
 garbage collection, or at exit; a Ray that was already initialized in the process is left alone.
 """
@@ -27,21 +33,25 @@ import subprocess
 import sys
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.data import FederatedDataset
+from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.executors.local import VectorizedExecutor
 from fedshuffle.local.loop import LocalWork
+from fedshuffle.local.plan import ClientPlan
 from fedshuffle.problems import Problem
 
 LOOPBACK = "127.0.0.1"
 LOCAL_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: bytes of samples per block of consecutive clients in Ray's object store (a larger client is a block of its own)
+BLOCK_BYTES = 1 << 18
 #: seconds an address may take to answer as a Ray cluster (TCP check plus a probe driver)
 CONNECT_TIMEOUT = 25.0
 _ADDRESS = re.compile(r"^(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-_]+):(\d{1,5})$")
@@ -57,18 +67,20 @@ _PROBE = (
 class RayExecutor:
     """The cohort split into ``workers`` shares, each run by the vectorized executor in a Ray task.
 
-    The dataset is put in Ray's object store once per dataset and shared by every task; each round
-    ships only the local work (plans, starts, step chain). Because plans carry every random choice, the
-    result is the vectorized (and sequential) result whatever the number of workers or nodes.
+    The dataset is put in Ray's object store once, by blocks of clients (module docstring); each round
+    ships the local work (plans, starts, step chain) and each task gets the blocks of its own clients.
+    Because plans carry every random choice, the result is the vectorized (and sequential) result
+    whatever the number of workers or nodes.
     ``address`` joins a running cluster (``ray start --head`` on one node, ``ray start
     --address=HEAD:6379`` on the others, then ``address = "auto"`` or ``"HEAD:6379"``); ``None`` starts
     a local Ray bound to 127.0.0.1 (module docstring). Full local gradients (FedShuffleMVR's broadcast)
-    are computed in the driver, vectorized. Use as a context manager or call :meth:`close`.
+    are computed in the driver, vectorized. ``block_bytes`` sizes the blocks of clients the data is put in.
+    Use as a context manager or call :meth:`close`.
     """
 
     name = "ray"
 
-    def __init__(self, workers: int = 2, address: str | None = None, chunk_size: int | None = None, memory_budget: int = 1 << 30) -> None:
+    def __init__(self, workers: int = 2, address: str | None = None, chunk_size: int | None = None, memory_budget: int = 1 << 30, block_bytes: int = BLOCK_BYTES) -> None:
         if workers < 1:
             raise ConfigError("run.ray_workers", f"must be >= 1, got {workers}")
         self.address = _check_address(address)
@@ -79,9 +91,9 @@ class RayExecutor:
         if self.address is not None and not ray.is_initialized():
             probe_cluster(self.address)  # a bad address is bad input: found while building, before any run
         self._ray = ray
-        self.workers = workers
+        self.workers, self.block_bytes = workers, block_bytes
         self.local = VectorizedExecutor(chunk_size, memory_budget)
-        self._data: tuple[int, object] | None = None
+        self._data: tuple[int, ClientBlocks | Any] | None = None
         self._task = None
         self._finalizer: weakref.finalize | None = None
 
@@ -94,7 +106,7 @@ class RayExecutor:
                 with _loopback_only(ray) if _is_loopback(self.address) else nullcontext():
                     ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
                 temp_dir = None
-            self._finalizer = weakref.finalize(self, _shutdown, ray, temp_dir)
+            self._finalizer = weakref.finalize(self, stop_local_ray, ray, temp_dir)
             self._data, self._task = None, None
         if self._task is None:
             self._task = ray.remote(_run_share)
@@ -112,9 +124,11 @@ class RayExecutor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _data_ref(self, data: FederatedDataset):
+    def _stored(self, data: FederatedDataset | LazyFederatedDataset) -> ClientBlocks | Any:
+        """The dataset in the object store (put on first use): its client blocks, or a reference to a lazy dataset."""
         if self._data is None or self._data[0] != id(data):
-            self._data = (id(data), self._ray.put(data))
+            stored = self._ray.put(data) if isinstance(data, LazyFederatedDataset) else ClientBlocks.put(self._ray, data, self.block_bytes)
+            self._data = (id(data), stored)
         return self._data[1]
 
     def run(self, problem, data, work, weights=None):
@@ -123,17 +137,85 @@ class RayExecutor:
         if not work.plans:
             return work.start.new_zeros((0, work.start.shape[-1]))
         task = self._start()
-        data_ref = self._data_ref(data)
+        stored = self._stored(data)
         shares = [s for s in np.array_split(np.arange(len(work)), min(self.workers, len(work))) if len(s)]
-        futures = [task.remote(self.local, problem, data_ref, work.subset(share)) for share in shares]
+        if isinstance(stored, ClientBlocks):
+            futures = []
+            for share in shares:
+                blocks, plans = stored.share([work.plans[i] for i in share])
+                futures.append(task.remote(self.local, problem, work.subset(share, plans), *[stored.refs[b] for b in blocks]))
+        else:
+            futures = [task.remote(self.local, problem, work.subset(share), stored) for share in shares]
         return torch.cat(self._ray.get(futures))
 
     def client_gradients(self, problem, data, params, clients):
         return self.local.client_gradients(problem, data, params, clients)
 
 
-def _run_share(executor: VectorizedExecutor, problem: Problem, data: FederatedDataset, work: LocalWork) -> torch.Tensor:
-    return executor.run(problem, data, work)
+@dataclass(frozen=True)
+class ClientBlocks:
+    """A dataset's samples in Ray's object store, put once, by blocks of consecutive clients.
+
+    ``refs[b]`` holds block b's ``(features, labels)`` as NumPy arrays (read without a copy by the tasks on the
+    node), its clients' rows one client after another; dataset row j is row ``position[j]`` of block
+    ``block_of_row[j]``; ``rows[b]`` is block b's number of rows.
+    """
+
+    refs: list
+    rows: np.ndarray
+    block_of_client: np.ndarray
+    block_of_row: np.ndarray
+    position: np.ndarray
+
+    @classmethod
+    def put(cls, ray: Any, data: FederatedDataset, block_bytes: int = BLOCK_BYTES) -> ClientBlocks:
+        """Cut ``data`` into blocks of consecutive clients of at most ``block_bytes`` (or one client) and put each."""
+        row_bytes = data.features[:1].nbytes + data.labels[:1].nbytes
+        block_of_client = np.empty(data.num_clients, dtype=np.int64)
+        block, filled = 0, 0
+        for i, size in enumerate(data.sizes.tolist()):
+            if filled and filled + size * row_bytes > block_bytes:
+                block, filled = block + 1, 0
+            block_of_client[i], filled = block, filled + size * row_bytes
+        block_of_row = np.full(len(data.features), -1, dtype=np.int64)  # −1: a row no client owns
+        position = np.full(len(data.features), -1, dtype=np.int64)
+        refs, rows = [], np.zeros(block + 1, dtype=np.int64)
+        for b, clients in enumerate(np.split(np.arange(data.num_clients), np.flatnonzero(np.diff(block_of_client)) + 1)):
+            own = np.concatenate([data.client_indices[i] for i in clients])
+            block_of_row[own], position[own], rows[b] = b, np.arange(len(own)), len(own)
+            index = torch.from_numpy(own).to(data.features.device)
+            refs.append(ray.put((data.features[index].cpu().numpy(), data.labels[index].cpu().numpy())))
+        return cls(refs, rows, block_of_client, block_of_row, position)
+
+    def share(self, plans: Sequence[ClientPlan]) -> tuple[np.ndarray, list[ClientPlan]]:
+        """The blocks holding the clients of ``plans``, and the plans with their rows numbered in those blocks
+        laid end to end (padding −1 kept)."""
+        blocks = np.unique(self.block_of_client[[p.client for p in plans]])
+        start = np.zeros(len(self.refs), dtype=np.int64)
+        start[blocks] = np.cumsum(self.rows[blocks]) - self.rows[blocks]
+        renumbered = []
+        for plan in plans:
+            rows = plan.batches.clip(min=0)
+            renumbered.append(replace(plan, batches=np.where(plan.batches >= 0, start[self.block_of_row[rows]] + self.position[rows], -1)))
+        return blocks, renumbered
+
+
+@dataclass(frozen=True)
+class ShareSamples:
+    """The samples of a share's blocks, laid end to end: all a vectorized executor's ``run`` reads of its data."""
+
+    features: torch.Tensor
+    labels: torch.Tensor
+
+
+def _run_share(executor: VectorizedExecutor, problem: Problem, work: LocalWork, *stored: Any) -> torch.Tensor:
+    """A share's local work on its own clients' blocks (or on the lazy dataset, generated where it runs)."""
+    if len(stored) == 1 and isinstance(stored[0], LazyFederatedDataset):
+        return executor.run(problem, stored[0], work)
+    device = work.start.device
+    features = torch.from_numpy(np.concatenate([block[0] for block in stored])).to(device)
+    labels = torch.from_numpy(np.concatenate([block[1] for block in stored])).to(device)
+    return executor.run(problem, ShareSamples(features, labels), work)
 
 
 def _check_address(address: str | None) -> str | None:
@@ -195,15 +277,16 @@ def start_local_ray(ray: Any, workers: int) -> str:
             )
         node_ip = ray.util.get_node_ip_address()
     except BaseException:
-        _shutdown(ray, temp_dir)
+        stop_local_ray(ray, temp_dir)
         raise
     if node_ip != LOOPBACK:
-        _shutdown(ray, temp_dir)
+        stop_local_ray(ray, temp_dir)
         raise RuntimeError(f"the local Ray started on {node_ip}, not on {LOOPBACK}; refusing to run a Ray reachable from the network")
     return temp_dir
 
 
-def _shutdown(ray: Any, temp_dir: str | None) -> None:
+def stop_local_ray(ray: Any, temp_dir: str | None) -> None:
+    """Shut Ray down in this process and remove the temporary folder :func:`start_local_ray` made (if any)."""
     try:
         ray.shutdown()
     finally:

@@ -131,6 +131,8 @@ class Method:
 
     name: str = "method"
     state_fields: tuple[str, ...] = ()
+    #: what the client half uploads: one model-sized row per member for each name (without the summed ``delta_sum``)
+    payload_fields: tuple[str, ...] = ("delta",)
     #: methods defined over meta-epochs of cyclic cohorts (RR-CLI, FedCDR)
     needs_cycles: bool = False
 

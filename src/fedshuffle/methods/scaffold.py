@@ -24,6 +24,7 @@ class Scaffold(Method):
 
     name = "scaffold"
     state_fields = ("control",)
+    payload_fields = ("delta", "control_delta")
 
     def __init__(self, aggregator: Aggregator, option: str = "II") -> None:
         super().__init__(aggregator)

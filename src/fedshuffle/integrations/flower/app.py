@@ -5,6 +5,10 @@ Both apps read the same experiment (a TOML file, a preset, an app's embedded ``e
 (:class:`~fedshuffle.integrations.flower.common.AppSettings`). The ServerApp runs the selected variants
 one after another, each with its own :class:`~fedshuffle.integrations.flower.strategy.FedShuffleStrategy`;
 all of them are built before the first message, so a bad configuration stops the run before anything is sent.
+
+A run that cannot go on (a bad run config, a missing node, two nodes holding one partition, lost client
+state, an invalid reply under ``invalid-reply = "stop"``) ends with fedshuffle's error: Flower logs it
+as one line naming the setting or node (:class:`OneLineErrors`), not as a traceback.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.experiments.schema import Experiment
 from fedshuffle.integrations.flower.client import NodeRuntime, make_client_app, partition_of
 from fedshuffle.integrations.flower.common import AppSettings, FederatedRun, federated_runs, read_experiment
-from fedshuffle.integrations.flower.strategy import FedShuffleStrategy, handshake
+from fedshuffle.integrations.flower.strategy import FederationError, FedShuffleStrategy, handshake
 
 Source = str | Path | Experiment
 LOGGER = logging.getLogger("flwr")
@@ -29,6 +34,29 @@ LOGGER = logging.getLogger("flwr")
 #: per process: the runs of an experiment under a run config, and the node runtimes built (Ray actors keep them between messages)
 _RUNS: dict[tuple[str, tuple], list[FederatedRun]] = {}
 _RUNTIMES: dict[tuple[str, int], NodeRuntime] = {}
+
+
+#: errors that say what to change: logged as one line, without a traceback
+USER_ERRORS = (ConfigError, ResultsError, FederationError)
+
+
+class OneLineErrors(logging.Filter):
+    """Turns a log record carrying one of fedshuffle's :data:`USER_ERRORS` (Flower logs a ServerApp's exception
+    with its traceback) into one line: the record's message, the error's type and its text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, USER_ERRORS):
+            text = " ".join(str(error).split())
+            record.msg, record.args = f"{record.getMessage()}: {type(error).__name__}: {text}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _one_line_errors() -> None:
+    """Install :class:`OneLineErrors` on Flower's logger (once)."""
+    if not any(isinstance(f, OneLineErrors) for f in LOGGER.filters):
+        LOGGER.addFilter(OneLineErrors())
 
 
 def _experiment(source: Source) -> Experiment:
@@ -55,13 +83,15 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
     without a pyproject.toml (``flwr.simulation.run_simulation``); give the ClientApp the same.
     """
     app = ServerApp()
+    _one_line_errors()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         config = _run_config(run_config, context)
         settings = AppSettings.from_run_config(config)
         runs = runs_for(source, config)
-        strategies = [FedShuffleStrategy(run, round_timeout=settings.round_timeout, connect_timeout=settings.connect_timeout, out=settings.out or None, resume=settings.resume, log=LOGGER.info) for run in runs]
+        strategies = [FedShuffleStrategy(run, round_timeout=settings.round_timeout, connect_timeout=settings.connect_timeout, out=settings.out or None, resume=settings.resume, log=LOGGER.info,
+                                         invalid_reply=settings.invalid_reply) for run in runs]
         nodes = handshake(grid, strategies, settings.connect_timeout)
         for strategy in strategies:
             strategy.nodes = dict(nodes)
@@ -72,6 +102,8 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
 
 def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> ClientApp:
     """The ClientApp: this node's client (``partition-id``) of whichever run a message names (``run_config`` as for :func:`server_app`)."""
+
+    _one_line_errors()
 
     def runtime(context: Context, index: int) -> NodeRuntime:
         runs = runs_for(source, _run_config(run_config, context))

@@ -165,7 +165,7 @@ def handshake_reply(message: Message, context: Context, runtime: Callable[[Conte
             continue
         sizes.append(int(node.data.sizes[node.client]))
         digests.append(node.run.digest)
-    info = ConfigRecord({"partition-id": partition_of(context), "num-partitions": int(context.node_config.get("num-partitions", -1)), "sizes": sizes, "digests": digests})
+    info = ConfigRecord({"partition-id": partition_of(context), "num-partitions": node_integer(context, "num-partitions", -1), "sizes": sizes, "digests": digests})
     return Message(RecordDict({"node": info}), reply_to=message)
 
 
@@ -219,9 +219,17 @@ def make_client_app(runtime: Callable[[Context, int], NodeRuntime]) -> ClientApp
     return app
 
 
+def node_integer(context: Context, key: str, default: int) -> int:
+    """An integer setting of the node config (``--node-config 'KEY=VALUE'``), ``default`` when absent."""
+    value = context.node_config.get(key, default)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"node-config.{key}", f"expected an integer, got {value!r}") from None
+
+
 def partition_of(context: Context) -> int:
     """The node's ``partition-id`` (its fedshuffle client)."""
-    value = context.node_config.get("partition-id")
-    if value is None:
+    if context.node_config.get("partition-id") is None:
         raise ConfigError("node-config.partition-id", "this node has no partition-id; start it with --node-config 'partition-id=K num-partitions=N'")
-    return int(value)
+    return node_integer(context, "partition-id", -1)

@@ -27,6 +27,8 @@ from fedshuffle.experiments.schema import Experiment, RunSpec, load_experiment, 
 
 #: the experiment inside a written app (JSON: paths already resolved)
 EXPERIMENT_FILE = "experiment.json"
+#: what the server does with an invalid reply: drop its member from the round, or stop the run
+INVALID_REPLY_POLICIES = ("drop", "stop")
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,9 @@ class AppSettings:
     (e.g. "run.rounds=5; local.lr=0.1"); ``out``: a results folder on the server's machine ("" = none);
     ``round-timeout``: seconds a round waits for its members (later ones are dropped as unfinished work);
     ``connect-timeout``: seconds the server waits for every partition's node to connect; ``resume``:
-    continue each run from the checkpoint in ``out`` (stateful methods need nodes with a ``state-dir``).
+    continue each run from the checkpoint in ``out`` (stateful methods need nodes with a ``state-dir``);
+    ``invalid-reply``: what an invalid reply (wrong dtype, shape, non-finite entries, implausible counts)
+    does: ``"drop"`` its member from the round, with the reason logged, or ``"stop"`` the run.
     """
 
     variant: str = ""
@@ -48,9 +52,11 @@ class AppSettings:
     round_timeout: float = 600.0
     connect_timeout: float = 120.0
     resume: bool = False
+    invalid_reply: str = "drop"
 
     KEYS = {"variant": ("variant", str), "seed": ("seed", int), "set": ("overrides", str), "out": ("out", str),
-            "round-timeout": ("round_timeout", float), "connect-timeout": ("connect_timeout", float), "resume": ("resume", bool)}
+            "round-timeout": ("round_timeout", float), "connect-timeout": ("connect_timeout", float), "resume": ("resume", bool),
+            "invalid-reply": ("invalid_reply", str)}
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:
@@ -70,6 +76,8 @@ class AppSettings:
             seconds = getattr(settings, cls.KEYS[key][0])
             if not (seconds > 0 and math.isfinite(seconds)):
                 raise ConfigError(f"run-config.{key}", f"must be a positive number of seconds, got {seconds}")
+        if settings.invalid_reply not in INVALID_REPLY_POLICIES:
+            raise ConfigError("run-config.invalid-reply", f"unknown policy {settings.invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
         return settings
 
     def override_sections(self) -> dict[str, Any]:

@@ -9,11 +9,15 @@ Three exchanges, each its own message type:
   (minibatch rows in its own numbering, η_i, τ_i, ‖a_i‖₁), the round's step-size factor and the last
   round whose update the server accepted from this client; the node returns the payload (Δ_i, Δc_i, …).
 
-Tensors travel as NumPy arrays in ArrayRecords (bit-exact); scalars in ConfigRecords.
+Tensors travel as NumPy arrays in ArrayRecords (bit-exact); scalars in ConfigRecords. The server reads
+every reply through :func:`checked_tensors` and :func:`checked_int` / :func:`checked_float`: an array
+of another dtype, shape or with a non-finite entry, a missing or extra entry, or a count out of its
+range raises :class:`InvalidReply` naming the entry, and nothing is cast.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -36,6 +40,59 @@ WRONG_RUN = 4102
 
 #: Flower's error codes for a message or node that did not answer in time: the member's work is unfinished
 UNANSWERED = {3: "message unavailable", 4: "reply unavailable", 5: "node unavailable", 8: "client app crashed"}
+
+
+class InvalidReply(ValueError):
+    """A node's reply that is not what the server asked for; the message names the entry and what was expected."""
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The NumPy dtype a tensor of ``dtype`` travels as."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def checked_tensors(record: object, names: Sequence[str], shape: tuple[int, ...], dtype: torch.dtype, where: str) -> dict[str, torch.Tensor]:
+    """The arrays ``names`` of ``record`` (an ArrayRecord ``where`` names), each exactly ``dtype`` and ``shape`` and
+    finite, as tensors; no other entry may be there. Anything else raises :class:`InvalidReply` (nothing is cast)."""
+    if not isinstance(record, ArrayRecord):
+        raise InvalidReply(f"{where}: expected arrays, got {type(record).__name__}")
+    got, wanted = set(record.keys()), set(names)
+    if got != wanted:
+        missing, extra = sorted(wanted - got), sorted(got - wanted)
+        raise InvalidReply(f"{where}: expected the arrays {sorted(wanted)}" + (f", missing {missing}" if missing else "") + (f", unexpected {extra[:5]}" if extra else ""))
+    expected_dtype, out = numpy_dtype(dtype), {}
+    for name in names:
+        entry = record[name]
+        if not isinstance(entry, Array) or str(entry.dtype) != expected_dtype.name or tuple(entry.shape) != shape:
+            described = f"dtype {entry.dtype}, shape {tuple(entry.shape)}" if isinstance(entry, Array) else type(entry).__name__
+            raise InvalidReply(f"{where}.{name}: expected dtype {expected_dtype.name}, shape {shape}, got {described}")
+        try:
+            array = entry.numpy()
+        except (TypeError, ValueError, OSError, EOFError) as exc:
+            raise InvalidReply(f"{where}.{name}: not a readable NumPy array ({type(exc).__name__})") from None
+        if array.dtype != expected_dtype or array.shape != shape:  # the bytes, not only the header Flower sent
+            raise InvalidReply(f"{where}.{name}: expected dtype {expected_dtype.name}, shape {shape}, its data has dtype {array.dtype}, shape {array.shape}")
+        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+        if bad:
+            raise InvalidReply(f"{where}.{name}: {bad} non-finite entr{'y' if bad == 1 else 'ies'} (NaN or infinity)")
+        out[name] = torch.from_numpy(np.array(array))
+    return out
+
+
+def checked_int(record: Mapping, key: str, low: int, high: int, where: str) -> int:
+    """Integer ``record[key]`` in ``low..high`` (a bool is not an integer); else :class:`InvalidReply`."""
+    value = record.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidReply(f"{where}.{key}: expected an integer in {low}..{high}, got {value!r}"[:300])
+    return value
+
+
+def checked_float(record: Mapping, key: str, where: str) -> float:
+    """Finite number ``record[key]``; else :class:`InvalidReply`."""
+    value = record.get(key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise InvalidReply(f"{where}.{key}: expected a finite number, got {value!r}"[:300])
+    return float(value)
 
 
 def tensors_record(tensors: Mapping[str, torch.Tensor]) -> ArrayRecord:

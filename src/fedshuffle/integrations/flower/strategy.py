@@ -14,6 +14,13 @@ The cohort, plans, broadcast, aggregation and server step are the simulation's o
 so a federation reproduces ``fedshuffle run`` to rounding. A member whose reply does not come within
 the round's timeout is unfinished work: it is dropped from the round (the method's aggregation of the
 members that finished; the client's state is not advanced) and counted in the round's metrics.
+
+No reply is trusted: each must hold exactly the method's declared payload (``Method.payload_fields``),
+one row per member, in the run's dtype and the model's size, finite, with the counts the server sent
+(client, round, members) and a plausible work count (:func:`work_bound`); nothing is cast. A reply
+that is not is *invalid*: with ``invalid_reply="drop"`` (the default) its member is dropped from the
+round as unfinished work, with the reason logged and counted (``rejected``); with ``"stop"`` the run
+stops with :class:`FederationError` naming the client and the entry.
 """
 
 from __future__ import annotations
@@ -29,25 +36,48 @@ import numpy as np
 import torch
 
 # first: a clear message where Flower is not installed
-from fedshuffle.integrations.flower.messages import GRADIENTS, HANDSHAKE, STATE_LOST, TRAIN, UNANSWERED, plans_records, record_tensors, tensors_record  # isort: skip
+from fedshuffle.integrations.flower.messages import (  # isort: skip
+    GRADIENTS, HANDSHAKE, STATE_LOST, TRAIN, UNANSWERED, InvalidReply, checked_float, checked_int, checked_tensors, plans_records, record_tensors, tensors_record,
+)
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint
+from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import write_atomic, write_json
 from fedshuffle.experiments.folders import sealed
 from fedshuffle.experiments.results import write_metrics
 from fedshuffle import metrics
 from fedshuffle.experiments.runner import build_simulation, environment
 from fedshuffle.experiments.schema import slug
-from fedshuffle.integrations.flower.common import FederatedRun, Population
-from fedshuffle.methods.base import ClientResult, RoundInfo
+from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population
+from fedshuffle.local.plan import ClientPlan
+from fedshuffle.methods.base import ClientResult, Method, RoundInfo
+from fedshuffle.methods.fedcdr import FedCDR
 from fedshuffle.simulation import Simulation
 
 
 class FederationError(RuntimeError):
-    """The federation cannot go on: wrong or missing nodes, a failing ClientApp, lost client state."""
+    """The federation cannot go on: wrong or missing nodes, a failing ClientApp, lost client state, an invalid
+    reply under ``invalid_reply="stop"``."""
+
+
+#: trial steps per L-BFGS iteration of FedCDR's prox (:func:`fedshuffle.local.prox.solve_prox`'s halvings)
+_PROX_TRIALS = 40
+
+
+def work_bound(method: Method, plans: Sequence[ClientPlan], size: int) -> int:
+    """The most per-sample gradients a reply for ``plans`` (one client of ``size`` samples) may report.
+
+    Four times the planned steps' minibatch gradients (FedShuffleMVR takes a second minibatch gradient per
+    step; FedCDR's SGD prox solves a new client's first prox with as many again), plus per member one pass
+    over the client's data (SCAFFOLD option I's control variate) and, for FedCDR's L-BFGS prox, two solves
+    of at most 1 + 40·``prox_max_iter`` evaluations each. A bound for plausibility, not the exact cost.
+    """
+    inner = getattr(method, "inner", method)
+    passes = 1 + (2 * (1 + _PROX_TRIALS * inner.prox_max_iter) if isinstance(inner, FedCDR) else 0)
+    return 4 * sum(p.sample_gradients for p in plans) + len(plans) * passes * size
 
 
 class ClientStateLost(FederationError):
@@ -90,6 +120,24 @@ def keep_members(rnd: RoundInfo, keep: np.ndarray) -> RoundInfo:
 
 
 @dataclass
+class _Reply:
+    """A member's checked reply: its payload rows ``(members, d)``, the work it reports, its diagnostics."""
+
+    payload: dict[str, torch.Tensor]
+    sample_gradients: int
+    extras: dict[str, float]
+    members: int
+
+
+def _content(reply: Message, key: str) -> object:
+    """``reply.content[key]``, or :class:`InvalidReply` naming what is missing."""
+    try:
+        return reply.content[key]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidReply(f"no {key!r} in the reply ({type(exc).__name__})") from None
+
+
+@dataclass
 class _OpenRound:
     """What configure_train leaves for aggregate_train."""
 
@@ -113,7 +161,10 @@ class FedShuffleStrategy(Strategy):
     """
 
     def __init__(self, run: FederatedRun, *, round_timeout: float = 600.0, connect_timeout: float = 120.0, out: str | Path | None = None,
-                 resume: bool = False, poll_interval: float = 0.5, log: Callable[[str], None] | None = None) -> None:
+                 resume: bool = False, poll_interval: float = 0.5, log: Callable[[str], None] | None = None, invalid_reply: str = "drop") -> None:
+        if invalid_reply not in INVALID_REPLY_POLICIES:
+            raise ConfigError("run-config.invalid-reply", f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
+        self.invalid_reply = invalid_reply
         sim, self.step_sizes = build_simulation(run.spec, run.seed)
         self.run = run
         self.half = ServerHalf(sim.problem, Population(sim.data.sizes, sim.data.weights), sim.algorithm, sim.sampler, seed=run.seed, dtype=sim.dtype, device=sim.device)
@@ -123,6 +174,8 @@ class FedShuffleStrategy(Strategy):
         self.nodes: dict[int, int] = {}  # client → node id
         self.rows: list[dict[str, Any]] = []  # the evaluations, as metrics.csv holds them
         self.dropped = 0
+        self.rejected = 0  # clients dropped from a round for an invalid reply
+        self._rejected_now: list[int] = []  # … in the open round
         self.round_seconds: list[float] = []  # wall time of each round, configure to aggregate
         self._open: _OpenRound | None = None
         self._log = log or (lambda text: None)
@@ -164,6 +217,7 @@ class FedShuffleStrategy(Strategy):
         if not torch.equal(self._model_of(arrays), half.params):
             raise FederationError("configure_train got a model other than the strategy's current one (a fedshuffle strategy keeps the model it aggregates)")
         rnd, points = half.open_round()
+        self._rejected_now = []
         if server_round != rnd.index + 1:
             raise FederationError(f"round {server_round} asked for, the run is at round {rnd.index + 1}")
         started, dropped, gradients = time.monotonic(), [], []
@@ -189,20 +243,26 @@ class FedShuffleStrategy(Strategy):
         if self._open is None:
             raise FederationError("aggregate_train without configure_train")
         state, self._open = self._open, None
-        answers = self._answers(state.messages, state.clients, replies)
         rnd = state.rnd
-        keep = np.array([int(i) in answers for i in rnd.cohort], dtype=bool)
+        decoded = {}
+        for client, reply in self._answers(state.messages, state.clients, replies).items():
+            try:
+                decoded[client] = self._read_train_reply(reply, client, [p for p in rnd.plans if p.client == client], rnd.index)
+            except InvalidReply as exc:
+                self._reject(server_round, client, exc)
+        keep = np.array([int(i) in decoded for i in rnd.cohort], dtype=bool)
+        unanswered = sorted({int(i) for i in rnd.cohort[~keep]} - set(self._rejected_now))
         dropped = state.dropped + sorted({int(i) for i in rnd.cohort[~keep]})
         rnd = keep_members(rnd, keep)
-        result = self._result(rnd, answers) if len(rnd.cohort) else None
+        result = self._result(rnd, decoded) if len(rnd.cohort) else None
         record = self.half.close_round(rnd, state.points, state.broadcast, result)
         self.half.last_round[np.unique(rnd.cohort)] = rnd.index
         self.dropped += len(dropped)
         self.round_seconds.append(time.monotonic() - state.started)
-        reported = {"members": len(rnd.cohort), "dropped": len(dropped), "seconds": self.round_seconds[-1],
+        reported = {"members": len(rnd.cohort), "dropped": len(dropped), "rejected": len(self._rejected_now), "seconds": self.round_seconds[-1],
                     "sample_gradients": record.sample_gradients, "bytes_up": record.bytes_up, "bytes_down": record.bytes_down, **record.extras}
-        if dropped:
-            self._log(f"round {server_round}: no answer from client(s) {', '.join(map(str, dropped))}: dropped as unfinished work")
+        if unanswered:
+            self._log(f"round {server_round}: no answer from client(s) {', '.join(map(str, unanswered))}: dropped as unfinished work")
         return tensors_record({"model": self.half.params}), MetricRecord({k: float(v) for k, v in reported.items()})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -271,8 +331,14 @@ class FedShuffleStrategy(Strategy):
             for c in clients
         ]
         replies = self.exchange(grid, messages, self.round_timeout)
-        answers = self._answers(messages, clients, replies)
-        rows = {c: record_tensors(m.content["gradients"], self.half.dtype, self.half.device) for c, m in answers.items()}
+        rows = {}
+        for c, reply in self._answers(messages, clients, replies).items():
+            try:
+                self._check_sender(reply, c)
+                rows[c] = checked_tensors(_content(reply, "gradients"), [str(k) for k in range(len(points))], (self.half.params.numel(),), self.half.dtype, "gradients")
+            except InvalidReply as exc:
+                self._reject(rnd.index + 1, c, exc)
+        rows = {c: {k: v.to(self.half.device) for k, v in got.items()} for c, got in rows.items()}
         keep = np.array([int(i) in rows for i in rnd.cohort], dtype=bool)
         dropped = sorted({int(i) for i in rnd.cohort[~keep]})
         rnd = keep_members(rnd, keep)
@@ -304,25 +370,52 @@ class FedShuffleStrategy(Strategy):
             raise ClientStateLost(f"client {client} (node {node}): {reason}")
         raise FederationError(f"client {client} (node {node}) failed: {reason} (error code {code})")
 
-    def _result(self, rnd: RoundInfo, answers: dict[int, Message]) -> ClientResult:
+    def _check_sender(self, reply: Message, client: int) -> None:
+        node = self.nodes.get(client)
+        if reply.metadata.src_node_id != node:
+            raise InvalidReply(f"sent by node {reply.metadata.src_node_id}, the message went to node {node}")
+
+    def _read_train_reply(self, reply: Message, client: int, plans: Sequence[ClientPlan], round_index: int) -> _Reply:
+        """A member's reply checked against what the server sent it (see the module docstring); :class:`InvalidReply` if it is not."""
+        self._check_sender(reply, client)
+        info = _content(reply, "result")
+        if not isinstance(info, ConfigRecord):
+            raise InvalidReply(f"result: expected a config record, got {type(info).__name__}")
+        members = len(plans)
+        for key, wanted in (("client", client), ("round", round_index), ("members", members)):
+            checked_int(info, key, wanted, wanted, "result")
+        work = checked_int(info, "sample-gradients", 0, work_bound(self.half.method, plans, int(self.half.data.sizes[client])), "result")
+        unknown = sorted(k for k in info if k not in ("client", "round", "members", "sample-gradients") and not k.startswith("extra."))
+        if unknown:
+            raise InvalidReply(f"result: unexpected entries {unknown[:5]}")
+        extras = {key[6:]: checked_float(info, key, "result") for key in info if key.startswith("extra.")}
+        payload = checked_tensors(_content(reply, "payload"), self.half.method.payload_fields, (members, self.half.params.numel()), self.half.dtype, "payload")
+        return _Reply({name: value.to(self.half.device) for name, value in payload.items()}, work, extras, members)
+
+    def _reject(self, server_round: int, client: int, error: InvalidReply) -> None:
+        """An invalid reply: stop the run (``invalid_reply="stop"``) or log why its member is dropped."""
+        where = f"client {client} (node {self.nodes.get(client)}) sent an invalid reply in round {server_round}: {error}"
+        if self.invalid_reply == "stop":
+            raise FederationError(f"{where} (run-config invalid-reply = \"stop\")")
+        self.rejected += 1
+        self._rejected_now.append(client)
+        self._log(f"{where}; dropped from the round, the model is not changed by it")
+
+    def _result(self, rnd: RoundInfo, decoded: dict[int, _Reply]) -> ClientResult:
         """The members' payload rows in cohort order, their work, and their diagnostics (member-weighted means)."""
-        decoded = {c: record_tensors(m.content["payload"], self.half.dtype, self.half.device) for c, m in answers.items()}
         occurrence: dict[int, int] = {}
         rows: dict[str, list[torch.Tensor]] = {}
         for i in rnd.cohort.tolist():
             k = occurrence[i] = occurrence.get(i, -1) + 1
-            for name, value in decoded[i].items():
+            for name, value in decoded[i].payload.items():
                 rows.setdefault(name, []).append(value[k])
         payload = {name: torch.stack(values) for name, values in rows.items()}
         work, extras, members = 0, {}, 0
-        for c in decoded:
-            info = answers[c].content["result"]
-            m = int(info["members"])
-            work += int(info["sample-gradients"])
-            members += m
-            for key, value in info.items():
-                if key.startswith("extra."):
-                    extras[key[6:]] = extras.get(key[6:], 0.0) + m * float(value)
+        for reply in decoded.values():
+            work += reply.sample_gradients
+            members += reply.members
+            for key, value in reply.extras.items():
+                extras[key] = extras.get(key, 0.0) + reply.members * value
         return ClientResult(payload, sample_gradients=work, extras={k: v / members for k, v in extras.items()})
 
     # -- bookkeeping -------------------------------------------------------------------------------
@@ -407,8 +500,14 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
         node = reply.metadata.src_node_id
         if reply.has_error():
             raise FederationError(f"node {node} failed the handshake: {reply.error.reason}")
-        info = reply.content["node"]
-        part, parts = int(info["partition-id"]), int(info["num-partitions"])
+        try:
+            info = _content(reply, "node")
+            part, parts = checked_int(info, "partition-id", -2**63, 2**63 - 1, "node"), checked_int(info, "num-partitions", -2**63, 2**63 - 1, "node")
+            listed = [info.get(key) for key in ("sizes", "digests")]
+            if not all(isinstance(values, list) and len(values) == len(strategies) for values in listed):
+                raise InvalidReply(f"node: expected 'sizes' and 'digests' with one entry per run ({len(strategies)})")
+        except (InvalidReply, AttributeError) as exc:
+            raise FederationError(f"node {node} sent a malformed handshake reply: {exc}") from None
         if parts not in (-1, n) or not 0 <= part < n:
             raise FederationError(f"node {node} has partition-id={part} num-partitions={parts}; the federation has {n} clients (partition-id 0..{n - 1}, num-partitions={n})")
         if part in nodes:
@@ -419,8 +518,8 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
             if digest != s.run.digest:
                 raise FederationError(f"node {node} (partition {part}) would run other settings for {s.run.label or 'the run'!r} (fingerprint {digest}, the server's {s.run.digest}): "
                                       "start every node from the same app and run config")
-            if int(size) != int(s.half.data.sizes[part]):
-                raise FederationError(f"node {node} holds {int(size)} samples for partition {part}, the config's partition has {int(s.half.data.sizes[part])}")
+            if size != int(s.half.data.sizes[part]):
+                raise FederationError(f"node {node} holds {size!r} samples for partition {part}, the config's partition has {int(s.half.data.sizes[part])}")
         nodes[part] = node
     missing = sorted(set(range(n)) - set(nodes))
     if missing:
