@@ -185,6 +185,20 @@ def test_a_malicious_checkpoint_runs_no_code_when_a_sweep_is_started_again(tmp_p
     assert not marker.exists(), "the checkpoint ran code"
 
 
+def test_a_malicious_checkpoint_runs_no_code_when_reproduce_is_run_again(finished, tmp_path):
+    from fedshuffle.experiments.reproduce import reproduce
+
+    cfg, _ = finished
+    out, marker = tmp_path / "reproduced", tmp_path / "marker"
+    reproduce([str(cfg)], out, show_progress=False)
+    run = out / "toy" / "seed-0"
+    (run / "summary.json").unlink()
+    (run / "checkpoint.pt").write_bytes(hostile_checkpoints(marker)["torch zip"])
+    reproduce([str(cfg)], out, show_progress=False)  # the folder is continued: its runs resume from their checkpoints
+    assert not marker.exists(), "the checkpoint ran code"
+    assert not (run / "summary.json").exists()  # that run failed, naming its checkpoint, and was not finished
+
+
 def test_a_malicious_client_state_journal_runs_no_code(tmp_path):
     marker = tmp_path / "marker"
     store = ClientStateStore(4, {"control": 3}, memory_limit=0, directory=tmp_path / "state")
