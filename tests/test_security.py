@@ -118,6 +118,47 @@ def test_a_checkpoint_round_trips_numpy_arrays_and_scalars_without_pickled_objec
         encode({"x": Payload(tmp_path / "m")})
 
 
+def same_tree(a, b):
+    """Equal nested dicts/lists of tensors (bitwise, same dtype), arrays (same dtype) and plain values."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_tree(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_tree(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_every_methods_simulation_state_survives_the_checkpoint(optimizer, tmp_path):
+    """Simulation.state_dict() of every method (server optimizer state, method state, client-state store in
+    memory and in files, counters) comes back from checkpoint.pt exactly."""
+    from fedshuffle.experiments.runner import build_simulation
+    from fedshuffle.experiments.schema import RunSpec, validate
+    from fedshuffle.methods import METHODS
+
+    for method in sorted(METHODS):
+        cyclic = method in ("rr_cli", "fedcdr")
+        raw = {"method": {"name": method}, "local": {"lr": 0.01}, "server": {"optimizer": optimizer}, "problem": {"name": "quadratic"},
+               "data": {"client_sizes": [1, 2, 3]}, "sampler": {"name": "cyclic", "cohort": 1} if cyclic else {"name": "uniform", "cohort": 2}, "run": {"rounds": 3}}
+        for mapped in (False, True):
+            spec = validate(RunSpec, raw)
+            sim, _ = build_simulation(spec, 0, str(tmp_path / f"{method}-{mapped}"))
+            if mapped and sim.store is None:
+                continue
+            if mapped:  # the same store in files: rebuilt with no memory for it
+                sim.store = type(sim.store)(sim.store.num_clients, sim.store.fields, sim.store.dtype, memory_limit=0, directory=tmp_path / f"{method}-mapped")
+            for _ in range(2):
+                sim.step()
+            state = {"simulation": sim.state_dict(), "rows": [{"round": 2, "loss": 0.5}]}
+            store = state["simulation"]["client_store"]
+            assert store is None or ("hashes" in store) == mapped and store["created"].any()
+            save_checkpoint(tmp_path / "c.pt", state, {"round": 2})
+            assert same_tree(load_checkpoint(tmp_path / "c.pt"), state), (method, mapped)
+
+
 @pytest.mark.parametrize("kind", ["raw pickle", "torch zip", "first format"])
 def test_a_malicious_checkpoint_runs_no_code_when_resumed(kind, finished, tmp_path):
     cfg, out = finished
@@ -142,6 +183,20 @@ def test_a_malicious_checkpoint_runs_no_code_when_a_sweep_is_started_again(tmp_p
     (run / "checkpoint.pt").write_bytes(hostile_checkpoints(marker)["torch zip"])
     one_line(cli(*args), 3)  # no --resume: a sweep started again continues its runs
     assert not marker.exists(), "the checkpoint ran code"
+
+
+def test_a_malicious_checkpoint_runs_no_code_when_reproduce_is_run_again(finished, tmp_path):
+    from fedshuffle.experiments.reproduce import reproduce
+
+    cfg, _ = finished
+    out, marker = tmp_path / "reproduced", tmp_path / "marker"
+    reproduce([str(cfg)], out, show_progress=False)
+    run = out / "toy" / "seed-0"
+    (run / "summary.json").unlink()
+    (run / "checkpoint.pt").write_bytes(hostile_checkpoints(marker)["torch zip"])
+    reproduce([str(cfg)], out, show_progress=False)  # the folder is continued: its runs resume from their checkpoints
+    assert not marker.exists(), "the checkpoint ran code"
+    assert not (run / "summary.json").exists()  # that run failed, naming its checkpoint, and was not finished
 
 
 def test_a_malicious_client_state_journal_runs_no_code(tmp_path):
