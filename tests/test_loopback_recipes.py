@@ -156,9 +156,10 @@ def test_flowers_engine_with_a_loopback_node_address_listens_beyond_loopback_whi
     assert [s for s in seen if not listening.is_loopback(s[0])], sorted(seen)
 
 
-def test_the_readme_superlink_recipe_listens_on_loopback_only(tmp_path):
+def test_the_readme_superlink_recipe_listens_on_loopback_only_and_a_bad_run_config_is_one_line_in_flwr_log(tmp_path):
     """The README's ``flower-superlink`` and ``flower-supernode`` commands (ports replaced by free ones), each in its own
-    process group, always stopped: once every one listens, none listens beyond loopback."""
+    process group, always stopped: once every one listens, none listens beyond loopback. Then, with the README's
+    connection file, an app submitted with a bad run config fails, and ``flwr log`` has one line saying why."""
     lines = [line.strip().removesuffix("&").strip() for line in readme_block("bash", "flower-superlink").splitlines()
              if line.strip().startswith(("flower-superlink", "flower-supernode"))]
     assert len(lines) == 3
@@ -184,11 +185,41 @@ def test_the_readme_superlink_recipe_listens_on_loopback_only(tmp_path):
             for p in processes:
                 seen.update(listening.listening(listening.process_tree(p.pid)))
             time.sleep(0.3)
+        status, log = failed_run(tmp_path, env, ports, time.monotonic() + 120)
     finally:
         for p in reversed(processes):
             stop_group(p)
     assert wanted <= {port for _, port, _ in seen}, f"not every documented port was opened: {sorted(seen)}"
     assert [s for s in seen if not listening.is_loopback(s[0])] == []
+    assert status["status"] == "finished:failed" and "run-config.round-timeout" in status["status-details"], status
+    (line,) = [text for text in log.splitlines() if "ServerApp raised an exception" in text]
+    assert "ConfigError: run-config.round-timeout: must be a positive number of seconds, got -1.0" in line and "Traceback" not in log, log
+
+
+def failed_run(tmp_path: Path, env: dict[str, str], ports: dict[str, str], deadline: float) -> tuple[dict, str]:
+    """Submit a two-client app with ``round-timeout=-1.0`` through the README's connection file; the run's final
+    status (``flwr ls``) and its log (``flwr log --show``)."""
+    import json
+
+    from flower_harness import flwr
+    from fedshuffle.integrations.flower.bundle import write_app
+
+    connection = readme_block("ini", "[superlink.local-link]")
+    for documented, port in ports.items():
+        connection = re.sub(rf"\b{documented}\b", port, connection)
+    (tmp_path / "flwr-home" / "config.toml").write_text('[superlink]\ndefault = "local-link"\n\n' + connection)
+    experiment = tmp_path / "exp.toml"
+    experiment.write_text(EXPERIMENT)
+    app = write_app(experiment, tmp_path / "app")
+    submitted = flwr(["run", str(app), "local-link", "--run-config", "round-timeout=-1.0", "--format", "json"], env, deadline - time.monotonic())
+    run_id = json.loads(submitted.stdout)["run-id"]
+    while time.monotonic() < deadline:
+        listed = flwr(["ls", "local-link", "--run-id", str(run_id), "--format", "json"], env, deadline - time.monotonic())
+        status = json.loads(listed.stdout)["runs"][0] if listed.returncode == 0 else {}
+        if str(status.get("status", "")).startswith("finished"):
+            return status, flwr(["log", str(run_id), "local-link", "--show"], env, deadline - time.monotonic()).stdout
+        time.sleep(1.0)
+    raise TimeoutError(f"run {run_id} did not finish in time")
 
 
 def test_sockets_are_read_in_the_network_namespace_of_a_given_process():
