@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 #: environment of every Flower process the tests start: no telemetry, no update check, private home
-FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
               "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5", "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
@@ -185,7 +185,9 @@ def stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 def flower_env(home: Path) -> dict[str, str]:
-    return {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home)}
+    """This environment with Flower's settings, a private home, and Flower's commands on PATH (the SuperLink
+    starts ``flower-superexec`` by name, as from an activated environment)."""
+    return {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home), "PATH": os.pathsep.join([str(scripts_dir()), os.environ.get("PATH", "")])}
 
 
 def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -280,24 +282,21 @@ def run_app(app_dir: Path, connection: str, env: dict[str, str], run_config: str
 
 
 def simulate(experiment: str, out: str, num_supernodes: int) -> None:
-    """Run ``experiment`` on Flower's simulation engine (Ray on 127.0.0.1, two CPUs), results into ``out``."""
+    """Run ``experiment`` on Flower's simulation engine as the README says (``fedshuffle.integrations.flower.simulate``:
+    Ray on 127.0.0.1, here with two CPUs), results into ``out``; no Ray setting comes from the environment."""
     os.environ.update(FLOWER_ENV)
-    from flwr.simulation import run_simulation
-
-    from fedshuffle.integrations.flower.app import client_app, server_app
+    for key in [k for k in os.environ if k.startswith("RAY_") and k not in FLOWER_ENV]:
+        del os.environ[key]
+    from fedshuffle.integrations.flower import simulate as run
 
     out_dir = Path(out)
     watch = SocketWatch(os.getpid())
     settings = {"out": str(out_dir), "round-timeout": 120.0}
-    server, client = server_app(experiment, settings), client_app(experiment, settings)
-
-    backend = {"init_args": {"_node_ip_address": "127.0.0.1", "include_dashboard": False, "num_cpus": 2, "log_to_driver": False},
-               "client_resources": {"num_cpus": 1}}
     started, stop = time.monotonic(), threading.Event()
     sampler = threading.Thread(target=watch.sample_until, args=(stop,), daemon=True)
     sampler.start()
     try:
-        run_simulation(server, client, num_supernodes=num_supernodes, backend_config=backend)
+        run(experiment, num_supernodes, settings, cpus=2)
     finally:
         stop.set()
         sampler.join()

@@ -62,12 +62,14 @@ def _address(hex_addr: str, family: int) -> str:
     return socket.inet_ntop(family, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
 
 
-def listening(pids: set[int]) -> list[tuple[str, int, int]]:
-    """``(address, port, pid)`` of every TCP socket in LISTEN state held by one of ``pids``."""
+def listening(pids: set[int], namespace_of: int | None = None) -> list[tuple[str, int, int]]:
+    """``(address, port, pid)`` of every TCP socket in LISTEN state held by one of ``pids``; the sockets are read
+    in this process's network namespace, or in that of process ``namespace_of`` (one started by ``unshare -n``)."""
     owners = _socket_owners(pids)
     found = []
+    net = PROC / "net" if namespace_of is None else PROC / str(namespace_of) / "net"
     for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        path = PROC / "net" / name
+        path = net / name
         if not path.is_file():
             continue
         for line in path.read_text().splitlines()[1:]:

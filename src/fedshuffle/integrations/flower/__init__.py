@@ -4,6 +4,7 @@
   streams, the simulation's plans, aggregation and server optimizer) as a Flower ``Strategy``.
 * :func:`~.app.server_app`, :func:`~.app.client_app`: a fedshuffle experiment as a ServerApp and a
   ClientApp (the client half on the node's own partition, client state kept across rounds).
+* :func:`~.app.simulate`: both on Flower's simulation engine, with Ray bound to 127.0.0.1.
 * :func:`~.bundle.write_app` (``fedshuffle flower-app CONFIG DIR``): a ready Flower App folder for ``flwr run``.
 
 Only :mod:`.bundle` and :mod:`.common` work without Flower installed.
@@ -16,7 +17,7 @@ from typing import Any
 
 _EXPORTS = {
     "FedShuffleStrategy": "strategy", "ServerHalf": "strategy", "FederationError": "strategy", "ClientStateLost": "strategy",
-    "server_app": "app", "client_app": "app", "write_app": "bundle", "AppSettings": "common", "FederatedRun": "common",
+    "server_app": "app", "client_app": "app", "simulate": "app", "write_app": "bundle", "AppSettings": "common", "FederatedRun": "common",
 }
 
 

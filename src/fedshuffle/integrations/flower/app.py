@@ -6,6 +6,8 @@ Both apps read the same experiment (a TOML file, a preset, an app's embedded ``e
 one after another, each with its own :class:`~fedshuffle.integrations.flower.strategy.FedShuffleStrategy`;
 all of them are built before the first message, so a bad configuration stops the run before anything is sent.
 
+:func:`simulate` runs both on Flower's simulation engine with a Ray that listens on 127.0.0.1 only.
+
 A run that cannot go on (a bad run config, a missing node, two nodes holding one partition, lost client
 state, an invalid reply under ``invalid-reply = "stop"``) ends with fedshuffle's error: Flower logs it
 as one line naming the setting or node (:class:`OneLineErrors`), not as a traceback.
@@ -14,6 +16,7 @@ as one line naming the setting or node (:class:`OneLineErrors`), not as a traceb
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -116,3 +119,26 @@ def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> C
         return _RUNTIMES[key]
 
     return make_client_app(runtime)
+
+
+def simulate(source: Source, num_supernodes: int, run_config: Mapping[str, Any] | None = None, *, cpus: int | None = None, client_cpus: float = 1.0) -> None:
+    """The experiment on Flower's simulation engine (``flwr.simulation.run_simulation``), one virtual SuperNode per client.
+
+    Flower's engine runs on Ray, whose services listen on every interface unless told otherwise (an open Ray
+    runs any code sent to it). Here Ray is started first, bound to 127.0.0.1 only, with ``cpus`` CPUs (default:
+    all) and ``client_cpus`` per ClientApp (:func:`fedshuffle.executors.ray.start_local_ray`); Flower's engine
+    uses it, and it is shut down when the run ends or fails. ``run_config`` as for :func:`server_app`.
+    """
+    import ray
+    from flwr.simulation import run_simulation
+
+    from fedshuffle.executors.ray import start_local_ray, stop_local_ray
+
+    if ray.is_initialized():
+        raise ConfigError("ray", "a Ray is already running in this process; simulate() starts its own, bound to 127.0.0.1 (call ray.shutdown() first)")
+    server, client = server_app(source, run_config), client_app(source, run_config)
+    temp_dir = start_local_ray(ray, cpus or os.cpu_count() or 1)
+    try:
+        run_simulation(server, client, num_supernodes=num_supernodes, backend_config={"client_resources": {"num_cpus": client_cpus}})
+    finally:
+        stop_local_ray(ray, temp_dir)
