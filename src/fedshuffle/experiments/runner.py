@@ -288,7 +288,7 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
     sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
                        params=flatten(spec.model_dump()))
     total_samples = sim.data.num_samples
-    tables = [AppendedTable(run_dir / "metrics.csv", rows), AppendedTable(run_dir / "timing.csv", rows, TIMING_COLUMNS)]
+    tables: list[AppendedTable] = []
     cadence = CheckpointCadence(ckpt_every, spec.run.checkpoint_seconds, total)
 
     def record() -> dict[str, Any]:
@@ -309,6 +309,8 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
 
     status, message = "complete", ""
     try:
+        for name, columns in (("metrics.csv", METRIC_COLUMNS), ("timing.csv", TIMING_COLUMNS)):
+            tables.append(AppendedTable(run_dir / name, rows, columns))
         if not rows:
             record()
         if on_round and sim.counters.rounds:
