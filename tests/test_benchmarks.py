@@ -42,3 +42,12 @@ def test_profile_shares_finds_the_writes_and_the_evaluation():
     assert "error" not in result, result
     assert 0 < result["writes_s"] and 0 < result["evaluation_s"]
     assert 0 < result["writes_share"] + result["evaluation_share"] + result["preflight_share"] < 1
+
+
+def test_threads_benchmark_times_every_tree_and_the_one_thread_case():
+    result = smoke("benchmarks.threads")
+    assert set(result["cases"]) == {"this default threads", "one thread"} and result["setup"]["busy_processes"] == 1
+    for name, case in result["cases"].items():
+        assert "error" not in case, f"{name}: {case.get('error')}"
+        assert case["wall_s"] > 0 and case["cpu_s"] > 0
+    assert result["cases"]["this default threads"]["runs"][0]["chosen"].startswith("operator threads per run: 1 (logistic")

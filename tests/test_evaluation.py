@@ -75,3 +75,35 @@ def test_scores_without_the_gradient_skip_it():
     data = dataset(torch.randn(sum(SIZES), 3, dtype=torch.float64), torch.randint(0, 3, (sum(SIZES),)))
     scores = problem.scores(torch.zeros(problem.dim, dtype=torch.float64), data.features, data.labels, data.sample_weights(), gradient=False)
     assert scores.grad_norm_sq is None and scores.loss == pytest.approx(np.log(3), rel=1e-12)  # uniform softmax: CE = log K
+
+
+# -- x* cached by the run's settings ------------------------------------------------------------------
+
+
+def test_the_solution_key_follows_the_settings_that_make_the_data_and_the_problem():
+    from fedshuffle.analysis.theory import solution_key
+
+    spec = {"problem": {"name": "logistic", "l2": 0.1}, "data": {"source": "libsvm", "dataset": "a3a", "seed": 0, "data_dirs": []}, "run": {"dtype": "float64", "seed": 3}}
+
+    def changed(section, key, value, files=None):
+        return solution_key({**spec, section: {**spec[section], key: value}}, files or {})
+
+    key = solution_key(spec, {})
+    assert key == changed("data", "data_dirs", ["/elsewhere"]) == changed("run", "seed", 4)  # where data is looked for, the run's seed: same x*
+    assert len({key, changed("data", "seed", 1), changed("problem", "l2", 0.2), changed("run", "dtype", "float32"),
+                solution_key(spec, {"data.path": "ab" * 32})}) == 5
+    unseeded = {**spec, "data": {**spec["data"], "seed": None}}  # split by the run's seed: one x* per seed
+    assert solution_key(unseeded, {}) != solution_key({**unseeded, "run": {**spec["run"], "seed": 4}}, {})
+
+
+def test_a_cached_solution_is_found_by_its_key_without_reading_the_data(monkeypatch):
+    from fedshuffle.analysis import theory
+
+    problem = LogisticRegression(6, 0.3)
+    data = next(case[2] for case in cases() if case[0] == "logistic")
+    solved = theory.solution(problem, data, "config-test")
+    assert float(problem.weighted_gradient(solved[0], data.features, data.labels, data.sample_weights()).norm()) < 1e-12
+    theory._SOLUTIONS.clear()
+    monkeypatch.setattr(FederatedDataset, "to", lambda *a: pytest.fail("the dataset was copied although x* is cached"))
+    again = theory.solution(problem, data, "config-test")  # from <cache>/solutions/config-test.npz
+    assert torch.equal(again[0], solved[0]) and again[1] == solved[1]

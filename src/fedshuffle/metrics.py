@@ -85,13 +85,14 @@ class ModelScores:
     """Scores of the global model: f(x), f − f*, ‖x − x*‖², ‖∇f(x)‖², accuracies, test loss.
 
     f is the training objective Σ_j s_j f_j(x) with the dataset's sample weights (Σ_i w_i f_i);
-    x* and f* come from :func:`fedshuffle.analysis.theory.solution` where the problem has them.
+    x* and f* come from :func:`fedshuffle.analysis.theory.solution` where the problem has them (cached under
+    ``solution_key``, :func:`~fedshuffle.analysis.theory.solution_key` of the run's settings, when given).
     """
 
-    def __init__(self, problem, data) -> None:
+    def __init__(self, problem, data, solution_key: str | None = None) -> None:
         self.problem, self.data = problem, data
         self.sample_weights = data.sample_weights()
-        solved = solution(problem, data.to(torch.float64, "cpu"))
+        solved = solution(problem, data, solution_key)
         self.x_star = solved[0].to(data.features.device, data.features.dtype) if solved else None
         self.f_star = solved[1] if solved else None
         test = data.test_features

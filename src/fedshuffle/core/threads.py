@@ -43,4 +43,4 @@ def run_threads(problem: Any, device: str | torch.device) -> tuple[int, str]:
         return current, f"{torch.device(device).type}: operator threads unchanged"
     if isinstance(problem, ModuleProblem):
         return current, f"{problem.name} (a module): {current} threads, the threaded executor's clients or one client's operators"
-    return 1, f"{problem.name} has small closed-form operators: one thread (run several runs with --workers for more cores)"
+    return 1, f"{problem.name} has small closed-form operators: one thread; --workers runs several runs at once on more cores"

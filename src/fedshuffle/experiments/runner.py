@@ -27,7 +27,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedshuffle.analysis.theory import solution_key
 from fedshuffle.experiments.build import build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
 from fedshuffle.experiments.schema import RunSpec
 from fedshuffle.simulation import Simulation
@@ -107,10 +110,51 @@ def check_against_data(spec: RunSpec, num_clients: int) -> None:
             raise ConfigError(field, "every value is 0: no client would count; give at least one positive value")
 
 
+#: problems and datasets built inside :func:`sharing_builds`, by the settings that make them (None: outside it)
+_BUILT: OrderedDict[str, tuple[Any, Any]] | None = None
+#: the most bytes of data kept for later runs (the least recently used go first)
+SHARED_DATA_BYTES = 1 << 30
+
+
+@contextmanager
+def sharing_builds() -> Iterator[None]:
+    """Within the block, runs with equal ``[problem]`` and ``[data]`` settings and split seed (``data.seed``, else
+    ``run.seed``) share one build of the problem and dataset (neither is changed by a run): the preflight's, for
+    every variant and seed that has those settings. Up to :data:`SHARED_DATA_BYTES` of data are kept; the block
+    is one command (``run``, ``sweep``), so a data file changed between commands is read again."""
+    global _BUILT
+    outer, _BUILT = _BUILT, (OrderedDict() if _BUILT is None else _BUILT)
+    try:
+        yield
+    finally:
+        _BUILT = outer
+
+
+def _data_bytes(data: Any) -> int:
+    tensors = (getattr(data, name, None) for name in ("features", "labels", "test_features", "test_labels"))
+    return sum(t.element_size() * t.nelement() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _problem_and_data(spec: RunSpec) -> tuple[Any, Any]:
+    """:func:`~fedshuffle.experiments.build.build_problem_and_data`, or the build shared under :func:`sharing_builds`."""
+    if _BUILT is None:
+        return build_problem_and_data(spec)
+    data = spec.data.model_dump()
+    key = json.dumps({"problem": spec.problem.model_dump(), "data": data, "split_seed": spec.run.seed if data["seed"] is None else data["seed"]},
+                     sort_keys=True, default=str)
+    if key in _BUILT:
+        _BUILT.move_to_end(key)
+        return _BUILT[key]
+    built = _BUILT[key] = build_problem_and_data(spec)
+    while len(_BUILT) > 1 and sum(_data_bytes(d) for _, d in _BUILT.values()) > SHARED_DATA_BYTES:
+        _BUILT.popitem(last=False)
+    return built
+
+
 def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> tuple[Simulation, dict[str, Any]]:
     """The simulation a spec describes (and the step sizes it resolved), without running anything."""
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
-    problem, data = build_problem_and_data(spec)
+    problem, data = _problem_and_data(spec)
     check_against_data(spec, data.num_clients)
     sampler = build_sampler(spec.sampler, data)
     spec, step_sizes = resolve_step_sizes(spec, problem, data, sampler)
@@ -177,7 +221,7 @@ def run_single(
             remove_leftovers(folder)
         sim, step_sizes = build_simulation(spec, seed, str(run_dir / "client_state"))
         ensure_writable(run_dir, needed_bytes=4 * sim.bytes_per_model * (4 + len(sim.server_state)) + (1 << 20))
-        evaluator = metrics.ModelScores(sim.problem, sim.data)
+        evaluator = metrics.ModelScores(sim.problem, sim.data, solution_key(dumped, hashes))
         meta = {"label": label, "point": dict(point or {}), "seed": seed}
         stored = {"spec": dumped, "config_hash": config_hash(identity(dumped, hashes)), "data_hashes": hashes}
         threads, reason = run_threads(sim.problem, spec.run.device)
@@ -250,7 +294,7 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
     sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
                        params=flatten(spec.model_dump()))
     total_samples = sim.data.num_samples
-    tables = [AppendedTable(run_dir / "metrics.csv", rows), AppendedTable(run_dir / "timing.csv", rows, TIMING_COLUMNS)]
+    tables: list[AppendedTable] = []
     cadence = CheckpointCadence(ckpt_every, spec.run.checkpoint_seconds, total)
 
     def record() -> dict[str, Any]:
@@ -271,6 +315,8 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
 
     status, message = "complete", ""
     try:
+        for name, columns in (("metrics.csv", METRIC_COLUMNS), ("timing.csv", TIMING_COLUMNS)):
+            tables.append(AppendedTable(run_dir / name, rows, columns))
         if not rows:
             record()
         if on_round and sim.counters.rounds:
