@@ -323,9 +323,9 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
     loaded = [load_experiment(p) for p in presets]  # every config checked before anything runs
     rows: list[ClaimResult] = []
     for experiment in loaded:
-        record, judged = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note)
+        record, has_verdicts = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note)
         rows += [ClaimResult(**r) for r in record["claims"]]
-        save(Path(out), record, replace=judged)
+        save(Path(out), record, replace=has_verdicts)
     return rows
 
 
