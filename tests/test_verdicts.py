@@ -233,6 +233,10 @@ def test_tuning_seeds_must_not_be_judged_seeds(tmp_path):
     cfg.write_text(QUADRATIC.format(extra="").replace('"local.lr" =', '"local.rate" ='))
     with pytest.raises(ConfigError, match="'local.rate' is not a setting"):
         load_experiment(cfg)
+    cfg.write_text(QUADRATIC.format(extra="").replace("[0.001, 0.05, 0.01]", "[0.001, -1]"))
+    with pytest.raises(ConfigError) as info:
+        load_experiment(cfg)  # before anything runs
+    assert info.value.field == "variants[0].tune.grid" and "{'local': {'lr': -1}} gives no valid run" in info.value.message and "local.lr" in info.value.message
 
 
 TINY = """

@@ -323,9 +323,9 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
     loaded = [load_experiment(p) for p in presets]  # every config checked before anything runs
     rows: list[ClaimResult] = []
     for experiment in loaded:
-        record, judged = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note)
+        record, has_verdicts = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note)
         rows += [ClaimResult(**r) for r in record["claims"]]
-        save(Path(out), record, replace=judged)
+        save(Path(out), record, replace=has_verdicts)
     return rows
 
 
@@ -503,17 +503,17 @@ def html_page(store: Mapping[str, Mapping[str, Any]], out: Path) -> str:
             parts.append("<p>Tuning (the paper's protocol):</p><ul>" + "".join(f"<li>{e(t)}</li>" for t in tuning) + "</ul>")
         parts.append("<table><tr><th>role</th><th>figure</th><th>claim</th><th>measured</th><th>verdict</th><th>ordering at 25 / 50 / 100 % of the run</th></tr>")
         for r in (ClaimResult(**c) for c in record["claims"]):
-            parts.append(f"<tr class='{r.verdict.replace(' ', '-')}'><td>{e(r.role)}</td><td>{e(r.figure)}</td><td><blockquote>“{e(r.quote)}”</blockquote>{e(r.claim)}</td>"
+            parts.append(f"<tr class='{e(r.verdict.replace(' ', '-'))}'><td>{e(r.role)}</td><td>{e(r.figure)}</td><td><blockquote>“{e(r.quote)}”</blockquote>{e(r.claim)}</td>"
                          f"<td>{e(r.measured)}</td><td><b>{e(r.verdict)}</b>: {e(r.why)}</td><td>{e(_fractions_text(r))}</td></tr>")
         parts.append("</table>")
         if record.get("robustness"):
             parts.append("<p>Verdict at every grid point (tuning seeds):</p><table><tr><th>claim</th><th>point</th><th>verdict</th></tr>"
-                         + "".join(f"<tr class='{b['verdict'].replace(' ', '-')}'><td>{e(b['claim'])}</td><td>{e(b['point'])}</td><td>{e(b['verdict'])}</td></tr>" for b in record["robustness"])
+                         + "".join(f"<tr class='{e(str(b['verdict']).replace(' ', '-'))}'><td>{e(b['claim'])}</td><td>{e(b['point'])}</td><td>{e(b['verdict'])}</td></tr>" for b in record["robustness"])
                          + "</table>")
         for d in (Diagnostic(**d) for d in record.get("diagnostics", [])):
             shown = "".join(f"<tr><td>{d.rounds[k]}</td><td>{d.values[k]:.4g}</td></tr>" for k in _shown_rows(len(d.rounds)))
             parts.append(f"<h3>{e(d.preset)}, {e(d.variant)}: {e(d.metric)} per round (mean over seeds)</h3><table><tr><th>round</th><th>{e(d.metric)}</th></tr>{shown}</table>")
-        plot = Path(out) / record["plot"] if record.get("plot") else None
+        plot = Path(out) / name / "plot.png" if record.get("plot") else None  # the preset's own folder, whatever the file says
         if plot is not None and plot.is_file():
             parts.append(f"<img alt='{e(name)}' src='data:image/png;base64,{base64.b64encode(plot.read_bytes()).decode()}'>")
     parts.append("</body></html>")

@@ -421,12 +421,19 @@ class Experiment(_PartialSections):
     variants: list[Variant] = Field(default_factory=list)
     claims: list[dict[str, Any]] = Field(default_factory=list, description="the paper's claims about this experiment (fedshuffle.experiments.claims)")
 
-    def check_tuning_seeds(self) -> None:
-        """Tuning seeds are never judged seeds: a point chosen on the seeds it is judged on would be judged on its luck."""
+    def check_tuning(self) -> None:
+        """Every tuning grid point gives a valid run of its variant, and tuning seeds are never judged seeds
+        (a point chosen on the seeds it is judged on would be judged on its luck)."""
         for k, variant in enumerate(self.variants):
             if variant.tune is None:
                 continue
-            judged = set(self.experiment.seeds or [self.runs()[k][1].run.seed])
+            alone = self.model_copy(update={"variants": [variant]})
+            for point in variant.tune.points():
+                try:
+                    alone.runs(point)
+                except ConfigError as exc:
+                    raise ConfigError(f"variants[{k}].tune.grid", f"the point {point} gives no valid run ({exc.field}: {exc.message})") from None
+            judged = set(self.experiment.seeds or [alone.runs()[0][1].run.seed])
             shared = sorted(judged & set(variant.tune.seeds))
             if shared:
                 raise ConfigError(f"variants[{k}].tune.seeds", f"seed {shared[0]} is also a judged seed (experiment.seeds); tuning seeds must differ from the judged ones")
@@ -522,7 +529,7 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
     from fedshuffle.experiments.claims import parse_claims
 
     parse_claims(experiment.claims, [v.label for v in experiment.variants])
-    experiment.check_tuning_seeds()
+    experiment.check_tuning()
     if not experiment.experiment.name or experiment.experiment.name == "experiment":
         experiment.experiment.name = path.stem if name_problem(path.stem) is None else slug(path.stem)
     for data in (experiment.data, *(v.data for v in experiment.variants)):  # relative to the file first, whatever the working directory
