@@ -13,9 +13,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -232,6 +234,17 @@ def test_a_run_resumes_from_the_servers_checkpoint_with_the_nodes_state_dirs(tmp
         FedShuffleStrategy(run, out=tmp_path / "out", resume=True).start(FakeGrid(client_app(exp), 4), num_rounds=ROUNDS + 1)
 
 
+def test_the_server_refuses_to_resume_from_another_runs_checkpoint(tmp_path):
+    exp = experiment([{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "uniform", "cohort": 2}}])
+    FedShuffleStrategy(single_run(exp), out=tmp_path / "out").start(FakeGrid(client_app(exp), 4), num_rounds=2)
+    run = single_run(exp)
+    other = replace(run, seed=run.seed + 1)
+    (tmp_path / "out" / "fedavg" / f"seed-{other.seed}").mkdir()
+    shutil.copy(tmp_path / "out" / "fedavg" / f"seed-{run.seed}" / "checkpoint.pt", tmp_path / "out" / "fedavg" / f"seed-{other.seed}" / "checkpoint.pt")
+    with pytest.raises(ConfigError, match="another run"):
+        FedShuffleStrategy(other, out=tmp_path / "out", resume=True)
+
+
 def test_the_node_commits_what_the_server_accepted_and_discards_the_rest(tmp_path):
     store = FileStore(tmp_path, "k")
     rows = {"control": np.arange(3.0)}
@@ -305,6 +318,7 @@ def test_flower_app_command_writes_an_app_flower_accepts_and_that_runs_the_exper
     valid, errors, _ = validate_config(pyproject, check_module=True, project_dir=app_dir)
     assert valid, errors
     assert pyproject["tool"]["flwr"]["app"]["config"]["set"] == "run.rounds=2"
+    assert pyproject["tool"]["flwr"]["app"]["config"]["invalid-reply"] == "drop"  # listed, so `flwr run -c` may set it
     spec = importlib.util.spec_from_file_location("fedshuffle_app_under_test", app_dir / "fedshuffle_app.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -70,6 +70,7 @@ out = {_toml_string(settings.out)}              # results folder on the server's
 round-timeout = {settings.round_timeout!r}   # seconds a round waits; members later than that are dropped (unfinished work)
 connect-timeout = {settings.connect_timeout!r} # seconds to wait for one node per partition
 resume = {str(settings.resume).lower()}          # continue each run from its checkpoint in `out`
+invalid-reply = {_toml_string(settings.invalid_reply)}   # a reply that fails the server's checks: "drop" its member for the round, or "stop" the run
 """
 
 

@@ -49,7 +49,8 @@ from fedshuffle.core.io import write_atomic, write_json
 from fedshuffle.experiments.folders import sealed
 from fedshuffle.experiments.results import write_metrics
 from fedshuffle import metrics
-from fedshuffle.experiments.runner import build_simulation, environment
+from fedshuffle.experiments.folders import config_hash, identity
+from fedshuffle.experiments.runner import build_simulation, environment, run_identity
 from fedshuffle.experiments.schema import slug
 from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population
 from fedshuffle.local.plan import ClientPlan
@@ -188,7 +189,7 @@ class FedShuffleStrategy(Strategy):
         checkpoint = self.out / "checkpoint.pt" if self.out is not None else None
         if checkpoint is None or not checkpoint.exists():
             return False
-        saved = load_checkpoint(checkpoint)
+        saved = load_checkpoint(checkpoint, self._owner())
         self.half.load_state_dict(saved["simulation"])
         self.rows, self.round_seconds = saved["rows"], saved.get("round_seconds", [])
         self.dropped = self.rows[-1]["dropped"] if self.rows else 0
@@ -448,7 +449,13 @@ class FedShuffleStrategy(Strategy):
         """The server's checkpoint: model, server and method state, counters, each client's last accepted round, metrics."""
         if self.out is None:
             return
-        save_checkpoint(self.out / "checkpoint.pt", {"simulation": self.half.state_dict(), "rows": self.rows, "round_seconds": self.round_seconds, "nodes": dict(self.nodes)})
+        save_checkpoint(self.out / "checkpoint.pt", {"simulation": self.half.state_dict(), "rows": self.rows, "round_seconds": self.round_seconds, "nodes": dict(self.nodes)},
+                        {**self._owner(), "round": self.half.counters.rounds})
+
+    def _owner(self) -> dict[str, Any]:
+        """The run a checkpoint belongs to (as :func:`fedshuffle.experiments.runner.run_single` records it): resuming refuses another's."""
+        spec = self.run.spec.model_copy(update={"run": self.run.spec.run.model_copy(update={"seed": self.run.seed})})
+        return {"config_hash": config_hash(identity(*run_identity(spec))), "label": self.run.label, "seed": self.run.seed}
 
     def _finish(self) -> None:
         if self.out is None:
