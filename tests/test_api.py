@@ -95,6 +95,21 @@ def test_load_results_reads_the_same_tables_back_and_a_run_is_reproducible(small
     np.testing.assert_array_equal(rerun.curves["f_gap"].to_numpy(), mine["f_gap"].to_numpy())
 
 
+def test_load_results_refuses_a_finished_run_whose_metrics_changed(small_run, tmp_path):
+    import shutil
+
+    _, out = small_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    table = next(copy.rglob("metrics.csv"))
+    table.write_text(table.read_text() + "\n")  # one byte more than the seal covers
+    with pytest.raises(ConfigError) as err:
+        fs.load_results(copy)
+    assert err.value.field == "paths" and "seal" in err.value.message
+    with pytest.warns(UserWarning, match="seal"):
+        assert len(fs.load_results(copy, allow_unsealed=True).runs) == len(fs.load_results(out).runs)
+
+
 def test_sweep_points_become_columns(tmp_path):
     from fedshuffle.experiments.schema import validate, Experiment
     from fedshuffle.experiments.sweep import jobs_for, parse_grid, run_jobs

@@ -29,7 +29,7 @@ import numpy as np
 from fedshuffle import metrics as _metrics
 from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.core.io import read_text
-from fedshuffle.experiments.folders import find_files
+from fedshuffle.experiments.folders import find_files, intact
 from fedshuffle.experiments import schema
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
 from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, parse_overrides, preset_names, slug, validate
@@ -299,8 +299,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def load_results(*paths: str | os.PathLike) -> Results:
-    """Every run below ``paths`` (results folders of ``fedshuffle run``/``sweep`` or of :meth:`Experiment.run`)."""
+def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Results:
+    """Every run below ``paths`` (results folders of ``fedshuffle run``/``sweep`` or of :meth:`Experiment.run`).
+
+    Runs in progress are read as ``unfinished``. A finished run whose ``metrics.csv`` no longer matches the
+    seal in its ``summary.json`` (or that has none) is refused, as ``plot`` and ``table`` refuse it, or with
+    ``allow_unsealed`` read with a warning."""
     import pandas as pd
 
     if not paths:
@@ -318,6 +322,11 @@ def load_results(*paths: str | os.PathLike) -> Results:
             if not config:
                 continue  # not a run folder of fedshuffle's
             summary = _read_json(folder / "summary.json")
+            if summary and intact(folder, ("metrics.csv",)) is None:
+                problem = f"{folder}: its metrics.csv does not match the seal in its summary.json (changed after the run finished, or never sealed)"
+                if not allow_unsealed:
+                    raise ConfigError("paths", f"{problem}; continue the run with resume to write it again, or pass allow_unsealed=True")
+                warnings.warn(f"{problem}; read as it is (allow_unsealed=True)", stacklevel=2)
             point = config.get("point") or {}
             row = {
                 "variant": config.get("label") or "run", "point": _point_text(point), "seed": int(config.get("seed", -1)),
