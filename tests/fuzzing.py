@@ -1145,7 +1145,7 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
 
     members = [f"cifar-10-batches-py/{m}" for m in (*cifar.CIFAR_ARCHIVES["cifar10"][2], cifar.CIFAR_ARCHIVES["cifar10"][3])]
     kind = rng.choice(["gzip_idx", "idx_header", "reconstruct", "cifar_labels", "tar_member_size", "corrupt_xz", "lzma_npz", "npy_header",
-                       "tff_cifar", "tff_shakespeare", "gunzip"])
+                       "tff_cifar", "tff_shakespeare", "gunzip", "leaf_gzip"])
     path = work / f"{kind}.bin"
     if kind == "gzip_idx":
         path.write_bytes(gzip.compress(b"\0\0\x08\x01" + (10).to_bytes(4, "big") + b"\0" * rng.choice([11, 1 << 20, 30 << 20]), 1))
@@ -1219,6 +1219,16 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
                 examples.create_group("ROLE").create_dataset("snippets", data=np.array([[b"ab", b"c"]]))
         _h5(path, build)
         return f"{kind}:{variant}", lambda: shakespeare.read_tff_shakespeare(path)
+    if kind == "leaf_gzip":  # a JSON file that inflates past what memory allows (the fuzzing environment's 1 GiB: 102 MiB of text)
+        from fedshuffle.data.sources.leaf import load_leaf
+
+        text = json.dumps({"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [[1.0]], "y": [1]}}})
+        for split in ("train", "test"):
+            (work / split).mkdir()
+            (work / split / "a.json").write_text(text)
+        (work / "train" / "a.json").unlink()
+        (work / "train" / "a.json.gz").write_bytes(gzip.compress((text + " " * rng.choice([200 << 20, 300 << 20])).encode(), 1))
+        return kind, lambda: load_leaf(work, None)
     path.write_bytes(gzip.compress(b"\0" * (4 << 20), 1))
     return kind, lambda: fetch.gunzip(path, work / "out.bin", 1 << 20)
 

@@ -214,6 +214,22 @@ def test_a_gzip_bomb_in_an_idx_file_stops_at_the_declared_size(tmp_path):
         fetch.gunzip(bomb, tmp_path / "out", 1 << 20)
 
 
+def test_a_gzip_bomb_in_a_leaf_json_file_stops_at_what_memory_allows(tmp_path, monkeypatch):
+    from fedshuffle.data.sources.leaf import load_leaf
+
+    monkeypatch.setenv("FEDSHUFFLE_MAX_MEMORY", "80M")  # 8 MiB of JSON text (8 bytes of objects per byte)
+    text = '{"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [[1.0]], "y": [1]}}}'
+    for split in ("train", "test"):
+        (tmp_path / split).mkdir()
+    (tmp_path / "test" / "a.json").write_text(text)
+    (tmp_path / "train" / "a.json.gz").write_bytes(gzip.compress((text + " " * (64 << 20)).encode(), 1))
+    with pytest.raises(DataError, match=r"a\.json\.gz: decompresses to more than 8\.0 MiB of JSON"):
+        load_leaf(tmp_path, None)
+    (tmp_path / "train" / "a.json.gz").write_bytes(gzip.compress(text.replace("1.0", "1" * 4301).encode()))
+    with pytest.raises(DataError, match="not valid JSON"):
+        load_leaf(tmp_path, None)
+
+
 def tff_cifar(path: Path, image, label, coarse=None) -> Path:
     return fuzzing._h5(path, lambda h5: fuzzing._tff_cifar_client(h5, image, label, coarse))
 
