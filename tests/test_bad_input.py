@@ -280,7 +280,7 @@ def test_fedprox_synthetic_populations_that_cannot_fit_are_refused_before_genera
 def test_inspect_sizes_are_checked_against_memory_and_time(monkeypatch):
     monkeypatch.setenv("FEDSHUFFLE_MAX_MEMORY", "4G")
     assert "needs about" in refused(cli("inspect", "--sizes", "1000000000,1"), "--sizes")
-    slow = refused(cli("inspect", "--sizes", "1000,1000,1000", "--sampler", "uniform", "--cohort", "1", "--monte-carlo", "--samples", "10000000"), "--sizes")
+    slow = refused(cli("inspect", "--sizes", "1000,1000,1000", "--sampler", "uniform", "--cohort", "1", "--monte-carlo", "--samples", "10000000"), "--samples")
     assert "would take at least" in slow and "FEDSHUFFLE_MAX_SECONDS" in slow
     monkeypatch.setenv("FEDSHUFFLE_MAX_SECONDS", "1e-9")
     refused(cli("inspect"), "--sizes")

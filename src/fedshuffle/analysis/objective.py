@@ -92,7 +92,7 @@ SECONDS_PER_STEP, SECONDS_PER_CLIENT = 8e-6, 2e-5
 
 
 def _check_duration(algorithm: Algorithm, sampler: Sampler, sizes: np.ndarray, rounds: int, exact: bool) -> None:
-    """Refuse (naming ``sizes``) an expectation that would plan more local steps than fit the time allowed:
+    """Refuse (naming ``sizes``, or ``rounds`` for Monte Carlo) an expectation that would plan more local steps than fit the time allowed:
     every outcome (a cohort enumerated, or a Monte Carlo round) plans each member's steps."""
     local = algorithm.local
     tau = np.full(len(sizes), float(local.steps)) if isinstance(local.steps, int) else local._epoch_range[1] * local.epoch_steps(sizes).astype(np.float64)
@@ -100,7 +100,7 @@ def _check_duration(algorithm: Algorithm, sampler: Sampler, sizes: np.ndarray, r
     outcomes = (float(sampler.num_outcomes()) if exact else float(rounds)) + 1  # + the first round's plan of the report
     estimate = outcomes * (SECONDS_PER_STEP * float(np.dot(counts, tau)) + SECONDS_PER_CLIENT * float(np.sum(counts)))
     how = "enumerating the sampler's cohorts" if exact else f"{rounds} Monte Carlo rounds"
-    limits.check_seconds(estimate, "sizes", f"{how} of about {np.dot(counts, tau):.3g} planned local steps each")
+    limits.check_seconds(estimate, "sizes" if exact else "rounds", f"{how} of about {np.dot(counts, tau):.3g} planned local steps each")
 
 
 def _outcomes(algorithm: Algorithm, sampler: Sampler, client_indices: list[np.ndarray], rounds: int, seed: int, exact: bool) -> Iterator[tuple[float, list[ClientPlan]]]:
