@@ -1138,7 +1138,6 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
     """One decompression or allocation bomb, or a damaged compressed or HDF5 file: (name, the call that reads it)."""
     import gzip
     import io
-    import lzma
     import zipfile
 
     from fedshuffle.data.sources import arrays, cifar, fetch, mnist, shakespeare

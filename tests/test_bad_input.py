@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import lzma
 import os
 import pickle
 import re
@@ -42,14 +41,9 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
-def cli(*argv: str, cwd: Path | None = None):
-    previous = os.getcwd()
-    if cwd is not None:
-        os.chdir(cwd)
-    try:
-        result = CliRunner().invoke(app, list(argv))
-    finally:
-        os.chdir(previous)
+def cli(*argv: str):
+    """``fedshuffle ARGV`` in this process: never an exception other than the exit, never a traceback."""
+    result = CliRunner().invoke(app, list(argv))
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert "Traceback" not in result.output
     return result
