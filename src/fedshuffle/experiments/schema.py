@@ -78,6 +78,7 @@ def _usable_path_name(v: str | None) -> str | None:
 
 
 def _fits_file_system(v: str) -> bool:
+    """Whether :func:`_usable_path_name` takes ``v`` (a path it refuses is never looked up: the lookup would raise)."""
     try:
         return _usable_path_name(v) is not None
     except ValueError:
@@ -237,7 +238,7 @@ class DataConfig(_Section):
     test_fraction: float = Field(0.0, ge=0, lt=1)
     libsvm_test: bool = Field(False, description="libsvm: evaluate on LIBSVM's own test file (<dataset>.t), where it has one")
     path: str | None = Field(None, description="a data file or folder (targets: .npy of shape (N, d); npz; libsvm; leaf); relative to the config file")
-    _usable_path = field_validator("path")(lambda v: _usable_path_name(v))
+    _usable_path = field_validator("path")(_usable_path_name)
 
     @field_validator("client_sizes")
     @classmethod
