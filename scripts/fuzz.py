@@ -1,10 +1,13 @@
 """The large fuzz run: thousands of random configs, CLI calls, data files, corrupted and hostile results folders.
 
-    python scripts/fuzz.py --cases 5000                   # split evenly over the five kinds
+    python scripts/fuzz.py --cases 5000                   # split evenly over the kinds
     python scripts/fuzz.py --cases 400 --kinds data,cli --jobs 2 --out fuzz.json
     python scripts/fuzz.py --replay data:123              # run one case again, in this process
+    python scripts/fuzz.py --cases 2000 --kinds downloads,bombs,special,values   # inputs from outside only
 
-Cases are those of ``tests/fuzzing.py`` (each drawn from ``kind:seed``). They run in worker processes,
+Cases are those of ``tests/fuzzing.py`` (each drawn from ``kind:seed``); the kinds of inputs from
+outside (``fuzzing.INPUT_KINDS``: hostile HTTP servers on 127.0.0.1, decompression and allocation
+bombs, special files as inputs, huge and deeply nested values) bound each case by wall-clock time. They run in worker processes,
 each with a memory cap (``FEDSHUFFLE_MAX_MEMORY=1G`` for the estimates, and an address-space limit so
 that an allocation that escapes the estimates fails instead of swapping); a worker that stops answering
 for longer than a case may take is killed and its case counted as a hang, one that dies counts as a
@@ -172,7 +175,7 @@ def report(results: list[dict], seconds: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=5000, help="total cases, split evenly over --kinds")
-    parser.add_argument("--kinds", default=",".join(fuzzing.KINDS), help="comma-separated: " + ", ".join(fuzzing.KINDS))
+    parser.add_argument("--kinds", default=",".join(fuzzing.KINDS), help=f"comma-separated: {', '.join(fuzzing.KINDS)}")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     parser.add_argument("--start", type=int, default=0, help="first seed")
     parser.add_argument("--out", type=Path, default=Path("fuzz-results.json"), help="JSON of the counts and the bad cases")

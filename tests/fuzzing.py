@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -1055,6 +1056,8 @@ def run_hostile_case(seed: int, work: Path, template: Path) -> Result:
 def run_case(kind: str, seed: int, work: Path, template: Path | None) -> Result:
     """One case of ``kind`` drawn from ``seed``, run in the empty folder ``work``."""
     try:
+        if kind in INPUT_KINDS:
+            return run_input_case(kind, seed, work)
         if kind == "configs":
             return run_config_case(seed, work)
         if kind == "cli":
@@ -1069,3 +1072,478 @@ def run_case(kind: str, seed: int, work: Path, template: Path | None) -> Result:
         return Result("hang", str(exc))
     except Exception as exc:  # noqa: BLE001 (a failure of the harness itself is reported as one)
         return Result("traceback", f"harness: {_tail(exc)}")
+
+
+# == inputs from outside: hostile HTTP servers, decompression and allocation bombs, special files, huge values ==
+#
+# Four kinds, each case bounded in wall-clock time (a FIFO blocks without using the CPU, so these cases
+# use SIGALRM rather than the CPU-time alarm): ``downloads`` (a server on 127.0.0.1 that answers
+# garbage, too much, too slowly or not at all; a mirror that is not a URL), ``bombs`` (a gzip IDX file
+# that inflates past its header, a CIFAR pickle or .npy header claiming a terabyte, an archive member
+# declaring one, corrupt .tar.xz and LZMA .npz, TFF HDF5 files of the wrong structure), ``special``
+# (a FIFO, a device, a socket or a folder where a config or data file is expected) and ``values``
+# (numbers of thousands of digits, brackets nested a thousand deep, names over 255 bytes, weights that
+# overflow, client counts and sizes that cannot fit). Every case of these kinds must be refused: a run
+# that accepts one is ``nonsense``.
+
+import socket
+import threading
+import time
+
+INPUT_KINDS = ("downloads", "bombs", "special", "values")
+KINDS = (*KINDS, *INPUT_KINDS)
+#: wall-clock seconds an input case may take (downloads run under DOWNLOAD_LIMITS: a 1.5 s deadline)
+INPUT_CASE_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def wall_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`Hang` in the main thread after ``seconds`` of wall-clock time (a blocked ``open`` is interrupted)."""
+
+    def alarm(signum, frame):
+        raise Hang(f"still blocked after {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _status(code: int = 200, headers: tuple[str, ...] = (), length: int | None = None) -> bytes:
+    lines = [f"HTTP/1.1 {code} X", *headers, *([f"Content-Length: {length}"] if length is not None else []), "Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _trickle(conn: socket.socket, stop: threading.Event, data: bytes, pause: float) -> None:
+    for byte in data[:400]:
+        if stop.wait(pause):
+            return
+        conn.sendall(bytes([byte]))
+
+
+def _endless(conn: socket.socket, stop: threading.Event, head: bytes) -> None:
+    conn.sendall(head)
+    for _ in range(4096):  # at most 256 MiB, stopped as soon as the client hangs up
+        if stop.is_set():
+            return
+        conn.sendall(b"\0" * 65536)
+
+
+def _reset(conn: socket.socket, stop: threading.Event) -> None:
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")  # close with RST
+
+
+#: reply name → reply(conn, stop, body); ``body`` is the genuine file, which only "good" sends as it is
+HOSTILE_REPLIES: dict[str, Callable[[socket.socket, threading.Event, bytes], None]] = {
+    "good": lambda c, s, body: c.sendall(_status(200, length=len(body)) + body),
+    "garbage_status": lambda c, s, body: c.sendall(b"GARBAGE \x00\xff\r\n\r\n"),
+    "empty_reply": lambda c, s, body: None,
+    "incomplete": lambda c, s, body: c.sendall(_status(200, length=len(body)) + body[: len(body) // 2]),
+    "long_header_line": lambda c, s, body: c.sendall(b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n" + body),
+    "too_many_headers": lambda c, s, body: c.sendall(_status(200, tuple(f"X-{k}: 1" for k in range(150)), len(body)) + body),
+    "huge_length": lambda c, s, body: c.sendall(_status(200, length=10**15) + body),
+    "endless_body": lambda c, s, body: _endless(c, s, _status(200)),
+    "trickle_headers": lambda c, s, body: _trickle(c, s, _status(200, length=len(body)) + body, 0.2),
+    "trickle_body": lambda c, s, body: (c.sendall(_status(200, length=len(body))), _trickle(c, s, body, 0.2)),
+    "silent": lambda c, s, body: s.wait(INPUT_CASE_SECONDS),
+    "server_error": lambda c, s, body: c.sendall(_status(503, length=0)),
+    "not_found": lambda c, s, body: c.sendall(_status(404, length=0)),
+    "reset": lambda c, s, body: _reset(c, s),
+    "redirect_loop": lambda c, s, body: c.sendall(_status(302, ("Location: /again",), 0)),
+    "wrong_file": lambda c, s, body: c.sendall(_status(200, length=len(body)) + bytes(b ^ 1 for b in body)),
+}
+
+
+class HostileServer:
+    """An HTTP "server" on 127.0.0.1 answering each connection with ``replies[k]`` (the last one repeated),
+    in a thread; at most ``connections`` connections; stopped (its thread joined) on exit."""
+
+    def __init__(self, replies: list[str], body: bytes, connections: int = 32) -> None:
+        self.replies, self.body, self.connections = replies, body, connections
+        self.served: list[str] = []
+        self.stop = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> HostileServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.listener.close()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set() and len(self.served) < self.connections:
+            try:
+                conn, _ = self.listener.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            name = self.replies[min(len(self.served), len(self.replies) - 1)]
+            self.served.append(name)
+            with conn:
+                try:
+                    conn.settimeout(1)
+                    conn.recv(65536)  # the request
+                    HOSTILE_REPLIES[name](conn, self.stop, self.body)
+                except OSError:
+                    pass
+
+
+def download_limits():
+    """Download bounds small enough for tests: 1 s to connect or read, a 1.5 s deadline, two tries."""
+    from fedshuffle.data.sources.fetch import DownloadLimits
+
+    return DownloadLimits(connect_timeout=1.0, read_timeout=1.0, deadline=1.5, min_rate=1e12, attempts=2, backoff=0.05, max_bytes=1 << 20, margin=0.0, slack=0)
+
+
+MIRRORS = ["not a url", "http://[::1", "ftp://127.0.0.1/x", "http://", "http://127.0.0.1:99999", "http://exa mple/", "file:///etc", "http://127.0.0.1:1\r\nX: y", "\0"]
+
+
+def run_download_case(seed: int, work: Path) -> Result:
+    from fedshuffle.core.errors import ConfigError
+    from fedshuffle.data.sources import fetch
+
+    rng = random.Random(f"downloads:{seed}")
+    body = rng.randbytes(rng.choice([1, 100, 5000]))
+    remote = lambda url: fetch.RemoteFile("toy", "toy.bin", url, hashlib.sha256(body).hexdigest(), len(body))  # noqa: E731
+    replies = [rng.choice(sorted(HOSTILE_REPLIES)) for _ in range(rng.choice([1, 1, 2]))]
+    mirror = rng.choice(MIRRORS) if rng.random() < 0.15 else None
+    label = f"mirror {mirror!r}" if mirror is not None else "→".join(replies)
+    retried = ("server_error", "reset", "incomplete", "empty_reply", "garbage_status", "long_header_line", "too_many_headers")
+    must_succeed = mirror is None and (replies[0] == "good" or (replies[-1] == "good" and replies[0] in retried))
+    previous = fetch.LIMITS
+    fetch.LIMITS = download_limits()
+    began = time.monotonic()
+    try:
+        with wall_limit(INPUT_CASE_SECONDS), HostileServer(replies, body) as server:
+            if mirror is not None:
+                fetch.locate(remote(""), mirror=mirror)
+            else:
+                path = fetch.locate(remote(server.url + "/toy.bin"))
+                if path.read_bytes() != body:
+                    return Result("nonsense", "kept a file that is not the one served", label)
+    except Hang as exc:
+        return Result("hang", str(exc), label)
+    except ConfigError as exc:
+        leftovers = list((work.parent / "cache").rglob("*.part")) if (work.parent / "cache").exists() else []
+        if "\n" in str(exc) or leftovers:
+            return Result("nonsense", f"not one line, or a partial file left: {str(exc)[:120]!r} {leftovers[:1]}", label)
+        if must_succeed:
+            return Result("nonsense", f"refused a download that the last try served: {exc}", label)
+        return Result("clean_error", str(exc)[:200], label)
+    except Exception as exc:  # noqa: BLE001 (classified, not hidden)
+        return Result("traceback", _tail(exc), label)
+    finally:
+        fetch.LIMITS = previous
+        shutil.rmtree(fetch.cache_dir() / "toy", ignore_errors=True)
+    if time.monotonic() - began > 10:
+        return Result("hang", f"took {time.monotonic() - began:.1f} s with a 1.5 s deadline", label)
+    if mirror is not None or not set(replies) & {"good", "trickle_body", "trickle_headers"}:  # the replies that send the genuine file (slowly: in time for a small one)
+        return Result("nonsense", "accepted a download that must fail", label)
+    return Result("ran", "", label)
+
+
+class _HugeArray:
+    """Pickles as numpy's ``_reconstruct(ndarray, shape, dtype)``, which allocates ``shape`` at once."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    def __reduce__(self):
+        from numpy._core.multiarray import _reconstruct
+
+        return _reconstruct, (np.ndarray, self.shape, b"b")
+
+
+def tar_bytes(members: dict[str, bytes], mode: str = "w:gz", declared: dict[str, int] | None = None) -> bytes:
+    """A tar archive of ``members``; ``declared`` overrides a member's size in its header (the data is not padded)."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode) as archive:
+        for name, payload in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            archive.addfile(info, io.BytesIO(payload))
+    raw = buffer.getvalue()
+    for name, size in (declared or {}).items():  # rewrite the octal size field of an uncompressed archive's header
+        at = raw.index(name.encode())
+        raw = raw[: at + 124] + f"{size:011o}\0".encode()[-12:] + raw[at + 136 :]  # sizes up to 8**11 - 1 (8 GiB)
+        checksum = sum(raw[at : at + 148]) + 8 * 32 + sum(raw[at + 156 : at + 512])
+        raw = raw[: at + 148] + f"{checksum:06o}\0 ".encode() + raw[at + 156 :]
+    return raw
+
+
+def _cifar_member(rng: random.Random, labels: Any = None, data: Any = None) -> bytes:
+    import pickle
+
+    n = 4
+    return pickle.dumps({"data": np.zeros((n, 3072), np.uint8) if data is None else data, "labels": list(range(n)) if labels is None else labels}, protocol=2)
+
+
+def _h5(path: Path, build: Callable[[Any], None]) -> Path:
+    import h5py
+
+    with h5py.File(path, "w") as h5:
+        build(h5)
+    return path
+
+
+def _tff_cifar_client(h5, images: Any, labels: Any, coarse: Any = None) -> None:
+    record = h5.require_group("examples").create_group("0")
+    record.create_dataset("image", data=images)
+    record.create_dataset("label", data=labels)
+    record.create_dataset("coarse_label", data=labels if coarse is None else coarse)
+
+
+def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
+    """One decompression or allocation bomb, or a damaged compressed or HDF5 file: (name, the call that reads it)."""
+    import gzip
+    import io
+    import zipfile
+
+    from fedshuffle.data.sources import arrays, cifar, fetch, mnist, shakespeare
+
+    members = [f"cifar-10-batches-py/{m}" for m in (*cifar.CIFAR_ARCHIVES["cifar10"][2], cifar.CIFAR_ARCHIVES["cifar10"][3])]
+    kind = rng.choice(["gzip_idx", "idx_header", "reconstruct", "cifar_labels", "tar_member_size", "corrupt_xz", "lzma_npz", "npy_header",
+                       "tff_cifar", "tff_shakespeare", "gunzip", "leaf_gzip"])
+    path = work / f"{kind}.bin"
+    if kind == "gzip_idx":
+        path.write_bytes(gzip.compress(b"\0\0\x08\x01" + (10).to_bytes(4, "big") + b"\0" * rng.choice([11, 1 << 20, 30 << 20]), 1))
+        return kind, lambda: mnist.read_idx(path, 1)
+    if kind == "idx_header":
+        path.write_bytes(b"\0\0\x08\x03" + b"".join(n.to_bytes(4, "big") for n in (rng.choice([2**31, 2**32 - 1, 60000]), 28, rng.choice([28, 2**30]))) + b"\0" * 100)
+        return kind, lambda: mnist.read_idx(path, 3)
+    if kind in ("reconstruct", "cifar_labels"):
+        import pickle
+
+        bad = (pickle.dumps({"data": _HugeArray(rng.choice([(2**40,), (2**20, 2**20), (2**62, 4)])), "labels": [0]}, protocol=2) if kind == "reconstruct"
+               else _cifar_member(rng, labels=rng.choice([["3"] * 4, [2**70] * 4, None if rng.random() < 0.5 else {"a": 1}, [1.5] * 4, [[1, 2]] * 4])))
+        if kind == "cifar_labels" and bad == _cifar_member(rng):
+            bad = _cifar_member(rng, labels="abcd")
+        path.write_bytes(tar_bytes({m: bad if k == 0 else _cifar_member(rng) for k, m in enumerate(members)}))
+        return kind, lambda: cifar.read_cifar_archive(path, "cifar10")
+    if kind == "tar_member_size":
+        path.write_bytes(tar_bytes({members[0]: _cifar_member(rng)}, "w", {members[0]: rng.choice([2**32, 8**11 - 1])}))
+        return kind, lambda: cifar.read_cifar_archive(path, "cifar10")
+    if kind == "corrupt_xz":
+        raw = bytearray(tar_bytes({m: _cifar_member(rng) for m in members}, "w:xz"))
+        for _ in range(rng.randint(1, 20)):
+            raw[rng.randrange(12, len(raw))] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(raw[: rng.choice([len(raw), len(raw) // 2])]))
+        return kind, lambda: cifar.read_cifar_archive(path, "cifar10")
+    if kind in ("lzma_npz", "npy_header"):
+        buffer = io.BytesIO()
+        np.savez(buffer, x=np.ones((4, 2)), y=np.arange(4))
+        source = zipfile.ZipFile(io.BytesIO(buffer.getvalue()))
+        path = work / "d.npz"
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_LZMA if kind == "lzma_npz" else zipfile.ZIP_DEFLATED) as out:
+            for name in source.namelist():
+                payload = source.read(name)
+                if kind == "npy_header" and name == "x.npy":
+                    payload = payload.replace(b"(4, 2)", rng.choice([b"(1000000000000, 2)", b"(4, 100000000000)", b"(-1, 2)"]).ljust(6))
+                out.writestr(name, payload)
+        if kind == "lzma_npz":
+            raw = bytearray(path.read_bytes())
+            for _ in range(rng.randint(1, 10)):
+                raw[rng.randrange(40, len(raw) - 100)] ^= 0xFF
+            path.write_bytes(bytes(raw))
+        return kind, lambda: arrays.load_npz(path)
+    if kind == "tff_cifar":
+        images = np.zeros((rng.choice([0, 2]), 32, 32, 3), np.uint8)
+        variant = rng.choice(["strings", "2d", "empty", "dataset_as_client", "floats_image"])
+        if variant == "strings":
+            _h5(path, lambda h5: _tff_cifar_client(h5, images[:2] if len(images) else np.zeros((2, 32, 32, 3), np.uint8), np.array([b"1", b"2"])))
+        elif variant == "2d":
+            _h5(path, lambda h5: _tff_cifar_client(h5, np.zeros((2, 32, 32, 3), np.uint8), np.zeros((2, 2), np.int64)))
+        elif variant == "empty":
+            _h5(path, lambda h5: _tff_cifar_client(h5, np.zeros((0, 32, 32, 3), np.uint8), np.zeros(0, np.int64)))
+        elif variant == "dataset_as_client":
+            _h5(path, lambda h5: h5.require_group("examples").create_dataset("0", data=np.zeros(3)))
+        else:
+            _h5(path, lambda h5: _tff_cifar_client(h5, np.zeros((2, 32, 32, 3)), np.zeros(2, np.int64)))
+        return f"{kind}:{variant}", lambda: cifar.read_tff_cifar100(path)
+    if kind == "tff_shakespeare":
+        variant = rng.choice(["examples_dataset", "role_dataset", "snippets_ints", "snippets_group", "snippets_2d"])
+        def build(h5):
+            if variant == "examples_dataset":
+                h5.create_dataset("examples", data=np.zeros(3))
+                return
+            examples = h5.create_group("examples")
+            if variant == "role_dataset":
+                examples.create_dataset("ROLE", data=np.zeros(3))
+            elif variant == "snippets_ints":
+                examples.create_group("ROLE").create_dataset("snippets", data=np.arange(3))
+            elif variant == "snippets_group":
+                examples.create_group("ROLE").create_group("snippets")
+            else:
+                examples.create_group("ROLE").create_dataset("snippets", data=np.array([[b"ab", b"c"]]))
+        _h5(path, build)
+        return f"{kind}:{variant}", lambda: shakespeare.read_tff_shakespeare(path)
+    if kind == "leaf_gzip":  # a JSON file that inflates past what memory allows (the fuzzing environment's 1 GiB: 102 MiB of text)
+        from fedshuffle.data.sources.leaf import load_leaf
+
+        text = json.dumps({"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [[1.0]], "y": [1]}}})
+        for split in ("train", "test"):
+            (work / split).mkdir()
+            (work / split / "a.json").write_text(text)
+        (work / "train" / "a.json").unlink()
+        (work / "train" / "a.json.gz").write_bytes(gzip.compress((text + " " * rng.choice([200 << 20, 300 << 20])).encode(), 1))
+        return kind, lambda: load_leaf(work, None)
+    path.write_bytes(gzip.compress(b"\0" * (4 << 20), 1))
+    return kind, lambda: fetch.gunzip(path, work / "out.bin", 1 << 20)
+
+
+def run_bomb_case(seed: int, work: Path) -> Result:
+    from fedshuffle.core.errors import ConfigError
+
+    rng = random.Random(f"bombs:{seed}")
+    label, read = bomb(rng, work)
+    try:
+        with wall_limit(INPUT_CASE_SECONDS):
+            loaded = read()
+    except Hang as exc:
+        return Result("hang", str(exc), label)
+    except ConfigError as exc:
+        return Result("nonsense" if "\n" in str(exc) else "clean_error", str(exc)[:200], label)
+    except Exception as exc:  # noqa: BLE001 (classified, not hidden)
+        return Result("traceback", _tail(exc), label)
+    if label == "lzma_npz" and np.array_equal(loaded[0], np.ones((4, 2))) and np.array_equal(loaded[1], np.arange(4)):
+        return Result("ran", "the flipped bytes were in fields that do not matter", label)
+    return Result("nonsense", "accepted a bomb or a damaged file", label)
+
+
+def special_file(rng: random.Random, work: Path) -> tuple[str, Path]:
+    """A FIFO, a device, a socket or a folder at ``work/<name>``, or a device's own path: (what, path)."""
+    kind = rng.choice(["fifo", "fifo", "dev_zero", "dev_null", "dev_urandom", "socket", "folder"])
+    path = work / f"special-{kind}.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+        listener.close()  # the socket file stays
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        return kind, Path("/dev") / kind.removeprefix("dev_")
+    return kind, path
+
+
+def run_special_case(seed: int, work: Path) -> Result:
+    """A special file where a config file (``run``, ``show``, ``inspect --config``) or a data file is expected."""
+    from fedshuffle.core.errors import ConfigError
+    from fedshuffle.experiments.build import build_problem_and_data
+    from fedshuffle.experiments.schema import RunSpec, validate
+
+    rng = random.Random(f"special:{seed}")
+    what, path = special_file(rng, work)
+    use = rng.choice(["run", "show", "inspect", "npz", "targets", "libsvm", "leaf", "mnist"])
+    label = f"{what} as {use}"
+    try:
+        with wall_limit(INPUT_CASE_SECONDS):
+            if use in ("run", "show", "inspect"):
+                argv = {"run": ["run", str(path), "--quiet", "--out", str(work / "out")], "show": ["show", str(path)], "inspect": ["inspect", "--config", str(path)]}[use]
+                result, _ = invoke(argv, work)
+                result.case = label
+                return Result("nonsense", "exit 0 with a special file as the config", label) if result.outcome == "ran" else result
+            data = {"npz": {"source": "npz", "path": str(path)}, "targets": {"source": "targets", "path": str(path), "client_sizes": [1]},
+                    "libsvm": {"source": "libsvm", "path": str(path)}, "leaf": {"source": "leaf", "path": str(work)},
+                    "mnist": {"source": "mnist", "data_dirs": [str(work)], "download": False}}[use]
+            if use == "leaf":
+                (work / "train").mkdir(exist_ok=True)
+                (work / "test").mkdir(exist_ok=True)
+                os.mkfifo(work / "train" / "all_data.json")
+            if use == "mnist":
+                (work / "mnist").mkdir(exist_ok=True)
+                for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+                    os.mkfifo(work / "mnist" / name)
+            problem = {"name": "quadratic"} if use == "targets" else {"name": "logistic"}
+            build_problem_and_data(validate(RunSpec, {"data": data, "problem": problem}))
+    except Hang as exc:
+        return Result("hang", str(exc), label)
+    except ConfigError as exc:
+        return Result("nonsense" if "\n" in str(exc) else "clean_error", str(exc)[:200], label)
+    except Exception as exc:  # noqa: BLE001 (classified, not hidden)
+        return Result("traceback", _tail(exc), label)
+    return Result("nonsense", "loaded data from a special file", label)
+
+
+def huge_values(rng: random.Random) -> list[list[str]]:
+    """Settings (``section.key=value``, applied together) that are too large, too deep or overflow."""
+    digits = "9" * rng.choice([4301, 5000, 100_000])
+    depth = rng.choice([500, 1000, 3000])
+    return [
+        [f"local.lr={digits}"], [f"local.lr={'[' * depth}"], [f"local.lr={'[' * depth}1{']' * depth}"], [f"run.rounds={digits}"], [f"run.seed={digits}"],
+        [f"local.prox_mu={rng.choice(['1e308', '1e300', '1e30'])}"], [f"data.path=\"{'a' * rng.choice([256, 300, 5000])}\""],
+        ["aggregation.weighting=[1e308, 1e308]", 'aggregation.normalization="sum_one"'], [f"local.lr=\"{'x' * 200_000}\""],
+        ['plot.metric="test_accuracy"'], [f"local.epochs={digits}"],
+        ['data.source="fedprox_synthetic"', f"data.clients={rng.choice([10**9, 10**6])}", 'data.partition="sizes"'],
+    ]
+
+
+def _with_settings(config: str, settings: list[str]) -> str:
+    """``config`` (TOML) with ``section.key = value`` settings written into its sections."""
+    for setting in settings:
+        key, value = setting.split("=", 1)
+        section, name = key.split(".")
+        lines = config.splitlines()
+        header = lines.index(f"[{section}]") if f"[{section}]" in lines else None
+        lines = [line for line in lines if not (header is not None and line.startswith(f"{name} ="))]
+        if header is None:
+            lines = [f"[{section}]", f"{name} = {value}", *lines]
+        else:
+            lines.insert(lines.index(f"[{section}]") + 1, f"{name} = {value}")
+        config = "\n".join(lines) + "\n"
+    return config
+
+
+def run_values_case(seed: int, work: Path) -> Result:
+    """A huge or deeply nested value through ``--set``, ``--grid``, a config file, ``--workers``, ``--seeds`` or
+    ``inspect``: exit 2 with one line, never a traceback, never a run."""
+    rng = random.Random(f"values:{seed}")
+    (work / "c.toml").write_text(SMALL_CONFIG)
+    settings = rng.choice(huge_values(rng))
+    how = rng.choice(["set", "set", "grid", "file", "workers", "seeds", "inspect"])
+    run = ["run", str(work / "c.toml"), "--quiet", "--out", str(work / "out")]
+    if how == "set":
+        argv = [*run, *(a for s in settings for a in ("--set", s))]
+    elif how == "grid":
+        key, value = settings[0].split("=", 1)
+        argv = ["sweep", str(work / "c.toml"), "--grid", f"{key}=0.1,{value}", *(a for s in settings[1:] for a in ("--set", s)), "--workers", "1", "--quiet", "--out", str(work / "out")]
+    elif how == "file":
+        (work / "c.toml").write_text(_with_settings(SMALL_CONFIG, settings))
+        argv = run
+    elif how == "workers":
+        argv = [*run, "--workers", rng.choice(["9999999999999999999999", "-" + "9" * 30, "100000", "0"])]
+    elif how == "seeds":
+        argv = [*run, "--seeds", rng.choice(["9" * 4301, "0.." + "9" * 40, "0,1,2" + ",1" * 100])]
+    else:
+        argv = ["inspect", *rng.choice([["--sizes", "1000000000,1"], ["--sizes", "100000000,1"], ["--lr", "1e308"],
+                                        ["--sizes", "1000,1000,1000", "--sampler", "uniform", "--cohort", "1", "--monte-carlo", "--samples", "100000000"]])]
+    case = f"{how}: {' '.join(argv).replace(str(work), 'W')[:160]}"
+    try:
+        with wall_limit(INPUT_CASE_SECONDS):
+            result, _ = invoke(argv, work)
+    except Hang as exc:
+        return Result("hang", str(exc), case)
+    result.case = case
+    if result.outcome == "ran":
+        return Result("nonsense", "exit 0 with a value that cannot be used", case)
+    return result
+
+
+def run_input_case(kind: str, seed: int, work: Path) -> Result:
+    """One case of the inputs-from-outside kinds (:data:`INPUT_KINDS`)."""
+    runner = {"downloads": run_download_case, "bombs": run_bomb_case, "special": run_special_case, "values": run_values_case}[kind]
+    return runner(seed, work)

@@ -50,8 +50,6 @@ def _load(config: str):
     """The experiment of a preset name or TOML file (a folder is not one)."""
     from fedshuffle.experiments.schema import load_experiment
 
-    if Path(config).is_dir():
-        raise ConfigError("config", f"{config} is a folder; give a TOML file or a preset name")
     return load_experiment(config)
 
 

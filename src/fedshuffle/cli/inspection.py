@@ -19,6 +19,10 @@ STEP_CONVENTIONS = {
 }
 
 
+#: the arguments of inspect_objective and settings as the options that set them here
+_OPTIONS = {"sizes": "--sizes", "rounds": "--samples", "weights": "--weights"}
+
+
 @app.command()
 def inspect(
     algorithm: Annotated[str, typer.Option(help="method name")] = "fedavg",
@@ -54,8 +58,11 @@ def inspect(
     from fedshuffle.experiments.schema import RunSpec, parse_overrides, validate
     from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
 
+    from fedshuffle.core import limits
+
     try:
         size_list = parse_integers(sizes, "--sizes", minimum=1, ranges=False)
+        limits.check_dataset(sum(size_list), 1, "--sizes", f"{len(size_list)} clients of {sum(size_list)} samples in all")
         weight_spec = weights if weights in ("size", "uniform") else [float(v) for v in weights.split(",")]
         w = objective_weights(np.array(size_list), weight_spec)
         epoch_spec: int | list[int] = [int(v) for v in epochs.split("-")] if "-" in epochs else int(epochs)
@@ -68,7 +75,7 @@ def inspect(
         smp = build_sampler(spec.sampler, data)
         report = inspect_objective(alg, smp, np.array(size_list), w, exact=False if monte_carlo else None, rounds=samples)
     except ConfigError as exc:
-        _fail(exc)
+        _fail(ConfigError(_OPTIONS.get(exc.field, exc.field), exc.message) if exc.field in _OPTIONS else exc)
     except ValueError as exc:
         _fail(ConfigError("--epochs/--weights", str(exc)))
     convention = alg.local.step_normalization if isinstance(alg.local.step_normalization, str) else "explicit c_i"

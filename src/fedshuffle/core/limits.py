@@ -13,7 +13,9 @@ The memory available to this process is the smallest of
 * ``FEDSHUFFLE_MAX_MEMORY`` (bytes, or with a K/M/G/T suffix), a cap a user or a test sets.
 
 Estimates are deliberately simple upper bounds (a few copies of the largest array); a check fails
-when the estimate exceeds :data:`HEADROOM` of what is available. Estimates up to :data:`SMALL` pass
+when the estimate exceeds :data:`HEADROOM` of what is available. Work that cannot be interrupted and
+resumed (``inspect``'s expectations, generating a dataset) is also checked against time:
+:func:`check_seconds` refuses an estimate beyond ``FEDSHUFFLE_MAX_SECONDS`` (default :data:`MAX_SECONDS`). Estimates up to :data:`SMALL` pass
 without reading the system (unless ``FEDSHUFFLE_MAX_MEMORY`` is set), and the system's figures are
 re-read at most once a second, so that checks made every round cost microseconds.
 """
@@ -32,6 +34,9 @@ HEADROOM = 0.8
 #: estimates up to this size are not checked (unless FEDSHUFFLE_MAX_MEMORY is set): they fit anywhere this runs
 SMALL = 32 << 20
 ENV = "FEDSHUFFLE_MAX_MEMORY"
+#: seconds one uninterruptible computation may be estimated to take (``FEDSHUFFLE_MAX_SECONDS`` overrides)
+MAX_SECONDS = 600.0
+SECONDS_ENV = "FEDSHUFFLE_MAX_SECONDS"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -156,3 +161,15 @@ def check_dataset(samples: float, features: float, setting: str, what: str = "th
 def check_model(dim: float, setting: str, what: str = "the model", cohort: float = 1.0) -> None:
     """A model of ``dim`` float64 parameters: :data:`MODEL_COPIES` copies plus one update per cohort member."""
     check_fits(array_bytes(dim) * (MODEL_COPIES + 2 * cohort), setting, f"{what} ({dim:.0f} parameters)")
+
+
+def check_seconds(estimate: float, setting: str, what: str, error: type[ConfigError] = ConfigError) -> None:
+    """Raise ``error`` on ``setting`` when ``what`` is estimated (a lower bound from measured costs) to take
+    longer than ``FEDSHUFFLE_MAX_SECONDS`` (default :data:`MAX_SECONDS`): it cannot be interrupted and resumed."""
+    text = os.environ.get(SECONDS_ENV)
+    try:
+        budget = MAX_SECONDS if text is None else float(text)
+    except ValueError:
+        raise ConfigError(SECONDS_ENV, f"expected a number of seconds, got {text!r}") from None
+    if not estimate <= budget:  # NaN too
+        raise error(setting, f"{what} would take at least {estimate:.3g} s, more than the {budget:g} s allowed ({SECONDS_ENV}); use a smaller value")

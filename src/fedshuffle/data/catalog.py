@@ -110,6 +110,7 @@ def fedprox_synthetic_source(
     if clients is None:
         raise ConfigError("clients", "fedprox_synthetic needs the number of devices")
     gen = FedProxSynthetic(synthetic_alpha, synthetic_beta, clients, seed, iid)
+    gen.check_memory()
     held = [gen.test(k) for k in range(clients)]
     samples = _clients([gen.train(k) for k in range(clients)], (np.concatenate([x for x, _ in held]), np.concatenate([y for _, y in held])))
     samples.num_classes = 10

@@ -251,6 +251,9 @@ def stored_run(run_dir: Path) -> dict[str, Any] | None:
     saved = read_json(path, "run config")
     if not isinstance(saved, dict) or not isinstance(saved.get("spec"), dict) or not isinstance(saved["spec"].get("run"), dict):
         raise ConfigError(str(path), "not a run config (expected an object with 'spec'); restore it or start the run again in another folder")
+    rounds = saved["spec"]["run"].get("rounds", 0)
+    if type(rounds) is not int or rounds < 0:
+        raise ConfigError(str(path), f"run.rounds is {rounds!r}, not a whole number of rounds; restore the file or start the run again in another folder")
     return saved
 
 

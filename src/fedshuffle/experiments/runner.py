@@ -48,7 +48,7 @@ from fedshuffle.core.io import open_regular, write_atomic, write_json
 from fedshuffle.core.threads import operator_threads, run_threads
 from fedshuffle import metrics
 from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, AppendedTable, write_parquet
-from fedshuffle.experiments.sinks import flatten, open_sinks
+from fedshuffle.experiments.sinks import check_tracking_server, flatten, open_sinks
 from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_hash, data_hashes, identity, intact, remove_leftovers, sealed, stored_run
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -166,17 +166,28 @@ def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> 
     return sim, step_sizes
 
 
-def preflight(jobs: Sequence[Any]) -> None:
+def preflight(jobs: Sequence[Any], plot_metrics: Sequence[str] = ()) -> None:
     """Build every distinct run of ``jobs`` once and plan its first round, so that bad input stops
-    everything before any folder is written (client state goes to a temporary folder)."""
+    everything before any folder is written (client state goes to a temporary folder). A model metric
+    of ``plot_metrics`` that no run would record (f_gap without a known optimum, test accuracy without
+    a test set) is refused too, as ``fedshuffle plot`` would refuse the folder."""
     seen = set()
+    unrecorded = {m for m in plot_metrics if m in metrics.of_kind("model")}
     with tempfile.TemporaryDirectory(prefix="fedshuffle-preflight-") as scratch:
         for k, job in enumerate(jobs):
             key = json.dumps(job.spec.model_dump(exclude={"run": {"seed"}}), sort_keys=True, default=str)
             if key not in seen:
                 seen.add(key)
+                if "mlflow" in job.spec.run.sinks and job.spec.run.mlflow_uri:
+                    check_tracking_server(job.spec.run.mlflow_uri)
                 sim, _ = build_simulation(job.spec, job.seed, str(Path(scratch) / str(k)))
                 sim.round_info()
+                if unrecorded:
+                    scores = metrics.ModelScores(sim.problem, sim.data)(sim.params)
+                    unrecorded -= {m for m in unrecorded if scores.get(m) is not None}
+    if unrecorded:
+        raise ConfigError("plot.metric", f"no run records {', '.join(sorted(unrecorded))} (f_gap and dist_sq need a problem with a known optimum, "
+                          "test_* a test set, accuracies a classification problem); plot another metric, e.g. loss")
 
 
 def run_identity(spec: RunSpec) -> tuple[dict[str, Any], dict[str, str]]:

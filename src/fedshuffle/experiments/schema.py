@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import re
 import sys
 import unicodedata
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedshuffle import metrics
 from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTINGS
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.inputs import read_regular_file
 from fedshuffle.core.registry import Registry
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.local.plan import ORDERS, STEP_MODES, STEP_NORMALIZATIONS
@@ -46,6 +48,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PRESETS_DIR = Path(__file__).parent.parent / "presets"
+#: bytes of a config file (the largest preset is 9 KB)
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class _Section(BaseModel):
@@ -61,6 +65,32 @@ def _registered(registry: Registry, value: Any, noun: str) -> str:
         hint = difflib.get_close_matches(str(value), registry.names(), n=1)
         raise ValueError(f"not a registered {noun}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(registry)}")
     return value
+
+
+def _usable_path_name(v: str | None) -> str | None:
+    """A path the file system can take: no NUL byte, no name over 255 bytes, at most 4096 bytes in all."""
+    if v is None:
+        return v
+    if "\0" in v:
+        raise ValueError("a path cannot hold a NUL byte")
+    if len(v.encode("utf-8", "surrogateescape")) > 4096 or any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in Path(v).parts):
+        raise ValueError("too long for a path (each name at most 255 bytes, the whole path 4096)")
+    return v
+
+
+def _fits_file_system(v: str) -> bool:
+    """Whether :func:`_usable_path_name` takes ``v`` (a path it refuses is never looked up: the lookup would raise)."""
+    try:
+        return _usable_path_name(v) is not None
+    except ValueError:
+        return False
+
+
+def _summable(v: Any) -> Any:
+    """Per-client values whose sum is a finite float (1e308 twice overflows to inf, and ω = w̃/Σw̃ to 0)."""
+    if isinstance(v, list) and not math.isfinite(sum(v)):
+        raise ValueError("the values sum to more than the largest float (about 1.8e308); scale them down")
+    return v
 
 
 def _positive_or_theory(v: Any) -> Any:
@@ -122,6 +152,7 @@ class AggregationConfig(_Section):
     """ω_i = w̃_i/q_i^S (:class:`fedshuffle.aggregation.Aggregator`)."""
 
     weighting: Literal[WEIGHTINGS] | list[float] = "data"
+    _finite_weighting = field_validator("weighting")(_summable)
     normalization: Literal[NORMALIZATIONS] = "unbiased"
     tau_eff: Literal[TAU_EFF] = "planned"
     direction: Literal[DIRECTIONS] = "model_delta"
@@ -200,6 +231,7 @@ class DataConfig(_Section):
     synthetic_beta: float = Field(0.0, ge=0, description="fedprox_synthetic: std of B_k (data heterogeneity)")
     iid: bool = Field(False, description="fedprox_synthetic: the IID variant (shared W, b; x ~ N(0, Σ))")
     weights: Literal["size", "uniform"] | list[float] = "size"
+    _finite_weights = field_validator("weights")(_summable)
     samples: int = Field(1000, ge=1)
     features: int = Field(10, ge=1)
     classes: int = Field(2, ge=2)
@@ -207,6 +239,7 @@ class DataConfig(_Section):
     test_fraction: float = Field(0.0, ge=0, lt=1)
     libsvm_test: bool = Field(False, description="libsvm: evaluate on LIBSVM's own test file (<dataset>.t), where it has one")
     path: str | None = Field(None, description="a data file or folder (targets: .npy of shape (N, d); npz; libsvm; leaf); relative to the config file")
+    _usable_path = field_validator("path")(_usable_path_name)
 
     @field_validator("client_sizes")
     @classmethod
@@ -231,6 +264,7 @@ class SamplerConfig(_Section):
     cohort: float | None = Field(None, gt=0)
     order: Literal["reshuffle", "shuffle_once", "fixed"] = "reshuffle"
     probabilities: Literal["uniform", "weights"] | list[float] = "uniform"
+    _finite_probabilities = field_validator("probabilities")(_summable)
 
 
 class RunConfig(_Section):
@@ -507,20 +541,25 @@ def validate(model: type[BaseModel], raw: Mapping[str, Any], prefix: str = "") -
 def load_experiment(path_or_preset: str | Path) -> Experiment:
     """An experiment from a TOML file path or a preset name."""
     path = Path(path_or_preset)
-    if not path.exists() and path.suffix != ".toml":
-        path = PRESETS_DIR / f"{path_or_preset}.toml"
-        if not path.exists():
-            names = preset_names()
-            hint = difflib.get_close_matches(str(path_or_preset), names, n=1)
-            raise ConfigError("preset", f"no preset or file {str(path_or_preset)!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; presets: {', '.join(names)}")
+    try:
+        found = path.exists() or path.suffix == ".toml"
+        if not found:
+            path = PRESETS_DIR / f"{path_or_preset}.toml"
+            found = path.exists()
+    except OSError as exc:  # a name longer than the file system allows
+        raise ConfigError("config", f"cannot use {str(path_or_preset)[:60]!r}... as a file name ({exc.strerror or exc})") from None
+    if not found:
+        names = preset_names()
+        hint = difflib.get_close_matches(str(path_or_preset), names, n=1)
+        raise ConfigError("preset", f"no preset or file {str(path_or_preset)!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; presets: {', '.join(names)}")
     if path.is_dir():
         raise ConfigError("config", f"{path} is a folder; give a TOML file or a preset name (presets: {', '.join(preset_names())})")
     try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError("config", f"file not found: {path}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError("config", f"{path} is not valid TOML ({exc})") from None
+        raw = tomllib.loads(read_regular_file(path, "config", MAX_CONFIG_BYTES, "TOML config file").decode("utf-8"))
+    except ConfigError:
+        raise
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a number of more than 4,300 digits
+        raise ConfigError("config", f"{path} is not valid TOML ({' '.join(str(exc).split())[:200]})") from None
     except RecursionError:
         raise ConfigError("config", f"{path} nests arrays or tables too deeply") from None
     except OSError as exc:
@@ -534,7 +573,7 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
         experiment.experiment.name = path.stem if name_problem(path.stem) is None else slug(path.stem)
     for data in (experiment.data, *(v.data for v in experiment.variants)):  # relative to the file first, whatever the working directory
         data_path = data.get("path")
-        if isinstance(data_path, str) and not Path(data_path).expanduser().is_absolute() and (path.parent / data_path).exists():
+        if isinstance(data_path, str) and _fits_file_system(data_path) and not Path(data_path).expanduser().is_absolute() and (path.parent / data_path).exists():
             data["path"] = str(path.parent / data_path)
         dirs = data.get("data_dirs")
         if isinstance(dirs, list):
@@ -544,6 +583,10 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+#: characters of one ``--set`` value (a list of a thousand client sizes fits)
+MAX_VALUE_CHARS = 100_000
 
 
 def parse_overrides(assignments: list[str]) -> dict[str, Any]:
@@ -556,10 +599,15 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
         parts = key.strip().split(".")
         if len(parts) != 2 or parts[0] not in SECTIONS:
             raise ConfigError("--set", f"key must be section.setting with section one of {', '.join(SECTIONS)}; got {key!r}")
+        if len(value) > MAX_VALUE_CHARS:
+            raise ConfigError("--set", f"{key.strip()}: the value has {len(value)} characters; at most {MAX_VALUE_CHARS}")
         try:
             parsed = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError:
             parsed = value
+        except (ValueError, RecursionError) as exc:  # a number of more than 4,300 digits, lists nested hundreds deep
+            why = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc).split(":")[0]
+            raise ConfigError("--set", f"{key.strip()}: cannot read the value ({why})") from None
         out.setdefault(parts[0], {})[parts[1]] = parsed
     return out
 

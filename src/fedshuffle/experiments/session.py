@@ -23,7 +23,7 @@ from fedshuffle.core.io import write_json
 from fedshuffle.experiments import folders
 from fedshuffle.experiments.results import check_metrics
 from fedshuffle.experiments.schema import Experiment
-from fedshuffle.experiments.sweep import Job, Outcome, jobs_for, run_jobs, select_best
+from fedshuffle.experiments.sweep import Job, Outcome, check_workers, jobs_for, run_jobs, select_best
 
 
 def variant_identities(experiment: Experiment, overrides: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -106,11 +106,12 @@ def run_experiment(
     from fedshuffle.experiments.report import StoredRun, group_runs, plot_runs, summarize_runs
     from fedshuffle.experiments.runner import preflight
 
+    check_workers(workers)
     out_dir = Path(out_dir)
     jobs = jobs_for(experiment, out_dir, [{}], seeds=seeds, overrides=overrides)
     plot = jobs[0].spec.plot
-    check_metrics([plot.metric] if isinstance(plot.metric, str) else plot.metric, "plot.metric")
-    preflight(jobs)
+    plotted = check_metrics([plot.metric] if isinstance(plot.metric, str) else plot.metric, "plot.metric")
+    preflight(jobs, plotted if "metric" in plot.model_fields_set else ())  # a metric asked for must be one the runs record
     name = experiment.experiment.name
     with ResultsFolder(out_dir, "run", experiment, overrides, jobs, resume=resume, extend=extend) as folder:
         if on_open:
@@ -139,6 +140,7 @@ def run_sweep(
     """Every grid point × variant × seed into ``out_dir`` (finished runs are kept), then ``sweep.json``."""
     from fedshuffle.experiments.runner import preflight
 
+    check_workers(workers)
     jobs = jobs_for(experiment, Path(out_dir), points, seeds, overrides, variants)
     preflight(jobs)
     name = experiment.experiment.name

@@ -10,7 +10,9 @@ an experiment (or sweep) in one place, so its variants compare side by side:
 * MLflow (``run.mlflow_uri``, default a local file store ``<results>/mlruns``): one MLflow experiment
   per fedshuffle experiment (its name), one parent run per variant (and grid point), and a nested run
   per seed holding the metrics and the resolved config as parameters. A resumed run continues its
-  MLflow run. ``mlflow ui --backend-store-uri <results>/mlruns``.
+  MLflow run. ``mlflow ui --backend-store-uri <results>/mlruns``. An ``http(s)://`` tracking server
+that does not answer within :data:`MLFLOW_CONNECT_SECONDS` is an error at once (one line), and
+MLflow's own retries are bounded (unless ``MLFLOW_HTTP_REQUEST_*`` are set).
 
 ``<results>`` is the folder given to ``run``/``sweep`` (the one holding ``manifest.json``).
 """
@@ -20,8 +22,10 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import socket
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +35,29 @@ from fedshuffle.experiments.folders import MANIFEST
 
 SINKS = ("tensorboard", "mlflow")
 MAX_PARAMS = 100  # MLflow's limit per log_batch call
+#: seconds to reach an http(s) tracking server before the run stops with an error
+MLFLOW_CONNECT_SECONDS = 5.0
+#: MLflow's HTTP retries and time-out, unless set (its defaults retry for minutes against a server that is down)
+MLFLOW_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def check_tracking_server(uri: str) -> None:
+    """An ``http(s)://`` tracking URI whose host accepts a connection within :data:`MLFLOW_CONNECT_SECONDS`, or a
+    :class:`ConfigError` naming ``run.mlflow_uri`` (other schemes, file stores and databases, are left to MLflow)."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ConfigError("run.mlflow_uri", f"{uri!r} is not a valid URI ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        return
+    if not parts.hostname:
+        raise ConfigError("run.mlflow_uri", f"{uri!r} has no host")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=MLFLOW_CONNECT_SECONDS).close()
+    except OSError as exc:
+        raise ConfigError("run.mlflow_uri", f"cannot reach the MLflow tracking server at {uri} ({exc.strerror or exc or type(exc).__name__}); "
+                          "start it, correct run.mlflow_uri, or remove 'mlflow' from run.sinks") from None
 
 
 class MetricSink(Protocol):
@@ -80,6 +107,9 @@ class MLflowSink:
         if uri is None:  # a local file store in the results folder; MLflow 3 wants this opt-in for file stores
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             uri = (root / "mlruns").as_uri()
+        check_tracking_server(uri)
+        for key, value in MLFLOW_HTTP.items():
+            os.environ.setdefault(key, value)
         self.client, self.metric = MlflowClient(uri), Metric
         tags = {"fedshuffle.results": str(root), "fedshuffle.variant": label or "run", "fedshuffle.point": point}
         # parallel workers of one experiment must find, not duplicate, the experiment and the variant's parent run

@@ -81,6 +81,12 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def check_workers(workers: Any) -> None:
+    """``--workers``: a whole number from 1 to :data:`MAX_VALUES` (a larger one cannot even be handed to the OS)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_VALUES:
+        raise ConfigError("--workers", f"must be a whole number from 1 to {MAX_VALUES}, got {workers!r}")
+
+
 def check_seeds(seeds: Sequence[Any], field: str) -> None:
     """Seeds are distinct integers ≥ 0: a seed listed twice would be one run counted twice."""
     seen = set()
@@ -242,8 +248,7 @@ def run_jobs(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    if workers < 1:
-        raise ConfigError("--workers", f"must be >= 1, got {workers}")
+    check_workers(workers)
     console = Console(stderr=True)
     outcomes: list[Outcome | None] = [None] * len(jobs)
     total = sum(job.spec.run.rounds for job in jobs)

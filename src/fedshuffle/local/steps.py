@@ -106,7 +106,8 @@ class Drift(_Stateless):
 class Prox:
     """d ← d + μ(y − x): the proximal term (μ/2)‖y − x‖² of FedProx (Li et al., MLSys 2020) and FedDyn.
 
-    FedNova's ‖a_i‖₁ of proximal SGD with α = ημ: [1 − (1−α)^τ]/α.
+    FedNova's ‖a_i‖₁ of proximal SGD with α = ημ: [1 − (1−α)^τ]/α. The proximal pull alone,
+    y − x ← (1 − α)(y − x), diverges for α > 2, so such a μ is refused (naming ``local.prox_mu``).
     """
 
     mu: float
@@ -122,6 +123,8 @@ class Prox:
         if inner != steps:
             raise ConfigError("local.prox_mu", "a proximal term after local momentum has no FedNova normalizer")
         alpha = lr * self.mu
+        if not alpha <= 2:
+            raise ConfigError("local.prox_mu", f"μ = {self.mu:g} with step size {lr:g}: η·μ = {alpha:g} > 2 makes the proximal term itself diverge (|1 − ημ| > 1); use μ <= {2 / lr:.4g}")
         return (1 - (1 - alpha) ** steps) / alpha
 
 

@@ -6,7 +6,9 @@ the file holds or memory allows) and after (:mod:`fedshuffle.data.sources.checks
 
 from __future__ import annotations
 
+import lzma
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,8 @@ from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.data.sources import checks
 
-_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError)
+#: what a damaged .npy/.npz raises while it is read (a corrupt deflate or LZMA member included)
+_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, lzma.LZMAError, zlib.error)
 
 
 def load_targets(path: str | Path) -> np.ndarray:

@@ -39,13 +39,22 @@ def _files(folder: Path) -> list[Path]:
 def _read(path: Path) -> dict:
     size = path.stat().st_size * (20 if path.suffix == ".gz" else 1)  # gzip: FEMNIST's JSON compresses ~10×
     limits.check_fits(JSON_EXPANSION * size, str(path), "reading this JSON file", DataError)
+    room, source = limits.available_bytes()
+    cap = int(limits.HEADROOM * room / JSON_EXPANSION)  # the text whose objects still fit: a gzip bomb stops here
     try:
-        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as fh:
-            data = json.load(fh)
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as fh:
+            text = fh.read(cap + 1)
+        if len(text) > cap:
+            raise DataError(str(path), f"decompresses to more than {limits.human(cap)} of JSON, more than memory allows ({source})")
+        data = json.loads(text)
     except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
         raise DataError(str(path), f"cannot read ({exc})") from None
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}, line {exc.lineno}", f"not valid JSON ({exc.msg})") from None
+    except ValueError as exc:  # a number of more than 4,300 digits
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(str(path), f"not valid JSON ({' '.join(str(exc).split(':')[0].split())})") from None
     except RecursionError:
         raise DataError(str(path), "JSON nested too deeply to be a LEAF file") from None
     if not isinstance(data, dict) or not isinstance(data.get("users"), list) or not isinstance(data.get("user_data"), dict):

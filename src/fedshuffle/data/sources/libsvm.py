@@ -28,6 +28,10 @@ LIBSVM_DATASETS: dict[str, tuple[int, dict[str, str]]] = {
     "w3a": (300, {"w3a": "f050c32d3bd2f18eccbe3847cfe8a3ba9dae4de67d73236013c4a7b9afb48cc7", "w3a.t": "623e195812435d3c54a0a87120ba9a927ed9771b1d29f9e35fdfa381416b2fb3"}),
     "a9a": (123, {"a9a": "f5d5ffd8d865ff41328e7ee043e4b020816914ff6843ff15b98905ddbedce906", "a9a.t": "1f448a153f0320399a7e40836eb207655b0bde0f21fc941cc472193daa9f5de9"}),
 }
+#: file → bytes (the download's size cap, with a margin)
+LIBSVM_BYTES: dict[str, int] = {
+    "phishing": 3620168, "mushrooms": 879712, "a3a": 227902, "a3a.t": 2101973, "w3a": 343282, "w3a.t": 3134956, "a9a": 2329875, "a9a.t": 1164628,
+}
 
 _PAIR = re.compile(r"^(\d+):(\S+)$")
 #: bytes of the reader's buffers per byte of svmlight text (indices and values as int64/float64)
@@ -43,7 +47,7 @@ def remote_file(name: str, split: str = "train", base_url: str | None = None) ->
     if file not in files:
         raise DataError("data.test", f"LIBSVM has no test split for {name!r}; use data.test_fraction instead")
     base = base_url or os.environ.get("FEDSHUFFLE_LIBSVM_URL") or OFFICIAL_URL
-    return RemoteFile(name, file, base.rstrip("/") + "/" + file, files[file])
+    return RemoteFile(name, file, base.rstrip("/") + "/" + file, files[file], LIBSVM_BYTES.get(file, 0))
 
 
 def load_libsvm_dataset(

@@ -44,6 +44,8 @@ TFF_FILES: dict[str, str] = {
     "shakespeare_train.h5.gz": "a4ad479294af5f453ce22fbb8a5ce52e7b9df95be1cebf338e9f22bd46988183",
     "shakespeare_test.h5.gz": "2a4f1b0a19a96f2d75d5b14062efcb2637c16df44531d723101fe5a6d3cdfc8d",
 }
+#: bytes of those files (the size cap of their download or unpacking, with a margin)
+TFF_BYTES: dict[str, int] = {"shakespeare_train.h5": 4035752, "shakespeare_test.h5": 2745814, "shakespeare_train.h5.gz": 1612057, "shakespeare_test.h5.gz": 298420}
 #: a genuine LEAF output (``preprocess.sh -s niid --sf 0.023 -k 64 -t sample --tf 0.9``, 10 users); LEAF publishes no JSON to download
 LEAF_FILES: dict[str, str] = {
     "train/all_data_niid_023_keep_64_train_9.json.gz": "315e08b509c100007ba3f5873edcd3bb8563fa1f8fbb7d274eb84883a7ff2ac6",
@@ -110,6 +112,20 @@ def encode_leaf(windows: Sequence[str], targets: Sequence[str]) -> tuple[np.ndar
     return x, y
 
 
+def _tff_snippets(record, where: str) -> np.ndarray:
+    """One role's ``snippets``: a non-empty 1-D dataset of strings, checked before it is read."""
+    import h5py
+
+    if not isinstance(record, h5py.Group):
+        raise DataError(where, f"expected a group with a 'snippets' dataset, got a {type(record).__name__}")
+    snippets = record.get("snippets")
+    if not isinstance(snippets, h5py.Dataset):
+        raise DataError(where, "no 'snippets' dataset" if snippets is None else f"'snippets' is a {type(snippets).__name__}, not a dataset")
+    if snippets.ndim != 1 or not len(snippets) or (snippets.dtype.kind not in "SU" and h5py.check_string_dtype(snippets.dtype) is None):
+        raise DataError(where, f"snippets must be a non-empty list of strings, got {snippets.dtype} {snippets.shape}")
+    return snippets[()]
+
+
 def read_tff_shakespeare(path: str | Path, clients: int | None = None) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
     """Role names (sorted; the first ``clients``) and each role's encoded (inputs, targets) from a TFF ``.h5``."""
     import h5py
@@ -117,26 +133,26 @@ def read_tff_shakespeare(path: str | Path, clients: int | None = None) -> tuple[
     path = Path(path)
     try:
         with h5py.File(path, "r") as h5:
-            if "examples" not in h5:
+            examples = h5.get("examples")
+            if not isinstance(examples, h5py.Group):
                 raise DataError(str(path), "not TFF's Shakespeare: no /examples group")
-            roles = sorted(h5["examples"])[:clients]
+            roles = sorted(examples)[:clients]
             texts, counts = [], []
             for role in roles:
                 where = f"{path}, client {role!r}"
-                snippets = h5["examples"][role].get("snippets")
-                if snippets is None:
-                    raise DataError(where, "no 'snippets' dataset")
-                snippets = snippets[()]
-                if snippets.ndim != 1 or snippets.dtype.kind not in "SOU" or not len(snippets):
-                    raise DataError(where, f"snippets must be a non-empty list of strings, got {snippets.dtype} {snippets.shape}")
+                snippets = _tff_snippets(examples[role], where)
                 for k, s in enumerate(snippets):
                     try:
                         texts.append(s.decode("utf-8") if isinstance(s, bytes) else str(s))
                     except UnicodeDecodeError as exc:
                         raise DataError(f"{where}, record {k}", f"not UTF-8 text ({exc})") from None
                 counts.append(len(snippets))
+    except DataError:
+        raise
     except OSError as exc:
         raise DataError(str(path), f"not a readable HDF5 file ({exc})") from None
+    except (KeyError, RuntimeError, AttributeError, TypeError, ValueError) as exc:  # h5py on objects of another kind than expected
+        raise DataError(str(path), f"not TFF's Shakespeare layout ({' '.join(str(exc).split()) or type(exc).__name__})") from None
     if not roles:
         raise DataError(str(path), "no clients under /examples")
     x, y, rows = encode_snippets(texts)
@@ -149,8 +165,8 @@ def tff_file(split: str, *, data_dirs: Sequence[str | Path] = (), download: bool
     name, folder = f"shakespeare_{split}.h5", "shakespeare/tff"
     archive, archive_sha = TFF_ARCHIVE
     return locate_derived(
-        RemoteFile(folder, name, "", TFF_FILES[name]),
-        [(RemoteFile(folder, name + ".gz", "", TFF_FILES[name + ".gz"]), gunzip), (RemoteFile(folder, archive, TFF_URL + archive, archive_sha), tar_member(name))],
+        RemoteFile(folder, name, "", TFF_FILES[name], TFF_BYTES[name]),
+        [(RemoteFile(folder, name + ".gz", "", TFF_FILES[name + ".gz"], TFF_BYTES[name + ".gz"]), gunzip), (RemoteFile(folder, archive, TFF_URL + archive, archive_sha), tar_member(name))],
         extra_dirs=data_dirs, download=download, verify=verify, mirror=mirror,
     )
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.streams import Stream, generator
 
@@ -40,8 +41,13 @@ class FedProxSynthetic:
             raise ConfigError("data.synthetic_alpha", f"α and β must be >= 0, got α={self.alpha}, β={self.beta}")
         if self.devices < 1:
             raise ConfigError("data.clients", f"need at least one device, got {self.devices}")
+        limits.check_fits(3 * limits.array_bytes(self.devices), "data.clients", f"the sizes of {self.devices} devices")
         rng = generator(self.seed, Stream.PARTITION)
         object.__setattr__(self, "sizes", np.floor(rng.lognormal(4.0, 2.0, self.devices)).astype(np.int64) + 50)
+
+    def check_memory(self) -> None:
+        """Refuse (naming ``data.clients``) a population whose samples do not fit in memory, before any is drawn."""
+        limits.check_dataset(float(self.sizes.sum(dtype=np.float64)), DIM, "data.clients", f"{self.devices} Synthetic devices")
 
     @property
     def train_sizes(self) -> np.ndarray:

@@ -1,0 +1,48 @@
+"""Reading a file named by the user without blocking or reading without end.
+
+A FIFO named as a config file would block ``open`` until a writer comes; ``/dev/zero`` would be read
+forever. :func:`read_regular_file` refuses anything but a regular file before reading it (checked
+with ``stat`` before opening, and again with ``fstat`` on what was opened, which is opened
+non-blocking, so a file swapped in between cannot block either), and reads at most ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.limits import human
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(mode: int) -> str | None:
+    """What a file of ``mode`` is when it is not a regular file ("a FIFO (named pipe)", ...), else ``None``."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def read_regular_file(path: str | Path, field: str, max_bytes: int, what: str = "file") -> bytes:
+    """The bytes of ``path``, a regular file of at most ``max_bytes``; anything else is a
+    :class:`ConfigError` on ``field`` naming the file and what it is."""
+    path = Path(path)
+    try:
+        kind = special_kind(os.stat(path).st_mode)
+        if kind is None:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+            with os.fdopen(fd, "rb") as fh:
+                kind = special_kind(os.fstat(fh.fileno()).st_mode)
+                data = b"" if kind else fh.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise ConfigError(field, f"file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path} ({exc.strerror or exc})") from None
+    if kind is not None:
+        raise ConfigError(field, f"{path} is {kind}, not a regular file; give a {what}")
+    if len(data) > max_bytes:
+        raise ConfigError(field, f"{path} is larger than {human(max_bytes)}, more than any {what} needs")
+    return data
