@@ -926,7 +926,7 @@ def hostile_checkpoint(marker: Path, form: str) -> bytes:
 
 @contextlib.contextmanager
 def wall_limit(seconds: float) -> Iterator[None]:
-    """Raise :class:`Hang` once ``seconds`` of wall-clock time have passed (SIGALRM; main thread)."""
+    """Raise :class:`Hang` once ``seconds`` of wall-clock time have passed (SIGALRM; main thread: a blocked ``open`` is interrupted)."""
 
     def alarm(signum, frame):
         raise Hang(f"blocked for {seconds:.0f} s")
@@ -1094,22 +1094,6 @@ INPUT_KINDS = ("downloads", "bombs", "special", "values")
 KINDS = (*KINDS, *INPUT_KINDS)
 #: wall-clock seconds an input case may take (downloads run under DOWNLOAD_LIMITS: a 1.5 s deadline)
 INPUT_CASE_SECONDS = 30.0
-
-
-@contextlib.contextmanager
-def wall_limit(seconds: float) -> Iterator[None]:
-    """Raise :class:`Hang` in the main thread after ``seconds`` of wall-clock time (a blocked ``open`` is interrupted)."""
-
-    def alarm(signum, frame):
-        raise Hang(f"still blocked after {seconds:.0f} s")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _status(code: int = 200, headers: tuple[str, ...] = (), length: int | None = None) -> bytes:
