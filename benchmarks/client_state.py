@@ -76,7 +76,7 @@ def main() -> None:
         return
     small, large = SMOKE_POPULATIONS if args.smoke else POPULATIONS
     results = {f"{m}-{n}": run_case("benchmarks.client_state", f"{m}-{n}", *(["--smoke"] if args.smoke else [])) for m in METHODS for n in (small, large)}
-    ratios = {m: {stat: round(results[f"{m}-{large}"][stat] / results[f"{m}-{small}"][stat], 2) for stat in ("median_s", "mean_s")}
+    ratios = {m: {stat: round(results[f"{m}-{large}"][stat] / results[f"{m}-{small}"][stat], 2) for stat in ("median_s", "mean_s", "cpu_median_s")}
               for m in METHODS if all("median_s" in results[f"{m}-{n}"] for n in (small, large))}
     payload = {
         "setup": {"dim": DIM, "cohort": COHORT, "dtype": "float32", "local": "1 epoch, batch 10", "checkpoint": "client state every 10 rounds", "threads": 1,

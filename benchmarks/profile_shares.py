@@ -115,7 +115,10 @@ def run_tree(src: Path, preset: str, rounds: int | None, seed: int, timeout: flo
     if threads:  # PyTorch's operator threads in both trees alike (a tree may choose fewer for its runs)
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     cmd = [sys.executable, "-m", "benchmarks.profile_shares", "--case", preset, "--seed", str(seed), *(["--rounds", str(rounds)] if rounds else [])]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -156,8 +159,10 @@ def main() -> None:
         results[preset] = {"rounds": rounds or "preset's own", "seed": args.seed, "threads": args.threads or "default", **{label: _median(rs) for label, rs in runs.items()},
                            "each_run": runs}
         print(json.dumps({preset: {label: _median(rs) for label, rs in runs.items()}}), flush=True)
+        if not args.smoke:  # after every preset, so that a later one failing keeps these
+            path = write(args.name, {"trees": {label: str(src) for label, src in trees}, "presets": results})
     if not args.smoke:
-        print(write(args.name, {"trees": {label: str(src) for label, src in trees}, "presets": results}))
+        print(path)
 
 
 if __name__ == "__main__":
