@@ -403,6 +403,18 @@ def test_results_without_their_seal_are_refused_unless_asked(finished, tmp_path)
         judge("toy", load_experiment(cfg), out)
 
 
+@pytest.mark.parametrize("name, statuses", [("summary.json", (2,)), ("config.json", (0, 2))])  # table and plot need no config.json
+def test_a_results_json_holding_a_number_past_pythons_digit_limit_is_one_line(name, statuses, finished, tmp_path):
+    _, out = finished
+    path = out / "seed-0" / name
+    path.write_text(path.read_text().replace("{", '{"huge": ' + "9" * 4301 + ", ", 1))
+    for command in (("table", out), ("plot", out, "--out", tmp_path / "p")):
+        result = cli(*command)
+        if result.exit_code:
+            one_line(result, *statuses)
+        assert result.exit_code in statuses and result.exception is None or isinstance(result.exception, SystemExit), result.output
+
+
 # -- permissions ------------------------------------------------------------------------------------------------
 
 

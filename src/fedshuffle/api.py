@@ -294,7 +294,7 @@ def _point_text(point: Mapping[str, Any]) -> str:
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(read_text(path))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or a number past Python's 4,300-digit limit
         return {}
     return value if isinstance(value, dict) else {}
 

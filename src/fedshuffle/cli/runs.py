@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.core.io import read_text
 from fedshuffle.cli.output import mean_std, print_table
 from fedshuffle.cli import app, console, DEFAULT_PRESET, EXIT_STATUS, _fail, _fail_results, _interrupted, _note, _load, _out_path, _fresh_dir, _seeds, _extend, _command
 
@@ -30,7 +31,7 @@ def _operator_threads(outcomes) -> list[str]:
     chosen = set()
     for outcome in outcomes:
         try:
-            threads = json.loads((outcome.job.run_dir / "config.json").read_text())["operator_threads"]
+            threads = json.loads(read_text(outcome.job.run_dir / "config.json"))["operator_threads"]
             chosen.add(f"{threads['count']} ({threads['reason']})")
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a run that failed before writing its config, or one written before the choice was recorded

@@ -212,7 +212,7 @@ def read_json(path: Path, what: str) -> Any:
         return json.loads(read_text(path))
     except OSError as exc:
         raise ConfigError(str(path), f"unreadable {what} ({exc.strerror or exc}); restore it or start the run again in another folder") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # undecodable bytes, bad JSON, a number past Python's 4,300-digit limit
         raise ConfigError(str(path), f"unreadable {what} ({exc.__class__.__name__}: {exc}); restore it or start the run again in another folder") from None
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.core.io import write_atomic
+from fedshuffle.core.io import read_text, write_atomic
 from fedshuffle.experiments.claims import FRACTIONS, ROLES, VERDICTS, Claim, is_log, parse_claims, score
 from fedshuffle.experiments.folders import MANIFEST, FolderLock, folder_name, read_manifest
 from fedshuffle.experiments.schema import Experiment, TuneConfig, _deep_merge, load_experiment, preset_names
@@ -338,7 +338,7 @@ def load_store(out: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         return {}
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_text(path))  # a regular file only: never blocks on a FIFO
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ConfigError(str(path), f"unreadable verdicts ({exc.__class__.__name__}: {exc}); remove it to start the report afresh") from None
     presets = doc.get("presets") if isinstance(doc, dict) else None
