@@ -24,7 +24,7 @@ import fedshuffle.experiments.plots as plots_mod
 import fedshuffle.experiments.runner as runner_mod
 from fedshuffle.cli import app
 from fedshuffle.experiments.folders import FolderLock, folder_name
-from fedshuffle.experiments.plots import _aligned
+from fedshuffle.experiments.plots import _aligned, comparison_figure
 from fedshuffle.experiments.results import read_metrics
 from conftest import toy_config
 
@@ -307,6 +307,18 @@ def test_seeds_are_matched_by_round_not_by_row():
     np.testing.assert_array_equal(ys, [[100, 110, 120], [200, 210, 220]])
     xs, _ = _aligned([a, b], "loss", "epochs")
     np.testing.assert_array_equal(xs, [0, 7.5, 15])
+
+
+def test_a_default_plot_metric_no_run_recorded_gives_way_to_what_they_did(tmp_path):
+    from fedshuffle.experiments.results import write_metrics
+
+    table = tmp_path / "metrics.csv"
+    write_metrics(table, [{"round": r, "loss": 2.0 - r / 10, "test_accuracy": 0.1 * r} for r in range(4)])  # no f_gap: no known optimum
+    for metric, panels in (("f_gap", ["loss"]), (["f_gap", "test_accuracy"], ["test_accuracy"])):
+        fig = comparison_figure({"A": [table]}, metric=metric, recorded_only=True)
+        axes = [ax for ax in fig.axes if ax.get_ylabel()]
+        assert len(axes) == len(panels) and all(ax.lines for ax in axes)
+    assert not comparison_figure({"A": [table]}, metric="f_gap").axes[0].lines  # asked for by name: drawn as asked (empty)
 
 
 def test_metric_names_are_checked_before_any_work(tmp_path):

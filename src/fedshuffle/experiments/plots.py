@@ -73,16 +73,20 @@ def _tables(curves: Mapping[str, Sequence[Path]]) -> dict[str, list[dict[str, np
 
 def comparison_figure(
     curves: Mapping[str, Sequence[Path]], *, metric: str | Sequence[str], x: str = "round", log_y: bool = True, band: str = "std", title: str = "",
-    require_data: bool = False,
+    require_data: bool = False, recorded_only: bool = False,
 ) -> Any:
     """The matplotlib figure of :func:`plot_comparison` (the caller closes it): one panel per metric, one
-    line per curve in its own colour and dash pattern, and one legend for all panels, outside the axes."""
+    line per curve in its own colour and dash pattern, and one legend for all panels, outside the axes.
+    With ``recorded_only`` (a metric left at its default), metrics that no run recorded are left out, and
+    the training loss is drawn when none is left."""
     metrics = check_metrics([metric] if isinstance(metric, str) else list(metric), "--metric")
     if x not in x_axes():
         raise ConfigError("--x", f"unknown axis {x!r}; accepted: {', '.join(x_axes())}")
     if band not in ("std", "minmax"):
         raise ConfigError("--band", f"unknown {band!r}; accepted: std, minmax")
     tables = _tables(curves)
+    if recorded_only:
+        metrics = [name for name in metrics if any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)] or ["loss"]
     if require_data:
         scores = metric_registry.of_kind("model", "method")
         recorded = [name for name in scores if any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)] or ["none of " + ", ".join(scores)]
@@ -132,13 +136,13 @@ def comparison_figure(
 
 def plot_comparison(
     curves: Mapping[str, Sequence[Path]], out_stem: Path, *, metric: str | Sequence[str], x: str = "round", log_y: bool = True, band: str = "std", title: str = "",
-    require_data: bool = False,
+    require_data: bool = False, recorded_only: bool = False,
 ) -> list[Path]:
     """Mean over seeds with a std or min–max band, one line per variant, one panel per metric; PNG and PDF.
 
     With ``require_data``, a metric that no run recorded is an error naming the metrics they did record.
     """
-    fig = comparison_figure(curves, metric=metric, x=x, log_y=log_y, band=band, title=title, require_data=require_data)
+    fig = comparison_figure(curves, metric=metric, x=x, log_y=log_y, band=band, title=title, require_data=require_data, recorded_only=recorded_only)
     import matplotlib.pyplot as plt
 
     out = [out_stem.with_suffix(".png"), out_stem.with_suffix(".pdf")]

@@ -191,9 +191,10 @@ def markdown_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[st
 
 def plot_runs(
     groups: Mapping[str, Sequence[StoredRun]], out_stem: Path, *, metric: str | Sequence[str], x: str, band: str, log_y: bool, title: str = "", require_data: bool = False,
+    recorded_only: bool = False,
 ) -> list[Path]:
     return plot_comparison({name: [r.path / "metrics.csv" for r in runs] for name, runs in groups.items()}, out_stem, metric=metric, x=x, log_y=log_y, band=band,
-                           title=title, require_data=require_data)
+                           title=title, require_data=require_data, recorded_only=recorded_only)
 
 
 def plot_defaults(run: StoredRun) -> dict[str, Any]:

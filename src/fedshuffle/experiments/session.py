@@ -126,7 +126,8 @@ def run_experiment(
         }
         folder.write("summary.json", summary)
         try:
-            plot_runs(groups, out_dir / "plot", metric=plot.metric, x=plot.x, band=plot.band, log_y=plot.log_y, title=experiment.experiment.title or name)
+            plot_runs(groups, out_dir / "plot", metric=plot.metric, x=plot.x, band=plot.band, log_y=plot.log_y, title=experiment.experiment.title or name,
+                      recorded_only="metric" not in plot.model_fields_set)  # the default f_gap: not recorded where no optimum is known
         except OSError as exc:
             raise ResultsError(f"writing the plot into {out_dir} failed ({exc.strerror or exc}); the runs' results and summary.json are kept") from None
     return summary, outcomes
