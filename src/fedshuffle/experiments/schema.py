@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedshuffle import metrics
 from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTINGS
+from fedshuffle.analysis.theory import THEORY_FOLLOWS, THEORY_RULES
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Registry
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
@@ -137,6 +138,8 @@ class ServerConfig(_Section):
     eps: float | None = Field(None, gt=0)
     meta_epoch_step: bool = Field(False, description="RR-CLI's extrapolation after each meta-epoch")
     global_lr: float | Theory | None = Field(None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)")
+    theory_rule: Literal[tuple(THEORY_RULES)] | None = Field(None, description="the theorem 'theory' step sizes come from (default: the method's own; rr_cli_c1 puts nastya on RR-CLI's Theorem C.1)")
+    theory_follows: Literal[THEORY_FOLLOWS] = Field("local", description="'theory' server steps tied to γ (η = γN, θ = ηR) follow the multiplied local step ('local') or stay at ×1 ('fixed')")
     global_momentum: float = Field(0.0, ge=0, lt=1, description="FedShuffle's global momentum β (eqs. (13)–(14)); 0 = off")
     momentum_estimator: Literal[ESTIMATORS] = "exact"
 
@@ -298,6 +301,8 @@ class RunSpec(_Section):
         parts = {"method": self.method.model_dump(exclude={"name"})}
         for name in ("local", "aggregation", "server", "schedule"):
             parts[name] = getattr(self, name).model_dump()
+        for key in ("theory_rule", "theory_follows"):  # read by resolve_step_sizes, not by the algorithm
+            parts["server"].pop(key)
         return parts
 
 
