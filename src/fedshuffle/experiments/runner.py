@@ -215,7 +215,7 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
     total_samples = sim.data.num_samples
 
     def record() -> dict[str, Any]:
-        row = metrics.evaluate(metrics.Evaluation(sim.counters, total_samples, spec.run.bandwidth_mib_s, sim.last_extras, evaluator(sim.params)))
+        row = metrics.evaluate(metrics.Evaluation(sim.counters, total_samples, spec.run.bandwidth_mib_s, sim.last_extras, {**evaluator(sim.params), **metrics.local_model_scores(sim)}))
         rows.append(row)
         for sink in sinks:
             sink.log(row)

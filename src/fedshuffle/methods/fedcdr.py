@@ -53,6 +53,7 @@ class FedCDR(Method):
 
     name = "fedcdr"
     state_fields = ("y", "x", "xhat")
+    local_model_field = "x"  # scored by fedshuffle.metrics.local_model_scores
     needs_cycles = True
 
     def __init__(self, aggregator: Aggregator, alpha: float = 1.0, eta: float = 1.0, form: str = "y", exact_prox: bool = True, warm_start: bool = False,
