@@ -226,3 +226,21 @@ def test_local_model_metrics_are_absent_for_methods_without_client_models():
         sim.step()
         assert local_model_scores(sim) == {}
 
+
+def test_fedcdr_default_prox_is_the_local_sgd_warm_started_from_the_previous_local_model():
+    """§6.1: the prox by the local SGD epochs; started from x_i. One full-batch step per prox on the quadratic
+    f_i = mean ½‖z − a_j‖² (∇f_i(z) = z − ā_i): x_i⁰ = x⁰ − γ(x⁰ − ā_i) at the first round, then
+    x_i = s − γ((s − ā_i) + (s − y_i)/η) from s = x_i⁰ (warm) or s = y_i (warm_start = false)."""
+    problem, data, _ = heterogeneous_quadratic(2.0)
+    gamma, eta, alpha = 0.2, 0.5, 1.0
+    means = torch.stack([data.features[ix].mean(0) for ix in data.client_indices])
+    for warm in (True, False):
+        settings = {"lr": gamma, "epochs": 1, "batch_size": 100, "fedcdr_eta": eta, "fedcdr_alpha": alpha, "exact_prox": False}
+        sim = Simulation(problem, data, build_flat("fedcdr", settings if warm else {**settings, "warm_start": False}), Cyclic(6, 6), seed=0)
+        x0 = sim.params.clone()
+        sim.step()
+        first = x0 - gamma * (x0 - means)
+        y = x0 + alpha * (x0 - first)
+        start = first if warm else y
+        expected = start - gamma * ((start - means) + (start - y) / eta)
+        torch.testing.assert_close(sim.store.get("x", np.arange(6)).double(), expected, rtol=1e-12, atol=1e-12)
