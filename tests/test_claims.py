@@ -253,7 +253,7 @@ def test_the_report_gives_a_methods_own_quantities_per_round(tmp_path, monkeypat
 
     monkeypatch.setattr(report, "plot_runs", lambda groups, out_stem, **_: [])
     cfg = tmp_path / "cdr.toml"
-    cfg.write_text(TINY.format(budget="", metric="loss").replace('name = "fedshuffle" }', 'name = "fedcdr", exact_prox = false, prox_tol = 1e-9 }')
+    cfg.write_text(TINY.format(budget="", metric="loss").replace('name = "fedshuffle" }', 'name = "fedcdr", exact_prox = false, prox_solver = "lbfgs", prox_tol = 1e-9 }')
                    .replace('name = "full"', 'name = "cyclic"\ncohort = 1'))
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out)])

@@ -140,7 +140,7 @@ def test_show_prints_every_default_resolved_and_takes_set():
     assert fedavg["method"] == {"name": "fedavg"}  # other methods' settings are not shown
     fedcdr = json.loads(runner.invoke(app, ["show", "fedcdr-femnist"]).stdout)["runs"]["FedCDR"]["method"]
     assert fedcdr["fedcdr_form"] == "y" and fedcdr["exact_prox"] is True and None not in fedcdr.values()
-    assert fedcdr["fedcdr_init"] == "lazy" and fedcdr["prox_solver"] == "lbfgs"
+    assert fedcdr["fedcdr_init"] == "lazy" and fedcdr["prox_solver"] == "sgd" and fedcdr["warm_start"] is True
     for name in preset_names():  # every preset's every run resolves to plain settings
         for label, spec in load_experiment(name).runs():
             settings = resolved_settings(spec)

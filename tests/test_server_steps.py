@@ -242,9 +242,11 @@ def test_phishing_split_solution_and_theory_steps(shared_data, monkeypatch):
     L = info["constants"]["L_sample_max"]
     assert L == pytest.approx(30 * 0.18257**2 / 4 + 5e-4, rel=1e-12)  # each row: 30 values of 0.18257 ≈ 1/√30, L_j = ‖a_j‖²/4 + λ
     assert info["local_steps"] == 10 and info["rounds_per_meta_epoch"] == 4
-    assert resolved.local.lr == pytest.approx(1 / L) and resolved.server.lr == pytest.approx(10 / L) and resolved.server.global_lr == pytest.approx(40 / L)
+    # Theorem C.1's η = γN and θ = ηR, computed from the tuned γ = 5/L
+    assert resolved.local.lr == pytest.approx(1 / L) and resolved.server.lr == pytest.approx(50 / L) and resolved.server.global_lr == pytest.approx(200 / L)
+    assert info["theory"] == pytest.approx({"lr": 1 / L, "server_lr": 10 / L, "global_lr": 40 / L}) and info["rule"] == "rr_cli_c1"
     alg = build_algorithm_from(resolved)
-    assert alg.local.lr == pytest.approx(5 / L) and alg.server.lr == pytest.approx(10 / L)  # the multiplier is for γ only
+    assert alg.local.lr == pytest.approx(5 / L) and alg.server.lr == pytest.approx(50 / L)
 
 
 def test_theory_step_sizes_are_refused_where_no_theorem_applies():
@@ -291,3 +293,59 @@ def test_nastya_server_step_on_unequal_clients_matches_a_hand_computation(weight
             g = (x - y) / (gamma * sizes[m])
             step += g / 2 if weighting == "uniform" else (sizes[m] / sum(sizes)) / (2 / 4) * g
         torch.testing.assert_close(sim.params, x - eta * step, rtol=0, atol=1e-13)
+
+
+def theory_spec(method, multiplier=1.0, lr="theory", **server):
+    """A spec on :func:`logistic_data`'s 12 clients (5 steps of 4 samples per pass), 'theory' server steps."""
+    server = {"lr": "theory", **({"global_lr": "theory"} if method == "rr_cli" else {}), **server}
+    return validate(RunSpec, {"method": {"name": method}, "local": {"lr": lr, "batch_size": BATCH, "lr_multiplier": multiplier}, "server": server})
+
+
+@pytest.mark.parametrize("multiplier", [1, 2, 15])
+def test_tuned_rr_cli_server_and_meta_epoch_steps_follow_the_tuned_local_step(multiplier):
+    """RR-CLI Theorem C.1: γ = m/L_max, η = γN, θ = ηR with N = 20/4 = 5 local steps, R = 12/3 = 4 rounds."""
+    problem, data = logistic_data()
+    sampler = Cyclic(CLIENTS, 3)
+    L, N, R = smoothness(problem, data).sample_max, PER_CLIENT // BATCH, 4
+    resolved, info = resolve_step_sizes(theory_spec("rr_cli", multiplier), problem, data, sampler)
+    alg = build_algorithm_from(resolved)
+    gamma = multiplier / L
+    assert alg.local.lr == pytest.approx(gamma, rel=1e-14)
+    assert alg.server.lr == pytest.approx(gamma * N, rel=1e-14)
+    assert alg.server_for(sampler).global_lr == pytest.approx(gamma * N * R, rel=1e-14)
+    assert info["follows"] == "local" and info["used"]["server_lr"] == pytest.approx(gamma * N, rel=1e-14)
+    # the old reading: the multiplier scales γ alone
+    fixed, _ = resolve_step_sizes(theory_spec("rr_cli", multiplier, theory_follows="fixed"), problem, data, sampler)
+    assert (fixed.server.lr, fixed.server.global_lr) == pytest.approx((N / L, N * R / L), rel=1e-14)
+    # a number for γ: the relations use it (× multiplier)
+    given, _ = resolve_step_sizes(theory_spec("rr_cli", multiplier, lr=0.03), problem, data, sampler)
+    assert (given.server.lr, given.server.global_lr) == pytest.approx((0.03 * multiplier * N, 0.03 * multiplier * N * R), rel=1e-14)
+
+
+def test_tuned_rr_cli_with_following_steps_averages_the_cohort_and_differs_from_the_fixed_reading():
+    """With η = γN every round ends at the cohort's model average (RR-CLI §3), whatever the multiplier: RR-CLI ×3
+    equals plain averaging (FedAvg over cyclic cohorts) at γ = 3/L; the fixed reading does not move as far."""
+    problem, data = logistic_data()
+    L = smoothness(problem, data).sample_max
+    runs = {}
+    for follows in ("local", "fixed"):
+        resolved, _ = resolve_step_sizes(theory_spec("rr_cli", 3, theory_follows=follows), problem, data, Cyclic(CLIENTS, 3))
+        runs[follows] = params_trajectory(Simulation(problem, data, build_algorithm_from(resolved), Cyclic(CLIENTS, 3), seed=3), 8)
+    averaging = params_trajectory(Simulation(problem, data, build_flat("fedavg_rr", {"lr": 3 / L, "batch_size": BATCH, "order": "so", "weighting": "uniform"}), Cyclic(CLIENTS, 3), seed=3), 8)
+    assert_same(runs["local"], averaging, rtol=1e-10)
+    assert float((runs["fixed"] - averaging).abs().max()) > 1e-3
+
+
+def test_nastya_can_take_rr_cli_theorem_c1_steps_and_a_rule_must_cover_the_method():
+    problem, data = logistic_data()
+    sampler = UniformWithoutReplacement(CLIENTS, 3)
+    L, N = smoothness(problem, data).sample_max, PER_CLIENT // BATCH
+    resolved, info = resolve_step_sizes(theory_spec("nastya", 2, theory_rule="rr_cli_c1"), problem, data, sampler)
+    assert (resolved.local.lr, resolved.server.lr) == pytest.approx((1 / L, 2 * N / L), rel=1e-14) and info["rule"] == "rr_cli_c1"
+    # Theorem C.2's η ≤ 1/(4L) is a bound, not a relation to γ: it does not follow the multiplier
+    own, info = resolve_step_sizes(theory_spec("nastya", 2), problem, data, sampler)
+    assert own.server.lr == pytest.approx(1 / (4 * L), rel=1e-14) and info["rule"] == "rr_cli_c2"
+    with pytest.raises(ConfigError, match="server.theory_rule.*accepted for fedavg: karimireddy_i"):
+        resolve_step_sizes(validate(RunSpec, {"method": {"name": "fedavg"}, "local": {"lr": "theory"}, "server": {"theory_rule": "rr_cli_c1"}}), problem, data, sampler)
+    with pytest.raises(ConfigError, match="server.theory_rule"):
+        validate(RunSpec, {"method": {"name": "nastya"}, "server": {"theory_rule": "c1"}})

@@ -175,3 +175,72 @@ def test_the_inspector_refuses_stateful_methods_instead_of_misreporting():
     for name in ("scaffold", "fedcdr"):
         with pytest.raises(ConfigError, match="keeps client state"):
             inspect_objective(build_flat(name, {"lr": 0.1}), Cyclic(3, 1), np.array([1, 2, 3]), np.ones(3) / 3)
+
+
+def unequal_logistic(sizes=(5, 9, 3, 7, 6, 4), dim=4, seed=2):
+    """Six clients of unequal sizes with client-shifted features; labels ±1 from one plane."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(sum(sizes), dim)) + np.repeat(rng.normal(size=(len(sizes), dim)), sizes, axis=0)
+    y = np.sign(x @ rng.normal(size=dim) + 0.3 * rng.normal(size=len(x)))
+    return LogisticRegression(dim, 1e-2), FederatedDataset(torch.tensor(x), torch.tensor(y), contiguous_partition(list(sizes)), objective_weights(np.array(sizes), "uniform"))
+
+
+@pytest.mark.parametrize("method", ["fedcdr", "feddyn"])
+def test_local_model_metrics_equal_the_weighted_losses_of_the_stored_client_models(method):
+    """local_loss = Σ (|D_i|/|D|) f_i(x_i) and local_loss_uniform = (1/n)Σ f_i(x_i) over the stored rows, a client
+    not yet seen at x⁰; the accuracies likewise. After 2 rounds of 2 clients of 6, two clients are still unseen."""
+    from fedshuffle.metrics import local_model_scores
+
+    problem, data = unequal_logistic()
+    settings = {"lr": 0.1, "fedcdr_eta": 0.5, "prox_solver": "lbfgs"} if method == "fedcdr" else {"lr": 0.1, "feddyn_alpha": 0.1}
+    sampler = Cyclic(6, 2) if method == "fedcdr" else UniformWithoutReplacement(6, 2)
+    sim = Simulation(problem, data, build_flat(method, settings), sampler, seed=4)
+    x0 = sim.params.clone() + 0.0
+    for _ in range(2):
+        sim.step()
+    assert sim.store.created.sum() == 4
+    field = "x" if method == "fedcdr" else "model"
+    sizes = np.asarray(data.sizes, dtype=float)
+    losses, accuracies = [], []
+    for i, ix in enumerate(data.client_indices):
+        own = sim.store.get(field, np.array([i]))[0].double() if sim.store.created[i] else x0
+        z = data.labels[ix] * (data.features[ix] @ own)
+        losses.append(float(torch.nn.functional.softplus(-z).mean() + 0.5 * 1e-2 * own.pow(2).sum()))
+        accuracies.append(float((z > 0).double().mean()))
+    scores = local_model_scores(sim)
+    assert scores["local_loss"] == pytest.approx(sizes @ np.array(losses) / sizes.sum(), rel=1e-12)
+    assert scores["local_loss_uniform"] == pytest.approx(np.mean(losses), rel=1e-12)
+    assert scores["local_accuracy"] == pytest.approx(sizes @ np.array(accuracies) / sizes.sum(), rel=1e-12)
+    assert scores["local_accuracy_uniform"] == pytest.approx(np.mean(accuracies), rel=1e-12)
+    assert scores["local_loss"] != pytest.approx(float(problem.weighted_loss(sim.params, data.features, data.labels, data.sample_weights())), rel=1e-3)
+    if method == "feddyn":  # θ_i = x − Δ_i: the model the client trained this round
+        assert float((sim.store.get("model", np.arange(6))[sim.store.created] - x0).abs().max()) > 1e-3
+
+
+def test_local_model_metrics_are_absent_for_methods_without_client_models():
+    from fedshuffle.metrics import local_model_scores
+
+    problem, data = unequal_logistic()
+    for method, settings in (("scaffold", {"lr": 0.1}), ("fedavg", {"lr": 0.1})):
+        sim = Simulation(problem, data, build_flat(method, settings), UniformWithoutReplacement(6, 2), seed=0)
+        sim.step()
+        assert local_model_scores(sim) == {}
+
+
+def test_fedcdr_default_prox_is_the_local_sgd_warm_started_from_the_previous_local_model():
+    """§6.1: the prox by the local SGD epochs; started from x_i. One full-batch step per prox on the quadratic
+    f_i = mean ½‖z − a_j‖² (∇f_i(z) = z − ā_i): x_i⁰ = x⁰ − γ(x⁰ − ā_i) at the first round, then
+    x_i = s − γ((s − ā_i) + (s − y_i)/η) from s = x_i⁰ (warm) or s = y_i (warm_start = false)."""
+    problem, data, _ = heterogeneous_quadratic(2.0)
+    gamma, eta, alpha = 0.2, 0.5, 1.0
+    means = torch.stack([data.features[ix].mean(0) for ix in data.client_indices])
+    for warm in (True, False):
+        settings = {"lr": gamma, "epochs": 1, "batch_size": 100, "fedcdr_eta": eta, "fedcdr_alpha": alpha, "exact_prox": False}
+        sim = Simulation(problem, data, build_flat("fedcdr", settings if warm else {**settings, "warm_start": False}), Cyclic(6, 6), seed=0)
+        x0 = sim.params.clone()
+        sim.step()
+        first = x0 - gamma * (x0 - means)
+        y = x0 + alpha * (x0 - first)
+        start = first if warm else y
+        expected = start - gamma * ((start - means) + (start - y) / eta)
+        torch.testing.assert_close(sim.store.get("x", np.arange(6)).double(), expected, rtol=1e-12, atol=1e-12)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from fedshuffle.analysis.theory import solution
@@ -112,6 +113,45 @@ class ModelScores:
         return out
 
 
+def local_model_scores(sim: Any) -> dict[str, float | None]:
+    """The clients' own models on their own data, for methods that keep one per client (``local_model_field``).
+
+    With x_i client i's stored model (FedCDR's x_i = prox_{ηf_i}(y_i); FedDyn's θ_i) and f_i its mean loss
+    over its own samples D_i (regularizer included):
+
+        local_loss         = Σ_i (|D_i|/|D|) f_i(x_i)     (pooled: every training sample once)
+        local_loss_uniform = (1/n) Σ_i f_i(x_i)
+        local_accuracy     = Σ_i correct_i(x_i) / |D|,   local_accuracy_uniform = (1/n) Σ_i acc_i(x_i)
+
+    This is where the public FedDR code (Tran-Dinh, Pham, Phan & Nguyen, NeurIPS 2021) scores its
+    Douglas–Rachford methods: every client's current local model on that client's data. A client that has
+    not taken part yet holds the model the run started from, x⁰ (FedCDR counts x̂_i = x⁰ for it; FedDyn's
+    clients start there), so every client counts from the first evaluation. SCAFFOLD keeps control
+    variates, not models (a client's y_i lives for one round), so it has none. Empty for other methods.
+    """
+    method, state = sim.method, sim.method_state
+    while hasattr(method, "inner"):  # a wrapper (global momentum) keeps the method's state under "inner"
+        method, state = method.inner, state["inner"]
+    field = getattr(method, "local_model_field", None)
+    if field is None or sim.store is None:
+        return {}
+    data, problem = sim.data, sim.problem
+    losses, correct, sizes = [], [], np.asarray(data.sizes, dtype=np.float64)
+    for client, indices in enumerate(data.client_indices):
+        own = sim.store.get(field, np.array([client]), data.features.device)[0].to(sim.params.dtype) if sim.store.created[client] else state["x0"]
+        ix = torch.as_tensor(indices, device=data.features.device)
+        X, Y = data.features[ix], data.labels[ix]
+        losses.append(float(problem.losses(own, X, Y).mean()))
+        accuracy = problem.accuracy(own, X, Y)
+        correct.append(None if accuracy is None else accuracy * len(indices))
+    loss = np.array(losses)
+    out: dict[str, float | None] = {"local_loss": float(sizes @ loss / sizes.sum()), "local_loss_uniform": float(loss.mean())}
+    if None not in correct:
+        hits = np.array(correct)
+        out |= {"local_accuracy": float(hits.sum() / sizes.sum()), "local_accuracy_uniform": float((hits / sizes).mean())}
+    return out
+
+
 def _mib(elements: int) -> float:
     return elements * WIRE_BYTES / MIB
 
@@ -133,6 +173,11 @@ metric("grad_norm_sq", "‖∇f(x)‖²", lambda e: e["grad_norm_sq"], kind="mod
 metric("train_accuracy", "train accuracy", lambda e: e["train_accuracy"], kind="model", better="max")
 metric("test_loss", "test loss", lambda e: e["test_loss"], kind="model")
 metric("test_accuracy", "test accuracy", lambda e: e["test_accuracy"], kind="model", better="max")
+_LOCAL = "clients' own models on their own data (FedDR's evaluation point; FedCDR, FedDyn)"
+metric("local_loss", f"Σ (|D_i|/|D|) f_i(x_i), {_LOCAL}", lambda e: e["local_loss"], kind="model")
+metric("local_loss_uniform", f"(1/n) Σ f_i(x_i), {_LOCAL}", lambda e: e["local_loss_uniform"], kind="model")
+metric("local_accuracy", f"train accuracy pooled over clients, {_LOCAL}", lambda e: e["local_accuracy"], kind="model", better="max")
+metric("local_accuracy_uniform", f"mean of the clients' train accuracies, {_LOCAL}", lambda e: e["local_accuracy_uniform"], kind="model", better="max")
 metric("compute_seconds", "local computation per worker (s, measured)", lambda e: e.counters.worker_compute_seconds,
        kind="cost", measured=True, citation=_YANG)
 metric("wallclock_seconds", "simulated wall-clock (s): computation + communication at run.bandwidth_mib_s",

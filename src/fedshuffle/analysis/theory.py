@@ -164,35 +164,76 @@ def solution(problem: Problem, data: FederatedDataset, key: str | None = None) -
 # ----------------------------------------------------------------------------------------------
 # Step sizes from the papers' theorems
 
-THEORY_METHODS = ("rr_cli", "nastya", "fedavg", "fedavg_rr", "generalized_fedavg")
+#: the theorem whose step sizes ``"theory"`` means, by name, with the methods it covers
+THEORY_RULES = {
+    "rr_cli_c1": ("rr_cli", "nastya"),
+    "rr_cli_c2": ("rr_cli", "nastya"),
+    "karimireddy_i": ("fedavg", "fedavg_rr"),
+    "yang_1": ("generalized_fedavg",),
+}
+#: each method's own rule (what ``server.theory_rule`` unset means)
+DEFAULT_RULES = {"rr_cli": "rr_cli_c1", "nastya": "rr_cli_c2", "fedavg": "karimireddy_i", "fedavg_rr": "karimireddy_i", "generalized_fedavg": "yang_1"}
+THEORY_METHODS = tuple(DEFAULT_RULES)
+#: how the server steps relate to the local step γ: ``local`` recomputes the relations a theorem states as
+#: equalities from the step clients really take (γ × ``local.lr_multiplier``); ``fixed`` keeps them at ×1
+THEORY_FOLLOWS = ("local", "fixed")
 
 
-def theoretical_step_sizes(method: str, constants: Smoothness, local_steps: int, rounds_per_meta_epoch: int = 1) -> dict[str, float]:
-    """Step sizes {lr, server_lr, global_lr} that a paper's theorem allows, at their upper limits.
-
-    ``local_steps`` is N (steps of one local pass) or K; L below is the smoothness of the
-    functions one local step samples (L_max of individual samples; a minibatch mean is no less smooth).
-
-    * ``rr_cli`` — RR-CLI Theorem C.1: γ = 1/L_max, η = γN, θ = ηR.
-    * ``nastya`` — Nastya's theorems as we have them lack their formulas; we use the same authors'
-      analysis of these rounds in RR-CLI Theorem C.2 (f_m strongly convex): η = 1/(4L_max),
-      γ = 1/(8N·L_max·√κ), κ = L_max/μ.
-    * ``fedavg``/``fedavg_rr`` — Karimireddy et al. (2020), Theorem I (strongly convex) with
-      η_g = 1 and the smallest dissimilarity constant B = 1: η_l = 1/(8(1+B²)·L·K) = 1/(16·L·K),
-      L the largest client smoothness (RR-CLI §4.3 uses this FedAvg step).
-    * ``generalized_fedavg`` — Yang et al. Theorem 1: η_L = 1/(8LK) and η·η_L = 1/(KL), so η = 8.
-    """
+def theory_rule(method: str, rule: str | None = None) -> str:
+    """The rule ``"theory"`` means for ``method``: ``rule`` if given (checked against the methods it covers),
+    else the method's own (:data:`DEFAULT_RULES`)."""
     if method not in THEORY_METHODS:
-        raise ConfigError("algorithm.lr", f"no theoretical step size for {method!r}; accepted: {', '.join(THEORY_METHODS)} (give a number instead)")
+        raise ConfigError("local.lr", f"no theoretical step size for {method!r}; accepted: {', '.join(THEORY_METHODS)} (give a number instead)")
+    if rule is None:
+        return DEFAULT_RULES[method]
+    if rule not in THEORY_RULES:
+        raise ConfigError("server.theory_rule", f"unknown rule {rule!r}; accepted: {', '.join(THEORY_RULES)}")
+    if method not in THEORY_RULES[rule]:
+        covered = [r for r, methods in THEORY_RULES.items() if method in methods]
+        raise ConfigError("server.theory_rule", f"{rule} gives no step sizes for {method}; accepted for {method}: {', '.join(covered)}")
+    return rule
+
+
+def theoretical_step_sizes(method: str, constants: Smoothness, local_steps: int, rounds_per_meta_epoch: int = 1, rule: str | None = None, local_lr: float | None = None) -> dict[str, float]:
+    """Step sizes {lr, server_lr, global_lr} that a theorem allows, at their upper limits.
+
+    ``local_steps`` is N (steps of one local pass) or K, R = ``rounds_per_meta_epoch``; L below is the
+    smoothness of the functions one local step samples (L_max of individual samples; a minibatch mean is
+    no less smooth). ``rule`` picks the theorem (default: the method's own, :data:`DEFAULT_RULES`):
+
+    * ``rr_cli_c1`` — Malinovsky, Horváth, Burlachenko & Richtárik (2023, arXiv:2302.03662), Theorem C.1
+      (each f_m^j μ-strongly convex): γ ≤ 1/L_max, η = γN, θ = ηR. For RR-CLI, η = γN makes the server
+      step the plain average of the cohort's models (§3) and θ = ηR makes the meta-epoch step take the
+      last round's model; for Nastya (no meta-epoch) it gives γ and η only.
+    * ``rr_cli_c2`` — the same paper's Theorem C.2 (f_m strongly convex, f_m^j convex): η ≤ 1/(4L_max),
+      γ ≤ 1/(8N·L_max·√κ), κ = L_max/μ; θ = ηR (the theorem does not use θ; Theorem C.3 asks
+      γNR ≤ ηR ≤ θ). Nastya's own theorems (Malinovsky, Mishchenko & Richtárik 2022) lack their formulas
+      in the text we have, so this analysis of the same rounds by the same authors stands in for them.
+    * ``karimireddy_i`` — Karimireddy et al. (ICML 2020), Theorem I (strongly convex) with η_g = 1 and the
+      smallest dissimilarity constant B = 1: η_l = 1/(8(1+B²)·L·K) = 1/(16·L·K), L the largest client
+      smoothness (RR-CLI §4.3 uses this FedAvg step).
+    * ``yang_1`` — Yang, Fang & Liu (ICLR 2021), Theorem 1: η_L = 1/(8LK) and η·η_L = 1/(KL), so η = 8.
+
+    ``local_lr`` is the step clients really take (a number, or the theory's γ times ``local.lr_multiplier``):
+    given, the relations a theorem states as *equalities* are computed from it — C.1's η = γN and θ = ηR,
+    C.2's θ = ηR — so that tuning γ moves the steps tied to it, as the RR-CLI paper's multiplier grids
+    (§4.4–4.5, Figs. 7–10) do. A theorem's *bounds* (C.2's η ≤ 1/(4L), Theorem I's η_g = 1, Theorem 1's
+    η·η_L ≤ 1/(KL)) do not follow γ: they stay at their limits.
+    """
+    rule = theory_rule(method, rule)
     n = max(int(local_steps), 1)
-    if method == "rr_cli":
+    if rule == "rr_cli_c1":
         gamma = 1.0 / constants.sample_max
-        eta = gamma * n
-        return {"lr": gamma, "server_lr": eta, "global_lr": eta * rounds_per_meta_epoch}
-    if method == "nastya":
+        eta = (gamma if local_lr is None else local_lr) * n
+        values = {"lr": gamma, "server_lr": eta}
+    elif rule == "rr_cli_c2":
         L = constants.sample_max
-        return {"lr": 1.0 / (8 * n * L * math.sqrt(constants.kappa)), "server_lr": 1.0 / (4 * L)}
-    if method == "generalized_fedavg":
+        values = {"lr": 1.0 / (8 * n * L * math.sqrt(constants.kappa)), "server_lr": 1.0 / (4 * L)}
+    elif rule == "yang_1":
         eta_l = 1.0 / (8 * constants.client_max * n)
-        return {"lr": eta_l, "server_lr": 1.0 / (eta_l * n * constants.client_max)}
-    return {"lr": 1.0 / (16 * constants.client_max * n), "server_lr": 1.0}
+        values = {"lr": eta_l, "server_lr": 1.0 / (eta_l * n * constants.client_max)}
+    else:
+        values = {"lr": 1.0 / (16 * constants.client_max * n), "server_lr": 1.0}
+    if method == "rr_cli":
+        values["global_lr"] = values["server_lr"] * rounds_per_meta_epoch
+    return values

@@ -43,15 +43,22 @@ def build_sampler(spec: SamplerConfig, dataset: FederatedDataset) -> Sampler:
 
 def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, sampler: Sampler) -> tuple[RunSpec, dict[str, Any]]:
     """Replace ``'theory'`` step sizes (``local.lr``, ``server.lr``, ``server.global_lr``) by the values of
-    :func:`fedshuffle.analysis.theory.theoretical_step_sizes`.
+    :func:`fedshuffle.analysis.theory.theoretical_step_sizes` under ``server.theory_rule`` (default: the
+    method's own theorem).
 
-    Returns the resolved spec and what was used (constants, N, R, the theory's values), for display
-    and for ``config.json``. ``local.lr_multiplier`` scales the local step size only.
+    ``local.lr_multiplier`` scales the local step γ. With ``server.theory_follows = "local"`` (the
+    default) the server steps a theorem ties to γ by an equality (RR-CLI Theorem C.1: η = γN, θ = ηR) are
+    computed from the step clients really take, γ × multiplier (or the number ``local.lr`` gives); with
+    ``"fixed"`` they stay at the ×1 theory values, so that the multiplier scales γ alone.
+
+    Returns the resolved spec and what was used (rule, constants, N, R, the theory's values), for display
+    and for ``config.json``.
     """
     places = {"lr": ("local", "lr"), "server_lr": ("server", "lr"), "global_lr": ("server", "global_lr")}
     wanted = [k for k, (part, key) in places.items() if getattr(getattr(spec, part), key) == "theory"]
     if not wanted:
         return spec, {}
+    rule = theory.theory_rule(spec.method.name, spec.server.theory_rule)
     probe_settings = spec.algorithm_settings()
     probe_settings["local"] = {**probe_settings["local"], "lr": 1.0, "lr_multiplier": 1.0}
     probe_settings["server"] = {**probe_settings["server"], "lr": None, "global_lr": None}
@@ -59,7 +66,11 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
     local_steps = probe.local.max_planned_steps(data.sizes)
     rounds = getattr(sampler, "rounds_per_meta_epoch", 1)
     constants = theory.smoothness(problem, data)
-    values = theory.theoretical_step_sizes(spec.method.name, constants, local_steps, rounds)
+    at_one = theory.theoretical_step_sizes(spec.method.name, constants, local_steps, rounds, rule)
+    local_lr = None
+    if spec.server.theory_follows == "local":
+        local_lr = (at_one["lr"] if spec.local.lr == "theory" else spec.local.lr) * spec.local.lr_multiplier
+    values = theory.theoretical_step_sizes(spec.method.name, constants, local_steps, rounds, rule, local_lr)
     missing = [k for k in wanted if k not in values]
     if missing:
         part, key = places[missing[0]]
@@ -69,7 +80,9 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
         part, key = places[k]
         updates.setdefault(part, {})[key] = values[k]
     resolved = spec.model_copy(update={part: getattr(spec, part).model_copy(update=u) for part, u in updates.items()})
-    return resolved, {"constants": constants.to_dict(), "local_steps": local_steps, "rounds_per_meta_epoch": rounds, "theory": values, "used": {k: values[k] for k in wanted}}
+    info = {"rule": rule, "follows": spec.server.theory_follows, "constants": constants.to_dict(), "local_steps": local_steps, "rounds_per_meta_epoch": rounds,
+            "theory": at_one, "used": {k: values[k] for k in wanted}}
+    return resolved, info
 
 
 def build_executor(run: RunConfig, problem: Problem | None = None) -> Executor:

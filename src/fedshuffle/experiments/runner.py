@@ -309,7 +309,7 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
     cadence = CheckpointCadence(ckpt_every, spec.run.checkpoint_seconds, total)
 
     def record() -> dict[str, Any]:
-        row = metrics.evaluate(metrics.Evaluation(sim.counters, total_samples, spec.run.bandwidth_mib_s, sim.last_extras, evaluator(sim.params)))
+        row = metrics.evaluate(metrics.Evaluation(sim.counters, total_samples, spec.run.bandwidth_mib_s, sim.last_extras, {**evaluator(sim.params), **metrics.local_model_scores(sim)}))
         rows.append(row)
         for table in tables:
             table.append(row)

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedshuffle import metrics
 from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTINGS
+from fedshuffle.analysis.theory import THEORY_FOLLOWS, THEORY_RULES
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.inputs import read_regular_file
 from fedshuffle.core.registry import Registry
@@ -108,9 +109,9 @@ class MethodConfig(_Section):
     fedcdr_eta: float | None = Field(None, description="fedcdr: prox step η > 0")
     fedcdr_form: Literal[FEDCDR_FORMS] | None = Field(None, description="fedcdr: y update of Algorithm 1 ('y') or eq. (14) ('x')")
     exact_prox: bool | None = Field(None, description="fedcdr: closed-form prox where the problem has one")
-    warm_start: bool | None = Field(None, description="fedcdr: start the inner prox solver from the previous x_i instead of y_i")
+    warm_start: bool | None = Field(None, description="fedcdr: start the inner prox solver from the previous x_i (default) or, false, from y_i")
     fedcdr_init: Literal[FEDCDR_INITS] | None = Field(None, description="fedcdr: x̂_i⁰ = 2prox(x⁰) − x⁰ (Algorithm 1, 'prox') or x⁰ until first seen ('lazy')")
-    prox_solver: Literal[PROX_SOLVERS] | None = Field(None, description="fedcdr: L-BFGS on the full client data to prox_tol, or the local SGD epochs")
+    prox_solver: Literal[PROX_SOLVERS] | None = Field(None, description="fedcdr: the local SGD epochs (default, the paper's §6.1), or L-BFGS on the full client data to prox_tol")
     prox_tol: float | None = Field(None, gt=0, description="fedcdr: L-BFGS stops at ‖∇f_i(z) + (z − y_i)/η‖ ≤ prox_tol")
     prox_max_iter: int | None = Field(None, ge=1, description="fedcdr: L-BFGS iteration cap per prox")
     feddyn_alpha: float | None = Field(None, description="feddyn: regularization α > 0")
@@ -169,6 +170,8 @@ class ServerConfig(_Section):
     eps: float | None = Field(None, gt=0)
     meta_epoch_step: bool = Field(False, description="RR-CLI's extrapolation after each meta-epoch")
     global_lr: float | Theory | None = Field(None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)")
+    theory_rule: Literal[tuple(THEORY_RULES)] | None = Field(None, description="the theorem 'theory' step sizes come from (default: the method's own; rr_cli_c1 puts nastya on RR-CLI's Theorem C.1)")
+    theory_follows: Literal[THEORY_FOLLOWS] = Field("local", description="'theory' server steps tied to γ (η = γN, θ = ηR) follow the multiplied local step ('local') or stay at ×1 ('fixed')")
     global_momentum: float = Field(0.0, ge=0, lt=1, description="FedShuffle's global momentum β (eqs. (13)–(14)); 0 = off")
     momentum_estimator: Literal[ESTIMATORS] = "exact"
 
@@ -356,6 +359,8 @@ class RunSpec(_Section):
         parts = {"method": self.method.model_dump(exclude={"name"})}
         for name in ("local", "aggregation", "server", "schedule"):
             parts[name] = getattr(self, name).model_dump()
+        for key in ("theory_rule", "theory_follows"):  # read by resolve_step_sizes, not by the algorithm
+            parts["server"].pop(key)
         return parts
 
 

@@ -60,8 +60,8 @@ METHODS.add("scaffold", Scaffold, "control variates c, c_i in every local step (
 METHODS.add("fedcdr", FedCDR, "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
             "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML submission), Algorithm 1",
             local={"order": "rr", "epochs": 20, "batch_size": 10},
-            method={"fedcdr_alpha": 1.0, "fedcdr_eta": 1.0, "fedcdr_form": "y", "exact_prox": True, "warm_start": False,
-                    "fedcdr_init": "lazy", "prox_solver": "lbfgs", "prox_tol": 1e-4, "prox_max_iter": 500})
+            method={"fedcdr_alpha": 1.0, "fedcdr_eta": 1.0, "fedcdr_form": "y", "exact_prox": True, "warm_start": True,
+                    "fedcdr_init": "lazy", "prox_solver": "sgd", "prox_tol": 1e-4, "prox_max_iter": 500})
 METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic terms in the local objective, server state h",
             "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR 2021, Algorithm 1",
             local={"order": "rr"}, method={"feddyn_alpha": 0.01})

@@ -43,20 +43,26 @@ class FedCDR(Method):
       ``"lazy"``: the text says server and clients start "at the same point x⁰", which only the lazy start keeps.
       Both create a client's state at its first participation; prox_{ηf_i}(x⁰) is the same then as up front.
     * **The prox** (``prox_solver``): the closed form where the problem has one (:meth:`Problem.prox`: quadratics,
-      with ``exact_prox``); else ``"lbfgs"``: L-BFGS on the client's full data until
+      with ``exact_prox``); else, by default, ``"sgd"``: the local solver's SGD epochs on
+      f_i(z) + ‖z − y_i‖²/(2η), as §6.1 runs every method ("we use the same local solver (SGD) for all
+      algorithms and perform local updates for 20 epochs"; the presets: 20 epochs of batch 10, the public
+      FedDR code's setup). It starts from the client's previous x_i (``warm_start``, the default): the paper
+      does not say; the FedDR code keeps each client's model between its rounds and trains it further, and
+      a warm start makes the inexact prox improve over the rounds. A client's first prox (x_i⁰ = prox(x⁰))
+      starts at x⁰. ``"lbfgs"`` (an ablation): L-BFGS on the client's full data until
       ‖∇f_i(z) + (z − y_i)/η‖ ≤ ``prox_tol`` or ``prox_max_iter`` iterations (:mod:`fedshuffle.local.prox`);
-      or ``"sgd"``: the local solver's SGD epochs on f_i(z) + ‖z − y_i‖²/(2η) (20 epochs in the paper §6).
-      Either starts from the prox center y_i (the paper does not say; ``warm_start`` starts from the previous x_i).
+      ``warm_start = false`` starts either solver from the prox center y_i.
       Each round reports the mean prox residual ‖∇f_i(x_i) + (x_i − y_i)/η‖ of the cohort (``prox_residual``);
       when ηL < 1 the subproblem is (1/η − L)-strongly convex and ‖x_i − prox(y_i)‖ ≤ η·residual/(1 − ηL).
     """
 
     name = "fedcdr"
     state_fields = ("y", "x", "xhat")
+    local_model_field = "x"  # scored by fedshuffle.metrics.local_model_scores
     needs_cycles = True
 
-    def __init__(self, aggregator: Aggregator, alpha: float = 1.0, eta: float = 1.0, form: str = "y", exact_prox: bool = True, warm_start: bool = False,
-                 initialization: str = "lazy", prox_solver: str = "lbfgs", prox_tol: float = 1e-4, prox_max_iter: int = 500) -> None:
+    def __init__(self, aggregator: Aggregator, alpha: float = 1.0, eta: float = 1.0, form: str = "y", exact_prox: bool = True, warm_start: bool = True,
+                 initialization: str = "lazy", prox_solver: str = "sgd", prox_tol: float = 1e-4, prox_max_iter: int = 500) -> None:
         super().__init__(aggregator)
         if not 0 < alpha < 2:
             raise ConfigError("fedcdr_alpha", f"the relaxation α must be in (0, 2), got {alpha}")

@@ -15,7 +15,8 @@ class FedDyn(Method):
         L_i(θ) − ⟨∇L_i^{t−1}, θ⟩ + (α/2)‖θ − x^{t−1}‖²
 
     by its planned local steps (d = ∇f_batch(θ) − ∇L_i^{t−1} + α(θ − x)), then keeps
-    ∇L_i^t = ∇L_i^{t−1} − α(θ_i^t − x^{t−1}). The server keeps h:
+    ∇L_i^t = ∇L_i^{t−1} − α(θ_i^t − x^{t−1}) and its model θ_i^t (for the local-model metrics,
+    :func:`fedshuffle.metrics.local_model_scores`). The server keeps h:
 
         h^t = h^{t−1} − α Σ_{i∈S} w_i(θ_i^t − x^{t−1}),    x^t = Σ_{i∈S} ŵ_iθ_i^t − h^t/α,
 
@@ -26,7 +27,8 @@ class FedDyn(Method):
     """
 
     name = "feddyn"
-    state_fields = ("gradient",)
+    state_fields = ("gradient", "model")
+    local_model_field = "model"  # θ_i, scored by fedshuffle.metrics.local_model_scores
 
     def __init__(self, aggregator: Aggregator, alpha: float = 0.01) -> None:
         super().__init__(aggregator)
@@ -35,12 +37,12 @@ class FedDyn(Method):
         self.alpha = alpha
 
     def init(self, params):
-        return {"h": torch.zeros_like(params)}
+        return {"h": torch.zeros_like(params), "x0": params.clone()}
 
     def client_update(self, broadcast, plans, rows, trainer):
         x = broadcast["model"]
         deltas = trainer.train(plans, x, center=x, offset=-rows["gradient"], prox_mu=self.alpha)
-        return ClientResult({"delta": deltas}, {"gradient": rows["gradient"] + self.alpha * deltas}, sample_gradients(plans))
+        return ClientResult({"delta": deltas}, {"gradient": rows["gradient"] + self.alpha * deltas, "model": x - deltas}, sample_gradients(plans))
 
     def aggregate(self, rnd, params, state, payload):
         if len(rnd.cohort) == 0:
@@ -50,7 +52,7 @@ class FedDyn(Method):
         h = state["h"] + self.alpha * (rnd.member_weights(params)[keep] @ deltas[keep])
         weights = rnd.member_weights(params)
         mean_delta = (weights / weights.sum()) @ deltas
-        return mean_delta + h / self.alpha, {"h": h}, {}
+        return mean_delta + h / self.alpha, {**state, "h": h}, {}
 
     def describe(self):
         return f"feddyn (α = {self.alpha})"
