@@ -310,3 +310,25 @@ def test_reproduce_judges_the_claims_of_a_config_file(tmp_path, no_plots):
     assert doc["counts"] == {"My study": {"holds": 1}} and doc["other_roles"] == {}
     assert (tmp_path / "o" / "my-study" / "manifest.json").is_file()
     assert math.isfinite(json.loads((tmp_path / "o" / "my-study" / "fedshuffle" / "seed-2" / "summary.json").read_text())["final"]["f_gap"])
+
+
+def test_a_claim_reads_each_variant_at_the_point_the_paper_reports_it(tmp_path):
+    """FedCDR's curves are the clients' own models (local_loss), its baseline's the server model (loss)."""
+    rounds = [0, 10, 20]
+
+    def runs_of(label, loss, local):
+        files = []
+        for seed in range(3):
+            path = tmp_path / label / f"seed-{seed}" / "metrics.csv"
+            path.parent.mkdir(parents=True)
+            write_metrics(path, [{"round": r, "loss": a + 0.01 * seed, "local_loss": b + 0.01 * seed} for r, a, b in zip(rounds, loss, local)])
+            files.append(path)
+        return files
+
+    runs = {"A": runs_of("A", [2.3, 2.2, 2.1], [2.3, 0.5, 0.2]), "B": runs_of("B", [2.3, 1.5, 1.1], [2.3, 1.5, 1.1])}
+    assert claim(kind="ordering", metric="loss", order=["A", "B"]).judge(runs).verdict == "does not hold"
+    read = claim(kind="ordering", metric="loss", order=["A", "B"], reading={"A": "local_loss"})
+    assert read.judge(runs).verdict == "holds" and "(A: local_loss)" in read.describe()
+    for bad, message in (({"C": "local_loss"}, "does not compare"), ({"A": "local_accuracy"}, "not read like")):
+        with pytest.raises(ConfigError, match=message):
+            claim(kind="ordering", metric="loss", order=["A", "B"], reading=bad)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError
@@ -150,11 +150,28 @@ class Claim(BaseModel):
     scale: Literal["linear", "log"] | None = Field(None, description="compare means of the values or of their log10 (default: log for f_gap, dist_sq, grad_norm_sq)")
     role: Literal[ROLES] = Field("primary", description="primary claims enter the paper's totals; proxy, extrapolation, duplicate and post_hoc ones are listed beside them")
     seeds: int = Field(3, ge=1, description="seeds the protocol judges on (the paper's count where it states one); a verdict on fewer says so")
+    reading: dict[str, str] = Field(default_factory=dict, description=(
+        "variant → the metric read for it instead of `metric`: the evaluation point a paper reports that method at "
+        "(e.g. FedCDR's clients' own models, local_loss, against a baseline's server-model loss); same direction and scale as `metric`"))
 
     @field_validator("metric")
     @classmethod
     def _metric(cls, v: str) -> str:
         return _valid_metric(v)
+
+    @model_validator(mode="after")
+    def _readings(self) -> Claim:
+        for label, name in self.reading.items():
+            if label not in self.variants():
+                raise ValueError(f"reading names {label!r}, which the claim does not compare; it compares: {', '.join(map(repr, self.variants()))}")
+            _valid_metric(name)
+            if metrics.METRICS[name].defaults["better"] != metrics.METRICS[self.metric].defaults["better"] or is_log(name, self.scale) != self.log:
+                raise ValueError(f"reading[{label!r}] = {name!r} is not read like {self.metric!r} (better direction and scale must match)")
+        return self
+
+    def metric_of(self, label: str) -> str:
+        """The metric read for variant ``label``."""
+        return self.reading.get(label, self.metric)
 
     def variants(self) -> list[str]:
         """The variant labels the claim names (checked against the experiment's)."""
@@ -247,9 +264,9 @@ def score(files: Sequence[Path], metric: str, at: str) -> Stat | None:
     return Stat.of(values, is_log(metric)) if values and all(v is not None for v in values) else None
 
 
-def _stat_of(files: Sequence[Path], claim: Claim, at: str, fraction: float = 1.0) -> Stat | None:
-    """The statistic over the seeds that have a value (None when none has), on the runs cut at ``fraction``."""
-    values = [_value_at(_truncated(read_metrics(f), fraction), claim.metric, at, claim.lower_is_better, claim.log) for f in files]
+def _stat_of(files: Sequence[Path], claim: Claim, at: str, fraction: float = 1.0, label: str = "") -> Stat | None:
+    """The statistic of variant ``label``'s metric over the seeds that have a value (None when none has), on the runs cut at ``fraction``."""
+    values = [_value_at(_truncated(read_metrics(f), fraction), claim.metric_of(label), at, claim.lower_is_better, claim.log) for f in files]
     present = [v for v in values if v is not None]
     return Stat.of(present, claim.log) if present else None
 
@@ -327,7 +344,8 @@ class OrderingClaim(Claim):
 
     def describe(self) -> str:
         sign = " < " if self.lower_is_better else " > "
-        return f"{_at_text(self.at)} {self.metric}: " + sign.join(t[0] if len(t) == 1 else "{" + ", ".join(t) + "}" for t in self.tiers())
+        read = "".join(f" ({label}: {name})" for label, name in self.reading.items())
+        return f"{_at_text(self.at)} {self.metric}{read}: " + sign.join(t[0] if len(t) == 1 else "{" + ", ".join(t) + "}" for t in self.tiers())
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
         """The verdict on the whole runs, with the verdicts as if the runs had stopped at each of :data:`FRACTIONS`."""
@@ -339,7 +357,7 @@ class OrderingClaim(Claim):
         """The verdict on the runs cut at ``fraction`` of their rounds."""
         stats, missing = {}, []
         for label in self.variants():
-            stat = _stat_of(runs.get(label, []), self, self.at, fraction)
+            stat = _stat_of(runs.get(label, []), self, self.at, fraction, label)
             if stat is None:
                 missing.append(label)
             else:
@@ -387,7 +405,7 @@ class ValueClaim(Claim):
         return f"{self.variant}: {_at_text(self.at)} {self.metric} {where}"
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
-        stat = _stat_of(runs.get(self.variant, []), self, self.at)
+        stat = _stat_of(runs.get(self.variant, []), self, self.at, label=self.variant)
         if stat is None:
             return Verdict("—", "not measured", f"no value {_at_text(self.at)} for {self.variant}")
         lo, hi = self.interval()
