@@ -332,3 +332,16 @@ def test_a_claim_reads_each_variant_at_the_point_the_paper_reports_it(tmp_path):
     for bad, message in (({"C": "local_loss"}, "does not compare"), ({"A": "local_accuracy"}, "not read like")):
         with pytest.raises(ConfigError, match=message):
             claim(kind="ordering", metric="loss", order=["A", "B"], reading=bad)
+
+
+def test_an_experiment_whose_data_cannot_be_had_reads_not_reproducible(tmp_path, no_plots):
+    """The substitute's measurement is shown, but no claim of it holds or fails for the paper."""
+    cfg = tmp_path / "substitute.toml"
+    cfg.write_text(TINY.format(paper="My study", quote="mine converges", role="primary").replace(
+        'paper = "My study"', 'paper = "My study"\nname = "substitute"\nnot_reproducible = "the paper\'s dataset cannot be built here"'))
+    result = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(tmp_path / "o"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    (row,) = doc["claims"]
+    assert row["verdict"] == "not reproducible" and row["why"].startswith("the paper's dataset cannot be built here; on the substitute it holds")
+    assert doc["counts"] == {"My study": {"not reproducible": 1}} and "not reproducible" in (tmp_path / "o" / "report.md").read_text()

@@ -29,13 +29,16 @@ from typing import Any
 from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import read_text, write_atomic
-from fedshuffle.experiments.claims import FRACTIONS, ROLES, VERDICTS, Claim, is_log, parse_claims, score
+from fedshuffle.experiments.claims import FRACTIONS, ROLES, VERDICTS, Claim, Verdict, is_log, parse_claims, score
 from fedshuffle.experiments.folders import MANIFEST, FolderLock, folder_name, read_manifest
 from fedshuffle.experiments.schema import Experiment, TuneConfig, _deep_merge, load_experiment, preset_names
 
 BUDGETS = ("cpu", "gpu")
 #: the store of every preset's verdicts in a reproduce folder
 STORE = "verdicts.json"
+
+#: the verdict of every claim of an experiment the paper's data cannot be had for (``experiment.not_reproducible``)
+NOT_REPRODUCIBLE = "not reproducible"
 
 
 @dataclass(frozen=True)
@@ -146,9 +149,11 @@ def _complete_runs(folder: Path) -> dict[str, list[Path]]:
 def judge(name: str, experiment: Experiment, folder: Path) -> list[ClaimResult]:
     """Every claim of ``experiment`` on the complete runs stored in ``folder``."""
     runs = _complete_runs(folder)
-    rows = []
+    rows, unavailable = [], experiment.experiment.not_reproducible
     for claim in _claims(experiment):
         verdict = claim.judge(runs)
+        if unavailable:  # what the substitute setup measured is shown, but it is no evidence about the paper
+            verdict = Verdict(verdict.measured, NOT_REPRODUCIBLE, f"{unavailable}; on the substitute it {verdict.verdict}: {verdict.why}", verdict.seeds)
         rows.append(_row(name, experiment, claim, verdict.measured, verdict.verdict, verdict.why, verdict.seeds, dict(verdict.fractions)))
     return rows
 
@@ -397,7 +402,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-COLUMNS = (*VERDICTS, "not measured", "not run")
+COLUMNS = (*VERDICTS, "not measured", NOT_REPRODUCIBLE, "not run")
 
 
 def _all_rows(store: Mapping[str, Mapping[str, Any]]) -> list[ClaimResult]:

@@ -311,6 +311,9 @@ class ExperimentMeta(_Section):
     budget: Literal["cpu", "gpu"] | None = Field(None, description="hardware the preset is sized for: 'cpu' (a 2-core CPU) or 'gpu' (the paper's scale, needs a GPU)")
     expected_minutes: float | None = Field(None, gt=0, description="expected wall time of the whole preset (every variant and seed) on its budget's hardware")
     deviations: list[str] = Field(default_factory=list, description="where the experiment departs from the paper (a setting the paper does not give, a substitute dataset, a reduced scale); printed beside its verdicts")
+    not_reproducible: str = Field("", description=(
+        "why the paper's experiment cannot be run with the data at hand (e.g. its dataset cannot be built); when given, every claim reads "
+        "'not reproducible', with what the substitute measured, never 'holds' or 'does not hold'"))
 
     @field_validator("name")
     @classmethod
