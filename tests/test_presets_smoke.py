@@ -87,6 +87,11 @@ def test_a_preset_that_does_not_build_fails_by_name_and_the_registry_is_restored
     assert SOURCES["cifar10"].factory is before
 
 
+def test_smoke_is_for_gpu_presets():
+    result = CliRunner().invoke(app, ["reproduce", "--smoke", "--budget", "cpu"])
+    assert result.exit_code == 2 and "--budget: --smoke checks the presets sized for a GPU" in result.output
+
+
 def test_memory_is_checked_before_the_samples_are_allocated(monkeypatch):
     monkeypatch.setenv("FEDSHUFFLE_MAX_MEMORY", "64K")
     (result,) = smoke.smoke(["nastya-fig2-lenet-cifar10"])
