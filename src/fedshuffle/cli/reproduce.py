@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli import app, console, EXIT_STATUS, _fail, _fail_results, _interrupted, _note, _out_path
+from fedshuffle.cli import app, console, err, EXIT_STATUS, _fail, _fail_results, _interrupted, _note, _out_path
 
 
 @app.command(help=f"""Run presets or experiment files (what is missing) and judge every claim; write report.md and report.html.
@@ -36,10 +36,23 @@ def reproduce(
     no_run: Annotated[bool, typer.Option("--no-run", help="run nothing: judge the complete runs already in OUT")] = False,
     json_: Annotated[bool, typer.Option("--json", help='print {"claims": [{"preset", "claim", "role", "measured", "verdict", "fractions", ...}], "counts" (primary claims), "other_roles"}')] = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    smoke: Annotated[bool, typer.Option("--smoke", help="instead: build and run each preset of --budget (default gpu) for two rounds at its real model and data shapes on this CPU; exit 3 naming any that fails")] = False,
 ) -> None:
     from fedshuffle.experiments.reproduce import as_json, reproduce as run_all
     from fedshuffle.experiments.schema import preset_names
 
+    if smoke:
+        from fedshuffle.experiments.smoke import smoke as run_smoke, summary
+
+        try:
+            results = run_smoke(presets or [], budget or "gpu", note=None if json_ else _note)
+        except ConfigError as exc:
+            _fail(exc)
+        print(json.dumps([vars(r) for r in results], indent=1, ensure_ascii=False) if json_ else summary(results))
+        if failed := [r for r in results if r.status != "ok"]:
+            err.print(f"[red]error:[/red] smoke run failed for {', '.join(r.preset for r in failed)}: {failed[0].error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(3)
+        return
     target = Path("results") / "reproduce"
     try:
         if all_ and presets:
