@@ -73,7 +73,6 @@ def test_nastya_with_adgd_runs_to_the_end_once_the_model_stops_moving(tmp_path):
 
 # --- loaders: one-line errors naming the file and the record ---------------------------------------------
 
-import gzip
 import json
 
 from fedshuffle.core import limits

@@ -42,8 +42,10 @@ def test_smoke_spec_cuts_the_scale_and_keeps_model_method_and_steps():
     for _, spec in experiment.runs():
         cut = smoke.smoke_spec(spec)
         assert (cut.data.clients, cut.sampler.cohort, cut.run.rounds) == (smoke.CLIENTS, smoke.COHORT, smoke.ROUNDS)
-        for part in ("problem", "method", "local", "aggregation", "server", "schedule"):
+        for part in ("problem", "method", "aggregation", "server", "schedule"):
             assert getattr(cut, part) == getattr(spec, part)
+        assert cut.local.epochs == 1 and cut.local.model_dump(exclude={"epochs", "steps"}) == spec.local.model_dump(exclude={"epochs", "steps"})
+        assert cut.local.steps == (min(spec.local.steps, smoke.LOCAL_STEPS) if isinstance(spec.local.steps, int) else spec.local.steps)
         assert cut.sampler.name == spec.sampler.name and cut.data.source == spec.data.source
 
 

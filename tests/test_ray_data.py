@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from fedshuffle import LogisticRegression, Simulation, UniformWithoutReplacement, build_algorithm

@@ -111,7 +111,7 @@ def show(
 ) -> None:
     """Print the resolved configuration of every variant as JSON (every default filled in, --set applied), or the registered parts."""
     from fedshuffle.experiments.resolved import resolved_settings
-    from fedshuffle.experiments.schema import load_experiment, parse_overrides
+    from fedshuffle.experiments.schema import parse_overrides
 
     kinds = list(_registries())
     if config is None or config in kinds:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-import torch
-
 from fedshuffle.analysis import theory
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError, section

@@ -40,6 +40,8 @@ SAMPLES_PER_CLIENT = 2
 COHORT = 2
 ROUNDS = 2
 TEST_SAMPLES = 4
+#: the most local steps a member takes in a smoke round (its epochs are cut to one)
+LOCAL_STEPS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,12 +159,15 @@ def _sources_replaced(factories: dict[str, Callable[..., Samples]]) -> Iterator[
 
 def smoke_spec(spec: RunSpec, rounds: int = ROUNDS) -> RunSpec:
     """``spec`` at smoke scale: :data:`CLIENTS` clients, a cohort of at most :data:`COHORT`, ``rounds`` rounds
-    evaluated at the start and the end, no metric sinks; model, method and every step setting unchanged."""
+    evaluated at the start and the end, one local epoch (or at most :data:`LOCAL_STEPS` steps), no metric sinks;
+    model, method and every step-size setting unchanged."""
     data = spec.data.model_copy(update={"clients": CLIENTS})
+    steps = spec.local.steps
+    local = spec.local.model_copy(update={"epochs": 1, "steps": min(steps, LOCAL_STEPS) if isinstance(steps, int) else steps})
     cohort = spec.sampler.cohort
     sampler = spec.sampler.model_copy(update={"cohort": min(cohort, COHORT)}) if cohort is not None and cohort >= 1 else spec.sampler
     run = spec.run.model_copy(update={"rounds": rounds, "eval_every": rounds, "checkpoint_every": 0, "sinks": [], "device": "cpu"})
-    return spec.model_copy(update={"data": data, "sampler": sampler, "run": run})
+    return spec.model_copy(update={"data": data, "local": local, "sampler": sampler, "run": run})
 
 
 def _check_memory(shape: SourceShape, partition: str) -> None:
