@@ -55,19 +55,24 @@ class Hang(BaseException):
 
 
 @contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Raise :class:`Hang` in this (main) thread once the process has used ``seconds`` of CPU time."""
+def _limit(seconds: float, timer: int, signum: int, message: str) -> Iterator[None]:
+    """Raise :class:`Hang` with ``message`` in this (main) thread when the interval ``timer`` of ``seconds`` expires."""
 
     def alarm(signum, frame):
-        raise Hang(f"still running after {seconds:.0f} CPU seconds")
+        raise Hang(message)
 
-    previous = signal.signal(signal.SIGPROF, alarm)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    previous = signal.signal(signum, alarm)
+    signal.setitimer(timer, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
+        signal.setitimer(timer, 0)
+        signal.signal(signum, previous)
+
+
+def time_limit(seconds: float) -> contextlib.AbstractContextManager[None]:
+    """Raise :class:`Hang` once the process has used ``seconds`` of CPU time."""
+    return _limit(seconds, signal.ITIMER_PROF, signal.SIGPROF, f"still running after {seconds:.0f} CPU seconds")
 
 
 def environment(root: Path) -> dict[str, str]:
@@ -924,23 +929,13 @@ def hostile_checkpoint(marker: Path, form: str) -> bytes:
     return (OLD_MAGIC if form == "old" else MAGIC) + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
 
 
-@contextlib.contextmanager
-def wall_limit(seconds: float) -> Iterator[None]:
-    """Raise :class:`Hang` once ``seconds`` of wall-clock time have passed (SIGALRM; main thread: a blocked ``open`` is interrupted)."""
-
-    def alarm(signum, frame):
-        raise Hang(f"blocked for {seconds:.0f} s")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def wall_limit(seconds: float) -> contextlib.AbstractContextManager[None]:
+    """Raise :class:`Hang` once ``seconds`` of wall-clock time have passed (a blocked ``open`` is interrupted too)."""
+    return _limit(seconds, signal.ITIMER_REAL, signal.SIGALRM, f"blocked for {seconds:.0f} s")
 
 
-def _nest(folder: Path, depth: int) -> None:
+def nest(folder: Path, depth: int) -> None:
+    """``folder/d/d/.../d``, ``depth`` levels, made through file descriptors (the path is longer than one may name)."""
     fd = os.open(folder, os.O_RDONLY)
     for _ in range(depth):
         os.mkdir("d", dir_fd=fd)
@@ -950,7 +945,8 @@ def _nest(folder: Path, depth: int) -> None:
     os.close(fd)
 
 
-def _unnest(folder: Path) -> None:
+def unnest(folder: Path) -> None:
+    """Remove what :func:`nest` made, deepest first, without recursion."""
     fds = [os.open(folder, os.O_RDONLY)]
     while True:
         try:
@@ -1026,7 +1022,7 @@ def run_hostile_case(seed: int, work: Path, template: Path) -> Result:
         case = f"pickled os.system in {run.relative_to(folder)}/checkpoint.pt ({form}); {command}"
     else:
         deep = rng.choice([folder, run, run.parent])
-        _nest(deep, rng.choice([40, 1100, 1500]))
+        nest(deep, rng.choice([40, 1100, 1500]))
         case = f"folders nested below {deep.relative_to(work)}; {command}"
     before = _snapshot(victim_dir)
     try:
@@ -1034,7 +1030,7 @@ def run_hostile_case(seed: int, work: Path, template: Path) -> Result:
             result, _ = invoke(argv, cwd)
     finally:
         if deep is not None:
-            _unnest(deep)
+            unnest(deep)
     result.case = case = f"{attack}: {case}"
     if marker.exists():
         return Result("nonsense", "code ran from a file of the results folder (the marker exists)", case)

@@ -23,6 +23,7 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import toy_config
+from fuzzing import nest, unnest
 from fedshuffle.cli import app
 from fedshuffle.core.checkpoint import MAGIC, OLD_MAGIC, decode, encode, load_checkpoint, save_checkpoint
 from fedshuffle.core.errors import ConfigError
@@ -308,31 +309,6 @@ def test_a_fifo_in_place_of_a_results_file_never_blocks(name, finished, tmp_path
     else:
         assert result.exit_code == 0, result.output
         assert stat.S_ISREG(os.lstat(out / "seed-0" / name).st_mode)
-
-
-def nest(folder, depth):
-    """``folder/d/d/.../d``, ``depth`` levels, made through file descriptors (the path is longer than one may name)."""
-    fd = os.open(folder, os.O_RDONLY)
-    for _ in range(depth):
-        os.mkdir("d", dir_fd=fd)
-        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = inner
-    os.close(fd)
-
-
-def unnest(folder):
-    """Remove what :func:`nest` made, deepest first, without recursion."""
-    fds = [os.open(folder, os.O_RDONLY)]
-    while True:
-        try:
-            fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
-        except FileNotFoundError:
-            break
-    os.close(fds.pop())
-    while fds:
-        os.rmdir("d", dir_fd=fds[-1])
-        os.close(fds.pop())
 
 
 def test_deep_folders_and_the_filesystem_root_are_one_line(finished, tmp_path):
