@@ -7,16 +7,19 @@ the client state every 10 rounds. The state — SCAFFOLD's c_i, FedCDR's (y_i, x
 Reports seconds per round and peak resident memory.
 
     python -m benchmarks.client_state      # writes benchmarks/results/client_state.json
+    python -m benchmarks.client_state --smoke   # 200 and 20,000 clients, 10 rounds: prints the JSON, writes nothing
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import tempfile
 
 import numpy as np
 import torch
 
-from benchmarks.common import case_or_all, emit, time_rounds, write
+from benchmarks.common import emit, run_case, time_rounds, write
 from benchmarks.convex import lognormal_sizes
 from fedshuffle import Cyclic, LogisticRegression, Simulation, build_algorithm
 from fedshuffle.data import LazyFederatedDataset, objective_weights
@@ -24,7 +27,9 @@ from fedshuffle.executors.local import VectorizedExecutor
 from fedshuffle.core.streams import Stream, generator
 
 DIM, COHORT = 1000, 100
-CASES = [f"{method}-{n}" for method in ("scaffold", "fedcdr") for n in (1_000, 1_000_000)]
+METHODS = ("scaffold", "fedcdr")
+POPULATIONS, SMOKE_POPULATIONS = (1_000, 1_000_000), (200, 20_000)
+CASES = [f"{method}-{n}" for method in METHODS for n in (*POPULATIONS, *SMOKE_POPULATIONS)]
 
 
 class SparseClients:
@@ -44,7 +49,7 @@ def case(name: str, warmup: int, repeats: int) -> None:
     clients = int(n)
     sizes = lognormal_sizes(clients, np.random.default_rng(0))
     data = LazyFederatedDataset(sizes, objective_weights(sizes, "uniform"), SparseClients(sizes), (DIM,), dtype=torch.float32)
-    settings = {"lr": 0.05, "epochs": 1, "batch_size": 10} | ({"exact_prox": False, "fedcdr_eta": 10.0} if method == "fedcdr" else {})
+    settings = {"local": {"lr": 0.05, "epochs": 1, "batch_size": 10}} | ({"method": {"exact_prox": False, "fedcdr_eta": 10.0}} if method == "fedcdr" else {})
     with tempfile.TemporaryDirectory() as folder:
         sim = Simulation(LogisticRegression(DIM, 1e-4), data, build_algorithm(method, settings), Cyclic(clients, COHORT), seed=0,
                          dtype=torch.float32, executor=VectorizedExecutor(), state_dir=folder)
@@ -61,18 +66,30 @@ def case(name: str, warmup: int, repeats: int) -> None:
 
 
 def main() -> None:
-    results = case_or_all("benchmarks.client_state", CASES, case, warmup=5, repeats=40)
-    if results is None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", choices=CASES)
+    parser.add_argument("--smoke", action="store_true", help="small populations, 10 rounds; prints the JSON, writes nothing")
+    args = parser.parse_args()
+    warmup, repeats = (1, 10) if args.smoke else (5, 40)
+    if args.case:
+        case(args.case, warmup, repeats)
         return
-    ratios = {m: {stat: round(results[f"{m}-1000000"][stat] / results[f"{m}-1000"][stat], 2) for stat in ("median_s", "mean_s")} for m in ("scaffold", "fedcdr")}
-    path = write("client_state", {
-        "setup": {"dim": DIM, "cohort": COHORT, "dtype": "float32", "local": "1 epoch, batch 10", "checkpoint": "client state every 10 rounds", "threads": 1},
+    small, large = SMOKE_POPULATIONS if args.smoke else POPULATIONS
+    results = {f"{m}-{n}": run_case("benchmarks.client_state", f"{m}-{n}", *(["--smoke"] if args.smoke else [])) for m in METHODS for n in (small, large)}
+    ratios = {m: {stat: round(results[f"{m}-{large}"][stat] / results[f"{m}-{small}"][stat], 2) for stat in ("median_s", "mean_s")}
+              for m in METHODS if all("median_s" in results[f"{m}-{n}"] for n in (small, large))}
+    payload = {
+        "setup": {"dim": DIM, "cohort": COHORT, "dtype": "float32", "local": "1 epoch, batch 10", "checkpoint": "client state every 10 rounds", "threads": 1,
+                  "warmup": warmup, "rounds": repeats},
         "cases": results,
-        "round_time_1M_over_1k": ratios,
+        f"round_time_{large}_over_{small}": ratios,
         "peak_rss_mib": {name: r.get("peak_rss_mib") for name, r in results.items()},
         "goal": "peak RSS < 2 GiB at 1,000,000 clients; round time within 1.5x of 1,000 clients",
-    })
-    print(path.read_text())
+    }
+    if args.smoke:
+        print(json.dumps(payload))
+        return
+    print(write("client_state", payload).read_text())
 
 
 if __name__ == "__main__":

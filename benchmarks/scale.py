@@ -5,11 +5,13 @@ Clients are generated when they take part (:class:`fedshuffle.data.LazyFederated
 peak resident memory for each population size, each in its own process.
 
     python -m benchmarks.scale             # writes benchmarks/results/scale.json
+    python -m benchmarks.scale --smoke     # 100 and 10,000 clients, a few rounds: prints the JSON, writes nothing
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import torch
@@ -22,6 +24,7 @@ from fedshuffle.executors.local import VectorizedExecutor
 from fedshuffle.core.streams import Stream, generator
 
 POPULATIONS = (1_000, 10_000, 100_000, 1_000_000)
+SMOKE_POPULATIONS = (COHORT, 10_000)
 
 
 class Clients:
@@ -41,7 +44,7 @@ def case(clients: int, warmup: int, repeats: int) -> None:
     torch.set_num_threads(1)
     sizes = lognormal_sizes(clients, np.random.default_rng(0))
     data = LazyFederatedDataset(sizes, objective_weights(sizes, "size"), Clients(sizes), (DIM,))
-    alg = build_algorithm("fedshuffle", {"lr": 0.05, "epochs": 1, "batch_size": 1})
+    alg = build_algorithm("fedshuffle", {"local": {"lr": 0.05, "epochs": 1, "batch_size": 1}})
     sim = Simulation(LogisticRegression(DIM, 1e-3), data, alg, UniformWithoutReplacement(clients, COHORT), seed=0, executor=VectorizedExecutor())
     emit({"case": str(clients), "clients": clients, **time_rounds(sim.step, warmup, repeats), "threads": 1})
 
@@ -49,20 +52,27 @@ def case(clients: int, warmup: int, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case")
+    parser.add_argument("--smoke", action="store_true", help="two small populations, a few rounds; prints the JSON, writes nothing")
     args = parser.parse_args()
+    warmup, repeats = (1, 3) if args.smoke else (3, 40)
     if args.case:
-        case(int(args.case), warmup=3, repeats=40)
+        case(int(args.case), warmup, repeats)
         return
-    results = {str(n): run_case("benchmarks.scale", str(n)) for n in POPULATIONS}
-    base = results[str(POPULATIONS[0])]
-    path = write("scale", {
-        "setup": {"cohort": COHORT, "dim": DIM, "sizes": "floor(LogNormal) + 1, mean 50", "local": "1 epoch, batch 1, RR (FedShuffle)", "data": "generated per client when sampled", "executor": "vectorized", "dtype": "float64", "threads": 1},
+    populations = SMOKE_POPULATIONS if args.smoke else POPULATIONS
+    results = {str(n): run_case("benchmarks.scale", str(n), *(["--smoke"] if args.smoke else [])) for n in populations}
+    base = results[str(populations[0])]
+    payload = {
+        "setup": {"cohort": COHORT, "dim": DIM, "sizes": "floor(LogNormal) + 1, mean 50", "local": "1 epoch, batch 1, RR (FedShuffle)", "data": "generated per client when sampled", "executor": "vectorized", "dtype": "float64", "threads": 1,
+                  "warmup": warmup, "rounds": repeats},
         "cases": results,
-        "round_time_over_1000_clients": {n: round(r["median_s"] / base["median_s"], 2) for n, r in results.items()},
-        "peak_rss_mib": {n: r["peak_rss_mib"] for n, r in results.items()},
+        "round_time_over_smallest": {n: round(r["median_s"] / base["median_s"], 2) for n, r in results.items() if "median_s" in r},
+        "peak_rss_mib": {n: r.get("peak_rss_mib") for n, r in results.items()},
         "goal": "round time at 1,000,000 within 1.2x of 1,000; memory independent of n",
-    })
-    print(path.read_text())
+    }
+    if args.smoke:
+        print(json.dumps(payload))
+        return
+    print(write("scale", payload).read_text())
 
 
 if __name__ == "__main__":

@@ -458,3 +458,70 @@ def test_a_disk_filling_up_mid_run_exits_4_and_keeps_what_was_written(tmp_path):
     assert not list(out.rglob("*.tmp"))
     clean(cli("run", cfg, "--resume", out, *args), 0)  # once there is room again
     assert read_metrics(out / "seed-0" / "metrics.csv")["round"][-1] == 60
+
+
+# -- appended tables, checkpoints between them ----------------------------------------------------------
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_run_killed_between_checkpoints_resumes_to_the_same_numbers_and_bytes(tmp_path):
+    """Rows appended after the last checkpoint are dropped on resume and computed again: the resumed
+    folder holds the uninterrupted run's bytes (metrics.csv, timing.csv's rounds, Parquet, final model)."""
+    from fedshuffle.experiments.schema import load_experiment
+    from fedshuffle.core.checkpoint import load_checkpoint
+
+    spec = load_experiment(toy(tmp_path)).runs()[0][1]
+    spec = spec.model_copy(update={"run": spec.run.model_copy(update={"rounds": 30, "eval_every": 1, "checkpoint_every": 10})})
+    runner_mod.run_single(spec, tmp_path / "full", seed=0)
+    rounds = {"n": 0}
+
+    def kill_at_15(done):
+        rounds["n"] += done
+        if rounds["n"] == 15:
+            raise _Killed
+
+    cut = tmp_path / "cut"
+    with pytest.raises(_Killed):
+        runner_mod.run_single(spec, cut, seed=0, on_round=kill_at_15)
+    assert read_metrics(cut / "metrics.csv")["round"][-1] == 15  # appended past the checkpoint...
+    assert [row["round"] for row in load_checkpoint(cut / "checkpoint.pt")["rows"]][-1] == 10  # ...which holds rounds 0-10
+    runner_mod.run_single(spec, cut, seed=0, resume=True)
+    same_files(cut, tmp_path / "full", names=("metrics.csv", "metrics.parquet", "final_params.npy"))
+    assert read_metrics(cut / "timing.csv")["round"].tolist() == list(range(31))
+
+
+def test_checkpoints_fall_by_rounds_or_by_seconds_and_always_at_the_end(monkeypatch):
+    clock = {"now": 100.0}
+    monkeypatch.setattr(runner_mod.time, "monotonic", lambda: clock["now"])
+    by_rounds = runner_mod.CheckpointCadence(rounds=4, seconds=30.0, total=10)
+    assert [r for r in range(1, 11) if by_rounds.due(r, evaluated=r % 2 == 0)] == [4, 8, 10]
+    by_time = runner_mod.CheckpointCadence(rounds=0, seconds=30.0, total=100)
+    due = []
+    for r in range(1, 101):
+        clock["now"] += 1.0  # one second per round
+        if by_time.due(r, evaluated=r % 5 == 0):
+            by_time.saved()
+            due.append(r)
+    assert due == [5, 35, 65, 95, 100]  # the first evaluation, then one per 30 s, at evaluations only, and the last round
+    every = runner_mod.CheckpointCadence(rounds=0, seconds=0.0, total=10)
+    assert [r for r in range(1, 11) if every.due(r, evaluated=r % 2 == 0)] == [2, 4, 6, 8, 10]
+
+
+def test_an_appended_row_cut_short_is_taken_back_whole(tmp_path, monkeypatch):
+    from fedshuffle.experiments.results import AppendedTable, write_metrics
+
+    rows = [{"round": k, "loss": 1.0 / (k + 1)} for k in range(3)]
+    table = AppendedTable(tmp_path / "metrics.csv", rows[:1])
+    table.append(rows[1])
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[:5]))  # a disk that takes 5 bytes
+    with pytest.raises(OSError) as raised:
+        table.append(rows[2])
+    assert raised.value.errno == errno.EFBIG
+    monkeypatch.undo()
+    table.close()
+    write_metrics(tmp_path / "expected.csv", rows[:2])
+    assert (tmp_path / "metrics.csv").read_bytes() == (tmp_path / "expected.csv").read_bytes()

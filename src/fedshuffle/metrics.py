@@ -85,26 +85,30 @@ class ModelScores:
     """Scores of the global model: f(x), f − f*, ‖x − x*‖², ‖∇f(x)‖², accuracies, test loss.
 
     f is the training objective Σ_j s_j f_j(x) with the dataset's sample weights (Σ_i w_i f_i);
-    x* and f* come from :func:`fedshuffle.analysis.theory.solution` where the problem has them.
+    x* and f* come from :func:`fedshuffle.analysis.theory.solution` where the problem has them (cached under
+    ``solution_key``, :func:`~fedshuffle.analysis.theory.solution_key` of the run's settings, when given).
     """
 
-    def __init__(self, problem, data) -> None:
+    def __init__(self, problem, data, solution_key: str | None = None) -> None:
         self.problem, self.data = problem, data
         self.sample_weights = data.sample_weights()
-        solved = solution(problem, data.to(torch.float64, "cpu"))
+        solved = solution(problem, data, solution_key)
         self.x_star = solved[0].to(data.features.device, data.features.dtype) if solved else None
         self.f_star = solved[1] if solved else None
+        test = data.test_features
+        self.test_weights = None if test is None else torch.full((test.shape[0],), 1.0 / test.shape[0], dtype=self.sample_weights.dtype, device=test.device)
 
     def __call__(self, params: torch.Tensor) -> dict[str, float | None]:
-        f, X, Y, s = self.problem, self.data.features, self.data.labels, self.sample_weights
-        loss = float(f.weighted_loss(params, X, Y, s))
-        out: dict[str, float | None] = {"loss": loss, "grad_norm_sq": float(f.weighted_gradient(params, X, Y, s).pow(2).sum())}
-        out["f_gap"] = loss - self.f_star if self.f_star is not None else None
+        """One pass over the training data (f, ‖∇f‖², accuracy: :meth:`~fedshuffle.problems.Problem.scores`) and one
+        over the test data (mean loss, accuracy: the same with weights 1/n and no gradient)."""
+        train = self.problem.scores(params, self.data.features, self.data.labels, self.sample_weights)
+        out: dict[str, float | None] = {"loss": train.loss, "grad_norm_sq": train.grad_norm_sq}
+        out["f_gap"] = train.loss - self.f_star if self.f_star is not None else None
         out["dist_sq"] = float((params - self.x_star).pow(2).sum()) if self.x_star is not None else None
-        out["train_accuracy"] = f.accuracy(params, X, Y)
-        if self.data.test_features is not None:
-            out["test_loss"] = float(f.losses(params, self.data.test_features, self.data.test_labels).mean())
-            out["test_accuracy"] = f.accuracy(params, self.data.test_features, self.data.test_labels)
+        out["train_accuracy"] = train.accuracy
+        if self.test_weights is not None:
+            test = self.problem.scores(params, self.data.test_features, self.data.test_labels, self.test_weights, gradient=False)
+            out["test_loss"], out["test_accuracy"] = test.loss, test.accuracy
         return out
 
 

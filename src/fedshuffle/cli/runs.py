@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -22,6 +23,18 @@ def _print_summary(summary: dict, title: str) -> None:
         cells = [mean_std(v["final"][m]["mean"], v["final"][m]["std"], v["final"][m]["n"]) if m in v["final"] else "" for m in metrics]
         rows.append((label, *cells, ", ".join(sorted(set(v["status"])))))
     print_table(title, ("variant", *(f"final {m}" for m in metrics), "status"), rows, right={f"final {m}" for m in metrics})
+
+
+def _operator_threads(outcomes) -> list[str]:
+    """What the runs chose (``operator_threads`` in each run's config.json), each choice once."""
+    chosen = set()
+    for outcome in outcomes:
+        try:
+            threads = json.loads((outcome.job.run_dir / "config.json").read_text())["operator_threads"]
+            chosen.add(f"{threads['count']} ({threads['reason']})")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a run that failed before writing its config, or one written before the choice was recorded
+    return sorted(chosen)
 
 
 @app.command(help=f"""Run a preset or config file (every variant and seed), write results and a plot.
@@ -83,6 +96,8 @@ def run(
     except KeyboardInterrupt:
         _interrupted(f"continue with: {_command('run', config, set_, seeds, extend_to, target)}" if target is not None and target.is_dir() else "nothing was written.")
     _print_summary(summary, experiment.experiment.title or experiment.experiment.name)
+    for chosen in _operator_threads(outcomes):
+        console.print(f"operator threads per run: {chosen}", highlight=False, soft_wrap=True)
     console.print(f"results: {target}/ (plot: {target / 'plot.png'})")
     if any(o.status != "complete" for o in outcomes):
         raise typer.Exit(3)

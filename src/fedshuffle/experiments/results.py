@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import errno
 import io
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,14 +27,56 @@ INTEGER_COLUMNS = tuple(e.name for e in metrics.METRICS.entries() if e.defaults[
 METRIC_LABELS = {**{e.name: e.summary for e in metrics.METRICS.entries()}, "bytes": "bytes communicated (up + down)"}
 
 
-def write_metrics(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = METRIC_COLUMNS) -> None:
-    """One CSV row per evaluation (empty cells where a metric does not apply; floats written exactly)."""
+def _csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], header: bool) -> str:
+    """Rows as CSV text: empty cells where a metric does not apply, floats written exactly (``repr``)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
+    if header:
+        writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if row.get(k) is None else repr(row[k]) if isinstance(row[k], float) else row[k]) for k in columns})
-    write_atomic(path, buf.getvalue())
+    return buf.getvalue()
+
+
+def write_metrics(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = METRIC_COLUMNS) -> None:
+    """One CSV row per evaluation (empty cells where a metric does not apply; floats written exactly)."""
+    write_atomic(path, _csv_text(rows, columns, header=True))
+
+
+class AppendedTable:
+    """A metric table that grows by whole rows, for a run in progress.
+
+    Opening rewrites the file atomically with the header and ``rows`` (a resumed run's rows up to its
+    checkpoint: anything appended after the checkpoint is dropped). :meth:`append` then adds one row
+    with a single ``write`` to the end of the file, so a process killed at any moment leaves whole rows;
+    a short write (a full disk, a file-size limit) is cut back to the last whole row and raised. Nothing
+    is fsynced before :meth:`sync`: a resumed run rewrites the table from its checkpoint, so only the
+    finished table (the one ``summary.json`` seals) needs to reach the disk. The bytes are those of
+    :func:`write_metrics` for the same rows.
+    """
+
+    def __init__(self, path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = METRIC_COLUMNS) -> None:
+        self.path, self.columns = Path(path), tuple(columns)
+        write_metrics(self.path, rows, self.columns)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        line = _csv_text([row], self.columns, header=False).encode()
+        size = os.fstat(self.fd).st_size
+        try:
+            written = os.write(self.fd, line)
+        except OSError:
+            os.ftruncate(self.fd, size)
+            raise
+        if written != len(line):
+            os.ftruncate(self.fd, size)
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(self.path))
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def write_parquet(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -25,7 +25,10 @@ import platform
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -34,14 +37,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedshuffle.analysis.theory import solution_key
 from fedshuffle.experiments.build import build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
 from fedshuffle.experiments.schema import RunSpec
 from fedshuffle.simulation import Simulation
 from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint as write_checkpoint
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import write_atomic, write_json
+from fedshuffle.core.threads import operator_threads, run_threads
 from fedshuffle import metrics
-from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, write_metrics, write_parquet
+from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, AppendedTable, write_parquet
 from fedshuffle.experiments.sinks import flatten, open_sinks
 from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_hash, data_hashes, identity, intact, remove_leftovers, sealed, stored_run
 
@@ -103,10 +108,51 @@ def check_against_data(spec: RunSpec, num_clients: int) -> None:
             raise ConfigError(field, "every value is 0: no client would count; give at least one positive value")
 
 
+#: problems and datasets built inside :func:`sharing_builds`, by the settings that make them (None: outside it)
+_BUILT: OrderedDict[str, tuple[Any, Any]] | None = None
+#: the most bytes of data kept for later runs (the least recently used go first)
+SHARED_DATA_BYTES = 1 << 30
+
+
+@contextmanager
+def sharing_builds() -> Iterator[None]:
+    """Within the block, runs with equal ``[problem]`` and ``[data]`` settings and split seed (``data.seed``, else
+    ``run.seed``) share one build of the problem and dataset (neither is changed by a run): the preflight's, for
+    every variant and seed that has those settings. Up to :data:`SHARED_DATA_BYTES` of data are kept; the block
+    is one command (``run``, ``sweep``), so a data file changed between commands is read again."""
+    global _BUILT
+    outer, _BUILT = _BUILT, (OrderedDict() if _BUILT is None else _BUILT)
+    try:
+        yield
+    finally:
+        _BUILT = outer
+
+
+def _data_bytes(data: Any) -> int:
+    tensors = (getattr(data, name, None) for name in ("features", "labels", "test_features", "test_labels"))
+    return sum(t.element_size() * t.nelement() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _problem_and_data(spec: RunSpec) -> tuple[Any, Any]:
+    """:func:`~fedshuffle.experiments.build.build_problem_and_data`, or the build shared under :func:`sharing_builds`."""
+    if _BUILT is None:
+        return build_problem_and_data(spec)
+    data = spec.data.model_dump()
+    key = json.dumps({"problem": spec.problem.model_dump(), "data": data, "split_seed": spec.run.seed if data["seed"] is None else data["seed"]},
+                     sort_keys=True, default=str)
+    if key in _BUILT:
+        _BUILT.move_to_end(key)
+        return _BUILT[key]
+    built = _BUILT[key] = build_problem_and_data(spec)
+    while len(_BUILT) > 1 and sum(_data_bytes(d) for _, d in _BUILT.values()) > SHARED_DATA_BYTES:
+        _BUILT.popitem(last=False)
+    return built
+
+
 def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> tuple[Simulation, dict[str, Any]]:
     """The simulation a spec describes (and the step sizes it resolved), without running anything."""
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
-    problem, data = build_problem_and_data(spec)
+    problem, data = _problem_and_data(spec)
     check_against_data(spec, data.num_clients)
     sampler = build_sampler(spec.sampler, data)
     spec, step_sizes = resolve_step_sizes(spec, problem, data, sampler)
@@ -173,11 +219,15 @@ def run_single(
             remove_leftovers(folder)
         sim, step_sizes = build_simulation(spec, seed, str(run_dir / "client_state"))
         ensure_writable(run_dir, needed_bytes=4 * sim.bytes_per_model * (4 + len(sim.server_state)) + (1 << 20))
-        evaluator = metrics.ModelScores(sim.problem, sim.data)
+        evaluator = metrics.ModelScores(sim.problem, sim.data, solution_key(dumped, hashes))
         meta = {"label": label, "point": dict(point or {}), "seed": seed}
         stored = {"spec": dumped, "config_hash": config_hash(identity(dumped, hashes)), "data_hashes": hashes}
+        threads, reason = run_threads(sim.problem, spec.run.device)
+        LOGGER.info("%s: %d operator thread(s): %s", run_dir, threads, reason)
+        meta_threads = {"operator_threads": {"count": threads, "reason": reason}}
         try:
-            return _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_round, experiment)
+            with operator_threads(threads):
+                return _train(spec, run_dir, sim, evaluator, meta, {**stored, **meta_threads}, step_sizes, resume, on_round, experiment)
         except OSError as exc:
             raise ResultsError(f"writing results to {run_dir} failed ({exc.strerror or exc}); everything written before is kept, and the run continues from its last checkpoint when resumed") from None
 
@@ -194,6 +244,31 @@ def _load_checkpoint(path: Path, sim: Simulation) -> list[dict[str, Any]]:
         raise ConfigError(str(path), f"the checkpoint's model has shape {shape}, this run's has {tuple(sim.params.shape)}")
     sim.load_state_dict(state)
     return rows
+
+
+class CheckpointCadence:
+    """When a run checkpoints: every ``rounds`` rounds (``run.checkpoint_every``), or, with ``rounds = 0``, at an
+    evaluation once ``seconds`` (``run.checkpoint_seconds``) have passed since the last checkpoint, the first
+    evaluation after the start included; always at the last round (a run can be extended from there).
+
+    A checkpoint rewrites the whole state and every row so far, so checkpointing at every evaluation makes a run
+    quadratic in its evaluations; between checkpoints the metric tables only grow by appended rows. Where the
+    checkpoints fall does not change a run's numbers: a run resumed from any of them gives the same files.
+    """
+
+    def __init__(self, rounds: int, seconds: float, total: int) -> None:
+        self.rounds, self.seconds, self.total = rounds, seconds, total
+        self.last: float | None = None
+
+    def due(self, round_: int, evaluated: bool) -> bool:
+        if round_ == self.total:
+            return True
+        if self.rounds:
+            return round_ % self.rounds == 0
+        return evaluated and (self.last is None or time.monotonic() - self.last >= self.seconds)
+
+    def saved(self) -> None:
+        self.last = time.monotonic()
 
 
 def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_round, experiment) -> RunOutcome:
@@ -213,51 +288,55 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
     sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
                        params=flatten(spec.model_dump()))
     total_samples = sim.data.num_samples
+    tables: list[AppendedTable] = []
+    cadence = CheckpointCadence(ckpt_every, spec.run.checkpoint_seconds, total)
 
     def record() -> dict[str, Any]:
         row = metrics.evaluate(metrics.Evaluation(sim.counters, total_samples, spec.run.bandwidth_mib_s, sim.last_extras, evaluator(sim.params)))
         rows.append(row)
+        for table in tables:
+            table.append(row)
         for sink in sinks:
             sink.log(row)
         return row
 
-    def save_tables() -> None:
-        write_metrics(run_dir / "metrics.csv", rows)
-        write_metrics(run_dir / "timing.csv", rows, TIMING_COLUMNS)
-        write_parquet(run_dir / "metrics.parquet", rows)
-
     def save_checkpoint() -> None:
+        """The resume point: the simulation and every row so far (the tables past it are rewritten from these rows on resume)."""
         write_checkpoint(checkpoint, {"simulation": sim.state_dict(), "rows": rows})
         sim.commit_checkpoint()
-        save_tables()
+        write_parquet(run_dir / "metrics.parquet", rows)
+        cadence.saved()
 
-    if not rows:
-        record()
     status, message = "complete", ""
-    if on_round and sim.counters.rounds:
-        on_round(sim.counters.rounds)
     try:
+        for name, columns in (("metrics.csv", METRIC_COLUMNS), ("timing.csv", TIMING_COLUMNS)):
+            tables.append(AppendedTable(run_dir / name, rows, columns))
+        if not rows:
+            record()
+        if on_round and sim.counters.rounds:
+            on_round(sim.counters.rounds)
         while sim.counters.rounds < total:
             sim.step()
             r = sim.counters.rounds
             finite = bool(torch.isfinite(sim.params).all())
-            if not finite or r % every == 0 or r == total:
+            evaluated = not finite or r % every == 0 or r == total
+            if evaluated:
                 row = record()
                 if not finite or not math.isfinite(row["loss"]):
                     status, message = "diverged", f"diverged at round {r}: {'model' if not finite else 'loss'} is not finite"
                     break
-                if ckpt_every == 0 or r % ckpt_every == 0 or r == total:  # the last one too: a run can be extended from it
-                    save_checkpoint()
-                else:
-                    save_tables()
-            elif ckpt_every and r % ckpt_every == 0:
+            if cadence.due(r, evaluated):
                 save_checkpoint()
             if on_round:
                 on_round(1)
+        for table in tables:  # the finished tables are what summary.json seals: on disk before it
+            table.sync()
     finally:
+        for table in tables:
+            table.close()
         for sink in sinks:
             sink.close()
-    save_tables()
+    write_parquet(run_dir / "metrics.parquet", rows)
     npy = io.BytesIO()
     np.save(npy, sim.params.detach().double().cpu().numpy())
     write_atomic(run_dir / "final_params.npy", npy.getvalue())

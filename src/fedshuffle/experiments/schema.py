@@ -247,7 +247,8 @@ class RunConfig(_Section):
     sinks: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list, description="also send metrics to TensorBoard and/or MLflow")
     mlflow_uri: str | None = Field(None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)")
     state_memory_mb: int = Field(1024, ge=1, description="client state (SCAFFOLD, FedCDR) beyond this size goes to memory-mapped files in <run>/client_state")
-    checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations only")
+    checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations, at most one per checkpoint_seconds (and always the first and the last)")
+    checkpoint_seconds: float = Field(30.0, ge=0, description="with checkpoint_every = 0: seconds between checkpoints at evaluations (0 = at every evaluation)")
     bandwidth_mib_s: float = Field(20.0, gt=0, description="up- and downlink bandwidth of the simulated wall-clock (Yang, Fang & Liu, ICLR 2021: 20 MB/s)")
 
 

@@ -13,7 +13,8 @@ A folder that cannot be written, at any step, is :class:`~fedshuffle.core.errors
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,20 @@ class ResultsFolder:
             raise ResultsError(f"writing {self.out / name} failed ({exc.strerror or exc}); the runs' results are kept") from None
 
 
+def _sharing_builds(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The command's preflight and runs share their builds of equal data (:func:`~fedshuffle.experiments.runner.sharing_builds`)."""
+
+    @functools.wraps(command)
+    def shared(*args: Any, **kwargs: Any) -> Any:
+        from fedshuffle.experiments.runner import sharing_builds
+
+        with sharing_builds():
+            return command(*args, **kwargs)
+
+    return shared
+
+
+@_sharing_builds
 def run_experiment(
     experiment: Experiment, out_dir: Path, *, overrides: Mapping[str, Any] | None = None, seeds: Sequence[int] | None = None, resume: bool = False,
     extend: bool = False, show_progress: bool = True, workers: int = 1, on_open: Any = None,
@@ -113,6 +128,7 @@ def run_experiment(
     return summary, outcomes
 
 
+@_sharing_builds
 def run_sweep(
     experiment: Experiment, out_dir: Path, points: Sequence[Mapping[str, Any]], *, seeds: Sequence[int] | None, overrides: Mapping[str, Any] | None,
     variants: Sequence[str] | None, pick: str | None, extend: bool, workers: int, show_progress: bool, record: Mapping[str, Any], on_open: Any = None,

@@ -8,10 +8,20 @@ Convex problems also give their minimizer x* in high precision (for f − f* and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch.func import grad, vmap
+
+
+class Scores(NamedTuple):
+    """The model scored on a dataset: f(x) = Σ_j s_j f_j(x), ‖∇f(x)‖² (``None`` when not asked for) and the
+    fraction of correct predictions (``None`` for problems that do not classify)."""
+
+    loss: float
+    grad_norm_sq: float | None
+    accuracy: float | None
 
 
 class Problem(ABC):
@@ -85,6 +95,17 @@ class Problem(ABC):
     def accuracy(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> float | None:
         """Fraction of correct predictions, or ``None`` for non-classification problems."""
         return None
+
+    def scores(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, gradient: bool = True) -> Scores:
+        """f(x) = Σ_j s_j f_j(x) (``weights`` s), ‖∇f(x)‖² when ``gradient``, and the (unweighted) accuracy.
+
+        The default asks :meth:`weighted_loss`, :meth:`weighted_gradient` and :meth:`accuracy` in turn;
+        classifiers override it to score a dataset from one forward pass (and the gradient from the
+        same pass in closed form, or from one backward).
+        """
+        loss = float(self.weighted_loss(params, features, labels, weights))
+        norm = float(self.weighted_gradient(params, features, labels, weights).pow(2).sum()) if gradient else None
+        return Scores(loss, norm, self.accuracy(params, features, labels))
 
     def prox(self, centers: torch.Tensor, data, clients: np.ndarray, eta: float) -> torch.Tensor | None:
         """prox_{ηf_i}(center_i) for each listed client in closed form, or ``None`` where there is none."""

@@ -7,7 +7,7 @@ import torch
 from torch.func import grad
 
 from ..core.errors import ConfigError
-from .base import Problem
+from .base import Problem, Scores
 
 
 class Quadratic(Problem):
@@ -93,6 +93,17 @@ class LogisticRegression(Problem):
     def accuracy(self, params, features, labels):
         return float(((features @ params) * labels > 0).double().mean())
 
+    def scores(self, params, features, labels, weights, gradient=True):
+        """f, ‖∇f‖² and accuracy from one product Ax: margins m_j = b_j a_jᵀx, f = Σ_j s_j [log(1 + e^{−m_j}) + (λ/2)‖x‖²],
+        ∇f = −Σ_j s_j b_j σ(−m_j) a_j + λ(Σ_j s_j) x, accuracy = mean(m_j > 0)."""
+        margins = labels * (features @ params)
+        loss = float(((torch.nn.functional.softplus(-margins) + 0.5 * self.l2 * params.dot(params)) * weights).sum())
+        norm = None
+        if gradient:
+            coef = -labels * torch.sigmoid(-margins) * weights
+            norm = float((features.T @ coef + self.l2 * weights.sum() * params).pow(2).sum())
+        return Scores(loss, norm, float((margins > 0).double().mean()))
+
     def minimizer(self, features, labels, weights):
         """Damped Newton in float64, then full Newton steps while ‖∇f‖ still falls (≈1e-16 at the end).
 
@@ -164,17 +175,30 @@ class SoftmaxRegression(Problem):
         k = self.num_features * self.num_classes
         weight = params[:, :k].reshape(-1, self.num_features, self.num_classes)
         inputs = features.reshape(features.shape[0], features.shape[1], -1)
-        residual = torch.softmax(torch.baddbmm(params[:, k:].unsqueeze(1), inputs, weight), dim=-1)
+        return self._gradient(torch.baddbmm(params[:, k:].unsqueeze(1), inputs, weight), inputs, weight, labels, weights)
+
+    def _gradient(self, logits, inputs, weight, labels, weights):
+        """The closed form above from the logits, for one model (``(B, K)`` logits) or a stack of them (``(C, B, K)``)."""
+        residual = torch.softmax(logits, dim=-1)
         residual.scatter_add_(-1, labels.unsqueeze(-1), torch.full_like(residual[..., :1], -1.0))
         residual.mul_(weights.unsqueeze(-1))
-        grad_weight = inputs.transpose(1, 2) @ residual
+        grad_weight = inputs.transpose(-2, -1) @ residual
         if self.l2:
-            grad_weight.addcmul_(weights.sum(1).reshape(-1, 1, 1), weight, value=self.l2)
-        return torch.cat([grad_weight.reshape(grad_weight.shape[0], -1), residual.sum(1)], dim=1)
+            grad_weight.addcmul_(weights.sum(-1)[..., None, None], weight, value=self.l2)
+        return torch.cat([grad_weight.flatten(-2), residual.sum(-2)], dim=-1)
 
     def accuracy(self, params, features, labels):
         logits, _ = self._logits(params, features)
         return float((logits.argmax(dim=-1) == labels).double().mean())
+
+    def scores(self, params, features, labels, weights, gradient=True):
+        """f, ‖∇f‖² (the closed form of :meth:`batched_gradient`) and accuracy from one forward pass."""
+        logits, weight = self._logits(params, features)
+        ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        loss = float(((ce + 0.5 * self.l2 * (weight**2).sum()) * weights).sum())
+        accuracy = float((logits.argmax(dim=-1) == labels).double().mean())
+        norm = float(self._gradient(logits, features, weight, labels, weights).pow(2).sum()) if gradient else None
+        return Scores(loss, norm, accuracy)
 
     def minimizer(self, features, labels, weights):
         """Full-batch L-BFGS in float64, polished by Newton steps when d ≤ 2000 (strongly convex for λ > 0)."""

@@ -42,7 +42,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from ..core.errors import ConfigError
-from .base import Problem
+from .base import Problem, Scores
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 RECURRENT = (torch.nn.RNNBase, torch.nn.RNNCellBase)
@@ -374,6 +374,28 @@ class ModuleProblem(Problem):
         with torch.no_grad():
             self._evaluate(params, features, labels, add)
         return counts[0] / max(counts[1], 1)
+
+    def scores(self, params, features, labels, weights, gradient=True):
+        """f, ‖∇f‖² and accuracy from one eval-mode forward pass per slice (and, for the gradient, one backward of it)."""
+        total, counts = params.new_zeros(()), [0, 0]
+        out = torch.zeros_like(params) if gradient else None
+
+        def add(bound, outputs, rows):
+            objective = self._objective(outputs, labels[rows], weights[rows])
+            if out is not None:
+                out.add_(torch.cat([g.reshape(-1) for g in bound.gradient(objective)]))
+            total.add_(objective.detach())
+            if self.classification:
+                right, scored = correct_predictions(outputs.detach(), labels[rows])
+                counts[0] += int(right)
+                counts[1] += int(scored)
+
+        with torch.enable_grad() if gradient else torch.no_grad():
+            self._evaluate(params, features, labels, add)
+        mass = weights.sum()
+        loss = float(total + 0.5 * self.l2 * mass * params.dot(params) if self.l2 else total)
+        norm = None if out is None else float((out + self.l2 * mass * params.detach() if self.l2 else out).pow(2).sum())
+        return Scores(loss, norm, counts[0] / max(counts[1], 1) if self.classification else None)
 
 
 def _seed(device: torch.device, seed: int) -> None:

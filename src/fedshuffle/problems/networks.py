@@ -12,7 +12,7 @@ import torch
 from torch.func import grad, vmap
 
 from ..core.errors import ConfigError
-from .base import Problem
+from .base import Problem, Scores
 
 
 def _flat(pieces: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -95,20 +95,44 @@ class MLP(Network):
             size = math.prod(shape)
             pieces.append(params[:, offset : offset + size].reshape(-1, *shape))
             offset += size
-        acts = [features.reshape(features.shape[0], features.shape[1], -1)]
+        acts = self._activations(pieces, features.reshape(features.shape[0], features.shape[1], -1))
+        logits = acts[-1] @ pieces[-2] + pieces[-1].unsqueeze(-2)
+        flat = self._backpropagate(pieces, acts, logits, labels, weights)
+        return flat + self.l2 * weights.sum(1, keepdim=True) * params if self.l2 else flat
+
+    def _activations(self, pieces, inputs):
+        """[a, h_1, ..., h_L]: the inputs and every hidden layer's output, for one model or a stack (leading dimension C)."""
+        acts = [inputs]
         for k in range(0, len(pieces) - 2, 2):
-            acts.append(torch.relu(acts[-1] @ pieces[k] + pieces[k + 1].unsqueeze(1)))
-        logits = acts[-1] @ pieces[-2] + pieces[-1].unsqueeze(1)
+            acts.append(torch.relu(acts[-1] @ pieces[k] + pieces[k + 1].unsqueeze(-2)))
+        return acts
+
+    def _backpropagate(self, pieces, acts, logits, labels, weights):
+        """∂/∂pieces Σ_b v_b CE(logits_b, y_b), flat: δ = v ⊙ (softmax − onehot), then through each layer (regularizer not included)."""
         delta = torch.softmax(logits, dim=-1)
         delta = (delta - torch.nn.functional.one_hot(labels, delta.shape[-1]).to(delta.dtype)) * weights.unsqueeze(-1)
         grads = []
         for k in range(len(pieces) - 2, -1, -2):
             h = acts[k // 2]
-            grads = [h.transpose(1, 2) @ delta, delta.sum(1), *grads]
+            grads = [h.transpose(-2, -1) @ delta, delta.sum(-2), *grads]
             if k:
-                delta = (delta @ pieces[k].transpose(1, 2)) * (h > 0)
-        flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads], dim=1)
-        return flat + self.l2 * weights.sum(1, keepdim=True) * params if self.l2 else flat
+                delta = (delta @ pieces[k].transpose(-2, -1)) * (h > 0)
+        return torch.cat([g.flatten(start_dim=logits.dim() - 2) for g in grads], dim=-1)
+
+    def scores(self, params, features, labels, weights, gradient=True):
+        """f, ‖∇f‖² (backpropagation written out, as :meth:`batched_gradient`) and accuracy from one forward pass."""
+        pieces = self.split(params)
+        acts = self._activations(pieces, features.reshape(features.shape[0], -1))
+        logits = acts[-1] @ pieces[-2] + pieces[-1]
+        ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        penalty = 0.5 * self.l2 * sum((q * q).sum() for q in pieces) if self.l2 else 0.0
+        loss = float(((ce + penalty) * weights).sum())
+        accuracy = float((logits.argmax(dim=-1) == labels).double().mean())
+        norm = None
+        if gradient:
+            flat = self._backpropagate(pieces, acts, logits, labels, weights)
+            norm = float((flat + self.l2 * weights.sum() * params if self.l2 else flat).pow(2).sum())
+        return Scores(loss, norm, accuracy)
 
     def init_params(self, generator, dtype):
         """PyTorch's default Linear initialization, U(−1/√fan_in, 1/√fan_in), from ``generator``."""

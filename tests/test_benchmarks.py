@@ -1,0 +1,53 @@
+"""Each benchmark's smoke case (``--smoke``: seconds, prints its JSON, writes nothing) runs end to end and
+measures what it claims: every case timed, no case failed. Speed itself is judged from the full runs'
+JSON under benchmarks/results/, never here."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def smoke(module: str, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    out = subprocess.run([sys.executable, "-m", module, "--smoke", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module, cases", [
+    ("benchmarks.scale", {"100", "10000"}),
+    ("benchmarks.client_state", {"scaffold-200", "scaffold-20000", "fedcdr-200", "fedcdr-20000"}),
+    ("benchmarks.ray_workers", {"vectorized", "ray-1"}),
+])
+def test_population_and_executor_benchmarks_time_every_case(module, cases):
+    result = smoke(module)
+    assert set(result["cases"]) == cases
+    for name, case in result["cases"].items():
+        assert "error" not in case, f"{name}: {case.get('error')}"
+        assert case["median_s"] > 0 and case["rounds"] == result["setup"]["rounds"]
+    if module == "benchmarks.client_state":  # the larger population's state was kept for the clients that took part, not all
+        for method in ("scaffold", "fedcdr"):
+            large = result["cases"][f"{method}-20000"]
+            assert 0 < large["clients_with_state"] < 20000
+
+
+def test_profile_shares_finds_the_writes_and_the_evaluation():
+    result = smoke("benchmarks.profile_shares")["smoke"]["this"]
+    assert "error" not in result, result
+    assert 0 < result["writes_s"] and 0 < result["evaluation_s"]
+    assert 0 < result["writes_share"] + result["evaluation_share"] + result["preflight_share"] < 1
+
+
+def test_threads_benchmark_times_every_tree_and_the_one_thread_case():
+    result = smoke("benchmarks.threads")
+    assert set(result["cases"]) == {"this default threads", "one thread"} and result["setup"]["busy_processes"] == 1
+    for name, case in result["cases"].items():
+        assert "error" not in case, f"{name}: {case.get('error')}"
+        assert case["wall_s"] > 0 and case["cpu_s"] > 0
+    assert result["cases"]["this default threads"]["runs"][0]["chosen"].startswith("operator threads per run: 1 (logistic")

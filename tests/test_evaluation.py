@@ -1,0 +1,109 @@
+"""One-pass evaluation: every problem's scores (f, ‖∇f‖², accuracy; test loss and accuracy) equal, to 1e-12 in
+float64, the five separate passes they replace — weighted loss, autodiff gradient, accuracy, test losses' mean
+and test accuracy — computed here the old way."""
+
+import numpy as np
+import pytest
+import torch
+from torch.func import grad
+
+from fedshuffle import metrics
+from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
+from fedshuffle.problems import MLP, CharLSTM, LogisticRegression, ModuleProblem, Quadratic, SoftmaxRegression, lenet5
+
+SIZES = [7, 11, 14]
+
+
+def dataset(features: torch.Tensor, labels: torch.Tensor, test_features=None, test_labels=None) -> FederatedDataset:
+    sizes = np.array(SIZES)
+    return FederatedDataset(features, labels, contiguous_partition(SIZES), objective_weights(sizes, "size"), test_features=test_features, test_labels=test_labels)
+
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    n, d, k = sum(SIZES), 6, 4
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    xt = torch.randn(9, d, generator=g, dtype=torch.float64)
+    classes, test_classes = torch.randint(0, k, (n,), generator=g), torch.randint(0, k, (9,), generator=g)
+    signs, test_signs = torch.randint(0, 2, (n,), generator=g) * 2.0 - 1, torch.randint(0, 2, (9,), generator=g) * 2.0 - 1
+    images, test_images = torch.randn(n, 3 * 16 * 16, generator=g, dtype=torch.float64), torch.randn(5, 3 * 16 * 16, generator=g, dtype=torch.float64)
+    tokens, test_tokens = torch.randint(0, 7, (n, 5), generator=g).double(), torch.randint(0, 7, (4, 5), generator=g).double()
+    next_tokens, test_next = torch.randint(-1, 7, (n, 5), generator=g), torch.randint(0, 7, (4, 5), generator=g)  # -1: padding, not scored
+    yield "quadratic", Quadratic(d), dataset(x, torch.zeros(n))
+    yield "logistic", LogisticRegression(d, 0.3), dataset(x, signs.double(), xt, test_signs.double())
+    yield "softmax", SoftmaxRegression(d, k, 0.2), dataset(x, classes, xt, test_classes)
+    yield "mlp", MLP(d, (5, 3), k, 0.1), dataset(x, classes, xt, test_classes)
+    lenet = ModuleProblem(lenet5((3, 16, 16), k), sample_shape=(3, 16, 16), l2=0.05, eval_batch=10)
+    yield "lenet5 (slices of 10)", lenet, dataset(images, classes, test_images, test_classes[:5])
+    lstm = ModuleProblem(CharLSTM(7, embedding=3, hidden=4, layers=1), l2=0.01, eval_batch=8)
+    yield "char_lstm", lstm, dataset(tokens, next_tokens, test_tokens, test_next)
+
+
+def old_scores(problem, data, params):
+    """The five passes of the evaluation before it was one pass (the generic autodiff gradient)."""
+    s = data.sample_weights()
+    X, Y = data.features, data.labels
+    out = {
+        "loss": float(problem.weighted_loss(params, X, Y, s)),
+        "grad_norm_sq": float(grad(lambda p: (problem.losses(p, X, Y) * s).sum())(params).pow(2).sum()),
+        "train_accuracy": problem.accuracy(params, X, Y),
+    }
+    if data.test_features is not None:
+        out["test_loss"] = float(problem.losses(params, data.test_features, data.test_labels).mean())
+        out["test_accuracy"] = problem.accuracy(params, data.test_features, data.test_labels)
+    return out
+
+
+@pytest.mark.parametrize("name, problem, data", list(cases()), ids=[c[0] for c in cases()])
+def test_one_pass_scores_equal_the_separate_passes(name, problem, data):
+    params = problem.init_params(torch.Generator().manual_seed(1), torch.float64) + 0.1 * torch.randn(problem.dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    expected = old_scores(problem, data, params)
+    got = metrics.ModelScores(problem, data)(params)
+    for key, value in expected.items():
+        if value is None:
+            assert got[key] is None, key
+        else:
+            assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-14), f"{name}: {key}"
+    assert expected["grad_norm_sq"] > 1e-6  # the gradient compared is not trivially zero
+    if data.test_features is not None:
+        assert set(expected) == {"loss", "grad_norm_sq", "train_accuracy", "test_loss", "test_accuracy"}
+        assert 0.0 <= got["test_accuracy"] <= 1.0
+
+
+def test_scores_without_the_gradient_skip_it():
+    problem = SoftmaxRegression(3, 3, 0.1)
+    data = dataset(torch.randn(sum(SIZES), 3, dtype=torch.float64), torch.randint(0, 3, (sum(SIZES),)))
+    scores = problem.scores(torch.zeros(problem.dim, dtype=torch.float64), data.features, data.labels, data.sample_weights(), gradient=False)
+    assert scores.grad_norm_sq is None and scores.loss == pytest.approx(np.log(3), rel=1e-12)  # uniform softmax: CE = log K
+
+
+# -- x* cached by the run's settings ------------------------------------------------------------------
+
+
+def test_the_solution_key_follows_the_settings_that_make_the_data_and_the_problem():
+    from fedshuffle.analysis.theory import solution_key
+
+    spec = {"problem": {"name": "logistic", "l2": 0.1}, "data": {"source": "libsvm", "dataset": "a3a", "seed": 0, "data_dirs": []}, "run": {"dtype": "float64", "seed": 3}}
+
+    def changed(section, key, value, files=None):
+        return solution_key({**spec, section: {**spec[section], key: value}}, files or {})
+
+    key = solution_key(spec, {})
+    assert key == changed("data", "data_dirs", ["/elsewhere"]) == changed("run", "seed", 4)  # where data is looked for, the run's seed: same x*
+    assert len({key, changed("data", "seed", 1), changed("problem", "l2", 0.2), changed("run", "dtype", "float32"),
+                solution_key(spec, {"data.path": "ab" * 32})}) == 5
+    unseeded = {**spec, "data": {**spec["data"], "seed": None}}  # split by the run's seed: one x* per seed
+    assert solution_key(unseeded, {}) != solution_key({**unseeded, "run": {**spec["run"], "seed": 4}}, {})
+
+
+def test_a_cached_solution_is_found_by_its_key_without_reading_the_data(monkeypatch):
+    from fedshuffle.analysis import theory
+
+    problem = LogisticRegression(6, 0.3)
+    data = next(case[2] for case in cases() if case[0] == "logistic")
+    solved = theory.solution(problem, data, "config-test")
+    assert float(problem.weighted_gradient(solved[0], data.features, data.labels, data.sample_weights()).norm()) < 1e-12
+    theory._SOLUTIONS.clear()
+    monkeypatch.setattr(FederatedDataset, "to", lambda *a: pytest.fail("the dataset was copied although x* is cached"))
+    again = theory.solution(problem, data, "config-test")  # from <cache>/solutions/config-test.npz
+    assert torch.equal(again[0], solved[0]) and again[1] == solved[1]

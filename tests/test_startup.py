@@ -1,0 +1,37 @@
+"""Start-up work done once: a command builds each distinct problem and dataset once for its preflight, variants
+and seeds, and the results are those of runs that build their own."""
+
+import fedshuffle.experiments.runner as runner_mod
+from fedshuffle.experiments.schema import load_experiment
+from fedshuffle.experiments.session import run_experiment
+from conftest import toy_config
+
+VARIANTS = """
+[[variants]]
+label = "A"
+[[variants]]
+label = "B"
+local = {{ lr = 0.002 }}
+[[variants]]
+label = "C"
+data = {{ client_sizes = {sizes} }}
+"""
+
+
+def test_variants_and_seeds_with_equal_data_share_one_build_and_the_numbers(tmp_path, monkeypatch):
+    builds = []
+    real = runner_mod.build_problem_and_data
+    monkeypatch.setattr(runner_mod, "build_problem_and_data", lambda spec: builds.append(spec.data.client_sizes) or real(spec))
+    cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=1, seeds=(0, 1))
+    cfg.write_text(cfg.read_text().replace("client_sizes = [1, 2, 3]", "client_sizes = [1, 2, 3]\nseed = 0") + VARIANTS.format(sizes="[2, 2, 2]"))
+    experiment = load_experiment(cfg)
+    _, outcomes = run_experiment(experiment, tmp_path / "out", show_progress=False)
+    assert sorted(builds) == [[1, 2, 3], [2, 2, 2]]  # A and B (both seeds) share a build; C has other data
+    assert runner_mod._BUILT is None  # nothing kept after the command
+    assert len(outcomes) == 6
+    for k, outcome in enumerate(outcomes):
+        job = outcome.job
+        alone = runner_mod.run_single(job.spec, tmp_path / "alone" / str(k), job.seed, label=job.label)
+        for name in ("metrics.csv", "final_params.npy"):
+            assert (job.run_dir / name).read_bytes() == (alone.run_dir / name).read_bytes(), (job.run_dir, name)
+    assert len(builds) == 2 + 6  # the runs made alone built their own
