@@ -1,6 +1,6 @@
-"""The large fuzz run: thousands of random configs, CLI calls, data files and corrupted results folders.
+"""The large fuzz run: thousands of random configs, CLI calls, data files, corrupted and hostile results folders.
 
-    python scripts/fuzz.py --cases 5000                   # split evenly over the four kinds
+    python scripts/fuzz.py --cases 5000                   # split evenly over the five kinds
     python scripts/fuzz.py --cases 400 --kinds data,cli --jobs 2 --out fuzz.json
     python scripts/fuzz.py --replay data:123              # run one case again, in this process
 
@@ -9,7 +9,9 @@ each with a memory cap (``FEDSHUFFLE_MAX_MEMORY=1G`` for the estimates, and an a
 that an allocation that escapes the estimates fails instead of swapping); a worker that stops answering
 for longer than a case may take is killed and its case counted as a hang, one that dies counts as a
 traceback, and the next worker continues after it. The JSON written has the counts per kind and
-outcome, and every bad case (traceback, hang, nonsense) with its seed, for ``--replay``.
+outcome, and every bad case (traceback, hang, nonsense) with its seed, for ``--replay``; the hostile
+cases are also counted per attack (links, FIFOs, names as paths, swapped and malicious checkpoints,
+deep folders).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def worker(kind: str, start: int, stop: int, root: Path) -> None:
     import torch
 
     torch.set_num_threads(1)
-    template = fuzzing.make_template(root / f"template-{os.getpid()}") if kind in ("cli", "results") else None
+    template = fuzzing.make_template(root / f"template-{os.getpid()}") if kind in ("cli", "results", "hostile") else None
     for seed in range(start, stop):
         work = root / f"{kind}-{seed}"
         shutil.rmtree(work, ignore_errors=True)
@@ -159,17 +161,18 @@ def report(results: list[dict], seconds: float) -> dict:
     totals = Counter(r["outcome"] for r in results)
     bad = [r for r in results if r["outcome"] in fuzzing.BAD]
     faults = Counter(f"{r['case']} → {r['outcome']}" for r in results if r["kind"] == "data")
+    attacks = Counter(f"{r['case'].split(':', 1)[0]} → {r['outcome']}" for r in results if r["kind"] == "hostile")
     slowest = sorted((r for r in results if r["seconds"] is not None), key=lambda r: -r["seconds"])[:5]
     return {
         "cases": len(results), "seconds": round(seconds, 1), "totals": {o: totals.get(o, 0) for o in fuzzing.OUTCOMES}, "by_kind": by_kind,
-        "bad": bad[:300], "data_cases": dict(sorted(faults.items())), "slowest": slowest,
+        "bad": bad[:300], "data_cases": dict(sorted(faults.items())), "hostile_attacks": dict(sorted(attacks.items())), "slowest": slowest,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=5000, help="total cases, split evenly over --kinds")
-    parser.add_argument("--kinds", default=",".join(fuzzing.KINDS), help="comma-separated: configs, cli, data, results")
+    parser.add_argument("--kinds", default=",".join(fuzzing.KINDS), help="comma-separated: " + ", ".join(fuzzing.KINDS))
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     parser.add_argument("--start", type=int, default=0, help="first seed")
     parser.add_argument("--out", type=Path, default=Path("fuzz-results.json"), help="JSON of the counts and the bad cases")
@@ -186,7 +189,7 @@ def main() -> None:
         if args.replay:
             kind, seed = args.replay.split(":")
             os.environ.update(fuzzing.environment(root))
-            template = fuzzing.make_template(root / "template") if kind in ("cli", "results") else None
+            template = fuzzing.make_template(root / "template") if kind in ("cli", "results", "hostile") else None
             (root / "case").mkdir()
             result = fuzzing.run_case(kind, int(seed), root / "case", template)
             print(json.dumps(result.__dict__, indent=1))

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("configs", "cli", "data", "results")
+KINDS = ("configs", "cli", "data", "results", "hostile")
 OUTCOMES = ("ran", "clean_error", "traceback", "hang", "nonsense")
 BAD = ("traceback", "hang", "nonsense")
 #: CPU seconds one case may take in process before it counts as a hang (CPU, not wall-clock time, so
@@ -882,6 +882,176 @@ def _resume_problem(folder: Path, template: Path) -> str:
     return problem
 
 
+# -- hostile results folders ----------------------------------------------------------------------------------
+
+#: what a hostile results folder tries: write through a link, block on a FIFO, escape through a name that is
+#: a path, pass off another run's checkpoint, run code from a checkpoint or client-state file, exhaust recursion
+HOSTILE = ("symlink", "fifo", "name", "swap", "malicious", "deep")
+#: wall-clock seconds a hostile case may take (a process blocked on a FIFO uses no CPU time)
+HOSTILE_SECONDS = 120
+VICTIM = b"precious\n"
+RESULTS_FILES = ("metrics.csv", "summary.json", "config.json", "timing.csv", "checkpoint.pt", ".lock", ".write-test", "final_params.npy")
+PATH_NAMES = ["..", "../x", "../../x", "/tmp/fedshuffle-fuzz-abs", ".", "a/b", "..\\x", " ", "a\u0000b", "x\u0007", "~", "x" * 300, "ok-name"]
+
+
+class _Payload:
+    """Unpickled, runs ``touch MARKER``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def hostile_checkpoint(marker: Path, form: str) -> bytes:
+    """A checkpoint file whose payload runs ``touch MARKER`` when unpickled, behind a correct SHA-256 header."""
+    import hashlib
+    import io
+    import pickle
+
+    import torch
+
+    from fedshuffle.core.checkpoint import MAGIC, OLD_MAGIC
+
+    buf = io.BytesIO()
+    if form == "pickle":
+        buf.write(pickle.dumps(_Payload(marker)))
+    else:
+        torch.save({"run": {}, "state": _Payload(marker)} if form == "zip" else _Payload(marker), buf)
+    payload = buf.getvalue()
+    return (OLD_MAGIC if form == "old" else MAGIC) + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+@contextlib.contextmanager
+def wall_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`Hang` once ``seconds`` of wall-clock time have passed (SIGALRM; main thread)."""
+
+    def alarm(signum, frame):
+        raise Hang(f"blocked for {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _nest(folder: Path, depth: int) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+
+
+def _unnest(folder: Path) -> None:
+    fds = [os.open(folder, os.O_RDONLY)]
+    while True:
+        try:
+            fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+        except (FileNotFoundError, NotADirectoryError):
+            break
+    os.close(fds.pop())
+    while fds:
+        os.rmdir("d", dir_fd=fds[-1])
+        os.close(fds.pop())
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file below ``root`` (not following links) and its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def run_hostile_case(seed: int, work: Path, template: Path) -> Result:
+    """Attack ``HOSTILE[seed % 6]`` on a copy of a finished results folder; outside the folder lie a victim
+    file and folder whose bytes must not change and a marker file that code run from a file would create."""
+    rng = random.Random(f"hostile:{seed}")
+    attack = HOSTILE[seed % len(HOSTILE)]
+    folder, victim, victim_dir, marker = work / "results", work / "victim.txt", work / "victim-dir", work / "marker"
+    shutil.copytree(template, folder, symlinks=True)
+    victim.write_bytes(VICTIM)
+    victim_dir.mkdir()
+    (victim_dir / "kept.txt").write_bytes(VICTIM)
+    config = str(template.parent / "template.toml")
+    runs = sorted(p.parent for p in folder.rglob("checkpoint.pt"))
+    run = rng.choice(runs)
+    if rng.random() < 0.6:  # as if killed after a checkpoint: resume reads what is left
+        (run / "summary.json").unlink(missing_ok=True)
+    command = rng.choice(["resume", "resume", "plot", "table"])
+    argv = {"resume": ["run", config, "--resume", str(folder), "--quiet", "--workers", "1"], "plot": ["plot", str(folder), "--out", str(work / "p")], "table": ["table", str(folder)]}[command]
+    cwd, deep = work, None
+    if attack == "symlink":
+        where = rng.choice([*(run / name for name in RESULTS_FILES), folder / ".lock", folder / ".write-test", folder / "manifest.json", run, run.parent, run / "client_state"])
+        if where == folder / "manifest.json" or where in (run, run.parent):
+            command = "resume"
+            argv = ["run", config, "--resume", str(folder), "--quiet", "--workers", "1"]
+        if where.is_dir() and not where.is_symlink():
+            shutil.rmtree(where)
+        else:
+            where.unlink(missing_ok=True)
+        where.symlink_to(victim_dir if where in (run, run.parent, run / "client_state") else victim)
+        case = f"{where.relative_to(folder)} → outside; {command}"
+    elif attack == "fifo":
+        where = run / rng.choice(RESULTS_FILES)
+        where.unlink(missing_ok=True)
+        os.mkfifo(where)
+        case = f"FIFO {where.relative_to(folder)}; {command}"
+    elif attack == "name":
+        name = rng.choice(PATH_NAMES)
+        text = RESULTS_CONFIG + f"name = {json.dumps(name)}\n"
+        (work / "named.toml").write_text(text, errors="surrogatepass")
+        cwd = work / "cwd"
+        cwd.mkdir()
+        command = rng.choice(["run", "sweep"])
+        argv = [command, str(work / "named.toml"), "--quiet", "--workers", "1", "--set", "run.rounds=1"]
+        case = f"experiment.name = {name[:20]!r}; {command}"
+    elif attack == "swap":
+        other = rng.choice([r for r in runs if r != run])
+        shutil.copy(other / "checkpoint.pt", run / "checkpoint.pt")
+        (run / "summary.json").unlink(missing_ok=True)
+        command, argv = "resume", ["run", config, "--resume", str(folder), "--quiet", "--workers", "1"]
+        case = f"{other.relative_to(folder)}/checkpoint.pt over {run.relative_to(folder)}; resume"
+    elif attack == "malicious":
+        form = rng.choice(["pickle", "zip", "old"])
+        (run / "checkpoint.pt").write_bytes(hostile_checkpoint(marker, form))
+        (run / "summary.json").unlink(missing_ok=True)
+        command = rng.choice(["resume", "resume", "sweep"])
+        argv = ["run", config, "--resume", str(folder), "--quiet", "--workers", "1"] if command == "resume" else ["sweep", config, "--out", str(folder), "--quiet", "--workers", "1"]
+        case = f"pickled os.system in {run.relative_to(folder)}/checkpoint.pt ({form}); {command}"
+    else:
+        deep = rng.choice([folder, run, run.parent])
+        _nest(deep, rng.choice([40, 1100, 1500]))
+        case = f"folders nested below {deep.relative_to(work)}; {command}"
+    before = _snapshot(victim_dir)
+    try:
+        with wall_limit(HOSTILE_SECONDS):
+            result, _ = invoke(argv, cwd)
+    finally:
+        if deep is not None:
+            _unnest(deep)
+    result.case = case = f"{attack}: {case}"
+    if marker.exists():
+        return Result("nonsense", "code ran from a file of the results folder (the marker exists)", case)
+    if victim.read_bytes() != VICTIM or _snapshot(victim_dir) != before or sorted(p.name for p in victim_dir.iterdir()) != ["kept.txt"]:
+        return Result("nonsense", "a file outside the results folder was written", case)
+    if attack == "name":
+        outside = sorted(p.name for p in cwd.iterdir() if p.name != "results")
+        if outside or Path("/tmp/fedshuffle-fuzz-abs").exists():
+            return Result("nonsense", f"the experiment was written outside results/: {outside}", case)
+    if result.outcome == "ran" and attack == "swap":
+        problem = _resume_problem(folder, template)
+        if problem:
+            return Result("nonsense", f"another run's checkpoint was continued: {problem}", case)
+    if result.outcome == "ran" and attack == "malicious":
+        return Result("nonsense", "a run whose checkpoint holds code finished", case)
+    return result
+
+
 def run_case(kind: str, seed: int, work: Path, template: Path | None) -> Result:
     """One case of ``kind`` drawn from ``seed``, run in the empty folder ``work``."""
     try:
@@ -892,6 +1062,8 @@ def run_case(kind: str, seed: int, work: Path, template: Path | None) -> Result:
         if kind == "data":
             return run_data_case(seed, work)
         assert template is not None
+        if kind == "hostile":
+            return run_hostile_case(seed, work, template)
         return run_results_case(seed, work, template)
     except Hang as exc:
         return Result("hang", str(exc))

@@ -244,8 +244,9 @@ def test_executor_setting_runs_the_same_numbers(tmp_path):
     assert result.exit_code == 2 and "run.executor" in result.output and "auto" in result.output  # the accepted values are listed
 
 def fake_sweep(root, lrs=(0.1, 0.2, 0.4), labels=("FedAvg", "FedShuffle"), seeds=(0, 1)):
-    """Run folders as a sweep writes them, with f_gap = 1/(1 + lr·r) · (1 + k): the largest step is each variant's best point."""
+    """Run folders as a sweep writes them (sealed), with f_gap = 1/(1 + lr·r) · (1 + k): the largest step is each variant's best point."""
     from fedshuffle.core.io import write_json
+    from fedshuffle.experiments.folders import sealed
     from fedshuffle.experiments.results import write_metrics
 
     for lr in lrs:
@@ -255,7 +256,7 @@ def fake_sweep(root, lrs=(0.1, 0.2, 0.4), labels=("FedAvg", "FedShuffle"), seeds
                 rows = [{"round": r, "f_gap": (1 + k) / (1 + lr * r) * (1 + 0.01 * seed)} for r in range(0, 101, 10)]
                 folder.mkdir(parents=True)
                 write_metrics(folder / "metrics.csv", rows)
-                write_json(folder / "summary.json", {"status": "complete", "final": {"f_gap": rows[-1]["f_gap"]}, "label": label, "point": {"local": {"lr": lr}}, "seed": seed})
+                write_json(folder / "summary.json", sealed({"status": "complete", "final": {"f_gap": rows[-1]["f_gap"]}, "label": label, "point": {"local": {"lr": lr}}, "seed": seed}, folder))
 
 def test_sweep_plot_draws_each_variants_best_point_with_the_legend_outside(tmp_path):
     from fedshuffle.experiments.plots import comparison_figure

@@ -28,6 +28,8 @@ import numpy as np
 
 from fedshuffle import metrics as _metrics
 from fedshuffle.core.errors import ConfigError, did_you_mean
+from fedshuffle.core.io import read_text
+from fedshuffle.experiments.folders import find_files
 from fedshuffle.experiments import schema
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
 from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, parse_overrides, preset_names, slug, validate
@@ -291,8 +293,8 @@ def _point_text(point: Mapping[str, Any]) -> str:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        value = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        value = json.loads(read_text(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -310,7 +312,7 @@ def load_results(*paths: str | os.PathLike) -> Results:
         root = Path(root)
         if not root.is_dir():
             raise ConfigError("paths", f"{root} is not a folder")
-        for table in sorted(root.rglob("metrics.csv")):
+        for table in find_files(root, "metrics.csv"):
             folder = table.parent
             config = _read_json(folder / "config.json")
             if not config:

@@ -21,10 +21,15 @@ Checkpoints are consistent with the run's ``checkpoint.pt``, and are saved in th
   resume the rows are checked against them, and a state file that was truncated, deleted or
   changed is an error naming it instead of a run continuing from other numbers. The checkpoint
   stores no paths: the store's folder is where the run folder is now.
+
+The journal is read with ``allow_pickle=False`` and the state files are opened without following
+links and only when they are regular files, so a hostile folder can neither run code nor make the
+store write outside it.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import os
@@ -37,7 +42,7 @@ import numpy as np
 import torch
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.core.io import write_atomic
+from fedshuffle.core.io import open_regular, read_regular, read_text, write_atomic
 
 JOURNAL, APPLIED = "journal.npz", "applied"
 _CHUNK = 4096  # rows hashed at a time
@@ -77,18 +82,21 @@ class ClientStateStore:
             return
         self.directory = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="fedshuffle-state-"))
         try:
+            if self.directory.is_symlink():
+                raise OSError(errno.ELOOP, "a symbolic link, which a results folder never holds; remove it", str(self.directory))
             self.directory.mkdir(parents=True, exist_ok=True)
             self.arrays = {name: self._open(name, dim) for name, dim in self.fields.items()}
         except OSError as exc:
-            raise ResultsError(f"cannot create client state files in {self.directory} ({exc.strerror or exc})") from None
+            where = exc.filename or self.directory
+            raise ResultsError(f"cannot create client state files in {self.directory} ({where}: {exc.strerror or exc})") from None
         self.dirty: dict[str, dict[int, np.ndarray]] = {name: {} for name in self.fields}
         self.hashes = {name: np.zeros(num_clients, dtype=np.uint64) for name in self.fields}
 
     def _open(self, name: str, dim: int) -> np.memmap:
         path = self.directory / f"{name}.bin"
         size = self.num_clients * dim * self.np_dtype.itemsize
-        with open(path, "ab") as fh:  # a sparse file of the full size: untouched rows take no disk or memory
-            if fh.tell() < size:
+        with os.fdopen(open_regular(path, os.O_RDWR | os.O_CREAT), "r+b") as fh:  # a sparse file of the full size: untouched rows take no disk or memory
+            if os.fstat(fh.fileno()).st_size < size:
                 fh.truncate(size)
         return np.memmap(path, dtype=self.np_dtype, mode="r+", shape=(self.num_clients, dim))
 
@@ -152,7 +160,7 @@ class ClientStateStore:
     def _write_rows(self, name: str, dim: int, clients: np.ndarray, rows: np.ndarray) -> None:
         """Rows into the state file with positioned writes, then fsync (cheaper than faulting in mapped pages)."""
         width = dim * self.np_dtype.itemsize
-        fd = os.open(self.directory / f"{name}.bin", os.O_WRONLY)
+        fd = open_regular(self.directory / f"{name}.bin", os.O_WRONLY)
         try:
             for client, row in zip(clients.tolist(), np.ascontiguousarray(rows, dtype=self.np_dtype)):
                 os.pwrite(fd, row.tobytes(), client * width)
@@ -164,7 +172,7 @@ class ClientStateStore:
         """Write the journal's rows into the state files, if the journal belongs to checkpoint ``tag``."""
         journal = self.directory / JOURNAL
         try:
-            with np.load(journal) as saved:
+            with np.load(io.BytesIO(read_regular(journal)), allow_pickle=False) as saved:
                 if int(saved["__tag__"]) != tag:
                     raise ConfigError(str(journal), f"belongs to another checkpoint than checkpoint.pt ({tag}); the run cannot be continued: start it again in another folder")
                 entries = {name: (saved[f"{name}.clients"], saved[f"{name}.rows"]) for name in self.fields}
@@ -191,7 +199,7 @@ class ClientStateStore:
             raise ConfigError("run.state_memory_mb", "the checkpoint keeps client state in memory, this run keeps it in files: give the state_memory_mb it was run with")
         applied_path, journal = self.directory / APPLIED, self.directory / JOURNAL
         try:
-            applied = int(applied_path.read_text()) if applied_path.exists() else 0
+            applied = int(read_text(applied_path)) if applied_path.exists() else 0
         except (ValueError, OSError, UnicodeDecodeError):
             raise ConfigError(str(applied_path), "damaged (expected the number of the last applied checkpoint); the run cannot be continued: start it again in another folder") from None
         self.dirty = {name: {} for name in self.fields}

@@ -60,6 +60,8 @@ def _out_path(out: str | None, option: str = "--out") -> Path | None:
         return None
     if not out.strip():
         raise ConfigError(option, "empty; give a folder")
+    if Path(out).resolve() == Path(Path(out).resolve().anchor):
+        raise ConfigError(option, f"{out} is the root of the filesystem; give a folder for the results")
     return Path(out)
 
 

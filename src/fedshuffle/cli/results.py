@@ -9,7 +9,14 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli import app, console, _fail, _fail_results, _note, _out_path
+from fedshuffle.cli import app, console, err, _fail, _fail_results, _note, _out_path
+
+ALLOW_UNSEALED = ("also show runs whose metrics.csv changed after they finished, or whose summary.json holds no SHA-256 of their files "
+                  "(a warning names each; default: refused)")
+
+
+def _warn(text: str) -> None:
+    err.print(f"[yellow]warning:[/yellow] {text}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -22,13 +29,15 @@ def plot(
     out: Annotated[Optional[str], typer.Option(help="output path without suffix (default: <first folder>/plot)")] = None,
     title: Annotated[str, typer.Option()] = "",
     all_points: Annotated[bool, typer.Option("--all-points", help="every grid point of a sweep (default: the best point per variant by the first metric's final value)")] = False,
+    allow_unsealed: Annotated[bool, typer.Option("--allow-unsealed", help=ALLOW_UNSEALED)] = False,
 ) -> None:
     """Mean and band over seeds of every variant found under PATHS; PNG and PDF.
 
     Runs are grouped by experiment folder, variant and grid point (two folders sharing a label are two
     lines, named by folder), and seeds are matched by round. Of a sweep, each variant's best grid point
     is drawn (lowest mean final value of the first metric over seeds; highest for accuracies), every
-    point with --all-points. Exit status 2 for bad input or a damaged
+    point with --all-points. A run whose files changed after it finished (or whose summary holds no
+    SHA-256 of them) is refused unless --allow-unsealed. Exit status 2 for bad input or a damaged
     results file, 4 when the figure cannot be written.
     """
     from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs, plot_defaults, plot_runs
@@ -43,7 +52,7 @@ def plot(
         if band not in ("std", "minmax"):
             raise ConfigError("--band", f"unknown {band!r}; accepted: std, minmax")
         out_stem = _out_path(out)
-        runs = collect_runs(paths)
+        runs = collect_runs(paths, allow_unsealed=allow_unsealed, warn=_warn)
         defaults = plot_defaults(runs[0])
         axis = x or defaults.get("x", "round")
         if axis not in x_axes():
@@ -69,6 +78,7 @@ def table_command(
     metric: Annotated[Optional[list[str]], typer.Option(help="metric(s) (default: f_gap, dist_sq, loss, accuracies where present)")] = None,
     stat: Annotated[str, typer.Option(help="final value, or best value along the run")] = "final",
     target: Annotated[Optional[list[str]], typer.Option(help="METRIC=VALUE: rounds, MiB per worker and wall-clock until the metric first reaches VALUE (Yang et al.'s Table 2)")] = None,
+    allow_unsealed: Annotated[bool, typer.Option("--allow-unsealed", help=ALLOW_UNSEALED)] = False,
 ) -> None:
     """Final (or best) values as a Markdown table: mean ± std over seeds per experiment folder, variant and grid point;
     with --target, the cost of reaching a value instead."""
@@ -82,7 +92,7 @@ def table_command(
         if stat not in ("final", "best"):
             raise ConfigError("--stat", f"unknown {stat!r}; accepted: final, best")
         targets = [Target.parse(t) for t in target or []]
-        runs = collect_runs(paths)
+        runs = collect_runs(paths, allow_unsealed=allow_unsealed, warn=_warn)
         groups = group_runs(runs)
         if targets:
             print("\n\n".join(target_table({name: [r.path / "metrics.csv" for r in members] for name, members in groups.items()}, t) for t in targets))

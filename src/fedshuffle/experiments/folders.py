@@ -22,13 +22,14 @@ import hashlib
 import json
 import os
 import re
+import stat
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.core.io import write_json
+from fedshuffle.core.io import open_regular, read_text, write_json
 from fedshuffle.data.sources.fetch import find_data_path
 
 MANIFEST, LOCK = "manifest.json", ".lock"
@@ -41,6 +42,8 @@ NEUTRAL: dict[str, set[str] | str] = {
 #: settings that name files, compared by content
 FILE_SETTINGS = (("data", "path"),)
 MAX_NAME = 96
+#: folders below a results folder deeper than this are not searched for runs (a results folder nests 4 at most)
+MAX_DEPTH = 16
 
 
 # -- folder names -----------------------------------------------------------------------------------
@@ -164,7 +167,7 @@ def file_sha256(path: Path) -> str | None:
     """SHA-256 of a file as it is now (never cached); None when it cannot be read."""
     try:
         digest = hashlib.sha256()
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular(path), "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
         return digest.hexdigest()
@@ -193,7 +196,7 @@ def intact(run_dir: Path, names: Sequence[str] = OUTPUTS) -> dict[str, Any] | No
     """The summary of a finished run if it and its files ``names`` are as the run wrote them, else None
     (missing, damaged, changed, or written before summaries were sealed)."""
     try:
-        doc = json.loads((Path(run_dir) / "summary.json").read_text())
+        doc = json.loads(read_text(Path(run_dir) / "summary.json"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(doc, dict) or doc.get("check") != _check(doc) or not isinstance(doc.get("files"), dict) or not isinstance(doc.get("final"), dict):
@@ -203,13 +206,41 @@ def intact(run_dir: Path, names: Sequence[str] = OUTPUTS) -> dict[str, Any] | No
     return doc
 
 
-
 def read_json(path: Path, what: str) -> Any:
-    """A JSON file of a results folder; damage is a one-line error naming the file."""
+    """A JSON file of a results folder; damage (or a link, FIFO or device in its place) is a one-line error naming the file."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        return json.loads(read_text(path))
+    except OSError as exc:
+        raise ConfigError(str(path), f"unreadable {what} ({exc.strerror or exc}); restore it or start the run again in another folder") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(str(path), f"unreadable {what} ({exc.__class__.__name__}: {exc}); restore it or start the run again in another folder") from None
+
+
+def find_files(root: Path, name: str, max_depth: int = MAX_DEPTH) -> list[Path]:
+    """The files called ``name`` below ``root`` (itself included), sorted; links are not followed.
+
+    Searched level by level without recursion; a folder nested deeper than ``max_depth`` below ``root``,
+    and the root of the filesystem, are refused with one line (no results folder is either)."""
+    root = Path(root)
+    if root.resolve() == Path(root.resolve().anchor):
+        raise ConfigError(str(root), "the root of the filesystem is not a results folder; give the folder that --out named")
+    found, level = [], [root]
+    for depth in range(max_depth + 1):
+        below = []
+        for folder in level:
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue  # unreadable or vanished: holds no runs we can read
+            for entry in entries:
+                if entry.name == name and not entry.is_dir(follow_symlinks=False):
+                    found.append(Path(entry.path))
+                elif entry.is_dir(follow_symlinks=False):
+                    below.append(Path(entry.path))
+        if not below:
+            return sorted(found)
+        level = below
+    raise ConfigError(str(level[0]), f"folders nested more than {max_depth} levels below {root}, deeper than any results folder; remove them or give the results folder itself")
 
 
 def stored_run(run_dir: Path) -> dict[str, Any] | None:
@@ -268,9 +299,19 @@ def read_manifest(out: Path) -> dict[str, Any] | None:
     return manifest
 
 
+def check_no_links(out: Path, run_dir: Path) -> None:
+    """Refuse a symbolic link among the folders from ``out`` down to ``run_dir``: fedshuffle makes them all,
+    never as links, and one would let a run write outside ``out``."""
+    path = Path(out)
+    for part in Path(run_dir).relative_to(out).parts:
+        path = path / part
+        if path.is_symlink():
+            raise ConfigError(str(path), "a symbolic link, which a results folder never holds (the run would be written where it points); remove it")
+
+
 def existing_runs(out: Path) -> list[str]:
     """Run folders under ``out`` (holding ``config.json``), relative, as POSIX paths."""
-    return sorted(p.parent.relative_to(out).as_posix() for p in Path(out).rglob("config.json"))
+    return sorted(p.parent.relative_to(out).as_posix() for p in find_files(Path(out), "config.json"))
 
 
 def check_folder(out: Path, *, kind: str, variants: Mapping[str, Mapping[str, Any]], runs: Iterable[str], resume: bool) -> dict[str, Any] | None:
@@ -330,8 +371,10 @@ class FolderLock:
         path = self.folder / LOCK
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT)  # never through a link, never a FIFO
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EINVAL):
+                raise ResultsError(f"cannot lock {path}: {exc.strerror}") from None
             raise ResultsError(f"cannot write to {self.folder} ({exc.strerror or exc})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -358,11 +401,13 @@ class FolderLock:
 
 def remove_leftovers(folder: Path) -> list[Path]:
     """Temporary files of writes cut short (``.<name>.<random>.tmp`` of :func:`~fedshuffle.core.io.write_atomic`,
-    the ``.write-test`` probe) in ``folder``; call it holding the folder's lock."""
-    removed = []
+    the ``.write-test`` probe) in ``folder``; call it holding the folder's lock. Nothing is removed through a link."""
+    removed: list[Path] = []
+    if Path(folder).is_symlink():
+        return removed
     for path in [*Path(folder).glob(".*.tmp"), Path(folder) / ".write-test"]:
         try:
-            if path.is_file():
+            if stat.S_ISREG(os.lstat(path).st_mode):
                 path.unlink()
                 removed.append(path)
         except OSError:

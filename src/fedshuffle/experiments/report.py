@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,8 @@ import numpy as np
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle import metrics
-from fedshuffle.experiments.folders import MANIFEST, intact, read_json
+from fedshuffle.core.io import read_text
+from fedshuffle.experiments.folders import MANIFEST, find_files, intact, read_json
 from fedshuffle.experiments.results import check_metrics, read_metrics, summarize
 from fedshuffle.experiments.plots import plot_comparison
 
@@ -55,14 +56,17 @@ def experiment_folder(run_dir: Path, label: str, point: Mapping[str, Any]) -> Pa
     return run_dir.parents[min(depth, len(run_dir.parents)) - 1]
 
 
-def collect_runs(paths: Iterable[str | Path]) -> list[StoredRun]:
-    """Every run folder below ``paths`` (a folder with ``summary.json`` next to ``metrics.csv``), each once."""
+def collect_runs(paths: Iterable[str | Path], *, allow_unsealed: bool = False, warn: Callable[[str], None] | None = None) -> list[StoredRun]:
+    """Every run folder below ``paths`` (a folder with ``summary.json`` next to ``metrics.csv``), each once.
+
+    A run whose seal (see :func:`~fedshuffle.experiments.folders.sealed`) is missing or no longer matches its
+    ``metrics.csv`` is refused, or with ``allow_unsealed`` taken with a warning passed to ``warn``."""
     runs, seen = [], set()
     paths = list(paths)
     for root in map(Path, paths):
         if not root.exists():
             raise ConfigError("path", f"{root} does not exist")
-        for summary in sorted(root.rglob("summary.json")):
+        for summary in find_files(root, "summary.json"):
             if not (summary.parent / "metrics.csv").exists():
                 continue  # an experiment's overall summary, not a run
             if summary.parent.resolve() in seen:
@@ -71,9 +75,13 @@ def collect_runs(paths: Iterable[str | Path]) -> list[StoredRun]:
             data = read_json(summary, "run summary")
             if not isinstance(data, dict) or not isinstance(data.get("point", {}), dict) or not isinstance(data.get("final", {}), dict) or not isinstance(data.get("seed", -1), int):
                 raise ConfigError(str(summary), "not a run summary (expected an object with status, final, label, point, seed)")
-            if "check" in data and intact(summary.parent, ("metrics.csv",)) is None:  # sealed by the runner: still as written?
-                raise ConfigError(str(summary.parent / "metrics.csv"), "changed after the run finished (the SHA-256 in summary.json no longer matches it or the summary); "
-                                  "continue the run with --resume to write it again")
+            if intact(summary.parent, ("metrics.csv",)) is None:  # sealed by the runner, and still as written?
+                where, problem = ((summary.parent / "metrics.csv", "changed after the run finished (the SHA-256 in summary.json no longer matches it or the summary)") if "check" in data
+                                  else (summary, "not sealed (it holds no SHA-256 of the run's files), so the run's metrics.csv may have been changed"))
+                if not allow_unsealed:
+                    raise ConfigError(str(where), f"{problem}; continue the run with --resume to write it again, or show it anyway with --allow-unsealed")
+                if warn:
+                    warn(f"{where}: {problem}; shown as it is (--allow-unsealed)")
             label = data.get("label", summary.parent.parent.name)
             point = data.get("point", {})
             runs.append(StoredRun(summary.parent, str(label), point, data.get("seed", -1), str(data.get("status", "unknown")), data.get("final", {}),
@@ -192,7 +200,7 @@ def plot_defaults(run: StoredRun) -> dict[str, Any]:
     """The plot settings recorded in a run's config (the defaults where it has none that can be used)."""
     defaults = {"metric": "loss", "x": "round", "band": "std", "log_y": True}
     try:
-        spec = json.loads((run.path / "config.json").read_text())["spec"]["plot"]
+        spec = json.loads(read_text(run.path / "config.json"))["spec"]["plot"]
     except (OSError, KeyError, TypeError, ValueError, RecursionError):
         return defaults
     if not isinstance(spec, dict):

@@ -12,7 +12,7 @@ from typing import Any
 
 from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError, did_you_mean
-from fedshuffle.core.io import write_atomic
+from fedshuffle.core.io import read_text, write_atomic
 
 import numpy as np
 
@@ -108,16 +108,14 @@ def check_metrics(names: Sequence[str], option: str) -> list[str]:
 
 def read_metrics(path: Path) -> dict[str, np.ndarray]:
     """Columns of a ``metrics.csv`` (and of the ``timing.csv`` beside it) as float arrays (NaN where a value is missing);
-    a damaged table is an error naming it."""
+    a damaged table (or a link, FIFO or device in its place) is an error naming it."""
     timing = Path(path).with_name("timing.csv")
     try:
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
+        rows = list(csv.DictReader(io.StringIO(read_text(path), newline="")))
         if rows and "round" not in rows[0]:
             raise ValueError("no 'round' column")
         if timing.exists():
-            with open(timing, newline="") as fh:
-                measured = {int(float(r["round"])): r for r in csv.DictReader(fh) if r.get("round")}
+            measured = {int(float(r["round"])): r for r in csv.DictReader(io.StringIO(read_text(timing), newline="")) if r.get("round")}
             rows = [{**measured.get(int(float(r["round"])), {}), **r} for r in rows]
         table = {col: np.array([float(r[col]) if r.get(col) not in (None, "") else np.nan for r in rows], dtype=np.float64)
                  for col in (*METRIC_COLUMNS, *TIMING_COLUMNS[1:])}

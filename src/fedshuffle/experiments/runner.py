@@ -21,6 +21,7 @@ import io
 import json
 import logging
 import math
+import os
 import platform
 import shutil
 import sys
@@ -41,9 +42,9 @@ from fedshuffle.analysis.theory import solution_key
 from fedshuffle.experiments.build import build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
 from fedshuffle.experiments.schema import RunSpec
 from fedshuffle.simulation import Simulation
-from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint as write_checkpoint
+from fedshuffle.core.checkpoint import read_checkpoint, save_checkpoint as write_checkpoint
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.core.io import write_atomic, write_json
+from fedshuffle.core.io import open_regular, write_atomic, write_json
 from fedshuffle.core.threads import operator_threads, run_threads
 from fedshuffle import metrics
 from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, AppendedTable, write_parquet
@@ -73,18 +74,19 @@ def environment() -> dict[str, str]:
 
 
 def ensure_writable(folder: Path, needed_bytes: int = 0) -> None:
-    """Fail before training when ``folder`` cannot be created or written, or its disk lacks ``needed_bytes``."""
+    """Fail before training when ``folder`` cannot be created or written, or its disk lacks ``needed_bytes``
+    (the probe file ``.write-test`` is never written through a link or into a FIFO)."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise ResultsError(f"cannot write to {folder} (it is a file, not a folder)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".write-test"
-        probe.write_text("ok")
+        os.close(open_regular(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC))
         probe.unlink()
         free = shutil.disk_usage(folder).free
     except OSError as exc:
-        raise ResultsError(f"cannot write to {folder} ({exc.strerror or exc})") from None
+        raise ResultsError(f"cannot write to {folder} ({f'{exc.filename}: ' if exc.filename else ''}{exc.strerror or exc})") from None
     if free < needed_bytes:
         raise ResultsError(f"{folder} has {free / 2**20:.1f} MiB free, a run needs about {needed_bytes / 2**20:.1f} MiB for its checkpoints and results")
 
@@ -232,14 +234,17 @@ def run_single(
             raise ResultsError(f"writing results to {run_dir} failed ({exc.strerror or exc}); everything written before is kept, and the run continues from its last checkpoint when resumed") from None
 
 
-def _load_checkpoint(path: Path, sim: Simulation) -> list[dict[str, Any]]:
-    """Restore ``sim`` from a checkpoint; returns the metric rows recorded up to it."""
-    saved = load_checkpoint(path)
+def _load_checkpoint(path: Path, sim: Simulation, run: Mapping[str, Any], total: int) -> list[dict[str, Any]]:
+    """Restore ``sim`` from a checkpoint of ``run`` (config hash, variant, seed); returns the metric rows recorded up to it."""
+    recorded, saved = read_checkpoint(path, run)
     try:
         state, rows = saved["simulation"], list(saved["rows"])
-        shape = tuple(state["params"].shape)
-    except (KeyError, TypeError, AttributeError) as exc:
+        shape, rounds = tuple(state["params"].shape), int(state["counters"]["rounds"])
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ConfigError(str(path), f"damaged checkpoint (no {exc}); the run cannot be continued: start it again in another folder") from None
+    if recorded.get("round") != rounds or rounds > total:
+        raise ConfigError(str(path), f"damaged checkpoint (recorded for round {recorded.get('round')!r}, holds round {rounds}, the run has {total}); "
+                          "the run cannot be continued: start it again in another folder")
     if shape != tuple(sim.params.shape):
         raise ConfigError(str(path), f"the checkpoint's model has shape {shape}, this run's has {tuple(sim.params.shape)}")
     sim.load_state_dict(state)
@@ -275,8 +280,9 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
     rows: list[dict[str, Any]] = []
     checkpoint = run_dir / "checkpoint.pt"
     every, ckpt_every, total = spec.run.eval_every, spec.run.checkpoint_every, spec.run.rounds
+    owner = {"config_hash": stored["config_hash"], "label": meta["label"], "seed": meta["seed"]}
     if resume and checkpoint.exists():
-        rows = _load_checkpoint(checkpoint, sim)
+        rows = _load_checkpoint(checkpoint, sim, owner, total)
         # a run extended past its end drops the evaluation it made only because it ended there
         rows = [row for row in rows if row["round"] % every == 0 or row["round"] == total]
     chosen = getattr(sim.executor, "chosen", None)
@@ -302,7 +308,7 @@ def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_r
 
     def save_checkpoint() -> None:
         """The resume point: the simulation and every row so far (the tables past it are rewritten from these rows on resume)."""
-        write_checkpoint(checkpoint, {"simulation": sim.state_dict(), "rows": rows})
+        write_checkpoint(checkpoint, {"simulation": sim.state_dict(), "rows": rows}, {**owner, "round": sim.counters.rounds})
         sim.commit_checkpoint()
         write_parquet(run_dir / "metrics.parquet", rows)
         cadence.saved()

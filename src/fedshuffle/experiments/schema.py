@@ -14,6 +14,7 @@ import copy
 import difflib
 import re
 import sys
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -264,7 +265,7 @@ class PlotConfig(_Section):
 
 
 class ExperimentMeta(_Section):
-    name: str = "experiment"
+    name: str = Field("experiment", description="also the results folder's name (results/<name>): no '/', '\\', control characters, '.' or '..'")
     title: str = ""
     paper: str = ""
     figure: str = ""
@@ -272,6 +273,27 @@ class ExperimentMeta(_Section):
     seeds: list[int] | None = None
     budget: Literal["cpu", "gpu"] | None = Field(None, description="hardware the preset is sized for: 'cpu' (a 2-core CPU) or 'gpu' (the paper's scale, needs a GPU)")
     expected_minutes: float | None = Field(None, gt=0, description="expected wall time of the whole preset (every variant and seed) on its budget's hardware")
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, v: str) -> str:
+        problem = name_problem(v)
+        if problem:
+            raise ValueError(f"{problem}: the name is the results folder's (results/<name>)")
+        return v
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a folder name inside another folder (None when it can)."""
+    if not name.strip() or name.strip() in (".", ".."):
+        return "empty, '.' or '..'"
+    if "/" in name or "\\" in name:
+        return "holds a path separator"
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        return "holds a control character"
+    if len(name.encode()) > 200:
+        return "longer than 200 bytes"
+    return None
 
 
 class RunSpec(_Section):
@@ -423,7 +445,7 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
 
     parse_claims(experiment.claims, [v.label for v in experiment.variants])
     if not experiment.experiment.name or experiment.experiment.name == "experiment":
-        experiment.experiment.name = path.stem
+        experiment.experiment.name = path.stem if name_problem(path.stem) is None else slug(path.stem)
     for data in (experiment.data, *(v.data for v in experiment.variants)):  # relative to the file first, whatever the working directory
         data_path = data.get("path")
         if isinstance(data_path, str) and not Path(data_path).expanduser().is_absolute() and (path.parent / data_path).exists():
@@ -457,4 +479,4 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-").lower() or "run"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.").lower() or "run"

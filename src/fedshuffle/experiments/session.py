@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedshuffle.core.errors import ResultsError
+from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import write_json
 from fedshuffle.experiments import folders
 from fedshuffle.experiments.results import check_metrics
@@ -47,6 +47,8 @@ class ResultsFolder:
     def __enter__(self) -> ResultsFolder:
         from fedshuffle.experiments.runner import ensure_writable, run_identity
 
+        if self.resume and self.kind == "run" and not (self.out / folders.MANIFEST).is_file():
+            raise ConfigError("--resume", f"{self.out} holds no fedshuffle results (no {folders.MANIFEST}); give the folder that --out named")
         ensure_writable(self.out)
         self.lock.__enter__()
         try:
@@ -56,6 +58,7 @@ class ResultsFolder:
             previous = folders.check_folder(self.out, kind=self.kind, variants=variants, runs=relative, resume=self.resume)
             runs = {}
             for job, where in zip(self.jobs, relative):
+                folders.check_no_links(self.out, job.run_dir)
                 spec = job.spec.model_copy(update={"run": job.spec.run.model_copy(update={"seed": job.seed})})
                 dumped, hashes = run_identity(spec)
                 folders.check_run_folder(job.run_dir, dumped, hashes, extend=self.extend)

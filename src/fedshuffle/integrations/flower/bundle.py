@@ -92,6 +92,7 @@ def write_app(config: str | Path, directory: str | Path, settings: AppSettings |
     """Write the Flower App of experiment ``config`` (a TOML file or preset) into ``directory``; returns it.
 
     ``settings`` become the app's default run configuration. Every selected run is validated first.
+    A ``directory`` that holds anything is refused: the app never replaces files it did not write.
     """
     settings = settings or AppSettings()
     experiment = read_experiment(config)
@@ -104,6 +105,8 @@ def write_app(config: str | Path, directory: str | Path, settings: AppSettings |
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ConfigError("DIR", f"{directory} exists and is not a folder")
+    if directory.is_dir() and any(directory.iterdir()):
+        raise ConfigError("DIR", f"{directory} is not empty: the app's files would replace what is there; give a new or empty folder")
     name = experiment.experiment.name
     description = experiment.experiment.title or f"fedshuffle experiment {name} ({len(runs)} run(s))"
     write_atomic(directory / "pyproject.toml", pyproject(f"fedshuffle-{slug(name)}".replace("_", "-"), description, settings))

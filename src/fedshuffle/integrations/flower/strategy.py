@@ -36,6 +36,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint
 from fedshuffle.core.io import write_atomic, write_json
+from fedshuffle.experiments.folders import sealed
 from fedshuffle.experiments.results import write_metrics
 from fedshuffle import metrics
 from fedshuffle.experiments.runner import build_simulation, environment
@@ -363,8 +364,8 @@ class FedShuffleStrategy(Strategy):
         npy = io.BytesIO()
         np.save(npy, self.half.params.detach().double().cpu().numpy())
         write_atomic(self.out / "final_params.npy", npy.getvalue())
-        write_json(self.out / "summary.json", {"status": "complete", "message": "", "final": self.rows[-1], "rounds": self.half.counters.rounds,
-                                              "label": self.run.label, "point": {}, "seed": self.run.seed, "round_seconds": self.round_seconds})
+        write_json(self.out / "summary.json", sealed({"status": "complete", "message": "", "final": self.rows[-1], "rounds": self.half.counters.rounds,
+                                                     "label": self.run.label, "point": {}, "seed": self.run.seed, "round_seconds": self.round_seconds}, self.out))
 
 
 def exchange(grid: Grid, messages: Sequence[Message], timeout: float, poll_interval: float = 0.5) -> list[Message]:
