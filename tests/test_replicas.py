@@ -27,8 +27,8 @@ l2 = 0.01
 [data]
 source = "synthetic"
 samples = 300
-features = 6
-partition = "dirichlet"
+features = {features}
+partition = "{partition}"
 clients = 10
 seed = 3
 [method]
@@ -46,19 +46,20 @@ eval_every = 2
 executor = "{executor}"
 """
 
-UNTIMED = ("timing.csv", "timing.json", "checkpoint.pt")  # hold measured seconds: they differ between any two runs
+# timing.*, checkpoint.pt: hold measured seconds, which differ between any two runs; .lock: the writing process' id
+NOT_COMPARED = ("timing.csv", "timing.json", "checkpoint.pt", ".lock")
 
 
-def spec_of(tmp_path: Path, method: str = "fedshuffle", lr: float = 0.05, rounds: int = 6, executor: str = "vectorized", **run):
-    path = tmp_path / f"{method}-{lr}-{rounds}-{executor}.toml"
-    path.write_text(CONFIG.format(method=method, lr=lr, rounds=rounds, executor=executor))
+def spec_of(tmp_path: Path, method: str = "fedshuffle", lr: float = 0.05, rounds: int = 6, executor: str = "vectorized", features: int = 6, partition: str = "dirichlet", **run):
+    path = tmp_path / f"{method}-{lr}-{rounds}-{executor}-{features}-{partition}.toml"
+    path.write_text(CONFIG.format(method=method, lr=lr, rounds=rounds, executor=executor, features=features, partition=partition))
     spec = load_experiment(path).runs()[0][1]
     return spec.model_copy(update={"run": spec.run.model_copy(update=run)}) if run else spec
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:
     """Every file of a run folder but the measured ones; the checkpoint as its state and its rows' metric columns."""
-    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name not in UNTIMED}
+    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name not in NOT_COMPARED}
     _, saved = read_checkpoint(folder / "checkpoint.pt")
     state = saved["simulation"]
     state["counters"].pop("worker_compute_seconds")  # measured
@@ -99,15 +100,20 @@ def test_each_replica_writes_the_folder_of_its_run_made_alone(tmp_path, executor
     assert len(finals) == len(GRID)  # the replicas are different runs
 
 
-def test_torch_loop_replicas_match_alone(tmp_path):
-    """The vectorized executor's torch loop (not compiled): rows of one chunk from several replicas, each its own."""
-    runs = [(spec_of(tmp_path, "fedshuffle", lr, chunk_size=3), seed, tmp_path / "together" / f"{lr}-{seed}") for lr, seed in GRID]
+@pytest.mark.parametrize("partition", ["equal", "dirichlet"])
+@pytest.mark.parametrize("chunk_size", [3, None])
+def test_torch_loop_replicas_match_alone(tmp_path, chunk_size, partition):
+    """The vectorized executor's torch loop (not compiled), 60 features. Equal client sizes: every step of a chunk is
+    shared by ≥ 2 members, and the replicas' members run as one loop. Unequal sizes: where a member alone would take
+    steps by itself (a k = 1 reduction, another floating-point order), its replica's work runs as alone; same bytes."""
+    runs = [(spec_of(tmp_path, "fedshuffle", lr, features=60, partition=partition, chunk_size=chunk_size), seed, tmp_path / "together" / f"{lr}-{seed}")
+            for lr, seed in GRID]
     import fedshuffle.local.fused as fused
 
     numba, fused.numba = fused.numba, None
     try:
         _, group = run_as_replicas(runs)
-        assert group.batched == 6
+        assert group.batched == (6 if partition == "equal" and chunk_size is None else 0)  # chunks of 3 of a cohort of 4 leave one alone
         for spec, seed, folder in runs:
             with sharing_builds():
                 run_single(spec, tmp_path / "alone" / folder.name, seed)
@@ -172,7 +178,7 @@ def test_unbatchable_replicas_step_one_by_one_with_the_same_numbers(tmp_path):
         alone = [build_simulation(spec_of(tmp_path, "scaffold", lr), 0)[0] for lr in (0.02, 0.05)]
     assert not batches(sims)
     for _ in range(3):
-        step_replicas(sims)
+        assert not step_replicas(sims)[1]
         for sim in alone:
             sim.step()
     for a, b in zip(sims, alone):
@@ -204,3 +210,48 @@ def test_a_failing_step_fails_every_waiting_replica(monkeypatch):
     for t in threads:
         t.join(timeout=10)
     assert errors == ["broken", "broken"] and group.steps == 1 and group.batched == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sweep_runs_a_grid_and_its_seeds_as_one_simulation_with_each_runs_folder(tmp_path, workers):
+    """``fedshuffle sweep`` groups the grid × seeds (and says so); SCAFFOLD's runs go on their own; every folder is
+    the one the same point and seed writes alone."""
+    from typer.testing import CliRunner
+
+    from fedshuffle.cli import app
+
+    config = tmp_path / "grid.toml"
+    config.write_text(CONFIG.format(method="fedshuffle", lr=0.05, rounds=4, executor="vectorized", features=6, partition="dirichlet") + '\n[[variants]]\nlabel = "FedShuffle"\n[[variants]]\nlabel = "SCAFFOLD"\nmethod = { name = "scaffold" }\n')
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["sweep", str(config), "--grid", "local.lr=0.02,0.1", "--seeds", "0,1", "--out", str(out), "--workers", str(workers)])
+    assert result.exit_code == 0, result.output
+    assert "4 runs as 1 batched simulation of 4 replicas; 4 runs on their own" in " ".join(result.stderr.split())
+    for lr in ("0.02", "0.1"):
+        single = tmp_path / "single" / lr  # a sweep of one point and one seed: each variant's run alone
+        run = CliRunner().invoke(app, ["sweep", str(config), "--grid", f"local.lr={lr}", "--seeds", "1", "--out", str(single), "--quiet", "--workers", "1"])
+        assert run.exit_code == 0 and "batched" not in run.stderr, run.output
+        for label in ("fedshuffle", "scaffold"):
+            assert folder_bytes(out / f"local.lr-{lr}" / label / "seed-1") == folder_bytes(single / f"local.lr-{lr}" / label / "seed-1")
+
+
+def test_the_switch_runs_every_job_on_its_own(tmp_path, monkeypatch):
+    base = spec_of(tmp_path, "fedshuffle", 0.05)
+    assert replica_groups([base, base]) == [[0, 1]]
+    monkeypatch.setenv("FEDSHUFFLE_REPLICAS", "0")
+    assert replica_groups([base, base]) == [[0], [1]]
+
+
+def test_sweep_benchmark_smoke_case():
+    """benchmarks/sweep.py --smoke: the batched sweep prints its note and writes every run's folder."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'src'}"}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.sweep", "--smoke"], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert out.returncode == 0, out.stderr
+    cases = json.loads(out.stdout.strip().splitlines()[-1])["cases"]
+    assert cases["smoke: 4 runs, batched"]["note"] == "4 runs as 1 batched simulation of 4 replicas"
+    assert cases["smoke: 4 runs, separate"]["note"] is None
+    assert cases["smoke: 4 runs, batched"]["runs"] == cases["smoke: 4 runs, separate"]["runs"] == 4 and cases["smoke: one run"]["runs"] == 1

@@ -25,6 +25,8 @@ Replicas need not be at the same round (a resumed replica continues from its own
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +37,7 @@ import torch
 from fedshuffle.core.threads import run_threads
 from fedshuffle.data import FederatedDataset
 from fedshuffle.executors.local import LocalExecutor, ThreadedExecutor
+from fedshuffle.local import fused
 from fedshuffle.local.loop import LocalWork
 from fedshuffle.local.steps import standard_chain
 from fedshuffle.methods.base import ClientResult, sample_gradients
@@ -76,11 +79,34 @@ def batches(sims: Sequence[Simulation]) -> bool:
     )
 
 
-def step_replicas(sims: Sequence[Simulation], together: bool | None = None) -> list[RoundRecord]:
-    """One round of every replica, their local work in one executor call where they can be batched (``together``,
-    default :func:`batches`), else each replica's round as alone."""
+def _same_rows_in_any_chunk(sim: Simulation, work: LocalWork) -> bool:
+    """Whether each member's update is the same number in a chunk of any other members (so the work can be
+    batched): one member per loop (sequential, threaded) or the compiled backend (member after member) always; the
+    torch loop where, in each chunk, no step is taken by one member alone (its top two step counts are equal).
+
+    The torch loop computes a step of k working members as (k, B, d) tensors, whose reductions are one
+    floating-point order for k ≥ 2 and may be another for k = 1 (measured: sequential and vectorized differ
+    by ~1 ulp on a3a); so a step that is one member's alone in one run and shared in the other may differ."""
+    executor = sim.executor
+    if isinstance(executor, ThreadedExecutor) or executor.chunk_size == 1:
+        return True
+    if executor.compiled and fused.usable(sim.problem, sim.data.features, work):
+        return True
+    for members in executor.chunks(sim.data, work):
+        steps = sorted((work.plans[i].steps for i in members), reverse=True)
+        if len(steps) < 2 or steps[0] != steps[1]:
+            return False
+    return True
+
+
+def step_replicas(sims: Sequence[Simulation], together: bool | None = None) -> tuple[list[RoundRecord], bool]:
+    """One round of every replica, and whether their local work ran as one executor call.
+
+    It does where the replicas can be batched (``together``, default :func:`batches`) and every member's update
+    comes out the same as alone (:func:`_same_rows_in_any_chunk`, for each replica's work alone and for all
+    together); else each replica's local work runs as alone, in its own executor call."""
     if len(sims) == 1 or not (batches(sims) if together is None else together):
-        return [sim.step() for sim in sims]
+        return [sim.step() for sim in sims], False
     started = time.perf_counter()
     opened = []
     for sim in sims:
@@ -92,21 +118,25 @@ def step_replicas(sims: Sequence[Simulation], together: bool | None = None) -> l
     local = first.algorithm.local
     chain = standard_chain(local.weight_decay, local.clip_norm, local.prox_mu, local.momentum, None, False)
     works = [LocalWork(list(rnd.plans), broadcast["model"], chain) for rnd, _, broadcast in opened]
+    weights = [torch.as_tensor(sim.method.aggregation_weights(rnd), dtype=sim.dtype, device=sim.device) for sim, (rnd, _, _) in zip(sims, opened)]
     members = [len(work) for work in works]
+    sums: list[torch.Tensor | None] = [None] * len(sims)
+    combined = None
     if sum(members):
-        together = LocalWork([plan for work in works for plan in work.plans], torch.cat([work.rows("start") for work in works if len(work)]), chain)
-        deltas = first.executor.run(first.problem, first.data, together).split(members)
+        combined = LocalWork([plan for work in works for plan in work.plans], torch.cat([work.rows("start") for work in works if len(work)]), chain)
+        if not all(_same_rows_in_any_chunk(sim, work) for sim, work in [*zip(sims, works), (first, combined)] if len(work)):
+            combined = None
+    if combined is not None:
+        deltas = first.executor.run(first.problem, first.data, combined).split(members)
+        sums = [sim.executor.add_up(sim.data, work, w, own) if len(work) else None for sim, work, w, own in zip(sims, works, weights, deltas)]
     else:
-        deltas = [first.params.new_zeros((0, first.params.numel()))] * len(works)
+        sums = [sim.executor.run(sim.problem, sim.data, work, w) if len(work) else None for sim, work, w in zip(sims, works, weights)]
     seconds = time.perf_counter() - started
     records = []
-    for sim, (rnd, points, broadcast), work, own in zip(sims, opened, works, deltas):
-        result = None
-        if len(work):
-            weights = torch.as_tensor(sim.method.aggregation_weights(rnd), dtype=sim.dtype, device=sim.device)
-            result = ClientResult({"delta_sum": sim.executor.add_up(sim.data, work, weights, own)}, sample_gradients=sample_gradients(rnd.plans))
+    for sim, (rnd, points, broadcast), work, total in zip(sims, opened, works, sums):
+        result = None if total is None else ClientResult({"delta_sum": total}, sample_gradients=sample_gradients(rnd.plans))
         records.append(sim.close_round(rnd, points, broadcast, result, seconds * len(work) / max(sum(members), 1)))
-    return records
+    return records, combined is not None
 
 
 class ReplicaGroup:
@@ -167,9 +197,9 @@ class ReplicaGroup:
             together = self._batches.get(frozenset(keys))
             if together is None:  # the same replicas batch alike at every step: asked once per set of replicas
                 together = self._batches[frozenset(keys)] = len(sims) > 1 and batches(sims)
-            outcomes: Sequence[RoundRecord | BaseException] = step_replicas(sims, together)
+            outcomes, together = step_replicas(sims, together)
         except BaseException as exc:  # every waiting replica's run fails with it
-            outcomes = [exc] * len(sims)
+            outcomes, together = [exc] * len(sims), False
         self.steps, self.batched, self.widest = self.steps + 1, self.batched + together, max(self.widest, len(sims))
         self._done.update(zip(keys, outcomes))
         self._ready.notify_all()
@@ -229,8 +259,6 @@ def replica_key(spec: Any) -> str | None:
     """What runs of one group share: the resolved spec without its step sizes (:data:`STEP_SIZE_FIELDS`) and, where
     the data split has its own seed (``data.seed``), without the run's seed. None for a run that cannot be a replica
     (a method with its own halves or client state, an executor out of process)."""
-    import json
-
     from fedshuffle.methods.algorithm import build_algorithm
 
     if spec.run.executor not in IN_PROCESS_EXECUTORS:
@@ -250,13 +278,18 @@ def replica_key(spec: Any) -> str | None:
     return json.dumps(dumped, sort_keys=True, default=str)
 
 
+#: set to "0" in the environment, every run is a group of its own (to compare with the runs made separately)
+SWITCH = "FEDSHUFFLE_REPLICAS"
+
+
 def replica_groups(specs: Sequence[Any]) -> list[list[int]]:
     """The runs ``specs`` (positions) grouped into replicas of one simulation, in order of first appearance; a run
-    that cannot be a replica is a group of its own."""
+    that cannot be a replica is a group of its own (every run, with ``FEDSHUFFLE_REPLICAS=0``)."""
     groups: dict[str, list[int]] = {}
     alone: list[list[int]] = []
+    separate = os.environ.get(SWITCH) == "0"
     for k, spec in enumerate(specs):
-        key = replica_key(spec)
+        key = None if separate else replica_key(spec)
         if key is None:
             alone.append([k])
         else:
