@@ -6,8 +6,9 @@ core, as ``sweep`` runs runs that are not replicas).
 
 Two cases, interleaved (one command of each case in turn, the order reversed from repeat to repeat):
 
-* RR-CLI: ``rrcli-a3a-theory``'s RR-CLI variant, ``local.lr_multiplier`` ∈ 1..7 × seeds 0..4, its full 400 rounds.
-  Goal: the batched sweep ≤ 3× one run (before replicas: ≈ 35×).
+* RR-CLI: ``rrcli-a3a-theory``'s RR-CLI variant, ``local.lr_multiplier`` ∈ 1..7 × seeds 0..4, its full 400 rounds, with
+  ``run.executor = "auto"`` (the compiled convex loop; the preset's default, sequential, runs every member as its
+  own loop, which replicas cannot batch without changing the numbers). Goal: the batched sweep ≤ 3× one run.
 * 2NN MNIST: ``yang-fig1-2nn-cpu``'s digits_2 variant cut to ``--mnist-rounds`` rounds, ``local.lr`` ∈ 7 values ×
   seeds 0..4. Goal: the batched sweep ≤ 0.5× the 35 separate runs.
 
@@ -56,6 +57,7 @@ cohort = 2
 [run]
 rounds = 8
 eval_every = 2
+executor = "vectorized"
 """
 
 MULTIPLIERS = "1,2,3,4,5,6,7"
@@ -71,7 +73,7 @@ def cases(smoke: bool, mnist_rounds: int) -> dict[str, dict[str, Any]]:
             "smoke: 4 runs, separate": {"config": "smoke", "args": grid, "batched": False},
             "smoke: 4 runs, batched": {"config": "smoke", "args": grid, "batched": True},
         }
-    rrcli = ["--variant", "RR-CLI"]
+    rrcli = ["--variant", "RR-CLI", "--set", "run.executor=auto"]
     rrcli_grid = [*rrcli, "--grid", f"local.lr_multiplier={MULTIPLIERS}", "--seeds", "0..4"]
     mnist_grid = ["--variant", "digits_2", "--set", f"run.rounds={mnist_rounds}", "--grid", f"local.lr={MNIST_LRS}", "--seeds", "0..4"]
     return {

@@ -151,6 +151,7 @@ def test_grouping_keeps_data_model_and_sampler_apart(tmp_path):
     cohort = base.model_copy(update={"sampler": base.sampler.model_copy(update={"cohort": 5})})
     rounds = base.model_copy(update={"run": base.run.model_copy(update={"rounds": 7})})
     scaffold = spec_of(tmp_path, "scaffold", 0.05)  # its own client half and client state: never a replica
+    assert replica_key(spec_of(tmp_path, "fedshuffle", 0.05, executor="sequential")) is None  # one loop per member anyway
     assert replica_key(base) == replica_key(other_lr) == replica_key(server) is not None
     assert replica_key(base) != replica_key(cohort) and replica_key(base) != replica_key(rounds)
     assert replica_key(scaffold) is None

@@ -25,6 +25,7 @@ Replicas need not be at the same round (a resumed replica continues from its own
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -153,11 +154,14 @@ class ReplicaGroup:
         self._done: dict[int, RoundRecord | BaseException] = {}
         self._threads_set = False
         self._batches: dict[frozenset[int], bool] = {}
+        self._evaluating = threading.BoundedSemaphore(os.cpu_count() or 1)
         #: the group's steps, those that ran the replicas' local work as one executor call, the most replicas in one
         self.steps, self.batched, self.widest = 0, 0, 0
 
-    def join(self, sim: Simulation) -> Replica:
-        """The replica of ``sim``: a simulation whose :meth:`~Replica.step` waits for the group's batched step.
+    def join(self, sim: Simulation, evaluator: Callable[[torch.Tensor], Any]) -> tuple[Replica, Callable[[torch.Tensor], Any]]:
+        """The replica of ``sim`` (a simulation whose :meth:`~Replica.step` waits for the group's batched step) and
+        ``evaluator`` taking its turn: at most one evaluation per core at a time, however many replicas evaluate after
+        a step (each holds its activations over the whole dataset while it runs).
 
         The first replica sets the process' operator threads to the count its run chooses
         (:func:`~fedshuffle.core.threads.run_threads`, the same for every replica of a group) before any run enters
@@ -167,7 +171,11 @@ class ReplicaGroup:
             if not self._threads_set:
                 torch.set_num_threads(run_threads(sim.problem, sim.device)[0])
                 self._threads_set = True
-        return Replica(sim, self)
+        return Replica(sim, self), functools.partial(self._evaluate, evaluator)
+
+    def _evaluate(self, evaluator: Callable[[torch.Tensor], Any], params: torch.Tensor) -> Any:
+        with self._evaluating:
+            return evaluator(params)
 
     def leave(self) -> None:
         with self._ready:
@@ -218,9 +226,10 @@ class Replica:
         return getattr(self._sim, name)
 
 
-def run_together(jobs: Sequence[Any], execute: Callable[[Any, Callable[[Simulation], Any]], Any]) -> tuple[list[Any], ReplicaGroup]:
-    """Run ``jobs`` as the replicas of one simulation: ``execute(job, adopt)`` runs one job as a single run whose
-    simulation is ``adopt(sim)``. Returns each job's result, in the order of ``jobs``, and the group."""
+def run_together(jobs: Sequence[Any], execute: Callable[[Any, Callable[..., Any]], Any]) -> tuple[list[Any], ReplicaGroup]:
+    """Run ``jobs`` as the replicas of one simulation: ``execute(job, adopt)`` runs one job as a single run
+    (:func:`~fedshuffle.experiments.runner.run_single` with ``adopt``), whose simulation and evaluator are
+    ``adopt(sim, evaluator)``. Returns each job's result, in the order of ``jobs``, and the group."""
     group = ReplicaGroup(len(jobs))
     results: list[Any] = [None] * len(jobs)
     failures: list[BaseException] = []
@@ -252,16 +261,18 @@ def run_together(jobs: Sequence[Any], execute: Callable[[Any, Callable[[Simulati
 
 # -- which runs are replicas of one another -------------------------------------------------------------
 
-IN_PROCESS_EXECUTORS = ("sequential", "vectorized", "threaded", "auto")
+#: executors whose replicas a sweep batches: in this process, and more than one member per loop or thread pool (with
+#: ``sequential`` every member is its own loop either way, so a group would only give up the parallel workers)
+BATCHED_EXECUTORS = ("vectorized", "threaded", "auto")
 
 
 def replica_key(spec: Any) -> str | None:
     """What runs of one group share: the resolved spec without its step sizes (:data:`STEP_SIZE_FIELDS`) and, where
     the data split has its own seed (``data.seed``), without the run's seed. None for a run that cannot be a replica
-    (a method with its own halves or client state, an executor out of process)."""
+    (a method with its own halves or client state, an executor not in :data:`BATCHED_EXECUTORS`)."""
     from fedshuffle.methods.algorithm import build_algorithm
 
-    if spec.run.executor not in IN_PROCESS_EXECUTORS:
+    if spec.run.executor not in BATCHED_EXECUTORS:
         return None
     settings = spec.algorithm_settings()
     for section, name in STEP_SIZE_FIELDS:

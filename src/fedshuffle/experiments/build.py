@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -58,7 +59,7 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
     probe = build_algorithm(spec.method.name, probe_settings)
     local_steps = probe.local.max_planned_steps(data.sizes)
     rounds = getattr(sampler, "rounds_per_meta_epoch", 1)
-    constants = theory.smoothness(problem, data)
+    constants = _smoothness(problem, data)
     values = theory.theoretical_step_sizes(spec.method.name, constants, local_steps, rounds)
     missing = [k for k in wanted if k not in values]
     if missing:
@@ -70,6 +71,20 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
         updates.setdefault(part, {})[key] = values[k]
     resolved = spec.model_copy(update={part: getattr(spec, part).model_copy(update=u) for part, u in updates.items()})
     return resolved, {"constants": constants.to_dict(), "local_steps": local_steps, "rounds_per_meta_epoch": rounds, "theory": values, "used": {k: values[k] for k in wanted}}
+
+
+_SMOOTHNESS: tuple[weakref.ref, weakref.ref, theory.Smoothness] | None = None
+
+
+def _smoothness(problem: Problem, data: FederatedDataset) -> theory.Smoothness:
+    """:func:`~fedshuffle.analysis.theory.smoothness`, kept for the last problem and dataset: the runs of a sweep
+    that share one build (its grid points and seeds) ask for the same constants."""
+    global _SMOOTHNESS
+    if _SMOOTHNESS is not None and _SMOOTHNESS[0]() is problem and _SMOOTHNESS[1]() is data:
+        return _SMOOTHNESS[2]
+    constants = theory.smoothness(problem, data)
+    _SMOOTHNESS = (weakref.ref(problem), weakref.ref(data), constants)
+    return constants
 
 
 def build_executor(run: RunConfig, problem: Problem | None = None) -> Executor:

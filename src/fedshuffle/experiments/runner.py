@@ -199,7 +199,7 @@ def run_single(
     label: str = "",
     point: Mapping[str, Any] | None = None,
     experiment: str = "fedshuffle",
-    adopt: Callable[[Simulation], Simulation] | None = None,
+    adopt: Callable[[Simulation, Callable[[Any], Any]], tuple[Simulation, Callable[[Any], Any]]] | None = None,
 ) -> RunOutcome:
     """Run one seeded spec into ``run_dir``; with ``resume``, continue from its checkpoint.
 
@@ -208,7 +208,8 @@ def run_single(
     with ``extend``, a run asked for fewer rounds continues to ``spec.run.rounds`` and gives the numbers
     of a run asked for them from the start. A finished run (complete or diverged) is not run again.
     Without ``resume``, a folder already holding a run is refused. One process writes a run folder at a time.
-    ``adopt`` gives the simulation the run steps (a replica of a batched group: :mod:`fedshuffle.replicas`).
+    ``adopt(sim, evaluator)`` gives the simulation the run steps and the evaluator it scores the model with (a
+    replica of a batched group: :mod:`fedshuffle.replicas`).
     """
     run_dir = Path(run_dir)
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
@@ -225,10 +226,10 @@ def run_single(
         for folder in (run_dir, run_dir / "client_state"):
             remove_leftovers(folder)
         sim, step_sizes = build_simulation(spec, seed, str(run_dir / "client_state"))
-        if adopt is not None:
-            sim = adopt(sim)
         ensure_writable(run_dir, needed_bytes=4 * sim.bytes_per_model * (4 + len(sim.server_state)) + (1 << 20))
         evaluator = metrics.ModelScores(sim.problem, sim.data, solution_key(dumped, hashes))
+        if adopt is not None:
+            sim, evaluator = adopt(sim, evaluator)
         meta = {"label": label, "point": dict(point or {}), "seed": seed}
         stored = {"spec": dumped, "config_hash": config_hash(identity(dumped, hashes)), "data_hashes": hashes}
         threads, reason = run_threads(sim.problem, spec.run.device)

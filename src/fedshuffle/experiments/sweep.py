@@ -194,7 +194,7 @@ def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 UNWRITABLE = "unwritable"  # an outcome whose folder could not be written: the command stops with exit status 4
 
 
-def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Callable[[int], None] | None, adopt: Callable[[Any], Any] | None = None) -> Outcome:
+def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Callable[[int], None] | None, adopt: Callable[..., Any] | None = None) -> Outcome:
     from fedshuffle.experiments.runner import run_single
 
     try:
