@@ -2,7 +2,7 @@
 same preset and against the G·S runs made separately (``FEDSHUFFLE_REPLICAS=0``: parallel worker processes, one per
 core, as ``sweep`` runs runs that are not replicas).
 
-    FEDSHUFFLE_DATA=../shared/data nice -n 10 python -m benchmarks.sweep [--repeats 1] [--mnist-rounds 3]
+    FEDSHUFFLE_DATA=../shared/data nice -n 10 python -m benchmarks.sweep [--repeats 1] [--mnist-rounds 3] [--only rrcli|2nn]
 
 Two cases, interleaved (one command of each case in turn, the order reversed from repeat to repeat):
 
@@ -114,9 +114,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--mnist-rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--only", choices=("rrcli", "2nn"), help="only this case (written to sweep_<case>.json)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    chosen = cases(args.smoke, args.mnist_rounds)
+    chosen = {name: case for name, case in cases(args.smoke, args.mnist_rounds).items() if not args.only or name.startswith(args.only)}
     order = list(chosen)
     measured: dict[str, list[dict[str, Any]]] = {name: [] for name in order}
     for r in range(1 if args.smoke else args.repeats):
@@ -129,7 +130,7 @@ def main() -> None:
         good = [x for x in results if "error" not in x]
         summary[name] = {"wall_s": statistics.median(x["wall_s"] for x in good), "runs": good[0]["runs"], "note": good[0]["note"], "measured": results} if good else {"error": results[-1]["error"]}
 
-    def ratio(a: str, b: str) -> float | None:
+    def ratio(a: str, b: str) -> float | None:  # of the cases measured
         return round(summary[a]["wall_s"] / summary[b]["wall_s"], 2) if "wall_s" in summary.get(a, {}) and "wall_s" in summary.get(b, {}) else None
 
     if args.smoke:
@@ -145,7 +146,7 @@ def main() -> None:
     if args.smoke:
         print(json.dumps(payload))
         return
-    print(write("sweep", payload).read_text())
+    print(write(f"sweep_{args.only}" if args.only else "sweep", payload).read_text())
 
 
 if __name__ == "__main__":

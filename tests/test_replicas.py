@@ -17,7 +17,7 @@ from fedshuffle.experiments.results import METRIC_COLUMNS
 
 from fedshuffle.experiments.runner import run_single, sharing_builds
 from fedshuffle.experiments.schema import load_experiment
-from fedshuffle.replicas import ReplicaGroup, batches, describe_groups, replica_groups, replica_key, run_together, step_replicas
+from fedshuffle.replicas import ReplicaGroup, batches, describe_groups, replica_groups, replica_key, run_together, spread, step_replicas
 
 # logistic regression on 10 clients of unequal sizes (so the members' local step counts differ), 4 per round
 CONFIG = """
@@ -159,6 +159,12 @@ def test_grouping_keeps_data_model_and_sampler_apart(tmp_path):
     assert describe_groups([[0, 2, 4], [1], [3], [5]]) == "3 runs as 1 batched simulation of 3 replicas; 3 runs on their own"
     assert describe_groups([list(range(35))]) == "35 runs as 1 batched simulation of 35 replicas"
     assert describe_groups([[0], [1]]) is None
+    # fewer groups than workers: the largest are halved, so that every core advances replicas
+    assert spread([list(range(35))], 2) == [list(range(18)), list(range(18, 35))]
+    assert describe_groups(spread([list(range(35))], 2)) == "35 runs as 2 batched simulations of 18 and 17 replicas"
+    assert spread([[0, 1, 2], [3]], 3) == [[0, 1], [2], [3]]
+    assert spread([[0], [1]], 4) == [[0], [1]]  # a group of one cannot be halved
+    assert spread([[0, 1], [2], [3]], 2) == [[0, 1], [2], [3]]
 
 
 def test_a_split_drawn_from_the_run_seed_is_other_data(tmp_path):
@@ -253,6 +259,6 @@ def test_sweep_benchmark_smoke_case():
     out = subprocess.run([sys.executable, "-m", "benchmarks.sweep", "--smoke"], capture_output=True, text=True, env=env, cwd=root, timeout=300)
     assert out.returncode == 0, out.stderr
     cases = json.loads(out.stdout.strip().splitlines()[-1])["cases"]
-    assert cases["smoke: 4 runs, batched"]["note"] == "4 runs as 1 batched simulation of 4 replicas"
+    assert cases["smoke: 4 runs, batched"]["note"].startswith("4 runs as ")  # one simulation per worker: 1 of 4 replicas, or 2 of 2
     assert cases["smoke: 4 runs, separate"]["note"] is None
     assert cases["smoke: 4 runs, batched"]["runs"] == cases["smoke: 4 runs, separate"]["runs"] == 4 and cases["smoke: one run"]["runs"] == 1

@@ -308,12 +308,27 @@ def replica_groups(specs: Sequence[Any]) -> list[list[int]]:
     return sorted([*groups.values(), *alone], key=lambda group: group[0])
 
 
+def spread(groups: Sequence[Sequence[int]], workers: int) -> list[list[int]]:
+    """``groups`` with the largest halved (in order, first half first) until there are ``workers`` of them or none has
+    two runs: a simulation of replicas runs on one core (its step is one Python thread), so with fewer groups than
+    workers the cores would idle."""
+    out = [list(g) for g in groups]
+    while len(out) < workers:
+        largest = max(range(len(out)), key=lambda k: len(out[k]))
+        group = out[largest]
+        if len(group) < 2:
+            break
+        half = (len(group) + 1) // 2
+        out[largest : largest + 1] = [group[:half], group[half:]]
+    return out
+
+
 def describe_groups(groups: Sequence[Sequence[int]]) -> str | None:
     """The note a sweep prints: "35 runs as 1 batched simulation of 35 replicas" (None when nothing is batched)."""
     batched = [len(g) for g in groups if len(g) > 1]
     if not batched:
         return None
     runs, alone = sum(batched), len(groups) - len(batched)
-    sizes = ", ".join(str(n) for n in batched) if len(set(batched)) > 1 else str(batched[0])
+    sizes = " and ".join(str(n) for n in batched) if len(set(batched)) > 1 else str(batched[0])
     text = f"{runs} runs as {len(batched)} batched simulation{'s' if len(batched) > 1 else ''} of {sizes} replicas"
     return text + (f"; {alone} run{'s' if alone > 1 else ''} on {'their' if alone > 1 else 'its'} own" if alone else "")

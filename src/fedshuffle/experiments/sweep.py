@@ -262,11 +262,11 @@ def run_jobs(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from fedshuffle.replicas import describe_groups, replica_groups
+    from fedshuffle.replicas import describe_groups, replica_groups, spread
 
     if workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {workers}")
-    groups = replica_groups([job.spec for job in jobs])  # runs that differ only in step sizes or seed: one simulation
+    groups = spread(replica_groups([job.spec for job in jobs]), workers)  # runs that differ only in step sizes or seed: one simulation per worker
     note = describe_groups(groups)
     workers = min(workers, len(groups))
     console = Console(stderr=True)
