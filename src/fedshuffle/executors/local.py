@@ -127,13 +127,21 @@ class LocalExecutor:
             self.run_chunk(problem, data, work, members, deltas)
         return deltas
 
-    def run_summed(self, problem: Problem, data: Data, work: LocalWork, weights: torch.Tensor, chunks: Sequence[np.ndarray]) -> torch.Tensor:
-        """Σ ω_iΔ_i over the members of ``chunks``, chunk after chunk in their order."""
+    def run_summed(
+        self, problem: Problem, data: Data, work: LocalWork, weights: torch.Tensor, chunks: Sequence[np.ndarray], deltas: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Σ ω_iΔ_i over the members of ``chunks``, chunk after chunk in their order; the updates are computed
+        chunk by chunk, or taken from ``deltas`` ``(len(work), d)`` where they were computed already."""
         total = work.start.new_zeros(work.start.shape[-1])
         for members in chunks:
             index = torch.from_numpy(members).to(total.device)
-            total += weights[index] @ self.chunk_deltas(problem, data, work, members)
+            total += weights[index] @ (self.chunk_deltas(problem, data, work, members) if deltas is None else deltas[index])
         return total
+
+    def add_up(self, data: Data, work: LocalWork, weights: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+        """Σ ω_iΔ_i of updates ``deltas`` already computed, added in the order :meth:`run` with ``weights`` adds them,
+        so the sum is the same floating-point number (replicas: :mod:`fedshuffle.replicas`)."""
+        return self.run_summed(None, data, work, weights, self.chunks(data, work) if work.plans else [], deltas)
 
     def chunks(self, data: Data, work: LocalWork) -> list[np.ndarray]:
         """The members of ``work`` in the chunks this executor runs, longest plans first (chunks of similar length)."""
@@ -220,15 +228,28 @@ class ThreadedExecutor:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fedshuffle-clients")
         with operator_threads(1):
             if weights is not None:
-                parts = [self._pool.submit(self.sequential.run_summed, problem, data, work, weights, chunks[k :: self.threads]) for k in range(min(self.threads, len(chunks)))]
-                total = parts[0].result()
-                for part in parts[1:]:
-                    total += part.result()
-                return total
+                shares = [self._pool.submit(self.sequential.run_summed, problem, data, work, weights, chunks[k :: self.threads]) for k in range(min(self.threads, len(chunks)))]
+                return self._add_parts([share.result() for share in shares])
             deltas = work.start.new_empty((len(work.plans), work.start.shape[-1]))
             for done in [self._pool.submit(self.sequential.run_chunk, problem, data, work, members, deltas) for members in chunks]:
                 done.result()
             return deltas
+
+    @staticmethod
+    def _add_parts(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The threads' partial sums added in thread order (not in the order they finish)."""
+        total = parts[0]
+        for part in parts[1:]:
+            total += part
+        return total
+
+    def add_up(self, data: Data, work: LocalWork, weights: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+        """Σ ω_iΔ_i of updates ``deltas`` already computed, added as :meth:`run` with ``weights`` adds them: thread k's
+        share chunk by chunk, then the shares in thread order (the same floating-point number)."""
+        if len(work.plans) < 2 or self.threads == 1:
+            return self.sequential.add_up(data, work, weights, deltas)
+        chunks = self.sequential.chunks(data, work)
+        return self._add_parts([self.sequential.run_summed(None, data, work, weights, chunks[k :: self.threads], deltas) for k in range(min(self.threads, len(chunks)))])
 
     def client_gradients(self, problem: Problem, data: Data, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         return self.sequential.client_gradients(problem, data, params, clients)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from fedshuffle.analysis import theory
@@ -62,7 +63,7 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
     probe = build_algorithm(spec.method.name, probe_settings)
     local_steps = probe.local.max_planned_steps(data.sizes)
     rounds = getattr(sampler, "rounds_per_meta_epoch", 1)
-    constants = theory.smoothness(problem, data)
+    constants = _smoothness(problem, data)
     at_one = theory.theoretical_step_sizes(spec.method.name, constants, local_steps, rounds, rule)
     local_lr = None
     if spec.server.theory_follows == "local":
@@ -80,6 +81,20 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
     info = {"rule": rule, "follows": spec.server.theory_follows, "constants": constants.to_dict(), "local_steps": local_steps, "rounds_per_meta_epoch": rounds,
             "theory": at_one, "used": {k: values[k] for k in wanted}}
     return resolved, info
+
+
+_SMOOTHNESS: tuple[weakref.ref, weakref.ref, theory.Smoothness] | None = None
+
+
+def _smoothness(problem: Problem, data: FederatedDataset) -> theory.Smoothness:
+    """:func:`~fedshuffle.analysis.theory.smoothness`, kept for the last problem and dataset: the runs of a sweep
+    that share one build (its grid points and seeds) ask for the same constants."""
+    global _SMOOTHNESS
+    if _SMOOTHNESS is not None and _SMOOTHNESS[0]() is problem and _SMOOTHNESS[1]() is data:
+        return _SMOOTHNESS[2]
+    constants = theory.smoothness(problem, data)
+    _SMOOTHNESS = (weakref.ref(problem), weakref.ref(data), constants)
+    return constants
 
 
 def build_executor(run: RunConfig, problem: Problem | None = None) -> Executor:

@@ -26,6 +26,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -112,6 +113,7 @@ def check_against_data(spec: RunSpec, num_clients: int) -> None:
 
 #: problems and datasets built inside :func:`sharing_builds`, by the settings that make them (None: outside it)
 _BUILT: OrderedDict[str, tuple[Any, Any]] | None = None
+_BUILDING = threading.Lock()  # runs in threads (replicas: fedshuffle.replicas) build one shared copy, not one each
 #: the most bytes of data kept for later runs (the least recently used go first)
 SHARED_DATA_BYTES = 1 << 30
 
@@ -142,13 +144,14 @@ def _problem_and_data(spec: RunSpec) -> tuple[Any, Any]:
     data = spec.data.model_dump()
     key = json.dumps({"problem": spec.problem.model_dump(), "data": data, "split_seed": spec.run.seed if data["seed"] is None else data["seed"]},
                      sort_keys=True, default=str)
-    if key in _BUILT:
-        _BUILT.move_to_end(key)
-        return _BUILT[key]
-    built = _BUILT[key] = build_problem_and_data(spec)
-    while len(_BUILT) > 1 and sum(_data_bytes(d) for _, d in _BUILT.values()) > SHARED_DATA_BYTES:
-        _BUILT.popitem(last=False)
-    return built
+    with _BUILDING:
+        if key in _BUILT:
+            _BUILT.move_to_end(key)
+            return _BUILT[key]
+        built = _BUILT[key] = build_problem_and_data(spec)
+        while len(_BUILT) > 1 and sum(_data_bytes(d) for _, d in _BUILT.values()) > SHARED_DATA_BYTES:
+            _BUILT.popitem(last=False)
+        return built
 
 
 def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> tuple[Simulation, dict[str, Any]]:
@@ -207,6 +210,7 @@ def run_single(
     label: str = "",
     point: Mapping[str, Any] | None = None,
     experiment: str = "fedshuffle",
+    adopt: Callable[[Simulation, Callable[[Any], Any]], tuple[Simulation, Callable[[Any], Any]]] | None = None,
 ) -> RunOutcome:
     """Run one seeded spec into ``run_dir``; with ``resume``, continue from its checkpoint.
 
@@ -215,6 +219,8 @@ def run_single(
     with ``extend``, a run asked for fewer rounds continues to ``spec.run.rounds`` and gives the numbers
     of a run asked for them from the start. A finished run (complete or diverged) is not run again.
     Without ``resume``, a folder already holding a run is refused. One process writes a run folder at a time.
+    ``adopt(sim, evaluator)`` gives the simulation the run steps and the evaluator it scores the model with (a
+    replica of a batched group: :mod:`fedshuffle.replicas`).
     """
     run_dir = Path(run_dir)
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
@@ -233,6 +239,8 @@ def run_single(
         sim, step_sizes = build_simulation(spec, seed, str(run_dir / "client_state"))
         ensure_writable(run_dir, needed_bytes=4 * sim.bytes_per_model * (4 + len(sim.server_state)) + (1 << 20))
         evaluator = metrics.ModelScores(sim.problem, sim.data, solution_key(dumped, hashes))
+        if adopt is not None:
+            sim, evaluator = adopt(sim, evaluator)
         meta = {"label": label, "point": dict(point or {}), "seed": seed}
         stored = {"spec": dumped, "config_hash": config_hash(identity(dumped, hashes)), "data_hashes": hashes}
         threads, reason = run_threads(sim.problem, spec.run.device)

@@ -200,11 +200,13 @@ def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 UNWRITABLE = "unwritable"  # an outcome whose folder could not be written: the command stops with exit status 4
 
 
-def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Callable[[int], None] | None) -> Outcome:
+def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Callable[[int], None] | None, adopt: Callable[..., Any] | None = None) -> Outcome:
     from fedshuffle.experiments.runner import run_single
 
     try:
-        result = run_single(job.spec, job.run_dir, job.seed, resume=resume, extend=extend, on_round=on_round, label=job.label, point=job.point, experiment=experiment)
+        result = run_single(
+            job.spec, job.run_dir, job.seed, resume=resume, extend=extend, on_round=on_round, label=job.label, point=job.point, experiment=experiment, adopt=adopt,
+        )
     except ResultsError as exc:
         return Outcome(job, UNWRITABLE, {}, str(exc))
     except (ConfigError, OSError) as exc:
@@ -212,34 +214,52 @@ def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Ca
     return Outcome(job, result.status, result.final, result.message)
 
 
+def _execute_group(jobs: Sequence[Job], resume: bool, extend: bool, experiment: str, on_rounds: Sequence[Callable[[int], None] | None]) -> list[Outcome]:
+    """Run ``jobs``, one job as it is, several as the replicas of one simulation (:mod:`fedshuffle.replicas`)."""
+    from fedshuffle.experiments.runner import sharing_builds
+    from fedshuffle.replicas import run_together
+
+    if len(jobs) == 1:
+        return [_execute(jobs[0], resume, extend, experiment, on_rounds[0])]
+    with sharing_builds():
+        outcomes, _ = run_together(list(zip(jobs, on_rounds)), lambda pair, adopt: _execute(pair[0], resume, extend, experiment, pair[1], adopt))
+    return outcomes
+
+
 def _ignore_interrupts() -> None:
     """Workers leave Ctrl-C to the parent, which stops them (no traceback from every worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _worker(job: Job, resume: bool, extend: bool, experiment: str, progress: Any, index: int, threads: int) -> Outcome:
+def _worker(jobs: Sequence[Job], resume: bool, extend: bool, experiment: str, progress: Any, indices: Sequence[int], threads: int) -> list[Outcome]:
     import torch
 
     torch.set_num_threads(threads)
-    pending = 0
+    pending = dict.fromkeys(indices, 0)
 
-    def tick(k: int) -> None:
-        nonlocal pending
-        pending += k
-        if pending >= 10:
-            progress.put((index, pending))
-            pending = 0
+    def ticker(index: int) -> Callable[[int], None]:
+        def tick(k: int) -> None:
+            pending[index] += k
+            if pending[index] >= 10:
+                progress.put((index, pending[index]))
+                pending[index] = 0
 
-    outcome = _execute(job, resume, extend, experiment, tick)
-    if pending:
-        progress.put((index, pending))
-    return outcome
+        return tick
+
+    outcomes = _execute_group(jobs, resume, extend, experiment, [ticker(index) for index in indices])
+    for index, left in pending.items():
+        if left:
+            progress.put((index, left))
+    return outcomes
 
 
 def run_jobs(
     jobs: Sequence[Job], *, workers: int = 1, resume: bool = True, extend: bool = False, experiment: str = "fedshuffle", show_progress: bool = True, title: str = "",
 ) -> list[Outcome]:
     """Run ``jobs`` (in order of the list in the result), ``workers`` at a time, with one progress bar.
+
+    Jobs that differ only in step sizes or seed run as the replicas of one simulation in one worker
+    (:mod:`fedshuffle.replicas`: the same files as each run alone), and the command says so.
 
     A job whose folder cannot be written stops the others (running ones finish) and raises
     :class:`ResultsError`; Ctrl-C stops the workers and raises :class:`KeyboardInterrupt`. Either
@@ -248,7 +268,12 @@ def run_jobs(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from fedshuffle.replicas import describe_groups, replica_groups, spread
+
     check_workers(workers)
+    groups = spread(replica_groups([job.spec for job in jobs]), workers)  # runs that differ only in step sizes or seed: one simulation per worker
+    note = describe_groups(groups)
+    workers = min(workers, len(groups))
     console = Console(stderr=True)
     outcomes: list[Outcome | None] = [None] * len(jobs)
     total = sum(job.spec.run.rounds for job in jobs)
@@ -263,16 +288,21 @@ def run_jobs(
             if outcome.status not in ("complete", UNWRITABLE):
                 console.print(f"[yellow]{job.label or 'run'} seed {job.seed}{' ' + point_name(job.point) if job.point else ''}: {outcome.status}: {outcome.message}", highlight=False, soft_wrap=True)
 
+        if note:
+            console.print(note, highlight=False)
         if workers == 1:
-            for k, job in enumerate(jobs):
-                progress.update(task, description=f"{title or experiment}: {job.label or 'run'} (seed {job.seed})")
+            for group in groups:
+                job = jobs[group[0]]
+                progress.update(task, description=f"{title or experiment}: {job.label or 'run'} (seed {job.seed}{f', {len(group)} replicas' if len(group) > 1 else ''})")
                 before = progress.tasks[0].completed
-                outcome = _execute(job, resume, extend, experiment, lambda n: progress.advance(task, n))
-                progress.update(task, completed=before + job.spec.run.rounds)
-                outcomes[k] = outcome
-                finished(outcome)
-                if outcome.status == UNWRITABLE:
-                    raise ResultsError(outcome.message)
+                done = _execute_group([jobs[k] for k in group], resume, extend, experiment, [lambda n: progress.advance(task, n)] * len(group))
+                progress.update(task, completed=before + sum(jobs[k].spec.run.rounds for k in group))
+                for k, outcome in zip(group, done):
+                    outcomes[k] = outcome
+                    finished(outcome)
+                unwritable = next((o for o in done if o.status == UNWRITABLE), None)
+                if unwritable is not None:
+                    raise ResultsError(unwritable.message)
             return [o for o in outcomes if o is not None]
         threads = max(1, (os.cpu_count() or 1) // workers)
         context = mp.get_context("spawn")
@@ -280,7 +310,9 @@ def run_jobs(
             pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_ignore_interrupts)
             try:
                 ticks = manager.Queue()
-                futures: dict[Future, int] = {pool.submit(_worker, job, resume, extend, experiment, ticks, k, threads): k for k, job in enumerate(jobs)}
+                futures: dict[Future, list[int]] = {
+                    pool.submit(_worker, [jobs[k] for k in group], resume, extend, experiment, ticks, group, threads): group for group in groups
+                }
                 done_rounds = [0] * len(jobs)
                 pending = set(futures)
                 unwritable: Outcome | None = None
@@ -288,18 +320,17 @@ def run_jobs(
                     finished_now, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                     _drain(ticks, done_rounds, progress, task)
                     for future in finished_now:
-                        k = futures[future]
                         if future.cancelled():
                             continue
-                        outcome = future.result()
-                        progress.advance(task, jobs[k].spec.run.rounds - done_rounds[k])
-                        done_rounds[k] = jobs[k].spec.run.rounds
-                        outcomes[k] = outcome
-                        finished(outcome)
-                        if outcome.status == UNWRITABLE and unwritable is None:
-                            unwritable = outcome
-                            for other in pending:
-                                other.cancel()  # those not started yet; running ones finish
+                        for k, outcome in zip(futures[future], future.result()):
+                            progress.advance(task, jobs[k].spec.run.rounds - done_rounds[k])
+                            done_rounds[k] = jobs[k].spec.run.rounds
+                            outcomes[k] = outcome
+                            finished(outcome)
+                            if outcome.status == UNWRITABLE and unwritable is None:
+                                unwritable = outcome
+                                for other in pending:
+                                    other.cancel()  # those not started yet; running ones finish
             except BaseException:
                 _stop(pool)
                 raise
