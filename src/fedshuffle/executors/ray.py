@@ -93,7 +93,7 @@ class RayExecutor:
         self._ray = ray
         self.workers, self.block_bytes = workers, block_bytes
         self.local = VectorizedExecutor(chunk_size, memory_budget)
-        self._data: tuple[int, ClientBlocks | Any] | None = None
+        self._data: tuple[weakref.ref, ClientBlocks | Any] | None = None
         self._task = None
         self._finalizer: weakref.finalize | None = None
 
@@ -126,9 +126,9 @@ class RayExecutor:
 
     def _stored(self, data: FederatedDataset | LazyFederatedDataset) -> ClientBlocks | Any:
         """The dataset in the object store (put on first use): its client blocks, or a reference to a lazy dataset."""
-        if self._data is None or self._data[0] != id(data):
+        if self._data is None or self._data[0]() is not data:  # the object itself: an id can be reused once a dataset is freed
             stored = self._ray.put(data) if isinstance(data, LazyFederatedDataset) else ClientBlocks.put(self._ray, data, self.block_bytes)
-            self._data = (id(data), stored)
+            self._data = (weakref.ref(data), stored)
         return self._data[1]
 
     def run(self, problem, data, work, weights=None):
