@@ -32,6 +32,8 @@ def test_grid_and_seed_syntax():
     points = parse_grid(["local.lr=0.1,0.01", "local.epochs=[2,5],1"])
     assert len(points) == 4 and points[1] == {"local": {"lr": 0.1, "epochs": 1}} and points[0]["local"]["epochs"] == [2, 5]
     assert point_name(points[0]) == "local.lr-0.1_local.epochs-2-5"
+    large, small = parse_grid(["local.lr=1e+30,1e-30"])  # a folder name turns "+" into "-": exponents lose their "+" first
+    assert (point_name(large), point_name(small)) == ("local.lr-1e30", "local.lr-1e-30")
     for bad, field in ((lambda: parse_seeds("4..1"), "--seeds"), (lambda: parse_grid(["lr"]), "--grid"), (lambda: parse_grid(["local.lr=1", "local.lr=2"]), "--grid"), (lambda: parse_grid(["model.lr=1"]), "--grid")):
         with pytest.raises(ConfigError) as err:
             bad()

@@ -17,6 +17,7 @@ import math
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import re
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -149,9 +150,15 @@ def point_text(point: Mapping[str, Mapping[str, Any]]) -> str:
     return "_".join(f"{section}.{key}={value}" for section in SECTIONS for key, value in point.get(section, {}).items())
 
 
+def _folder_text(point: Mapping[str, Mapping[str, Any]]) -> str:
+    """:func:`point_text` with exponents written without their ``+`` (``1e+30`` → ``1e30``): a folder name turns
+    ``+`` into ``-``, which would give 1e+30 the folder of 1e-30."""
+    return re.sub(r"(?<=\d)e\+(?=\d)", "e", point_text(point))
+
+
 def point_name(point: Mapping[str, Mapping[str, Any]]) -> str:
     """A folder name for a grid point: ``local.lr-0.1_local.clip_norm-10`` (see :func:`~fedshuffle.experiments.folders.folder_name`)."""
-    return folder_name(point_text(point)) if point else ""
+    return folder_name(_folder_text(point)) if point else ""
 
 
 def jobs_for(
@@ -172,13 +179,13 @@ def jobs_for(
         raise ConfigError("--variant", f"no variant {unknown[0]!r}; the variants are: {', '.join(labels) or '(none)'}")
     if variants:
         experiment = experiment.model_copy(update={"variants": [v for v in experiment.variants if v.label in variants]})
-    names = unique_folders([point_text(p) for p in points if p], "grid point", "--grid")
+    names = unique_folders([_folder_text(p) for p in points if p], "grid point", "--grid")
     if seeds is not None:
         check_seeds(seeds, "--seeds")
     jobs = []
     for point in points:
         merged = _merge(overrides or {}, point)
-        folder = out_dir / names[point_text(point)] if point else out_dir
+        folder = out_dir / names[_folder_text(point)] if point else out_dir
         for label, spec in experiment.runs(merged):
             run_seeds = seeds if seeds is not None else experiment.seeds(spec)
             if seeds is None:
