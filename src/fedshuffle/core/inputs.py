@@ -9,22 +9,11 @@ non-blocking, so a file swapped in between cannot block either), and reads at mo
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.io import special_kind
 from fedshuffle.core.limits import human
-
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def special_kind(mode: int) -> str | None:
-    """What a file of ``mode`` is when it is not a regular file ("a FIFO (named pipe)", ...), else ``None``."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
 
 def read_regular_file(path: str | Path, field: str, max_bytes: int, what: str = "file") -> bytes:
     """The bytes of ``path``, a regular file of at most ``max_bytes``; anything else is a

@@ -55,12 +55,17 @@ def check_regular(path: Path) -> None:
     if stat.S_ISLNK(mode):
         raise OSError(errno.ELOOP, "a symbolic link, which a results folder never holds; remove it", str(path))
     if not stat.S_ISREG(mode):
-        raise OSError(errno.EINVAL, f"not a regular file ({_kind(mode)}); remove it", str(path))
+        raise OSError(errno.EINVAL, f"not a regular file ({special_kind(mode)}); remove it", str(path))
 
 
-def _kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "a special file")
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(mode: int) -> str | None:
+    """What a file of ``mode`` is when it is not a regular file ("a FIFO", "a folder", ...), else ``None``."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
 def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o666) -> int:
@@ -71,7 +76,7 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o666) -> int
     try:
         found = os.fstat(fd).st_mode
         if not stat.S_ISREG(found):
-            raise OSError(errno.EINVAL, f"not a regular file ({_kind(found)}); remove it", str(path))
+            raise OSError(errno.EINVAL, f"not a regular file ({special_kind(found)}); remove it", str(path))
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
