@@ -29,7 +29,7 @@ import numpy as np
 from fedshuffle import metrics as _metrics
 from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.core.io import read_text
-from fedshuffle.experiments.folders import find_files, intact
+from fedshuffle.experiments.folders import find_files, seal_problem
 from fedshuffle.experiments import schema
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
 from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, parse_overrides, preset_names, slug, validate
@@ -322,8 +322,9 @@ def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Res
             if not config:
                 continue  # not a run folder of fedshuffle's
             summary = _read_json(folder / "summary.json")
-            if summary and intact(folder, ("metrics.csv",)) is None:
-                problem = f"{folder}: its metrics.csv does not match the seal in its summary.json (changed after the run finished, or never sealed)"
+            unsealed = seal_problem(folder, summary) if summary else None
+            if unsealed is not None:
+                problem = f"{unsealed[0]}: {unsealed[1]}"
                 if not allow_unsealed:
                     raise ConfigError("paths", f"{problem}; continue the run with resume to write it again, or pass allow_unsealed=True")
                 warnings.warn(f"{problem}; read as it is (allow_unsealed=True)", stacklevel=2)

@@ -192,6 +192,16 @@ def sealed(summary: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     return doc
 
 
+def seal_problem(run_dir: Path, summary: Mapping[str, Any]) -> tuple[Path, str] | None:
+    """None when a finished run's ``metrics.csv`` matches the seal in its ``summary`` (as read from ``summary.json``),
+    else the file to blame and what is wrong with it."""
+    if intact(run_dir, ("metrics.csv",)) is not None:
+        return None
+    if "check" in summary:
+        return Path(run_dir) / "metrics.csv", "changed after the run finished (the SHA-256 in summary.json no longer matches it or the summary)"
+    return Path(run_dir) / "summary.json", "not sealed (it holds no SHA-256 of the run's files), so the run's metrics.csv may have been changed"
+
+
 def intact(run_dir: Path, names: Sequence[str] = OUTPUTS) -> dict[str, Any] | None:
     """The summary of a finished run if it and its files ``names`` are as the run wrote them, else None
     (missing, damaged, changed, or written before summaries were sealed)."""

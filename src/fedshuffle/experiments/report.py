@@ -21,7 +21,7 @@ import numpy as np
 from fedshuffle.core.errors import ConfigError
 from fedshuffle import metrics
 from fedshuffle.core.io import read_text
-from fedshuffle.experiments.folders import MANIFEST, find_files, intact, read_json
+from fedshuffle.experiments.folders import MANIFEST, find_files, read_json, seal_problem
 from fedshuffle.experiments.results import check_metrics, read_metrics, summarize
 from fedshuffle.experiments.plots import plot_comparison
 
@@ -75,9 +75,9 @@ def collect_runs(paths: Iterable[str | Path], *, allow_unsealed: bool = False, w
             data = read_json(summary, "run summary")
             if not isinstance(data, dict) or not isinstance(data.get("point", {}), dict) or not isinstance(data.get("final", {}), dict) or not isinstance(data.get("seed", -1), int):
                 raise ConfigError(str(summary), "not a run summary (expected an object with status, final, label, point, seed)")
-            if intact(summary.parent, ("metrics.csv",)) is None:  # sealed by the runner, and still as written?
-                where, problem = ((summary.parent / "metrics.csv", "changed after the run finished (the SHA-256 in summary.json no longer matches it or the summary)") if "check" in data
-                                  else (summary, "not sealed (it holds no SHA-256 of the run's files), so the run's metrics.csv may have been changed"))
+            unsealed = seal_problem(summary.parent, data)  # sealed by the runner, and still as written?
+            if unsealed is not None:
+                where, problem = unsealed
                 if not allow_unsealed:
                     raise ConfigError(str(where), f"{problem}; continue the run with --resume to write it again, or show it anyway with --allow-unsealed")
                 if warn:
