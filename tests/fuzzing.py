@@ -1384,20 +1384,25 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
     return kind, lambda: fetch.gunzip(path, work / "out.bin", 1 << 20)
 
 
-def run_bomb_case(seed: int, work: Path) -> Result:
+def _refused(exc: BaseException, label: str) -> Result:
+    """An input case that stopped with ``exc``: a hang, a one-line refusal (clean), a refusal of several lines, or a traceback."""
     from fedshuffle.core.errors import ConfigError
 
+    if isinstance(exc, Hang):
+        return Result("hang", str(exc), label)
+    if isinstance(exc, ConfigError):
+        return Result("nonsense" if "\n" in str(exc) else "clean_error", str(exc)[:200], label)
+    return Result("traceback", _tail(exc), label)
+
+
+def run_bomb_case(seed: int, work: Path) -> Result:
     rng = random.Random(f"bombs:{seed}")
     label, read = bomb(rng, work)
     try:
         with wall_limit(INPUT_CASE_SECONDS):
             loaded = read()
-    except Hang as exc:
-        return Result("hang", str(exc), label)
-    except ConfigError as exc:
-        return Result("nonsense" if "\n" in str(exc) else "clean_error", str(exc)[:200], label)
-    except Exception as exc:  # noqa: BLE001 (classified, not hidden)
-        return Result("traceback", _tail(exc), label)
+    except (Hang, Exception) as exc:  # noqa: BLE001 (classified, not hidden)
+        return _refused(exc, label)
     if label == "lzma_npz" and np.array_equal(loaded[0], np.ones((4, 2))) and np.array_equal(loaded[1], np.arange(4)):
         return Result("ran", "the flipped bytes were in fields that do not matter", label)
     return Result("nonsense", "accepted a bomb or a damaged file", label)
@@ -1422,7 +1427,6 @@ def special_file(rng: random.Random, work: Path) -> tuple[str, Path]:
 
 def run_special_case(seed: int, work: Path) -> Result:
     """A special file where a config file (``run``, ``show``, ``inspect --config``) or a data file is expected."""
-    from fedshuffle.core.errors import ConfigError
     from fedshuffle.experiments.build import build_problem_and_data
     from fedshuffle.experiments.schema import RunSpec, validate
 
@@ -1450,12 +1454,8 @@ def run_special_case(seed: int, work: Path) -> Result:
                     os.mkfifo(work / "mnist" / name)
             problem = {"name": "quadratic"} if use == "targets" else {"name": "logistic"}
             build_problem_and_data(validate(RunSpec, {"data": data, "problem": problem}))
-    except Hang as exc:
-        return Result("hang", str(exc), label)
-    except ConfigError as exc:
-        return Result("nonsense" if "\n" in str(exc) else "clean_error", str(exc)[:200], label)
-    except Exception as exc:  # noqa: BLE001 (classified, not hidden)
-        return Result("traceback", _tail(exc), label)
+    except (Hang, Exception) as exc:  # noqa: BLE001 (classified, not hidden)
+        return _refused(exc, label)
     return Result("nonsense", "loaded data from a special file", label)
 
 
