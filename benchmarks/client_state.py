@@ -49,7 +49,7 @@ def case(name: str, warmup: int, repeats: int) -> None:
     clients = int(n)
     sizes = lognormal_sizes(clients, np.random.default_rng(0))
     data = LazyFederatedDataset(sizes, objective_weights(sizes, "uniform"), SparseClients(sizes), (DIM,), dtype=torch.float32)
-    settings = {"local": {"lr": 0.05, "epochs": 1, "batch_size": 10}} | ({"method": {"exact_prox": False, "fedcdr_eta": 10.0}} if method == "fedcdr" else {})
+    settings = {"local": {"lr": 0.05, "epochs": 1, "batch_size": 10}} | ({"method": {"exact_prox": False, "eta": 10.0}} if method == "fedcdr" else {})
     with tempfile.TemporaryDirectory() as folder:
         sim = Simulation(LogisticRegression(DIM, 1e-4), data, build_algorithm(method, settings), Cyclic(clients, COHORT), seed=0,
                          dtype=torch.float32, executor=VectorizedExecutor(), state_dir=folder)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
+from fedshuffle.methods import METHODS
 
 # The cores shared among the parallel workers (pytest-xdist), for this process and the commands the tests
 # start: workers each running every core's worth of operator threads make every parallel call wait for
@@ -81,7 +82,7 @@ FLAT_SETTINGS = {
     **{f"server_{k}": ("server", k) for k in ("lr", "optimizer", "momentum", "beta1", "beta2", "eps")},
     **{k: ("server", k) for k in ("global_lr", "global_momentum", "momentum_estimator", "meta_epoch_step")},
     "lr_schedule": ("schedule", "name"), "lr_decay_at": ("schedule", "decay_at"), "lr_decay_factor": ("schedule", "decay_factor"),
-    **{k: ("method", k) for k in ("scaffold_option", "fedcdr_alpha", "fedcdr_eta", "fedcdr_form", "exact_prox", "warm_start", "fedcdr_init", "prox_solver", "prox_tol", "prox_max_iter", "feddyn_alpha")},
+    **{k: ("method", k) for entry in METHODS.entries() for k in entry.setting_names()},  # each method's own settings, as it declares them
 }
 
 

@@ -134,8 +134,8 @@ POOLS: dict[str, dict[str, list[Any]]] = {
     "method": {
         "name": ["fedavg", "fedavg_rr", "fedavg_min", "fedavg_mean", "fednova", "fednova_rr", "fedshuffle", "fedshuffle_gen", "fedshuffle_mvr", "nastya",
                  "rr_cli", "fedprox", "generalized_fedavg", "scaffold", "fedcdr", "feddyn", "FedAvg", "bogus", "", 3],
-        "scaffold_option": ["I", "II", "III", 1], "fedcdr_alpha": [1.0, 0.0, 2.0, -1.0, float("nan")], "fedcdr_eta": [1.0, 0.0, -1.0],
-        "fedcdr_form": ["y", "x", "z"], "exact_prox": [True, False, "yes"], "warm_start": [True, False], "feddyn_alpha": [0.01, 0.0, -1.0, float("inf")],
+        "option": ["I", "II", "III", 1], "alpha": [1.0, 0.01, 0.0, 2.0, -1.0, float("nan"), float("inf")], "eta": [1.0, 0.0, -1.0],
+        "form": ["y", "x", "z"], "exact_prox": [True, False, "yes"], "warm_start": [True, False],
     },
     "local": {
         "lr": [0.01, 0.1, 0.5, 1e3, "theory", 0, -0.1, float("nan"), float("inf"), "x", [0.1], True, 1e-300],

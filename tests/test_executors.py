@@ -32,9 +32,9 @@ SETTINGS = {
     "rr_cli": {"batch_size": 2, "server_lr": 0.5, "global_lr": 2.0},
     "generalized_fedavg": {"steps": 3, "server_lr": 2.0, "server_optimizer": "yogi"},
     "fedprox": {"epochs": 2, "batch_size": 2, "prox_mu": 0.5},
-    "scaffold": {"steps": 3, "batch_size": 2, "scaffold_option": "I"},
-    "fedcdr": {"epochs": 2, "batch_size": 2, "fedcdr_alpha": 0.8, "fedcdr_eta": 2.0},
-    "feddyn": {"epochs": 2, "batch_size": 2, "feddyn_alpha": 0.3},
+    "scaffold": {"steps": 3, "batch_size": 2, "option": "I"},
+    "fedcdr": {"epochs": 2, "batch_size": 2, "alpha": 0.8, "eta": 2.0},
+    "feddyn": {"epochs": 2, "batch_size": 2, "alpha": 0.3},
 }
 
 #: every method, plus global momentum and an adaptive server optimizer around the stateful methods

@@ -60,7 +60,7 @@ def test_a_method_diagnostic_is_declared_once_and_reaches_csv_summary_table_and_
     config.write_text("""
 [method]
 name = "fedcdr"
-fedcdr_eta = 0.5
+eta = 0.5
 [local]
 lr = 0.05
 batch_size = 5

@@ -146,7 +146,7 @@ def test_sequential_fast_path_gives_the_reference_trajectory(settings):
     assert_relative_close(fast, reference, 1e-10)
 
 
-@pytest.mark.parametrize("method, settings", [("scaffold", {"scaffold_option": "I"}), ("fedshuffle_mvr", {}), ("fedavg", {"steps": 3, "local_momentum": 0.5, "clip_norm": 1.0})])
+@pytest.mark.parametrize("method, settings", [("scaffold", {"option": "I"}), ("fedshuffle_mvr", {}), ("fedavg", {"steps": 3, "local_momentum": 0.5, "clip_norm": 1.0})])
 def test_stateful_methods_with_dropout_agree_across_executors(method, settings):
     """Full local gradients (eval mode) and center gradients (FedShuffleMVR, same dropout mask) of a dropout CNN."""
     reference = trajectory("cnn", SequentialExecutor(), method, **settings)

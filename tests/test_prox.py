@@ -26,7 +26,7 @@ def test_fedcdr_with_the_lbfgs_prox_equals_algorithm_1_in_closed_form_on_quadrat
     """prox_{ηf_i}(y) = (y + ηē_i)/(1 + η); Algorithm 1 run by hand with it, on the simulation's cohorts."""
     problem, data, means = quadratic_population()
     alpha, eta = 0.8, 1.5
-    alg = build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": alpha, "fedcdr_eta": eta, "exact_prox": False, "prox_solver": "lbfgs", "prox_tol": 1e-11, "fedcdr_init": init})
+    alg = build_flat("fedcdr", {"lr": 0.1, "alpha": alpha, "eta": eta, "exact_prox": False, "prox_solver": "lbfgs", "prox_tol": 1e-11, "initialization": init})
     sim = Simulation(problem, data, alg, Cyclic(6, 2, "reshuffle"), seed=5)
     prox = lambda v, i: (v + eta * means[i]) / (1 + eta)  # noqa: E731
     x0 = sim.params.clone()

@@ -83,8 +83,9 @@ def test_a_classifier_on_unlabelled_targets_is_refused_by_name():
 @pytest.mark.parametrize("name", PARTITIONS.names())
 def test_every_partition_splits_every_training_sample_once_and_names_a_missing_setting(name):
     raw = {"problem": {"name": "softmax"}, "data": {**MULTICLASS, "partition": name, "samples": 60}}
-    if name == "sizes":
+    if name == "sizes":  # blocks of given sizes, not a number of clients
         raw["data"]["client_sizes"] = [10, 20, 30]
+        del raw["data"]["clients"]
     try:
         _, data = build_problem_and_data(validate(RunSpec, raw))
     except ConfigError as err:  # a partition that needs more of the data (coarse labels) says so
@@ -93,7 +94,7 @@ def test_every_partition_splits_every_training_sample_once_and_names_a_missing_s
     owned = np.concatenate(data.client_indices)
     assert PARTITIONS[name].summary and len(np.unique(owned)) == len(owned) <= 60  # equal-size splits may leave samples out
     assert len(owned) == 60 or name not in ("sizes", "iid", "dirichlet")
-    raw["data"].pop("clients"), raw["data"].pop("client_sizes", None)
+    raw["data"].pop("clients", None), raw["data"].pop("client_sizes", None)
     with pytest.raises(ConfigError) as err:
         build_problem_and_data(validate(RunSpec, raw))
     assert err.value.field in ("data.clients", "data.client_sizes")

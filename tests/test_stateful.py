@@ -30,7 +30,7 @@ def heterogeneous_quadratic(spread, sizes=(3, 1, 4, 2, 5, 1), dim=3, seed=0):
 @pytest.mark.parametrize("cohort", [6, 2], ids=["full", "cyclic-2-of-6"])
 def test_fedcdr_reaches_the_exact_minimizer_for_any_heterogeneity(spread, cohort):
     problem, data, x_star = heterogeneous_quadratic(spread)
-    alg = build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": 1.0, "fedcdr_eta": 2.0, "fedcdr_init": "lazy"})
+    alg = build_flat("fedcdr", {"lr": 0.1, "alpha": 1.0, "eta": 2.0, "initialization": "lazy"})
     sim = Simulation(problem, data, alg, Cyclic(6, cohort, "reshuffle"), seed=1)
     for _ in range(60 * (6 // cohort)):
         sim.step()
@@ -45,7 +45,7 @@ def test_fedcdr_reaches_the_exact_minimizer_for_any_heterogeneity(spread, cohort
 def test_fedcdr_keeps_the_server_model_equal_to_the_weighted_mean_of_its_clients():
     """x = Σ_i w_i x̂_i at every round (clients not yet seen count as x⁰), the invariant of eq. (23)."""
     problem, data, _ = heterogeneous_quadratic(3.0)
-    sim = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.1, "fedcdr_alpha": 0.7, "fedcdr_eta": 0.5, "fedcdr_init": "lazy"}), Cyclic(6, 2), seed=3)
+    sim = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.1, "alpha": 0.7, "eta": 0.5, "initialization": "lazy"}), Cyclic(6, 2), seed=3)
     x0 = sim.params.clone()
     for _ in range(7):
         sim.step()
@@ -57,7 +57,7 @@ def test_fedcdr_keeps_the_server_model_equal_to_the_weighted_mean_of_its_clients
 def test_inner_solver_prox_agrees_with_the_closed_form_within_its_reported_residual():
     problem, data, _ = heterogeneous_quadratic(5.0)
     eta = 0.5
-    alg = build_flat("fedcdr", {"lr": 0.05, "epochs": 200, "batch_size": 5, "fedcdr_eta": eta, "exact_prox": False, "prox_solver": "sgd"})
+    alg = build_flat("fedcdr", {"lr": 0.05, "epochs": 200, "batch_size": 5, "eta": eta, "exact_prox": False, "prox_solver": "sgd"})
     sim = Simulation(problem, data, alg, Cyclic(6, 6), seed=0)
     clients = np.arange(6)
     centers = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
@@ -91,7 +91,7 @@ def test_scaffold_reaches_x_star_where_fedavg_does_not(option):
     problem = LogisticRegression(4, 0.05)
     x_star, _ = solution(problem, data)
     local = {"lr": 0.3, "steps": 5, "batch_size": 30, "order": "rr"}
-    scaffold = Simulation(problem, data, build_flat("scaffold", {**local, "scaffold_option": option}), FullParticipation(4), seed=0)
+    scaffold = Simulation(problem, data, build_flat("scaffold", {**local, "option": option}), FullParticipation(4), seed=0)
     fedavg = Simulation(problem, data, build_flat("fedavg", {**local, "normalization": "unbiased"}), FullParticipation(4), seed=0)
     for _ in range(400):
         scaffold.step(), fedavg.step()
@@ -105,7 +105,7 @@ def test_scaffold_reaches_x_star_where_fedavg_does_not(option):
 @pytest.mark.parametrize("method", ["scaffold", "fedcdr"])
 def test_client_state_survives_checkpoint_and_resume_bit_for_bit(tmp_path, method, limit):
     problem, data, _ = heterogeneous_quadratic(2.0)
-    settings = {"lr": 0.1, "steps": 3} if method == "scaffold" else {"lr": 0.1, "fedcdr_eta": 0.7, "exact_prox": False, "epochs": 2, "batch_size": 2}
+    settings = {"lr": 0.1, "steps": 3} if method == "scaffold" else {"lr": 0.1, "eta": 0.7, "exact_prox": False, "epochs": 2, "batch_size": 2}
     make = lambda folder: Simulation(problem, data, build_flat(method, settings), Cyclic(6, 2), seed=4, state_memory_limit=limit, state_dir=str(folder))  # noqa: E731
     reference = params_trajectory(make(tmp_path / "ref"), 12)
     run = make(tmp_path / "run")
@@ -138,7 +138,7 @@ def test_memory_mapped_store_creates_rows_lazily_and_holds_only_dirty_rows(tmp_p
 
 def test_bad_stateful_settings_name_their_field():
     problem, data, _ = heterogeneous_quadratic(1.0)
-    for settings, field in (({"fedcdr_alpha": 2.0}, "method.fedcdr_alpha"), ({"fedcdr_alpha": 0.0}, "method.fedcdr_alpha"), ({"fedcdr_eta": 0.0}, "method.fedcdr_eta"),
+    for settings, field in (({"alpha": 2.0}, "method.alpha"), ({"alpha": 0.0}, "method.alpha"), ({"eta": 0.0}, "method.eta"),
                             ({"prox_mu": 1.0}, "local.prox_mu")):
         with pytest.raises(ConfigError) as err:
             build_flat("fedcdr", {"lr": 0.1, **settings})
@@ -150,11 +150,11 @@ def test_bad_stateful_settings_name_their_field():
         Cyclic(6, 4)
     assert err.value.field == "cohort" and "divide" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        build_flat("scaffold", {"lr": 0.1, "scaffold_option": "III"})
-    assert err.value.field == "method.scaffold_option"
+        build_flat("scaffold", {"lr": 0.1, "option": "III"})
+    assert err.value.field == "method.option"
     with pytest.raises(ConfigError) as err:
-        build_flat("fedavg", {"lr": 0.1, "fedcdr_eta": 3.0})
-    assert err.value.field == "method.fedcdr_eta"
+        build_flat("fedavg", {"lr": 0.1, "eta": 3.0})
+    assert err.value.field == "method.eta"
 
 
 def test_stateful_methods_run_on_the_vectorized_executor_with_a_lazy_population():
@@ -192,7 +192,7 @@ def test_local_model_metrics_equal_the_weighted_losses_of_the_stored_client_mode
     from fedshuffle.metrics import local_model_scores
 
     problem, data = unequal_logistic()
-    settings = {"lr": 0.1, "fedcdr_eta": 0.5, "prox_solver": "lbfgs"} if method == "fedcdr" else {"lr": 0.1, "feddyn_alpha": 0.1}
+    settings = {"lr": 0.1, "eta": 0.5, "prox_solver": "lbfgs"} if method == "fedcdr" else {"lr": 0.1, "alpha": 0.1}
     sampler = Cyclic(6, 2) if method == "fedcdr" else UniformWithoutReplacement(6, 2)
     sim = Simulation(problem, data, build_flat(method, settings), sampler, seed=4)
     x0 = sim.params.clone() + 0.0
@@ -235,7 +235,7 @@ def test_fedcdr_default_prox_is_the_local_sgd_warm_started_from_the_previous_loc
     gamma, eta, alpha = 0.2, 0.5, 1.0
     means = torch.stack([data.features[ix].mean(0) for ix in data.client_indices])
     for warm in (True, False):
-        settings = {"lr": gamma, "epochs": 1, "batch_size": 100, "fedcdr_eta": eta, "fedcdr_alpha": alpha, "exact_prox": False}
+        settings = {"lr": gamma, "epochs": 1, "batch_size": 100, "eta": eta, "alpha": alpha, "exact_prox": False}
         sim = Simulation(problem, data, build_flat("fedcdr", settings if warm else {**settings, "warm_start": False}), Cyclic(6, 6), seed=0)
         x0 = sim.params.clone()
         sim.step()

@@ -198,7 +198,7 @@ def test_sweep_over_one_variants_own_setting(tmp_path):
     cfg = config(tmp_path, method="fedavg", rounds=20, name="two.toml", extra='\n[[variants]]\nlabel = "CDR"\nmethod = { name = "fedcdr" }\nserver = { momentum = 0.0 }\nsampler = { name = "cyclic", cohort = 1 }\n'
                    '\n[[variants]]\nlabel = "Avg"\nmethod = { name = "fedavg" }\n')
     out = tmp_path / "s"
-    result = runner.invoke(app, ["sweep", str(cfg), "--variant", "CDR", "--grid", "method.fedcdr_eta=1,10", "--out", str(out), "--workers", "1", "--quiet"])
+    result = runner.invoke(app, ["sweep", str(cfg), "--variant", "CDR", "--grid", "method.eta=1,10", "--out", str(out), "--workers", "1", "--quiet"])
     assert result.exit_code == 0, result.output
     assert {p.parent.name for p in out.rglob("seed-0")} == {"cdr"} and len(list(out.rglob("seed-0/summary.json"))) == 2
     bad = runner.invoke(app, ["sweep", str(cfg), "--variant", "FedCDR", "--out", str(out), "--quiet"])

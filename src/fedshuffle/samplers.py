@@ -15,11 +15,14 @@ import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field, PositiveFloat
 
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.inputs import Summable
 from fedshuffle.core.registry import Registry
 from fedshuffle.core.streams import Stream, generator
 
@@ -278,7 +281,29 @@ def _probabilities(kind: str | Sequence[float], weights: np.ndarray) -> np.ndarr
     return None if kind == "uniform" else (weights if kind == "weights" else np.asarray(kind, dtype=np.float64))
 
 
-def _independent(weights: np.ndarray, cohort: float | None = None, probabilities: str | Sequence[float] = "uniform", **_) -> Sampler:
+#: the cohort size b (an expected size for independent sampling)
+Cohort = Annotated[PositiveFloat | None, Field(description="cohort size b (the expected size for independent samplers)")]
+#: uniform, ∝ the objective weights, or one probability per client
+Probabilities = Annotated[Literal["uniform", "weights"] | list[float], Summable, Field(description="uniform, proportional to the weights w_i, or one value per client")]
+
+
+def full(weights: np.ndarray) -> Sampler:
+    return FullParticipation(len(weights))
+
+
+def uniform(weights: np.ndarray, cohort: Cohort = None) -> Sampler:
+    return UniformWithoutReplacement(len(weights), _cohort(cohort, "uniform"))
+
+
+def with_replacement(weights: np.ndarray, cohort: Cohort = None, probabilities: Probabilities = "uniform") -> Sampler:
+    return WithReplacement(len(weights), _cohort(cohort, "with_replacement"), _probabilities(probabilities, weights))
+
+
+def importance(weights: np.ndarray, cohort: Cohort = None) -> Sampler:
+    return Independent.importance(weights, _cohort(cohort, "importance", integer=False))
+
+
+def independent(weights: np.ndarray, cohort: Cohort = None, probabilities: Probabilities = "uniform") -> Sampler:
     n = len(weights)
     if not isinstance(probabilities, str):
         return Independent(n, probabilities)
@@ -286,15 +311,18 @@ def _independent(weights: np.ndarray, cohort: float | None = None, probabilities
     return Independent(n, np.full(n, b / n)) if probabilities == "uniform" else Independent.importance(weights, b)
 
 
-#: Samplers by name; a factory takes the objective weights w (one per client) and the sampler settings.
-SAMPLERS = Registry("sampler.name")
-SAMPLERS.add("full", lambda weights, **_: FullParticipation(len(weights)), "every client every round")
-SAMPLERS.add("uniform", lambda weights, cohort=None, **_: UniformWithoutReplacement(len(weights), _cohort(cohort, "uniform")),
-             "b of n uniformly without replacement", "Horváth et al., FedShuffle, TMLR 2022, §4.2")
-SAMPLERS.add("with_replacement", lambda weights, cohort=None, probabilities="uniform", **_: WithReplacement(len(weights), _cohort(cohort, "with_replacement"), _probabilities(probabilities, weights)),
-             "b draws with replacement, uniform or with given probabilities", "Yang, Fang & Liu, ICLR 2021, strategy 1")
-SAMPLERS.add("importance", lambda weights, cohort=None, **_: Independent.importance(weights, _cohort(cohort, "importance", integer=False)),
-             "independent sampling with p_i ∝ w_i (water-filling), expected cohort b", "Horváth et al., FedShuffle, TMLR 2022, §4.2")
-SAMPLERS.add("independent", _independent, "independent Bernoulli sampling, uniform, importance or given p_i")
-SAMPLERS.add("cyclic", lambda weights, cohort=None, order="reshuffle", **_: Cyclic(len(weights), _cohort(cohort, "cyclic"), order),
-             "cyclic cohorts over meta-epochs (client reshuffling, shuffle-once or fixed order)", "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI)")
+def cyclic(
+    weights: np.ndarray, cohort: Cohort = None,
+    order: Annotated[Literal[Cyclic.ORDERS], Field(description="cohorts reshuffled every meta-epoch, shuffled once, or in index order")] = "reshuffle",
+) -> Sampler:
+    return Cyclic(len(weights), _cohort(cohort, "cyclic"), order)
+
+
+#: Samplers by name; a factory takes the objective weights w (one per client) and the sampler's settings.
+SAMPLERS = Registry("sampler.name", runtime=("weights",), noun="sampler")
+SAMPLERS.add("full", full, "every client every round")
+SAMPLERS.add("uniform", uniform, "b of n uniformly without replacement", "Horváth et al., FedShuffle, TMLR 2022, §4.2")
+SAMPLERS.add("with_replacement", with_replacement, "b draws with replacement, uniform or with given probabilities", "Yang, Fang & Liu, ICLR 2021, strategy 1")
+SAMPLERS.add("importance", importance, "independent sampling with p_i ∝ w_i (water-filling), expected cohort b", "Horváth et al., FedShuffle, TMLR 2022, §4.2")
+SAMPLERS.add("independent", independent, "independent Bernoulli sampling, uniform, importance or given p_i")
+SAMPLERS.add("cyclic", cyclic, "cyclic cohorts over meta-epochs (client reshuffling, shuffle-once or fixed order)", "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI)")

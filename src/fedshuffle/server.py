@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Annotated, Protocol
 
 import torch
+from pydantic import Field
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Registry
@@ -212,13 +213,32 @@ class MetaEpochExtrapolation:
         return params - end, {"inner": inner_state, "anchor": end.clone(), "round": torch.tensor(0)}
 
 
-SERVER_OPTIMIZERS = Registry("server.optimizer")
-SERVER_OPTIMIZERS.add("sgd", lambda lr=None, **_: ServerSGD(1.0 if lr is None else lr), "x ← x − η_g·Δ", "Horváth et al., FedShuffle, TMLR 2022, Algorithm 1")
-SERVER_OPTIMIZERS.add("heavy_ball", lambda lr=None, momentum=None, **_: ServerHeavyBall(1.0 if lr is None else lr, 0.9 if not momentum else momentum), "server heavy-ball momentum on Δ", "Hsu, Qi & Brown 2019 (FedAvgM)")
+Lr = Annotated[float, Field(gt=0, description="server step size η_g")]
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
+def sgd(lr: Lr = 1.0) -> ServerSGD:
+    return ServerSGD(lr)
+
+
+def heavy_ball(lr: Lr = 1.0, momentum: Beta = 0.9) -> ServerHeavyBall:
+    return ServerHeavyBall(lr, momentum)
+
+
+def _adaptive(kind: str):
+    def factory(lr: Lr = 0.01, beta1: Beta = 0.9, beta2: Beta = 0.99, eps: Annotated[float, Field(gt=0)] = 1e-3) -> ServerAdaptive:
+        return ServerAdaptive(kind, lr, beta1, beta2, eps)
+
+    return factory
+
+
+def adgd(lr: Lr = 1e-6) -> ServerAdGD:
+    return ServerAdGD(lr)
+
+
+SERVER_OPTIMIZERS = Registry("server.optimizer", runtime=(), noun="server optimizer")
+SERVER_OPTIMIZERS.add("sgd", sgd, "x ← x − η_g·Δ", "Horváth et al., FedShuffle, TMLR 2022, Algorithm 1")
+SERVER_OPTIMIZERS.add("heavy_ball", heavy_ball, "server heavy-ball momentum on Δ", "Hsu, Qi & Brown 2019 (FedAvgM)")
 for _kind in ADAPTIVE:
-    SERVER_OPTIMIZERS.add(
-        _kind,
-        lambda lr=None, beta1=None, beta2=None, eps=None, _kind=_kind, **_: ServerAdaptive(_kind, 0.01 if lr is None else lr, **{k: v for k, v in (("beta1", beta1), ("beta2", beta2), ("eps", eps)) if v is not None}),
-        f"Fed{_kind.capitalize()} on the pseudo-gradient", "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2",
-    )
-SERVER_OPTIMIZERS.add("adgd", lambda lr=None, **_: ServerAdGD(1e-6 if lr is None else lr), "adaptive gradient descent without descent on Δ", "Malitsky & Mishchenko, ICML 2020, Algorithm 1")
+    SERVER_OPTIMIZERS.add(_kind, _adaptive(_kind), f"Fed{_kind.capitalize()} on the pseudo-gradient", "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2")
+SERVER_OPTIMIZERS.add("adgd", adgd, "adaptive gradient descent without descent on Δ", "Malitsky & Mishchenko, ICML 2020, Algorithm 1")

@@ -95,12 +95,16 @@ def _registries() -> dict:
 
 def _show_parts(kinds: list[str], as_json: bool) -> None:
     registries = _registries()
-    listing = {kind: [{"name": e.name, "summary": e.summary, "citation": e.citation, "defaults": dict(e.defaults)} for e in registries[kind].entries()] for kind in kinds}
+    listing = {
+        kind: [{"name": e.name, "summary": e.summary, "citation": e.citation, "settings": e.describe_settings(), "defaults": dict(e.defaults)} for e in registries[kind].entries()]
+        for kind in kinds
+    }
     if as_json:
         print(json.dumps(listing, default=str))
         return
     for kind, entries in listing.items():
-        print_table(f"{kind} ({registries[kind].kind})", ("name", "what it is", "from"), [(e["name"], e["summary"], e["citation"]) for e in entries], no_wrap=("name",))
+        rows = [(e["name"], e["summary"], ", ".join(f"{s['name']}={s['default']}" for s in e["settings"]), e["citation"]) for e in entries]
+        print_table(f"{kind} ({registries[kind].kind})", ("name", "what it is", "settings (default)", "from"), rows, no_wrap=("name",))
 
 
 @app.command()
@@ -110,7 +114,6 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="parts as one JSON object")] = False,
 ) -> None:
     """Print the resolved configuration of every variant as JSON (every default filled in, --set applied), or the registered parts."""
-    from fedshuffle.experiments.resolved import resolved_settings
     from fedshuffle.experiments.schema import parse_overrides
 
     kinds = list(_registries())
@@ -121,7 +124,7 @@ def show(
         return
     try:
         experiment = _load(config)
-        runs = {label or "run": resolved_settings(spec) for label, spec in experiment.runs(parse_overrides(set_ or []))}
+        runs = {label or "run": spec.model_dump(mode="json") for label, spec in experiment.runs(parse_overrides(set_ or []))}
     except ConfigError as exc:
         _fail(exc)
     console.print_json(json.dumps({"experiment": experiment.experiment.model_dump(), "runs": runs}))

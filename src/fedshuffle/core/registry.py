@@ -1,50 +1,151 @@
-"""One registry per kind of part (methods, problems, samplers, server optimizers, metrics, ...).
+"""One registry per kind of part (methods, problems, data sources, partitions, samplers, server optimizers, ...).
 
-An entry is a name, a factory, its defaults, a one-line summary and the paper it comes from. The
-configuration schema, ``fedshuffle presets``/``show``, the CLI help and error messages read the
-registries, so a part registered once is known everywhere.
+An entry is a name, a factory, a one-line summary, the paper it comes from and, for a part configured
+from a section of the experiment file, its **settings**: the factory's keyword parameters are its
+settings, each with a type, a default and (through ``typing.Annotated[..., pydantic.Field(...)]``) its
+constraints and a one-line help, declared once next to the code::
+
+    def dirichlet_partition(labels, rng, clients: Clients = None,
+                            alpha: Annotated[float, Field(gt=0, description="concentration")] = 0.5): ...
+
+    PARTITIONS.add("dirichlet", dirichlet_partition, "label Dirichlet shares", "Hsu et al., arXiv:1909.06335")
+
+The registry derives a pydantic model from that signature (:attr:`Entry.settings`); the configuration
+schema validates a section's settings with the chosen entry's model, so a setting the chosen part does
+not take is an error naming the part and what it takes, never dropped. Parameters the framework passes
+at build time (the registry's ``runtime`` names: a random stream, the samples, the aggregator) are not
+settings. ``fedshuffle presets``/``show``/``parts``, the CLI help and the docs' settings tables read the
+same declarations, so a part registered from user code is known everywhere, exactly like a built-in one.
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedshuffle.core.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from fedshuffle.core.errors import ConfigError, did_you_mean
+
+
+class Settings(BaseModel):
+    """A part's settings: unknown keys refused, no inf/nan, defaults filled in."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True)
+
+
+def settings_model(name: str, factory: Callable[..., Any], runtime: tuple[str, ...]) -> type[Settings]:
+    """The pydantic model of ``factory``'s keyword parameters other than ``runtime`` ones (its settings).
+
+    A ``**kwargs`` parameter would swallow settings the part does not use, so it is refused.
+    """
+    target = factory.__init__ if isinstance(factory, type) else factory
+    try:
+        hints = typing.get_type_hints(target, include_extras=True)
+    except (NameError, TypeError):  # an annotation that cannot be resolved reads as Any
+        hints = {}
+    fields: dict[str, Any] = {}
+    for parameter in inspect.signature(factory).parameters.values():
+        if parameter.kind is parameter.VAR_KEYWORD:
+            raise TypeError(f"{name}: **{parameter.name} would accept any setting and drop it; declare each setting as a keyword parameter")
+        if parameter.name in runtime or parameter.kind is parameter.VAR_POSITIONAL or parameter.name.startswith("_"):
+            continue
+        default = ... if parameter.default is parameter.empty else parameter.default
+        fields[parameter.name] = (hints.get(parameter.name, Any), default)
+    model_name = "".join(part.capitalize() for part in name.replace("-", "_").split("_")) + "Settings"
+    return create_model(model_name, __base__=Settings, **fields)
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A registered part: ``factory(**settings)`` builds it; ``defaults`` are its settings when none are given."""
+    """A registered part: ``factory(**runtime, **settings)`` builds it.
+
+    ``settings`` is the model of its own settings (None for registries that are not configured from a
+    section, such as metrics); ``defaults`` are registry-specific metadata (a method's defaults for the
+    other sections, a metric's kind).
+    """
 
     name: str
     factory: Callable[..., Any]
     summary: str
     citation: str = ""
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    settings: type[Settings] | None = None
+    noun: str = "part"
+
+    def setting_names(self) -> tuple[str, ...]:
+        return tuple(self.settings.model_fields) if self.settings is not None else ()
+
+    def describe_settings(self) -> list[dict[str, Any]]:
+        """Each setting's name, type, default and one-line help, as ``show``, the CLI help and the docs print them."""
+        if self.settings is None:
+            return []
+        out = []
+        for name, info in self.settings.model_fields.items():
+            annotation = info.annotation
+            kind = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+            default = "required" if info.is_required() else info.default
+            out.append({"name": name, "type": kind, "default": list(default) if isinstance(default, tuple) else default, "help": info.description or ""})
+        return out
+
+    def check(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """``given`` validated by this part's settings model, defaults filled in; errors name the setting
+        (``ConfigError("alpha", ...)``; the section is added by the caller) and say what the part takes."""
+        assert self.settings is not None, f"{self.noun} entries have no settings"
+        unknown = [k for k in given if k not in self.settings.model_fields]
+        if unknown:
+            takes = self.setting_names()
+            what = f"it takes {', '.join(takes)}" if takes else "it takes no settings"
+            raise ConfigError(unknown[0], f"not a setting of {self.noun} {self.name!r}{did_you_mean(unknown[0], takes)}; {what}")
+        try:
+            return self.settings.model_validate(dict(given)).model_dump()
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            key = ".".join(str(p) for p in error["loc"][:1]) or "settings"
+            raise ConfigError(key, f"{error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})") from None
+
+    def build(self, settings: Mapping[str, Any], **runtime: Any) -> Any:
+        """The part with ``settings`` (checked, defaults filled) and those ``runtime`` values its factory takes."""
+        accepted = inspect.signature(self.factory).parameters
+        return self.factory(**{k: v for k, v in runtime.items() if k in accepted}, **self.check(settings))
 
 
 class Registry:
-    """Name → :class:`Entry`, for one kind of part (``kind`` names the setting that chooses it)."""
+    """Name → :class:`Entry`, for one kind of part (``kind`` names the setting that chooses it).
 
-    def __init__(self, kind: str) -> None:
+    ``runtime``: the names of the values the framework passes to every factory at build time; when
+    given, each entry's other keyword parameters are its settings (:func:`settings_model`).
+    """
+
+    def __init__(self, kind: str, runtime: tuple[str, ...] | None = None, noun: str | None = None) -> None:
         self.kind = kind
+        self.runtime = runtime
+        self.noun = noun or kind.split(".")[0]
         self._entries: dict[str, Entry] = {}
+
+    @property
+    def configured(self) -> bool:
+        """Whether entries declare settings (a section of the experiment file configures them)."""
+        return self.runtime is not None
 
     def add(self, name: str, factory: Callable[..., Any], summary: str, citation: str = "", **defaults: Any) -> Entry:
         if name in self._entries:
             raise ValueError(f"{self.kind} {name!r} is registered twice")
-        entry = Entry(name, factory, summary, citation, defaults)
+        settings = settings_model(name, factory, self.runtime) if self.runtime is not None else None
+        entry = Entry(name, factory, summary, citation, defaults, settings, self.noun)
         self._entries[name] = entry
         return entry
 
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (a part registered for a test or a notebook cell that is run again)."""
+        self._entries.pop(name, None)
+
     def __getitem__(self, name: str) -> Entry:
         if name not in self._entries:
-            hint = difflib.get_close_matches(str(name), self._entries, n=1)
-            raise ConfigError(self.kind, f"unknown {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(self._entries)}")
+            raise ConfigError(self.kind, f"unknown {name!r}{did_you_mean(name, self._entries)}; accepted: {', '.join(self._entries)}")
         return self._entries[name]
 
     def __contains__(self, name: object) -> bool:
@@ -63,14 +164,7 @@ class Registry:
         return tuple(self._entries.values())
 
 
-def call_with(factory: Callable[..., Any], settings: Mapping[str, Any], **offered: Any) -> Any:
-    """``factory(**chosen)``: of ``offered`` values (e.g. a random stream) and then ``settings``, those named
-    by ``factory``'s own parameters.
-
-    A part declares the settings it takes by its signature, so one flat configuration section can
-    feed many parts (every data source and partition reads the ``[data]`` section) without each
-    part listing the others' settings.
-    """
+def call_with(factory: Callable[..., Any], **offered: Any) -> Any:
+    """``factory(**chosen)``: those of the ``offered`` values that ``factory``'s own parameters name."""
     accepted = inspect.signature(factory).parameters
-    chosen = {k: v for k, v in {**settings, **offered}.items() if k in accepted}
-    return factory(**chosen)
+    return factory(**{k: v for k, v in offered.items() if k in accepted})

@@ -2,23 +2,26 @@
 
 A source returns :class:`Samples`: pooled samples that a partition then splits, or samples that come
 with their own clients (LEAF users, FedProx's synthetic devices). :func:`federate` turns a source and
-a partition into a :class:`~fedshuffle.data.federated.FederatedDataset`. Each function declares the
-settings it takes by its keyword parameters; :func:`fedshuffle.core.registry.call_with` passes exactly
-those from a ``[data]`` section, so a new source or partition is one function and one ``add`` line.
+a partition into a :class:`~fedshuffle.data.federated.FederatedDataset`. Each function declares its
+settings as typed keyword parameters (:mod:`fedshuffle.core.registry`); the ``[data]`` section holds the
+chosen source's and partition's settings beside the common ones, so a new source or partition is one
+function and one ``add`` line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
+from pydantic import AfterValidator, Field, PositiveInt
 
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import Registry, call_with
+from fedshuffle.core.inputs import DataPath
+from fedshuffle.core.registry import Registry
 from fedshuffle.core.streams import Stream, generator
 from fedshuffle.data import partitions
 from fedshuffle.data.federated import FederatedDataset, objective_weights
@@ -48,11 +51,25 @@ class Samples:
     label_groups: np.ndarray | None = None
 
 
+def _positive_sizes(sizes: list[int] | None) -> list[int] | None:
+    if sizes is not None and (not sizes or any(s < 1 for s in sizes)):
+        raise ValueError("every client needs at least one sample (all sizes >= 1)")
+    return sizes
+
+
+#: the number of clients of a partition; for sources with their own clients, keep the first this many
+Clients = Annotated[PositiveInt | None, Field(description="number of clients (of a partition; of a source with its own clients: keep the first this many)")]
+#: contiguous client blocks
+ClientSizes = Annotated[list[int] | None, AfterValidator(_positive_sizes), Field(description="the clients' sizes, as contiguous blocks")]
+#: images scaled by the training set's per-channel statistics
+Standardize = Annotated[bool, Field(description="subtract the training set's per-channel mean, divide by its std (default: pixels in [0, 1])")]
+
+
 def _num_classes(*label_arrays: np.ndarray) -> int:
     return max((int(y.max()) + 1 for y in label_arrays if y.size), default=0)
 
 
-def targets_source(client_sizes: Sequence[int] | None = None, path: str | None = None) -> Samples:
+def targets_source(client_sizes: ClientSizes = None, path: DataPath = None) -> Samples:
     """Targets a_ij of the quadratic f_ij(x) = ½‖x − a_ij‖²: e_1..e_N (FedShuffle eq. (36)) or an ``.npy`` file (N, d)."""
     if client_sizes is None:
         raise ConfigError("client_sizes", "source = 'targets' needs client_sizes (contiguous blocks of targets)")
@@ -65,15 +82,23 @@ def targets_source(client_sizes: Sequence[int] | None = None, path: str | None =
     return Samples(targets, np.zeros(total, dtype=np.int64), 0, client_sizes=np.asarray(client_sizes))
 
 
-def synthetic_source(rng: np.random.Generator, samples: int = 1000, features: int = 10, classes: int = 2, separation: float = 1.0) -> Samples:
+def synthetic_source(
+    rng: np.random.Generator,
+    samples: Annotated[int, Field(ge=1, description="number of samples")] = 1000,
+    features: Annotated[int, Field(ge=1, description="features per sample")] = 10,
+    classes: Annotated[int, Field(ge=2, description="number of classes")] = 2,
+    separation: Annotated[float, Field(ge=0, description="distance between the class means")] = 1.0,
+) -> Samples:
     """Gaussian class clusters (:func:`fedshuffle.data.sources.arrays.synthetic_classification`)."""
     x, y = arrays.synthetic_classification(samples, features, classes, rng, separation)
     return Samples(x, y, classes)
 
 
 def libsvm_source(
-    dataset: str | None = None, path: str | None = None, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True,
-    libsvm_test: bool = False, test_fraction: float = 0.0,
+    dataset: Annotated[str | None, Field(description=f"a registered dataset ({', '.join(LIBSVM_DATASETS)}); or give path")] = None,
+    path: DataPath = None,
+    libsvm_test: Annotated[bool, Field(description="evaluate on LIBSVM's own test file (<dataset>.t), where it has one")] = False,
+    data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, test_fraction: float = 0.0,
 ) -> Samples:
     """A registered LIBSVM dataset (located, cached, checksummed) or any binary svmlight file."""
     if (dataset is None) == (path is None):
@@ -87,7 +112,7 @@ def libsvm_source(
     return Samples(x, y, _num_classes(y, *(test[1:] if test else ())), test)
 
 
-def npz_source(path: str | None = None) -> Samples:
+def npz_source(path: DataPath = None) -> Samples:
     """Features ``x`` and integer labels ``y`` from an ``.npz`` file."""
     if path is None:
         raise ConfigError("path", "source = 'npz' needs a path to an .npz file with arrays x and y")
@@ -104,7 +129,11 @@ def _clients(train: list[tuple[np.ndarray, np.ndarray]], test: tuple[np.ndarray,
 
 
 def fedprox_synthetic_source(
-    seed: int, clients: int | None = None, synthetic_alpha: float = 0.0, synthetic_beta: float = 0.0, iid: bool = False
+    seed: int,
+    clients: Clients = None,
+    synthetic_alpha: Annotated[float, Field(ge=0, description="std of u_k (model heterogeneity)")] = 0.0,
+    synthetic_beta: Annotated[float, Field(ge=0, description="std of B_k (data heterogeneity)")] = 0.0,
+    iid: Annotated[bool, Field(description="the IID variant (shared W, b; x ~ N(0, Σ))")] = False,
 ) -> Samples:
     """Synthetic(α, β) devices of Li et al. (MLSys 2020, FedProx), each with its own training and test samples."""
     if clients is None:
@@ -117,7 +146,7 @@ def fedprox_synthetic_source(
     return samples
 
 
-def leaf_source(path: str | None = None, clients: int | None = None) -> Samples:
+def leaf_source(path: DataPath = None, clients: Clients = None) -> Samples:
     """LEAF users (Caldas et al., 2018) from a folder with ``train/`` and ``test/`` JSON files."""
     if path is None:
         raise ConfigError("path", "source = 'leaf' needs path: a LEAF folder with train/ and test/")
@@ -141,7 +170,7 @@ def _standardized(train: np.ndarray, test: np.ndarray) -> None:
         x /= std.astype(x.dtype)
 
 
-def mnist_source(data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None, standardize: bool = False) -> Samples:
+def mnist_source(standardize: Standardize = False, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None) -> Samples:
     """MNIST's official IDX files: 60,000 training images (1, 28, 28) in [0, 1] and the official 10,000 for testing."""
     fetch = {"data_dirs": data_dirs, "download": download, "verify": verify, "mirror": mirror}
     (x, y), test = mnist.load_mnist("train", **fetch), mnist.load_mnist("test", **fetch)
@@ -151,7 +180,7 @@ def mnist_source(data_dirs: Sequence[str] = (), download: bool = True, verify: b
 
 
 def _cifar_source(name: str) -> Callable[..., Samples]:
-    def source(data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None, standardize: bool = False) -> Samples:
+    def source(standardize: Standardize = False, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None) -> Samples:
         (x, y), test, groups = cifar.load_cifar(name, data_dirs=data_dirs, download=download, verify=verify, mirror=mirror)
         if standardize:
             _standardized(x, test[0])
@@ -162,7 +191,7 @@ def _cifar_source(name: str) -> Callable[..., Samples]:
 
 
 def tff_cifar100_source(
-    clients: int | None = None, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None, standardize: bool = False
+    clients: Clients = None, standardize: Standardize = False, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None,
 ) -> Samples:
     """TFF's federated CIFAR-100: 500 clients of 100 training images (the first ``clients``), the 10,000 test images pooled."""
     train, test, groups = cifar.load_tff_cifar100(data_dirs=data_dirs, download=download, verify=verify, mirror=mirror)
@@ -174,8 +203,9 @@ def tff_cifar100_source(
 
 
 def shakespeare_source(
-    clients: int | None = None, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None,
-    ignore_padding: bool = False,
+    clients: Clients = None,
+    ignore_padding: Annotated[bool, Field(description="padding targets −1, skipped by the loss and accuracy (TFF); default token 0, scored (FedShuffle's code)")] = False,
+    data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None,
 ) -> Samples:
     """TFF's Shakespeare: 715 roles (the first ``clients`` by name), 80-token sequences with per-position next-character targets.
 
@@ -192,7 +222,7 @@ def shakespeare_source(
 
 
 def shakespeare_leaf_source(
-    path: str | None = None, clients: int | None = None, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None
+    path: DataPath = None, clients: Clients = None, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None
 ) -> Samples:
     """LEAF's Shakespeare JSON: a LEAF output folder (``path``), or the registered 10-user sample; 80-character windows and the next character."""
     files = None if path else shakespeare.leaf_files(data_dirs=data_dirs, download=download, verify=verify, mirror=mirror)
@@ -202,7 +232,9 @@ def shakespeare_leaf_source(
     return _leaf_samples(train, test)
 
 
-SOURCES = Registry("data.source")
+#: Sources by name. A source's settings are its keyword parameters; the framework passes the partition stream
+#: (``rng``), the data seed and the ``[data]`` section's common settings (where files come from, ``test_fraction``).
+SOURCES = Registry("data.source", runtime=("rng", "seed", "data_dirs", "download", "verify", "mirror", "test_fraction"), noun="source")
 SOURCES.add("targets", targets_source, "quadratic targets: e_1..e_N or an .npy file, in client blocks", "Horváth et al., TMLR 2022 (FedShuffle), eq. (36)")
 SOURCES.add("synthetic", synthetic_source, "Gaussian class clusters")
 SOURCES.add("libsvm", libsvm_source, "a LIBSVM dataset (phishing, mushrooms, a3a, w3a, a9a) or an svmlight file", "Chang & Lin, LIBSVM")
@@ -217,7 +249,7 @@ SOURCES.add("shakespeare", shakespeare_source, "TFF's Shakespeare, 715 roles, pe
 SOURCES.add("shakespeare_leaf", shakespeare_leaf_source, "LEAF's Shakespeare JSON, next character of 80 (vocabulary 80)", "Caldas et al., arXiv:1812.01097")
 
 
-def sizes_partition(labels: np.ndarray, client_sizes: Sequence[int] | None = None) -> list[np.ndarray]:
+def sizes_partition(labels: np.ndarray, client_sizes: ClientSizes = None) -> list[np.ndarray]:
     """Client i owns the next ``client_sizes[i]`` samples, in order."""
     if client_sizes is None or sum(client_sizes) != len(labels):
         raise ConfigError("client_sizes", f"partition = 'sizes' needs client_sizes summing to the {len(labels)} training samples")
@@ -230,36 +262,47 @@ def _needs_clients(clients: int | None, partition: str) -> int:
     return clients
 
 
-def iid_partition(labels: np.ndarray, rng: np.random.Generator, clients: int | None = None) -> list[np.ndarray]:
+def iid_partition(labels: np.ndarray, rng: np.random.Generator, clients: Clients = None) -> list[np.ndarray]:
     return partitions.iid_partition(len(labels), _needs_clients(clients, "iid"), rng)
 
 
-def equal_partition(labels: np.ndarray, rng: np.random.Generator, clients: int | None = None) -> list[np.ndarray]:
+def equal_partition(labels: np.ndarray, rng: np.random.Generator, clients: Clients = None) -> list[np.ndarray]:
     return partitions.equal_partition(len(labels), _needs_clients(clients, "equal"), rng)
 
 
-def dirichlet_partition(labels: np.ndarray, rng: np.random.Generator, clients: int | None = None, alpha: float = 0.5) -> list[np.ndarray]:
+def dirichlet_partition(
+    labels: np.ndarray, rng: np.random.Generator, clients: Clients = None,
+    alpha: Annotated[float, Field(gt=0, description="Dirichlet concentration of each client's label shares")] = 0.5,
+) -> list[np.ndarray]:
     return partitions.dirichlet_partition(labels, _needs_clients(clients, "dirichlet"), alpha, rng)
 
 
-def labels_partition(labels: np.ndarray, rng: np.random.Generator, clients: int | None = None, labels_per_client: int = 2) -> list[np.ndarray]:
+def labels_partition(
+    labels: np.ndarray, rng: np.random.Generator, clients: Clients = None,
+    labels_per_client: Annotated[int, Field(ge=1, description="the p distinct labels each client holds (Yang et al.: 1, 2, 5, 10)")] = 2,
+) -> list[np.ndarray]:
     return partitions.label_partition(labels, _needs_clients(clients, "labels"), labels_per_client, rng)
 
 
-def shards_partition(labels: np.ndarray, rng: np.random.Generator, clients: int | None = None, shards_per_client: int = 2) -> list[np.ndarray]:
+def shards_partition(
+    labels: np.ndarray, rng: np.random.Generator, clients: Clients = None,
+    shards_per_client: Annotated[int, Field(ge=1, description="label-sorted shards per client (McMahan et al.: 2)")] = 2,
+) -> list[np.ndarray]:
     return partitions.shard_partition(labels, _needs_clients(clients, "shards"), shards_per_client, rng)
 
 
 def pachinko_partition(
-    labels: np.ndarray, rng: np.random.Generator, label_groups: np.ndarray | None = None, clients: int | None = None,
-    pachinko_alpha: float = 0.1, pachinko_beta: float = 10.0,
+    labels: np.ndarray, rng: np.random.Generator, label_groups: np.ndarray | None = None, clients: Clients = None,
+    pachinko_alpha: Annotated[float, Field(gt=0, description="concentration of each client's coarse-label distribution (TFF: 0.1)")] = 0.1,
+    pachinko_beta: Annotated[float, Field(gt=0, description="concentration of each coarse label's fine-label distribution (TFF: 10)")] = 10.0,
 ) -> list[np.ndarray]:
     if label_groups is None:
         raise ConfigError("partition", "'pachinko' needs a source with coarse labels (cifar100)")
     return partitions.pachinko_partition(labels, label_groups, _needs_clients(clients, "pachinko"), pachinko_alpha, pachinko_beta, rng)
 
 
-PARTITIONS = Registry("data.partition")
+#: Partitions by name; the framework passes the training labels, the partition stream and the coarse labels.
+PARTITIONS = Registry("data.partition", runtime=("labels", "rng", "label_groups"), noun="partition")
 PARTITIONS.add("sizes", sizes_partition, "contiguous blocks of client_sizes (in the source's order after the train/test shuffle)")
 PARTITIONS.add("iid", iid_partition, "uniform shuffle split into nearly equal parts")
 PARTITIONS.add("equal", equal_partition, "uniform shuffle, ⌊N/M⌋ each, remainder left out", "Mishchenko et al., RR-CLI §4.2")
@@ -278,7 +321,15 @@ def load_samples(settings: Mapping[str, Any], seed: int) -> tuple[Samples, np.ra
     rng = generator(data_seed, Stream.PARTITION)
     if settings.get("path"):  # the same places for every source: working directory, data folders, cache
         settings = {**settings, "path": str(resolve_data_path(settings["path"], settings.get("data_dirs", ())))}
-    return call_with(SOURCES[settings["source"]].factory, settings, rng=rng, seed=data_seed), rng
+    entry = SOURCES[settings["source"]]
+    own = {k: settings[k] for k in entry.setting_names() if k in settings}
+    common = {k: settings[k] for k in SOURCES.runtime if k in settings and k != "seed"}
+    return entry.build(own, **common, rng=rng, seed=data_seed), rng
+
+
+def _split(partition: str, settings: Mapping[str, Any], labels: np.ndarray, rng: np.random.Generator, label_groups: np.ndarray | None) -> list[np.ndarray]:
+    entry = PARTITIONS[partition]
+    return entry.build({k: settings[k] for k in entry.setting_names() if k in settings}, labels=labels, rng=rng, label_groups=label_groups)
 
 
 def federate(
@@ -298,11 +349,11 @@ def federate(
         train, parts, test = np.arange(len(y)), partitions.contiguous_partition(samples.client_sizes), samples.test
     elif samples.test is not None:
         train, test = rng.permutation(len(y)), samples.test
-        parts = call_with(PARTITIONS[partition].factory, settings, labels=y[train], rng=rng, label_groups=samples.label_groups)
+        parts = _split(partition, settings, y[train], rng, samples.label_groups)
     else:
         order, n_test = rng.permutation(len(y)), int(round(settings.get("test_fraction", 0.0) * len(y)))
         train, test = order[n_test:], ((x[order[:n_test]], y[order[:n_test]]) if n_test else None)
-        parts = call_with(PARTITIONS[partition].factory, settings, labels=y[train], rng=rng, label_groups=samples.label_groups)
+        parts = _split(partition, settings, y[train], rng, samples.label_groups)
     sizes = np.array([len(ix) for ix in parts])
     flat = torch.as_tensor(x.reshape(len(x), -1))
     return FederatedDataset(

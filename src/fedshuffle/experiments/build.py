@@ -8,7 +8,6 @@ from typing import Any
 from fedshuffle.analysis import theory
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError, section
-from fedshuffle.core.registry import call_with
 from fedshuffle.data import FederatedDataset
 from fedshuffle.data.catalog import federate, load_samples
 from fedshuffle.executors import Executor, make_executor
@@ -25,7 +24,7 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
     with section("data"):
         samples, rng = load_samples(data_settings, spec.run.seed)
     with section("problem"):
-        problem = call_with(PROBLEMS[spec.problem.name].factory, spec.problem.model_dump(exclude={"name"}), samples=samples)
+        problem = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=samples)
     # a model whose copies cannot fit: an MLP's widths, or a class count from huge labels
     setting = "problem.hidden" if spec.problem.name == "mlp" else "data.classes" if spec.data.source == "synthetic" else "data.path"
     limits.check_model(problem.dim, setting, f"the {spec.problem.name} model")
@@ -36,7 +35,7 @@ def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
 def build_sampler(spec: SamplerConfig, dataset: FederatedDataset) -> Sampler:
     """The sampler a section names, for ``dataset``'s clients (errors name ``sampler.<setting>``)."""
     with section("sampler"):
-        return SAMPLERS[spec.name].factory(dataset.weights, **spec.model_dump(exclude={"name"}))
+        return SAMPLERS[spec.name].build(spec.own_settings(), weights=dataset.weights)
 
 
 def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, sampler: Sampler) -> tuple[RunSpec, dict[str, Any]]:
@@ -59,7 +58,7 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
     rule = theory.theory_rule(spec.method.name, spec.server.theory_rule)
     probe_settings = spec.algorithm_settings()
     probe_settings["local"] = {**probe_settings["local"], "lr": 1.0, "lr_multiplier": 1.0}
-    probe_settings["server"] = {**probe_settings["server"], "lr": None, "global_lr": None}
+    probe_settings["server"] = {**probe_settings["server"], "lr": 1.0, "global_lr": None}
     probe = build_algorithm(spec.method.name, probe_settings)
     local_steps = probe.local.max_planned_steps(data.sizes)
     rounds = getattr(sampler, "rounds_per_meta_epoch", 1)

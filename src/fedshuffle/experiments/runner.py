@@ -100,7 +100,7 @@ def check_against_data(spec: RunSpec, num_clients: int) -> None:
     """Per-client lists must have one value per client; aggregation weights cannot all be 0 (the model would never move)."""
     lists = {
         "local.step_normalization": spec.local.step_normalization, "aggregation.weighting": spec.aggregation.weighting,
-        "sampler.probabilities": spec.sampler.probabilities, "data.weights": spec.data.weights,
+        "sampler.probabilities": spec.sampler.own_settings().get("probabilities"), "data.weights": spec.data.weights,
     }
     for field, value in lists.items():
         if _per_client(value) and len(value) != num_clients:

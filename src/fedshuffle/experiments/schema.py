@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import copy
 import difflib
-import math
 import re
 import sys
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -26,16 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedshuffle import metrics
 from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTINGS
 from fedshuffle.analysis.theory import THEORY_FOLLOWS, THEORY_RULES
-from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.inputs import read_regular_file
+from fedshuffle.core.errors import ConfigError, did_you_mean
+from fedshuffle.core.inputs import Summable, read_regular_file, usable_path_name
 from fedshuffle.core.registry import Registry
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.local.plan import ORDERS, STEP_MODES, STEP_NORMALIZATIONS
-from fedshuffle.local.prox import SOLVERS as PROX_SOLVERS
-from fedshuffle.methods.fedcdr import FORMS as FEDCDR_FORMS
-from fedshuffle.methods.fedcdr import INITS as FEDCDR_INITS
 from fedshuffle.methods.momentum import ESTIMATORS
-from fedshuffle.methods.scaffold import OPTIONS as SCAFFOLD_OPTIONS
 from fedshuffle.samplers import SAMPLERS
 from fedshuffle.schedules import KINDS as SCHEDULES
 from fedshuffle.server import SERVER_OPTIMIZERS
@@ -68,30 +63,12 @@ def _registered(registry: Registry, value: Any, noun: str) -> str:
     return value
 
 
-def _usable_path_name(v: str | None) -> str | None:
-    """A path the file system can take: no NUL byte, no name over 255 bytes, at most 4096 bytes in all."""
-    if v is None:
-        return v
-    if "\0" in v:
-        raise ValueError("a path cannot hold a NUL byte")
-    if len(v.encode("utf-8", "surrogateescape")) > 4096 or any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in Path(v).parts):
-        raise ValueError("too long for a path (each name at most 255 bytes, the whole path 4096)")
-    return v
-
-
 def _fits_file_system(v: str) -> bool:
-    """Whether :func:`_usable_path_name` takes ``v`` (a path it refuses is never looked up: the lookup would raise)."""
+    """Whether :func:`~fedshuffle.core.inputs.usable_path_name` takes ``v`` (a path it refuses is never looked up: the lookup would raise)."""
     try:
-        return _usable_path_name(v) is not None
+        return usable_path_name(v) is not None
     except ValueError:
         return False
-
-
-def _summable(v: Any) -> Any:
-    """Per-client values whose sum is a finite float (1e308 twice overflows to inf, and ω = w̃/Σw̃ to 0)."""
-    if isinstance(v, list) and not math.isfinite(sum(v)):
-        raise ValueError("the values sum to more than the largest float (about 1.8e308); scale them down")
-    return v
 
 
 def _positive_or_theory(v: Any) -> Any:
@@ -100,29 +77,58 @@ def _positive_or_theory(v: Any) -> Any:
     return v
 
 
-class MethodConfig(_Section):
-    """The method (:data:`fedshuffle.methods.METHODS`) and its own settings."""
+class _PartSection(_Section):
+    """A section whose chooser (``name``, ``source``, ...) names a registered part: its other keys are that
+    part's own settings, validated by the part's declared model (:mod:`fedshuffle.core.registry`) with
+    its defaults filled in. A key the chosen part does not take is an error naming the part and what it
+    takes. ``_choosers`` maps each chooser field to its registry; ``_common`` keys belong to the section."""
 
-    name: str = "fedshuffle"
-    scaffold_option: Literal[SCAFFOLD_OPTIONS] | None = Field(None, description="scaffold: control variate update, option I or II")
-    fedcdr_alpha: float | None = Field(None, description="fedcdr: relaxation α ∈ (0, 2)")
-    fedcdr_eta: float | None = Field(None, description="fedcdr: prox step η > 0")
-    fedcdr_form: Literal[FEDCDR_FORMS] | None = Field(None, description="fedcdr: y update of Algorithm 1 ('y') or eq. (14) ('x')")
-    exact_prox: bool | None = Field(None, description="fedcdr: closed-form prox where the problem has one")
-    warm_start: bool | None = Field(None, description="fedcdr: start the inner prox solver from the previous x_i (default) or, false, from y_i")
-    fedcdr_init: Literal[FEDCDR_INITS] | None = Field(None, description="fedcdr: x̂_i⁰ = 2prox(x⁰) − x⁰ (Algorithm 1, 'prox') or x⁰ until first seen ('lazy')")
-    prox_solver: Literal[PROX_SOLVERS] | None = Field(None, description="fedcdr: the local SGD epochs (default, the paper's §6.1), or L-BFGS on the full client data to prox_tol")
-    prox_tol: float | None = Field(None, gt=0, description="fedcdr: L-BFGS stops at ‖∇f_i(z) + (z − y_i)/η‖ ≤ prox_tol")
-    prox_max_iter: int | None = Field(None, ge=1, description="fedcdr: L-BFGS iteration cap per prox")
-    feddyn_alpha: float | None = Field(None, description="feddyn: regularization α > 0")
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    _choosers: ClassVar[dict[str, Registry]] = {}
+    #: settings that may be 'theory' (a step size resolved from the problem and data before building)
+    _theory: ClassVar[tuple[str, ...]] = ()
 
-    @field_validator("name")
+    @model_validator(mode="after")
+    def _chosen_parts_settings(self) -> Any:
+        given = {k: v for k, v in (self.__pydantic_extra__ or {}).items() if v is not None}  # None: the part's default
+        theory = {k: given.pop(k) for k in self._theory if given.get(k) == "theory"}
+        entries = [registry[getattr(self, chooser)] for chooser, registry in self._choosers.items()]
+        settings: dict[str, Any] = {}
+        for entry in entries:
+            settings.update(entry.check({k: v for k, v in given.items() if k in entry.setting_names()}))
+        unknown = [k for k in given if k not in settings]
+        owners = [f"{e.noun} {e.name!r}" for registry in self._choosers.values() for e in registry.entries() if unknown and unknown[0] in e.setting_names()]
+        if owners:  # another part's setting: say whose, and what the chosen parts take
+            chosen = "; ".join(f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'no settings'}" for e in entries)
+            raise ConfigError(unknown[0], f"a setting of {', '.join(owners[:3])}{' ...' if len(owners) > 3 else ''}, not of the chosen one; {chosen}")
+        if unknown:
+            if len(entries) == 1:
+                entries[0].check(given)  # raises, naming the part and what it takes
+            takes = "; ".join(f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'none'}" for e in entries)
+            common = [k for k in type(self).model_fields if k not in self._choosers]
+            raise ConfigError(unknown[0], f"not a setting of {' or '.join(f'{e.noun} {e.name!r}' for e in entries)}{did_you_mean(unknown[0], [*settings, *common])}; {takes}; the [{self._section_name()}] section also takes {', '.join(common)}")
+        object.__setattr__(self, "__pydantic_extra__", {**settings, **theory})
+        return self
+
     @classmethod
-    def _known_method(cls, v: str) -> str:
-        if v not in METHODS:
-            hint = difflib.get_close_matches(v, METHODS.names(), n=1)
-            raise ValueError(f"unknown method {v!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(METHODS)}")
-        return v
+    def _section_name(cls) -> str:
+        return next(iter(cls._choosers.values())).kind.split(".")[0]
+
+    def own_settings(self) -> dict[str, Any]:
+        """The chosen parts' own settings (defaults filled in)."""
+        return dict(self.__pydantic_extra__ or {})
+
+
+class MethodConfig(_PartSection):
+    """The method (:data:`fedshuffle.methods.METHODS`) and its own settings (its constructor's keyword parameters)."""
+
+    _choosers: ClassVar[dict[str, Registry]] = {"name": METHODS}
+    name: str = "fedshuffle"
+
+    @field_validator("name", mode="plain")
+    @classmethod
+    def _known_method(cls, v: Any) -> str:
+        return _registered(METHODS, v, "method")
 
 
 class LocalConfig(_Section):
@@ -152,22 +158,19 @@ class LocalConfig(_Section):
 class AggregationConfig(_Section):
     """ω_i = w̃_i/q_i^S (:class:`fedshuffle.aggregation.Aggregator`)."""
 
-    weighting: Literal[WEIGHTINGS] | list[float] = "data"
-    _finite_weighting = field_validator("weighting")(_summable)
+    weighting: Annotated[Literal[WEIGHTINGS] | list[float], Summable] = "data"
     normalization: Literal[NORMALIZATIONS] = "unbiased"
     tau_eff: Literal[TAU_EFF] = "planned"
     direction: Literal[DIRECTIONS] = "model_delta"
 
 
-class ServerConfig(_Section):
-    """x ← x − step(d) (:data:`fedshuffle.server.SERVER_OPTIMIZERS`), RR-CLI's meta-epoch step, global momentum."""
+class ServerConfig(_PartSection):
+    """x ← x − step(d): the server optimizer (:data:`fedshuffle.server.SERVER_OPTIMIZERS`) and its own settings
+    (its step size ``lr``, which may be ``'theory'``, and constants), RR-CLI's meta-epoch step, global momentum."""
 
-    optimizer: Literal[SERVER_OPTIMIZERS.names()] | None = Field(None, description="default: sgd, or heavy_ball when momentum > 0")
-    lr: float | Theory | None = Field(None, description="server step size η_g (default 1; 0.01 for adaptive; 1e-6 for adgd), or 'theory'")
-    momentum: float | None = Field(None, ge=0, lt=1, description="server heavy-ball momentum")
-    beta1: float | None = Field(None, ge=0, lt=1)
-    beta2: float | None = Field(None, ge=0, lt=1)
-    eps: float | None = Field(None, gt=0)
+    _choosers: ClassVar[dict[str, Registry]] = {"optimizer": SERVER_OPTIMIZERS}
+    _theory: ClassVar[tuple[str, ...]] = ("lr",)
+    optimizer: str = Field("sgd", description="the server optimizer; default sgd, or heavy_ball when momentum is given")
     meta_epoch_step: bool = Field(False, description="RR-CLI's extrapolation after each meta-epoch")
     global_lr: float | Theory | None = Field(None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)")
     theory_rule: Literal[tuple(THEORY_RULES)] | None = Field(None, description="the theorem 'theory' step sizes come from (default: the method's own; rr_cli_c1 puts nastya on RR-CLI's Theorem C.1)")
@@ -175,7 +178,19 @@ class ServerConfig(_Section):
     global_momentum: float = Field(0.0, ge=0, lt=1, description="FedShuffle's global momentum β (eqs. (13)–(14)); 0 = off")
     momentum_estimator: Literal[ESTIMATORS] = "exact"
 
-    @field_validator("lr", "global_lr")
+    @model_validator(mode="before")
+    @classmethod
+    def _default_optimizer(cls, raw: Any) -> Any:
+        if isinstance(raw, Mapping) and raw.get("optimizer") is None:
+            return {**raw, "optimizer": "heavy_ball" if raw.get("momentum") is not None else "sgd"}
+        return raw
+
+    @field_validator("optimizer", mode="plain")
+    @classmethod
+    def _known_optimizer(cls, v: Any) -> str:
+        return _registered(SERVER_OPTIMIZERS, v, "server optimizer")
+
+    @field_validator("global_lr")
     @classmethod
     def _positive_step(cls, v: Any) -> Any:
         return _positive_or_theory(v)
@@ -189,19 +204,11 @@ class ScheduleConfig(_Section):
     decay_factor: float = Field(0.1, gt=0, le=1)
 
 
-class ProblemConfig(_Section):
-    """The problem or model (:data:`fedshuffle.problems.PROBLEMS`) and its settings."""
+class ProblemConfig(_PartSection):
+    """The problem or model (:data:`fedshuffle.problems.PROBLEMS`) and its own settings."""
 
-    name: Literal[PROBLEMS.names()] = "quadratic"
-    l2: float = Field(0.0, ge=0, description="L2 regularization λ: (λ/2)‖x‖² in every sample's loss (all but quadratic)")
-    hidden: list[int] = Field(default_factory=lambda: [32], description="mlp: hidden layer widths")
-    dropout: bool = Field(True, description="cnn: pfl-research's dropout layers (0.25 after pooling, 0.5 after the dense layer), seeded per client and step")
-    embedding: int = Field(8, ge=1, description="char_lstm: embedding dimension")
-    lstm_hidden: int = Field(512, ge=1, description="char_lstm: hidden state size of each LSTM layer")
-    lstm_layers: int = Field(2, ge=1, description="char_lstm: stacked LSTM layers")
-    norm_groups: int = Field(2, ge=1, description="resnet18: groups of every GroupNorm layer")
-    resnet_width: int = Field(64, ge=1, description="resnet18: channels of the first stage (64; the stages have 1, 2, 4, 8 times as many)")
-    resnet_stem: Literal["cifar", "imagenet"] = Field("cifar", description="resnet18: 3×3 first convolution without pooling (cifar) or 7×7 stride 2 and max-pool (imagenet)")
+    _choosers: ClassVar[dict[str, Registry]] = {"name": PROBLEMS}
+    name: str = "quadratic"
 
     @field_validator("name", mode="plain")
     @classmethod
@@ -209,47 +216,21 @@ class ProblemConfig(_Section):
         return _registered(PROBLEMS, v, "problem")
 
 
-class DataConfig(_Section):
+class DataConfig(_PartSection):
     """Where the samples come from (:data:`fedshuffle.data.catalog.SOURCES`) and how they are split
-    (:data:`fedshuffle.data.catalog.PARTITIONS`); each source and partition reads the settings it names."""
+    (:data:`fedshuffle.data.catalog.PARTITIONS`): the chosen source's and partition's own settings,
+    beside the settings every source shares (where files come from, the split's seed, the weights)."""
 
-    source: Literal[SOURCES.names()] = "targets"
-    dataset: str | None = Field(None, description="libsvm: a registered dataset (phishing, mushrooms, a3a, w3a, a9a); or give path")
+    _choosers: ClassVar[dict[str, Registry]] = {"source": SOURCES, "partition": PARTITIONS}
+    source: str = "targets"
+    partition: str = "sizes"
     data_dirs: list[str] = Field(default_factory=list, description="folders searched before the cache and the download (also $FEDSHUFFLE_DATA)")
     download: bool = True
     verify: bool = Field(True, description="check registered files against their SHA-256")
     mirror: str | None = Field(None, description="base URL of a mirror holding <dataset>/<file>, used instead of the official downloads (also $FEDSHUFFLE_MIRROR)")
     seed: int | None = Field(None, ge=0, description="seed of the split; default: the run's seed (set it to keep one split across seeds)")
-    client_sizes: list[int] | None = None
-    clients: int | None = Field(None, ge=1, description="number of clients of a partition; for sources with their own clients (leaf, shakespeare, tff_cifar100), keep the first this many")
-    partition: Literal[PARTITIONS.names()] = "sizes"
-    alpha: float = Field(0.5, gt=0, description="Dirichlet partition concentration")
-    labels_per_client: int = Field(2, ge=1, description="labels partition: the p distinct labels each client holds (Yang et al.: 1, 2, 5, 10)")
-    shards_per_client: int = Field(2, ge=1, description="shards partition: label-sorted shards per client (McMahan et al.: 2)")
-    pachinko_alpha: float = Field(0.1, gt=0, description="pachinko partition: concentration of each client's coarse-label distribution (TFF: 0.1)")
-    pachinko_beta: float = Field(10.0, gt=0, description="pachinko partition: concentration of each coarse label's fine-label distribution (TFF: 10)")
-    standardize: bool = Field(False, description="images: subtract the training set's per-channel mean, divide by its std (default: pixels in [0, 1])")
-    ignore_padding: bool = Field(False, description="shakespeare: padding targets −1, skipped by the loss and accuracy (TFF); default token 0, scored (FedShuffle's code)")
-    synthetic_alpha: float = Field(0.0, ge=0, description="fedprox_synthetic: std of u_k (model heterogeneity)")
-    synthetic_beta: float = Field(0.0, ge=0, description="fedprox_synthetic: std of B_k (data heterogeneity)")
-    iid: bool = Field(False, description="fedprox_synthetic: the IID variant (shared W, b; x ~ N(0, Σ))")
-    weights: Literal["size", "uniform"] | list[float] = "size"
-    _finite_weights = field_validator("weights")(_summable)
-    samples: int = Field(1000, ge=1)
-    features: int = Field(10, ge=1)
-    classes: int = Field(2, ge=2)
-    separation: float = Field(1.0, ge=0)
-    test_fraction: float = Field(0.0, ge=0, lt=1)
-    libsvm_test: bool = Field(False, description="libsvm: evaluate on LIBSVM's own test file (<dataset>.t), where it has one")
-    path: str | None = Field(None, description="a data file or folder (targets: .npy of shape (N, d); npz; libsvm; leaf); relative to the config file")
-    _usable_path = field_validator("path")(_usable_path_name)
-
-    @field_validator("client_sizes")
-    @classmethod
-    def _positive_sizes(cls, v):
-        if v is not None and (not v or any(s < 1 for s in v)):
-            raise ValueError("every client needs at least one sample (all sizes >= 1)")
-        return v
+    weights: Annotated[Literal["size", "uniform"] | list[float], Summable] = Field("size", description="objective weights w_i: ∝ client size, uniform, or one per client")
+    test_fraction: float = Field(0.0, ge=0, lt=1, description="share of pooled samples held out for testing (sources without a test split)")
 
     @field_validator("source", mode="plain")
     @classmethod
@@ -262,12 +243,16 @@ class DataConfig(_Section):
         return _registered(PARTITIONS, v, "partition")
 
 
-class SamplerConfig(_Section):
-    name: Literal[SAMPLERS.names()] = "full"
-    cohort: float | None = Field(None, gt=0)
-    order: Literal["reshuffle", "shuffle_once", "fixed"] = "reshuffle"
-    probabilities: Literal["uniform", "weights"] | list[float] = "uniform"
-    _finite_probabilities = field_validator("probabilities")(_summable)
+class SamplerConfig(_PartSection):
+    """Which clients take part in a round (:data:`fedshuffle.samplers.SAMPLERS`) and the sampler's own settings."""
+
+    _choosers: ClassVar[dict[str, Registry]] = {"name": SAMPLERS}
+    name: str = "full"
+
+    @field_validator("name", mode="plain")
+    @classmethod
+    def _known_sampler(cls, v: Any) -> str:
+        return _registered(SAMPLERS, v, "sampler")
 
 
 class RunConfig(_Section):
@@ -519,6 +504,9 @@ _UNION_TAG = re.compile(r"^(int|float|str|bool|none|function-\w+\[.*|literal\[.*
 def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str) -> str:
     loc = [str(p) for p in error["loc"] if not _UNION_TAG.match(str(p))]
     field = prefix + ".".join(loc)
+    raised = (error.get("ctx") or {}).get("error")
+    if isinstance(raised, ConfigError):  # a part's own settings (_PartSection), named from their section
+        return f"{field + '.' if field else ''}{raised.field}: {raised.message}"
     if error["type"] == "extra_forbidden":
         parent: Any = model
         for part in loc[:-1]:

@@ -130,7 +130,7 @@ def smoke_samples(source: str, settings: dict[str, Any]) -> tuple[Samples, str]:
     partition = settings.get("partition", "sizes")
     _check_memory(shape, partition)
     try:
-        samples = _cut(call_with(SOURCES[source].factory, {**settings, "download": False, "clients": CLIENTS}), partition)
+        samples = _cut(call_with(SOURCES[source].factory, **{**settings, "download": False, "clients": CLIENTS}), partition)
         origin = f"real {source} files (a cut)"
     except (DataError, ConfigError, OSError):
         samples, origin = _random_samples(shape, partition, np.random.default_rng(0)), f"random samples of {source}'s shapes ({source} files not found on this machine)"
@@ -140,8 +140,8 @@ def smoke_samples(source: str, settings: dict[str, Any]) -> tuple[Samples, str]:
 
 
 def _constant(samples: Samples) -> Callable[[], Samples]:
-    """A source factory that takes no settings and returns ``samples``."""
-    return lambda: samples
+    """A source factory that returns ``samples`` whatever the settings (they were checked by the real source's model)."""
+    return lambda **_: samples
 
 
 @contextlib.contextmanager
@@ -164,7 +164,7 @@ def smoke_spec(spec: RunSpec, rounds: int = ROUNDS) -> RunSpec:
     data = spec.data.model_copy(update={"clients": CLIENTS})
     steps = spec.local.steps
     local = spec.local.model_copy(update={"epochs": 1, "steps": min(steps, LOCAL_STEPS) if isinstance(steps, int) else steps})
-    cohort = spec.sampler.cohort
+    cohort = spec.sampler.own_settings().get("cohort")
     sampler = spec.sampler.model_copy(update={"cohort": min(cohort, COHORT)}) if cohort is not None and cohort >= 1 else spec.sampler
     run = spec.run.model_copy(update={"rounds": rounds, "eval_every": rounds, "checkpoint_every": 0, "sinks": [], "device": "cpu"})
     return spec.model_copy(update={"data": data, "local": local, "sampler": sampler, "run": run})
@@ -199,7 +199,7 @@ def smoke_preset(name: str, experiment: Experiment, folder: Path, cache: dict[tu
             samples, origin = cache[key]
             origins += [origin] if origin not in origins else []
             if k == 0:  # the first variant's model gives the preset's size (a variant that changes it is still built by its run)
-                parameters = call_with(PROBLEMS[spec.problem.name].factory, spec.problem.model_dump(exclude={"name"}), samples=samples).dim
+                parameters = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=samples).dim
             with _sources_replaced({spec.data.source: _constant(samples)}):
                 outcome = run_single(smoke_spec(spec), folder / f"variant-{k}", seed=experiment.seeds(spec)[0], label=label, experiment=name)
             if outcome.status not in ("complete", "diverged"):

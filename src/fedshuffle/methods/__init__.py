@@ -15,7 +15,9 @@ from fedshuffle.methods.feddyn import FedDyn
 from fedshuffle.methods.momentum import GlobalMomentum
 from fedshuffle.methods.scaffold import Scaffold
 
-METHODS = Registry("method.name")
+#: Methods by name. A method's own settings are its constructor's keyword parameters after the aggregator
+#: (``[method]`` section); ``defaults`` are its settings of the other sections (``local``, ``aggregation``, ``server``).
+METHODS = Registry("method.name", runtime=("aggregator",))
 
 _FEDSHUFFLE = "Horváth, Sanjabi, Xiao, Richtárik & Rabbat, FedShuffle, TMLR 2022"
 _WANG = "Wang, Liu, Liang, Joshi & Poor, FedNova, NeurIPS 2020"
@@ -56,23 +58,12 @@ METHODS.add("generalized_fedavg", Method, "K local steps with η_L, x ← x + η
             local={"order": "with_replacement"}, aggregation={"weighting": "uniform", "normalization": "unbiased"})
 METHODS.add("scaffold", Scaffold, "control variates c, c_i in every local step (option I or II)",
             "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, Algorithm 1",
-            local={"order": "with_replacement"}, aggregation={"normalization": "unbiased"}, method={"scaffold_option": "II"})
+            local={"order": "with_replacement"}, aggregation={"normalization": "unbiased"})
 METHODS.add("fedcdr", FedCDR, "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
             "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML submission), Algorithm 1",
-            local={"order": "rr", "epochs": 20, "batch_size": 10},
-            method={"fedcdr_alpha": 1.0, "fedcdr_eta": 1.0, "fedcdr_form": "y", "exact_prox": True, "warm_start": True,
-                    "fedcdr_init": "lazy", "prox_solver": "sgd", "prox_tol": 1e-4, "prox_max_iter": 500})
+            local={"order": "rr", "epochs": 20, "batch_size": 10})
 METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic terms in the local objective, server state h",
             "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR 2021, Algorithm 1",
-            local={"order": "rr"}, method={"feddyn_alpha": 0.01})
+            local={"order": "rr"})
 
-#: method-specific settings (``[method]`` section) → the constructor argument of the class that takes them
-METHOD_SETTINGS = {
-    "scaffold_option": (Scaffold, "option"),
-    "fedcdr_alpha": (FedCDR, "alpha"), "fedcdr_eta": (FedCDR, "eta"), "fedcdr_form": (FedCDR, "form"),
-    "exact_prox": (FedCDR, "exact_prox"), "warm_start": (FedCDR, "warm_start"), "fedcdr_init": (FedCDR, "initialization"),
-    "prox_solver": (FedCDR, "prox_solver"), "prox_tol": (FedCDR, "prox_tol"), "prox_max_iter": (FedCDR, "prox_max_iter"),
-    "feddyn_alpha": (FedDyn, "alpha"),
-}
-
-__all__ = ["METHODS", "METHOD_SETTINGS", "ClientResult", "FedCDR", "FedDyn", "GlobalMomentum", "Method", "RoundInfo", "Scaffold", "Trainer"]
+__all__ = ["METHODS", "ClientResult", "FedCDR", "FedDyn", "GlobalMomentum", "Method", "RoundInfo", "Scaffold", "Trainer"]

@@ -16,7 +16,8 @@ import numpy as np
 from fedshuffle.aggregation import Aggregator
 from fedshuffle.core.errors import ConfigError, section
 from fedshuffle.local.plan import LocalSolver
-from fedshuffle.methods import METHOD_SETTINGS, METHODS
+from fedshuffle.core.registry import Entry
+from fedshuffle.methods import METHODS
 from fedshuffle.methods.base import Method
 from fedshuffle.methods.momentum import GlobalMomentum
 from fedshuffle.samplers import Sampler
@@ -100,45 +101,30 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
     with section("aggregation"):
         aggregator = Aggregator(**merged["aggregation"])
     with section("method"):
-        method = _method(name, entry.factory, aggregator, merged["method"])
+        method = _method(entry, aggregator, merged["method"])
     server_settings = dict(merged["server"])
     beta = server_settings.pop("global_momentum", 0.0)
     estimator = server_settings.pop("momentum_estimator", "exact")
     meta = bool(server_settings.pop("meta_epoch_step", False))
     global_lr = server_settings.pop("global_lr", None)
-    kind = server_settings.pop("optimizer", None) or ("heavy_ball" if server_settings.get("momentum") else "sgd")
+    kind = server_settings.pop("optimizer", None) or ("heavy_ball" if server_settings.get("momentum") is not None else "sgd")
     if global_lr is not None and not meta:
         raise ConfigError("server.global_lr", f"a global (meta-epoch) step size applies to rr_cli only, not to {name}")
     if "theory" in (server_settings.get("lr"), global_lr):
         raise ConfigError("server.lr", "'theory' needs the problem and data; resolve it with resolve_step_sizes first")
     with section("server"):
-        server = SERVER_OPTIMIZERS[kind].factory(**server_settings)
+        server = SERVER_OPTIMIZERS[kind].build(server_settings)
         if beta:
             method = GlobalMomentum(method, beta, estimator)
-    if local.prox_mu and isinstance(method.inner if isinstance(method, GlobalMomentum) else method, _prox_method()):
+    if local.prox_mu and method.sets_own_prox:
         raise ConfigError("local.prox_mu", f"{name}'s local objective sets its own proximal term: set its method settings, not local.prox_mu")
     with section("schedule"):
         schedule = Schedule(**{**merged["schedule"], "total_rounds": rounds})
     return Algorithm(method, local, server, schedule, meta, global_lr)
 
 
-def _prox_method() -> tuple[type, ...]:
-    from fedshuffle.methods.fedcdr import FedCDR
-    from fedshuffle.methods.feddyn import FedDyn
-
-    return (FedCDR, FedDyn)
-
-
-def _method(name: str, factory: Any, aggregator: Aggregator, settings: Mapping[str, Any]) -> Method:
-    """The method object with its own settings; a setting of another method is an error naming it."""
-    kwargs = {}
-    for key, value in settings.items():
-        if key not in METHOD_SETTINGS:
-            raise ConfigError(key, f"unknown setting; accepted: {', '.join(METHOD_SETTINGS)}")
-        owner, argument = METHOD_SETTINGS[key]
-        if owner is not factory:
-            raise ConfigError(key, f"applies to {owner.name} only, not to {name}")
-        kwargs[argument] = value
-    method = factory(aggregator, **kwargs)
-    method.name = name
+def _method(entry: Entry, aggregator: Aggregator, settings: Mapping[str, Any]) -> Method:
+    """The method object with its own settings (errors name the setting and what the method takes)."""
+    method = entry.build(settings, aggregator=aggregator)
+    method.name = entry.name
     return method

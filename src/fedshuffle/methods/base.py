@@ -135,6 +135,8 @@ class Method:
     payload_fields: tuple[str, ...] = ("delta",)
     #: methods defined over meta-epochs of cyclic cohorts (RR-CLI, FedCDR)
     needs_cycles: bool = False
+    #: methods whose local objective holds its own proximal term (FedCDR's prox, FedDyn's α): ``local.prox_mu`` is refused
+    sets_own_prox: bool = False
 
     def __init__(self, aggregator: Aggregator) -> None:
         self.aggregator = aggregator

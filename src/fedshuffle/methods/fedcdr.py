@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import numpy as np
+from pydantic import Field
 import torch
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.core.errors import ConfigError
 from fedshuffle.local.prox import SOLVERS, ClientObjectives, solve_prox
 from fedshuffle.metrics import metric
 from fedshuffle.methods.base import ClientResult, Method, Trainer, sample_gradients
@@ -34,7 +36,7 @@ class FedCDR(Method):
     * **y update:** Algorithm 1 (line 8) and its proofs (Lemma A.2, eq. (21)) update y_i ← y_i + α(x − x_i);
       the derivation's (14) writes x_i + α(x − x_i). We follow Algorithm 1 (``form = "y"``), whose fixed
       point is x* for any heterogeneity; ``form = "x"`` gives (14).
-    * **Initialization** (``initialization``, setting ``fedcdr_init``): ``"prox"`` is Algorithm 1, lines 2–3: y_i⁰ = x⁰, x_i⁰ = prox_{ηf_i}(x⁰),
+    * **Initialization** (``initialization``): ``"prox"`` is Algorithm 1, lines 2–3: y_i⁰ = x⁰, x_i⁰ = prox_{ηf_i}(x⁰),
       x̂_i⁰ = 2x_i⁰ − x⁰ and the server at x⁰. Lemma A.1 (y_i = x_i + η∇f_i(x_i)) then holds from the start, but
       the server's x − (1/n)Σx̂_i = 2η·(1/n)Σ∇f_i(x_i⁰) stays constant, so the limit satisfies
       ∇f(x) = 2·(1/n)Σ∇f_i(x_i⁰) rather than ∇f(x) = 0 (eq. (23) assumes the offset is 0; eq. (45) assumes
@@ -60,24 +62,22 @@ class FedCDR(Method):
     state_fields = ("y", "x", "xhat")
     local_model_field = "x"  # scored by fedshuffle.metrics.local_model_scores
     needs_cycles = True
+    sets_own_prox = True
 
-    def __init__(self, aggregator: Aggregator, alpha: float = 1.0, eta: float = 1.0, form: str = "y", exact_prox: bool = True, warm_start: bool = True,
-                 initialization: str = "lazy", prox_solver: str = "sgd", prox_tol: float = 1e-4, prox_max_iter: int = 500) -> None:
+    def __init__(
+        self,
+        aggregator: Aggregator,
+        alpha: Annotated[float, Field(gt=0, lt=2, description="relaxation α ∈ (0, 2)")] = 1.0,
+        eta: Annotated[float, Field(gt=0, description="prox step η > 0")] = 1.0,
+        form: Annotated[Literal[FORMS], Field(description="y update of Algorithm 1 ('y') or eq. (14) ('x')")] = "y",
+        exact_prox: Annotated[bool, Field(description="closed-form prox where the problem has one")] = True,
+        warm_start: Annotated[bool, Field(description="start the inner prox solver from the previous x_i (default) or, false, from y_i")] = True,
+        initialization: Annotated[Literal[INITS], Field(description="x̂_i⁰ = 2prox(x⁰) − x⁰ (Algorithm 1, 'prox') or x⁰ until first seen ('lazy')")] = "lazy",
+        prox_solver: Annotated[Literal[SOLVERS], Field(description="the local SGD epochs (default, §6.1), or L-BFGS on the full client data to prox_tol")] = "sgd",
+        prox_tol: Annotated[float, Field(gt=0, description="L-BFGS stops at ‖∇f_i(z) + (z − y_i)/η‖ ≤ prox_tol")] = 1e-4,
+        prox_max_iter: Annotated[int, Field(ge=1, description="L-BFGS iteration cap per prox")] = 500,
+    ) -> None:
         super().__init__(aggregator)
-        if not 0 < alpha < 2:
-            raise ConfigError("fedcdr_alpha", f"the relaxation α must be in (0, 2), got {alpha}")
-        if not eta > 0:
-            raise ConfigError("fedcdr_eta", f"the prox step η must be > 0, got {eta}")
-        if form not in FORMS:
-            raise ConfigError("fedcdr_form", f"unknown {form!r}; accepted: y (Algorithm 1), x (eq. (14))")
-        if initialization not in INITS:
-            raise ConfigError("fedcdr_init", f"unknown {initialization!r}; accepted: prox (Algorithm 1), lazy (x̂_i = x⁰ until first seen)")
-        if prox_solver not in SOLVERS:
-            raise ConfigError("prox_solver", f"unknown {prox_solver!r}; accepted: {', '.join(SOLVERS)}")
-        if not prox_tol > 0:
-            raise ConfigError("prox_tol", f"the prox residual tolerance must be > 0, got {prox_tol}")
-        if prox_max_iter < 1:
-            raise ConfigError("prox_max_iter", f"must be >= 1, got {prox_max_iter}")
         self.alpha, self.eta, self.form, self.exact_prox, self.warm_start = alpha, eta, form, exact_prox, warm_start
         self.initialization, self.prox_solver, self.prox_tol, self.prox_max_iter = initialization, prox_solver, prox_tol, prox_max_iter
 

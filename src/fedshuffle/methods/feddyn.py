@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
+from pydantic import Field
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.core.errors import ConfigError
 from fedshuffle.methods.base import ClientResult, Method, last_occurrence, sample_gradients
 
 
@@ -29,11 +31,10 @@ class FedDyn(Method):
     name = "feddyn"
     state_fields = ("gradient", "model")
     local_model_field = "model"  # θ_i, scored by fedshuffle.metrics.local_model_scores
+    sets_own_prox = True
 
-    def __init__(self, aggregator: Aggregator, alpha: float = 0.01) -> None:
+    def __init__(self, aggregator: Aggregator, alpha: Annotated[float, Field(gt=0, description="regularization α > 0")] = 0.01) -> None:
         super().__init__(aggregator)
-        if not alpha > 0:
-            raise ConfigError("feddyn_alpha", f"the regularization α must be > 0, got {alpha}")
         self.alpha = alpha
 
     def init(self, params):

@@ -37,6 +37,7 @@ class GlobalMomentum(Method):
             raise ConfigError("momentum_estimator", f"unknown {estimator!r}; accepted: {', '.join(ESTIMATORS)}")
         self.inner, self.beta, self.estimator = inner, beta, estimator
         self.name, self.state_fields, self.payload_fields, self.needs_cycles = inner.name, inner.state_fields, inner.payload_fields, inner.needs_cycles
+        self.sets_own_prox = inner.sets_own_prox
 
     @property
     def a(self) -> float:

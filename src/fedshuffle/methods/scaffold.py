@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import torch
+from pydantic import Field
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.core.errors import ConfigError
 from fedshuffle.methods.base import ClientResult, Method, last_occurrence, sample_gradients
 
 OPTIONS = ("I", "II")
@@ -26,10 +28,8 @@ class Scaffold(Method):
     state_fields = ("control",)
     payload_fields = ("delta", "control_delta")
 
-    def __init__(self, aggregator: Aggregator, option: str = "II") -> None:
+    def __init__(self, aggregator: Aggregator, option: Annotated[Literal[OPTIONS], Field(description="control variate update: option I (a full local gradient) or II")] = "II") -> None:
         super().__init__(aggregator)
-        if option not in OPTIONS:
-            raise ConfigError("scaffold_option", f"unknown option {option!r}; accepted: {', '.join(OPTIONS)}")
         self.option = option
 
     def init(self, params):

@@ -1,16 +1,17 @@
 """Problems: per-sample losses on a flat parameter vector, with batched gradients over a cohort.
 
 :data:`PROBLEMS` registers each by name; a factory takes the source's samples (for the input width,
-image shape, vocabulary and number of classes) and the ``[problem]`` settings its signature names.
+image shape, vocabulary and number of classes) and the problem's own settings, its typed keyword parameters (the ``[problem]`` section).
 Any ``torch.nn.Module`` becomes a problem through :class:`ModuleProblem`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field, PositiveInt
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Registry
@@ -20,6 +21,10 @@ from fedshuffle.problems.convex import LogisticRegression, Quadratic, SoftmaxReg
 from fedshuffle.problems.models import CNN, CharLSTM, ResNet18, glorot_weights, lenet5, mnist_cnn, pfl_cnn
 from fedshuffle.problems.modules import ModuleProblem, batchnorm_to_groupnorm, cross_entropy
 from fedshuffle.problems.networks import MLP, Network
+
+
+#: L2 regularization λ: (λ/2)‖x‖² in every sample's loss
+L2 = Annotated[float, Field(ge=0, description="L2 regularization λ: (λ/2)‖x‖² in every sample's loss")]
 
 
 def _width(samples: Samples) -> int:
@@ -48,25 +53,28 @@ def quadratic(samples: Samples) -> Quadratic:
     return Quadratic(_width(samples))
 
 
-def logistic(samples: Samples, l2: float = 0.0) -> LogisticRegression:
+def logistic(samples: Samples, l2: L2 = 0.0) -> LogisticRegression:
     if _classes(samples, "logistic") > 2:
         raise ConfigError("name", f"logistic regression needs binary labels, data has {samples.num_classes} classes; use 'softmax'")
     return LogisticRegression(_width(samples), l2)
 
 
-def softmax(samples: Samples, l2: float = 0.0) -> SoftmaxRegression:
+def softmax(samples: Samples, l2: L2 = 0.0) -> SoftmaxRegression:
     return SoftmaxRegression(_width(samples), _classes(samples, "softmax"), l2)
 
 
-def mlp(samples: Samples, hidden: Sequence[int] = (32,), l2: float = 0.0) -> MLP:
+def mlp(samples: Samples, hidden: Annotated[list[PositiveInt], Field(min_length=1, description="hidden layer widths")] = (32,), l2: L2 = 0.0) -> MLP:
     return MLP(_width(samples), hidden, _classes(samples, "mlp"), l2)
 
 
-def two_nn(samples: Samples, l2: float = 0.0) -> MLP:
+def two_nn(samples: Samples, l2: L2 = 0.0) -> MLP:
     return MLP(_width(samples), (200, 200), _classes(samples, "2nn"), l2)
 
 
-def cnn(samples: Samples, l2: float = 0.0, dropout: bool = True) -> CNN:
+def cnn(
+    samples: Samples, l2: L2 = 0.0,
+    dropout: Annotated[bool, Field(description="pfl-research's dropout layers (0.25 after pooling, 0.5 after the dense layer), seeded per client and step")] = True,
+) -> CNN:
     return CNN(_image(samples, "cnn"), _classes(samples, "cnn"), l2, dropout)
 
 
@@ -75,21 +83,31 @@ def _images_problem(module_fn, name: str, samples: Samples, l2: float) -> Module
     return ModuleProblem(module_fn(shape, _classes(samples, name)), sample_shape=shape, l2=l2, name=name)
 
 
-def mnist_cnn_problem(samples: Samples, l2: float = 0.0) -> ModuleProblem:
+def mnist_cnn_problem(samples: Samples, l2: L2 = 0.0) -> ModuleProblem:
     return _images_problem(mnist_cnn, "mnist_cnn", samples, l2)
 
 
-def lenet5_problem(samples: Samples, l2: float = 0.0) -> ModuleProblem:
+def lenet5_problem(samples: Samples, l2: L2 = 0.0) -> ModuleProblem:
     return _images_problem(lenet5, "lenet5", samples, l2)
 
 
-def resnet18(samples: Samples, l2: float = 0.0, norm_groups: int = 2, resnet_stem: str = "cifar", resnet_width: int = 64) -> ModuleProblem:
+def resnet18(
+    samples: Samples, l2: L2 = 0.0,
+    norm_groups: Annotated[PositiveInt, Field(description="groups of every GroupNorm layer")] = 2,
+    resnet_stem: Annotated[Literal["cifar", "imagenet"], Field(description="3×3 first convolution without pooling (cifar) or 7×7 stride 2 and max-pool (imagenet)")] = "cifar",
+    resnet_width: Annotated[PositiveInt, Field(description="channels of the first stage (64; the stages have 1, 2, 4, 8 times as many)")] = 64,
+) -> ModuleProblem:
     shape = _image(samples, "resnet18")
     module = ResNet18(shape[0], _classes(samples, "resnet18"), norm_groups, resnet_stem, resnet_width)
     return ModuleProblem(module, sample_shape=shape, l2=l2, name="resnet18")
 
 
-def char_lstm(samples: Samples, l2: float = 0.0, embedding: int = 8, lstm_hidden: int = 512, lstm_layers: int = 2) -> ModuleProblem:
+def char_lstm(
+    samples: Samples, l2: L2 = 0.0,
+    embedding: Annotated[PositiveInt, Field(description="embedding dimension")] = 8,
+    lstm_hidden: Annotated[PositiveInt, Field(description="hidden state size of each LSTM layer")] = 512,
+    lstm_layers: Annotated[PositiveInt, Field(description="stacked LSTM layers")] = 2,
+) -> ModuleProblem:
     """Token ids ``(N, length)`` (integers, or floats holding them); the vocabulary is the larger of the
     number of classes and the largest token id + 1."""
     tokens = np.asarray(samples.features)
@@ -100,7 +118,8 @@ def char_lstm(samples: Samples, l2: float = 0.0, embedding: int = 8, lstm_hidden
     return ModuleProblem(CharLSTM(vocabulary, embedding, lstm_hidden, lstm_layers), sample_shape=tokens.shape[1:], l2=l2, name="char_lstm")
 
 
-PROBLEMS = Registry("problem.name")
+#: Problems by name; a factory takes the source's samples and the problem's settings.
+PROBLEMS = Registry("problem.name", runtime=("samples",), noun="problem")
 PROBLEMS.add("quadratic", quadratic, "f_ij(x) = ½‖x − a_ij‖², the samples as targets", "Horváth et al., TMLR 2022 (FedShuffle), eq. (36)")
 PROBLEMS.add("logistic", logistic, "L2-regularized binary logistic regression, labels ±1", "Mishchenko et al., RR-CLI; Malinovsky et al., Nastya")
 PROBLEMS.add("softmax", softmax, "multinomial logistic regression (+ L2)", "Yang, Fang & Liu, ICLR 2021")
