@@ -67,8 +67,8 @@ def experiment(variants: list[dict], clients: int = 4, rounds: int = ROUNDS, see
         "run": {"rounds": rounds, "eval_every": 1},
         "variants": variants,
     }
-    for section, values in sections.items():
-        raw[section] = {**raw.get(section, {}), **values}
+    for section, values in sections.items():  # another part (a sampler's name) starts from its own defaults
+        raw[section] = values if "name" in values else {**raw.get(section, {}), **values}
     return validate(Experiment, raw)
 
 

@@ -255,7 +255,8 @@ def spec_with(**sections):
     ({"data": {"samples": 10**12}}, "data.samples"),
     ({"data": {"features": 10**11}}, "data.features"),
     ({"problem": {"name": "mlp", "hidden": [10**6, 10**6]}}, "problem.hidden"),
-    ({"problem": {"name": "quadratic"}, "data": {"source": "targets", "client_sizes": [10**7]}}, "data.client_sizes"),
+    # the synthetic source's settings unset (None: the part's default), as the targets source does not take them
+    ({"problem": {"name": "quadratic"}, "data": {"source": "targets", "partition": "sizes", "client_sizes": [10**7], "samples": None, "features": None, "clients": None}}, "data.client_sizes"),
 ])
 def test_sizes_that_cannot_fit_are_refused_naming_the_setting(sections, field):
     from fedshuffle.experiments.build import build_problem_and_data

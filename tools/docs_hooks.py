@@ -93,9 +93,14 @@ def render_registry(name: str) -> str:
     table = registries().get(name)
     if table is None:
         raise DocsError(f"no registry {name!r}; accepted: {', '.join(registries())}")
-    lines = [f"| `{table.kind}` | what | from |", "| --- | --- | --- |"]
+    if not table.configured:
+        lines = [f"| `{table.kind}` | what | from |", "| --- | --- | --- |"]
+        lines += [f"| `{entry.name}` | {_cell(entry.summary)} | {_cell(entry.citation)} |" for entry in table.entries()]
+        return "\n".join(lines)
+    lines = [f"| `{table.kind}` | what | its settings (default) | from |", "| --- | --- | --- | --- |"]
     for entry in table.entries():
-        lines.append(f"| `{entry.name}` | {_cell(entry.summary)} | {_cell(entry.citation)} |")
+        settings = "<br>".join(f"`{s['name']}` = `{s['default']}`{': ' + s['help'] if s['help'] else ''}" for s in entry.describe_settings()) or "—"
+        lines.append(f"| `{entry.name}` | {_cell(entry.summary)} | {_cell(settings)} | {_cell(entry.citation)} |")
     return "\n".join(lines)
 
 

@@ -34,7 +34,7 @@ from fedshuffle.core.errors import ConfigError, did_you_mean
 class Settings(BaseModel):
     """A part's settings: unknown keys refused, no inf/nan, defaults filled in."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True, validate_default=True)
 
 
 def settings_model(name: str, factory: Callable[..., Any], runtime: tuple[str, ...]) -> type[Settings]:

@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedshuffle import metrics
+from fedshuffle import metrics, plugins
 from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTINGS
 from fedshuffle.analysis.theory import THEORY_FOLLOWS, THEORY_RULES
 from fedshuffle.core.errors import ConfigError, did_you_mean
@@ -296,6 +296,7 @@ class ExperimentMeta(_Section):
     budget: Literal["cpu", "gpu"] | None = Field(None, description="hardware the preset is sized for: 'cpu' (a 2-core CPU) or 'gpu' (the paper's scale, needs a GPU)")
     expected_minutes: float | None = Field(None, gt=0, description="expected wall time of the whole preset (every variant and seed) on its budget's hardware")
     deviations: list[str] = Field(default_factory=list, description="where the experiment departs from the paper (a setting the paper does not give, a substitute dataset, a reduced scale); printed beside its verdicts")
+    plugins: list[str] = Field(default_factory=list, description="modules to import first: they register the parts this experiment names (fedshuffle.plugins)")
     not_reproducible: str = Field("", description=(
         "why the paper's experiment cannot be run with the data at hand (e.g. its dataset cannot be built); when given, every claim reads "
         "'not reproducible', with what the substitute measured, never 'holds' or 'does not hold'"))
@@ -448,6 +449,19 @@ class Experiment(_PartialSections):
     variants: list[Variant] = Field(default_factory=list)
     claims: list[dict[str, Any]] = Field(default_factory=list, description="the paper's claims about this experiment (fedshuffle.experiments.claims)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, raw: Any) -> Any:
+        """The plugins' parts are registered before the sections naming them are validated."""
+        plugins.load_entry_points()
+        meta = raw.get("experiment") if isinstance(raw, Mapping) else None
+        names = meta.get("plugins") if isinstance(meta, Mapping) else None
+        if names is not None:
+            if not isinstance(names, list):
+                raise ConfigError("experiment.plugins", f"expected a list of module names, got {names!r}")
+            plugins.load(names)
+        return raw
+
     def check_tuning(self) -> None:
         """Every tuning grid point gives a valid run of its variant, and tuning seeds are never judged seeds
         (a point chosen on the seeds it is judged on would be judged on its luck)."""
@@ -466,16 +480,33 @@ class Experiment(_PartialSections):
                 raise ConfigError(f"variants[{k}].tune.seeds", f"seed {shared[0]} is also a judged seed (experiment.seeds); tuning seeds must differ from the judged ones")
 
     def runs(self, overrides: Mapping[str, Any] | None = None) -> list[tuple[str, RunSpec]]:
-        """(label, spec) for each variant (one unlabeled run when there are none), validated."""
+        """(label, spec) for each variant (one unlabeled run when there are none), validated.
+
+        Sections merge base ← variant ← ``overrides``. A variant or override that chooses another part
+        than the one it replaces (another method, sampler, source, ...) starts from that part's defaults:
+        the replaced part's own settings are not carried over. An override of a setting that a variant
+        sets to another value is refused (it would turn every variant into the same run under its old
+        label); give the variants' values in the file, or run one variant."""
         base = {s: getattr(self, s) for s in SECTIONS}
         variants = self.variants or [Variant(label="")]
+        self._check_overrides(overrides or {})
         out = []
         for k, variant in enumerate(variants):
-            merged = _deep_merge(base, {s: getattr(variant, s) for s in SECTIONS})
-            merged = _deep_merge(merged, overrides or {})
+            merged = _merge_parts(base, {s: getattr(variant, s) for s in SECTIONS})
+            merged = _merge_parts(merged, overrides or {})
             prefix = f"variants[{k}] ({variant.label})." if self.variants else ""
             out.append((variant.label, validate(RunSpec, merged, prefix)))
         return out
+
+    def _check_overrides(self, overrides: Mapping[str, Any]) -> None:
+        for section, settings in overrides.items():
+            if not isinstance(settings, Mapping):
+                continue
+            for key, value in settings.items():
+                differing = [v.label for v in self.variants if key in (getattr(v, section, None) or {}) and getattr(v, section)[key] != value]
+                if len(differing) > 0 and len(self.variants) > 1:
+                    raise ConfigError(f"{section}.{key}", f"the variants set it themselves ({', '.join(repr(d) for d in differing[:4])}{' ...' if len(differing) > 4 else ''}); "
+                                                          "an override would give every variant the same value under its own label: edit the variants, or run one variant")
 
     def seeds(self, spec: RunSpec) -> list[int]:
         return self.experiment.seeds or [spec.run.seed]
@@ -488,6 +519,34 @@ def _with_method_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(name, str) or name not in METHODS:
         return dict(raw)
     return _deep_merge(method_defaults(name), raw)
+
+
+#: the sections whose chooser names a registered part, and their choosers
+_CHOOSERS = {"method": {"name": METHODS}, "problem": {"name": PROBLEMS}, "data": {"source": SOURCES, "partition": PARTITIONS},
+             "sampler": {"name": SAMPLERS}, "server": {"optimizer": SERVER_OPTIMIZERS}}
+
+
+def _merge_parts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` ← ``update`` by section, where an update that chooses another part drops the base's settings of
+    the part it replaces (those the new part does not take); everything else is merged as it is and validated."""
+    base = dict(base)
+    for section, choosers in _CHOOSERS.items():
+        old, new = base.get(section), update.get(section)
+        if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+            continue
+        kept = dict(old)
+        for chooser, registry in choosers.items():
+            default = RunSpec.model_fields[section].annotation.model_fields[chooser].default
+            if section == "server" and "momentum" in old:
+                default = "heavy_ball"
+            before, after = old.get(chooser, default), new.get(chooser)
+            if after is None or before == after or before not in registry or after not in registry:
+                continue
+            replaced = set(registry[before].setting_names()) - set(registry[after].setting_names())
+            for key in replaced - set(new):
+                kept.pop(key, None)
+        base[section] = kept
+    return _deep_merge(base, update)
 
 
 def _deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

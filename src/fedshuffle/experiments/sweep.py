@@ -12,6 +12,7 @@ where it stopped. Choosing the best grid point per variant by a metric is
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import multiprocessing as mp
@@ -19,7 +20,8 @@ import os
 import queue as queue_mod
 import re
 import signal
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from fedshuffle import plugins
+from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.experiments.folders import folder_name, unique_folders
+from fedshuffle.methods import METHODS
+from fedshuffle.problems import PROBLEMS
+from fedshuffle.samplers import SAMPLERS
+from fedshuffle.server import SERVER_OPTIMIZERS
 from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, parse_overrides
 from fedshuffle.core.errors import ConfigError, ResultsError
 
@@ -233,9 +241,41 @@ def _execute_group(jobs: Sequence[Job], resume: bool, extend: bool, experiment: 
     return outcomes
 
 
-def _ignore_interrupts() -> None:
-    """Workers leave Ctrl-C to the parent, which stops them (no traceback from every worker)."""
+def _start_worker(plugin_modules: Sequence[str]) -> None:
+    """A worker imports the plugins the parent imported (their parts are registered by import), and
+    leaves Ctrl-C to the parent, which stops it (no traceback from every worker)."""
+    plugins.load(plugin_modules)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _script_not_rerun() -> Iterator[None]:
+    """Worker processes start without running the user's script again.
+
+    A ``spawn`` child imports the parent's ``__main__`` (by its module spec or file) before it runs a
+    task, so a script without an ``if __name__ == "__main__":`` guard would run its experiment again in
+    every worker. Nothing a worker runs comes from ``__main__`` (jobs name their parts; plugins are
+    importable modules, :func:`fedshuffle.plugins.check_reachable`), so the children are started while
+    ``__main__`` shows neither.
+    """
+    main = sys.modules.get("__main__")
+    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if main is not None and key in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
+def _parts(spec: RunSpec) -> list[tuple[str, str, object]]:
+    """(setting, name, factory) of every registered part a run builds."""
+    chosen = [("method.name", METHODS, spec.method.name), ("problem.name", PROBLEMS, spec.problem.name), ("data.source", SOURCES, spec.data.source),
+              ("data.partition", PARTITIONS, spec.data.partition), ("sampler.name", SAMPLERS, spec.sampler.name), ("server.optimizer", SERVER_OPTIMIZERS, spec.server.optimizer)]
+    return [(field, name, registry[name].factory) for field, registry, name in chosen]
 
 
 def _worker(jobs: Sequence[Job], resume: bool, extend: bool, experiment: str, progress: Any, indices: Sequence[int], threads: int) -> list[Outcome]:
@@ -312,9 +352,11 @@ def run_jobs(
                     raise ResultsError(unwritable.message)
             return [o for o in outcomes if o is not None]
         threads = max(1, (os.cpu_count() or 1) // workers)
+        for job in jobs:
+            plugins.check_reachable(_parts(job.spec))
         context = mp.get_context("spawn")
-        with context.Manager() as manager:
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_ignore_interrupts)
+        with _script_not_rerun(), context.Manager() as manager:
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(plugins.imported(),))
             try:
                 ticks = manager.Queue()
                 futures: dict[Future, list[int]] = {

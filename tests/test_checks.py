@@ -1,0 +1,206 @@
+"""The public checks (fedshuffle.testing) walked over every registered part, and a user's plugin passing them."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from fedshuffle import testing
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.data.catalog import PARTITIONS, SOURCES
+from fedshuffle.experiments.schema import RunSpec, validate
+from fedshuffle.methods import METHODS
+from fedshuffle.problems import PROBLEMS
+from fedshuffle.samplers import SAMPLERS
+from fedshuffle.server import SERVER_OPTIMIZERS
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_every_method_passes_check_method(name):
+    testing.check_method(name)
+
+
+@pytest.mark.parametrize("name", SERVER_OPTIMIZERS.names())
+def test_every_server_optimizer_passes_its_check(name):
+    testing.check_server_optimizer(name)
+
+
+@pytest.mark.parametrize("name", SAMPLERS.names())
+def test_every_sampler_passes_its_check(name):
+    testing.check_sampler(name)
+
+
+@pytest.mark.parametrize("name", PARTITIONS.names())
+def test_every_partition_passes_its_check(name):
+    settings = {"client_sizes": [10, 20, 30]} if name == "sizes" else {"clients": 4}
+    if name == "pachinko":
+        with pytest.raises(ConfigError, match="coarse labels"):  # needs a source with coarse labels (cifar100), which it says
+            testing.check_partition(name, settings)
+        return
+    testing.check_partition(name, settings)
+
+
+#: data each problem is checked on (images: an .npz of the shape it takes)
+PROBLEM_DATA = {"quadratic": {"source": "targets", "client_sizes": [1, 2, 3]}, "char_lstm": "tokens"}
+IMAGE_SHAPES = {"cnn": (3, 8, 8), "mnist_cnn": (1, 28, 28), "lenet5": (3, 32, 32), "resnet18": (3, 32, 32)}
+
+
+@pytest.mark.parametrize("name", PROBLEMS.names())
+def test_every_problem_passes_check_problem(name, tmp_path):
+    data = PROBLEM_DATA.get(name)
+    rng = np.random.default_rng(0)
+    if name in IMAGE_SHAPES:
+        np.savez(tmp_path / "x.npz", x=rng.normal(size=(12, *IMAGE_SHAPES[name])).astype(np.float32), y=rng.integers(0, 3, size=12))
+        data = {"source": "npz", "path": str(tmp_path / "x.npz"), "partition": "iid", "clients": 3}
+    elif data == "tokens":
+        np.savez(tmp_path / "t.npz", x=rng.integers(0, 5, size=(12, 6)), y=rng.integers(0, 5, size=12))
+        data = {"source": "npz", "path": str(tmp_path / "t.npz"), "partition": "iid", "clients": 3}
+    settings = {"lstm_hidden": 8, "lstm_layers": 1} if name == "char_lstm" else {"resnet_width": 4} if name == "resnet18" else {}
+    testing.check_problem(name, data, settings)
+
+
+@pytest.mark.parametrize("name", SOURCES.names())
+def test_every_source_passes_check_source(name, tmp_path, shared_data):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", x=rng.normal(size=(12, 3)), y=rng.integers(0, 3, size=12))
+    files = {"data_dirs": [str(shared_data)], "download": False}
+    settings = {
+        "targets": {"client_sizes": [1, 2, 3]}, "synthetic": {}, "libsvm": {"dataset": "a3a", **files}, "npz": {"path": str(tmp_path / "x.npz")},
+        "fedprox_synthetic": {"clients": 3}, "leaf": {"path": str(shared_data / "femnist"), "clients": 3}, "mnist": files, "cifar10": files,
+        "cifar100": files, "tff_cifar100": {"clients": 3, **files}, "shakespeare": {"clients": 3, **files}, "shakespeare_leaf": {"clients": 3, **files},
+    }
+    if name not in settings:
+        pytest.skip(f"{name} is registered by another test")
+    pooled = {"partition": "iid", "clients": 3} if name in ("synthetic", "libsvm", "npz", "mnist", "cifar10", "cifar100") else {}
+    try:
+        testing.check_source(name, settings[name], pooled)
+    except ConfigError as exc:  # its files are not on this machine (nothing is downloaded in tests)
+        if "not found" not in exc.message and "download" not in exc.message:
+            raise
+        pytest.skip(f"{name}'s files are not on this machine")
+
+
+def test_bad_values_are_generated_from_the_declared_constraints():
+    values = testing.bad_values(METHODS["fedcdr"])
+    assert 0 in values["alpha"] and 2 in values["alpha"] and 0 in values["eta"] and "no-such-choice" in values["form"]
+    assert values["prox_max_iter"][-1] == 0  # ge=1
+
+
+PLUGIN = textwrap.dedent('''
+    """A method of the user's own, outside the package: FedAvg whose server direction is damped."""
+    from typing import Annotated
+
+    from pydantic import Field
+
+    import fedshuffle as fs
+
+
+    class DampedFedAvg(fs.Method):
+        """x ← x − damping·Σ ω_iΔ_i."""
+
+        def __init__(self, aggregator, damping: Annotated[float, Field(gt=0, le=1, description="the server direction's factor")] = 0.5):
+            super().__init__(aggregator)
+            self.damping = damping
+
+        def aggregate(self, rnd, params, state, payload):
+            direction, state, extras = super().aggregate(rnd, params, state, payload)
+            return self.damping * direction, state, extras
+
+
+    fs.METHODS.add("damped_fedavg", DampedFedAvg, "FedAvg with a damped server direction", "a user's plugin", aggregation={"normalization": "sum_one"})
+''')
+
+
+def test_a_method_from_a_users_module_takes_its_setting_from_toml_and_set_and_passes_check_method(tmp_path):
+    """One file outside the package: named in [experiment] plugins, configured by TOML and --set, run in worker
+    processes (which import it), refused with one line for a bad value, and passing check_method."""
+    (tmp_path / "user_methods.py").write_text(PLUGIN)
+    (tmp_path / "exp.toml").write_text(textwrap.dedent('''
+        [experiment]
+        name = "damped"
+        plugins = ["user_methods"]
+        seeds = [0, 1]
+        [method]
+        name = "damped_fedavg"
+        damping = 0.3
+        [data]
+        client_sizes = [1, 2, 3]
+        [local]
+        lr = 0.1
+        [run]
+        rounds = 4
+        eval_every = 2
+    '''))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "fedshuffle", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    run = cli("run", "exp.toml", "--set", "method.damping=0.2", "--out", "out", "--workers", "2", "--quiet")
+    assert run.returncode == 0, run.stderr[-2000:]
+    config = json.loads(next((tmp_path / "out").rglob("config.json")).read_text())
+    assert config["spec"]["method"] == {"name": "damped_fedavg", "damping": 0.2}
+    bad = cli("run", "exp.toml", "--set", "method.damping=2", "--out", "bad")
+    assert bad.returncode == 2 and "method.damping" in bad.stderr and "Traceback" not in bad.stderr
+    typo = cli("show", "exp.toml", "--set", "method.dampin=0.2")
+    assert typo.returncode == 2 and "did you mean 'damping'" in typo.stderr + typo.stdout
+    check = subprocess.run([sys.executable, "-c", "import user_methods; from fedshuffle.testing import check_method; check_method('damped_fedavg')"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stderr[-2000:]
+
+
+def test_a_missing_plugin_is_one_line_naming_it(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        from fedshuffle.experiments.schema import Experiment
+
+        validate(Experiment, {"experiment": {"plugins": ["no_such_module_here"]}})
+    assert err.value.field == "experiment.plugins" and "no_such_module_here" in err.value.message
+
+
+def test_a_part_defined_in_the_script_cannot_go_to_worker_processes(tmp_path):
+    """A script registering a source without a __main__ guard, run with two workers: refused in one line,
+    and the script does not run again in the workers."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(f'''
+        import numpy as np
+        import fedshuffle as fs
+        from fedshuffle.data.catalog import SOURCES, Samples
+
+        print("script ran")
+
+        def blobs(rng, samples: int = 30):
+            return Samples(rng.normal(size=(samples, 2)), rng.integers(0, 2, samples), 2)
+
+        SOURCES.add("blobs", blobs, "blobs")
+        exp = fs.experiment({{"problem": {{"name": "logistic"}}, "data": {{"source": "blobs", "partition": "iid", "clients": 3}},
+                              "local": {{"lr": 0.1}}, "run": {{"rounds": 2}}}})
+        try:
+            exp.run({str(tmp_path / "out")!r}, seeds=[0, 1], workers=2, progress=False)
+        except fs.ConfigError as error:
+            print("refused:", error)
+    '''))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.stdout.count("script ran") == 1, done.stdout + done.stderr
+    assert "refused: data.source: 'blobs' is defined in the script being run" in done.stdout, done.stdout + done.stderr
+
+
+def test_settings_the_chosen_part_does_not_take_are_refused_for_every_registered_part():
+    """For every entry of every configured registry: another entry's setting is refused naming the part."""
+    sections = {"method": (METHODS, "name"), "problem": (PROBLEMS, "name"), "sampler": (SAMPLERS, "name"), "server": (SERVER_OPTIMIZERS, "optimizer")}
+    for section, (registry, chooser) in sections.items():
+        every = {s for e in registry.entries() for s in e.setting_names()}
+        for entry in registry.entries():
+            for setting in sorted(every - set(entry.setting_names()))[:3]:
+                with pytest.raises(ConfigError) as err:
+                    validate(RunSpec, {section: {chooser: entry.name, setting: _valid_for_someone(registry, setting)}})
+                assert err.value.field == f"{section}.{setting}" and repr(entry.name) in err.value.message, err.value
+
+
+def _valid_for_someone(registry, setting):
+    entry = next(e for e in registry.entries() if setting in e.setting_names())
+    default = entry.settings.model_fields[setting].default
+    return 1 if default is None else default
