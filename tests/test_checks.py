@@ -204,3 +204,17 @@ def _valid_for_someone(registry, setting):
     entry = next(e for e in registry.entries() if setting in e.setting_names())
     default = entry.settings.model_fields[setting].default
     return 1 if default is None else default
+
+
+def test_an_override_of_what_the_variants_set_is_refused_and_a_variant_choosing_another_part_starts_from_its_defaults():
+    from fedshuffle.experiments.schema import Experiment, load_experiment
+
+    quickstart = load_experiment("quickstart")  # each variant names its own method
+    with pytest.raises(ConfigError) as err:
+        quickstart.runs({"method": {"name": "fedavg"}})
+    assert err.value.field == "method.name" and "the variants set it themselves" in err.value.message
+    assert [spec.local.lr for _, spec in quickstart.runs({"local": {"lr": 0.2}})] == [0.2] * len(quickstart.variants)  # what no variant sets applies to all
+    exp = validate(Experiment, {"sampler": {"name": "uniform", "cohort": 2}, "data": {"client_sizes": [1, 2, 3]}, "local": {"lr": 0.1},
+                                "variants": [{"label": "all", "sampler": {"name": "full"}}, {"label": "two"}]})
+    (_, full), (_, two) = exp.runs()
+    assert full.sampler.own_settings() == {} and two.sampler.own_settings() == {"cohort": 2}
