@@ -218,3 +218,17 @@ def test_an_override_of_what_the_variants_set_is_refused_and_a_variant_choosing_
                                 "variants": [{"label": "all", "sampler": {"name": "full"}}, {"label": "two"}]})
     (_, full), (_, two) = exp.runs()
     assert full.sampler.own_settings() == {} and two.sampler.own_settings() == {"cohort": 2}
+
+
+def test_runs_that_are_the_same_have_one_config_hash_whether_defaults_are_written_or_not():
+    """Defaults are known before building: a setting left out and the same setting written with its default
+    give the same spec, so the same identity and hash (the results folder continues, never forks)."""
+    from fedshuffle.experiments.folders import config_hash, identity
+
+    plain = {"method": {"name": "fedcdr"}, "sampler": {"name": "cyclic", "cohort": 2}, "server": {}, "local": {"lr": 0.1}, "data": {"client_sizes": [1, 2, 3]}}
+    spelled = {"method": {"name": "fedcdr", "alpha": 1.0, "prox_solver": "sgd"}, "sampler": {"name": "cyclic", "cohort": 2, "order": "reshuffle"},
+               "server": {"optimizer": "sgd", "lr": 1.0}, "local": {"lr": 0.1}, "data": {"client_sizes": [1, 2, 3], "partition": "sizes"}}
+    a, b = (identity(validate(RunSpec, raw).model_dump()) for raw in (plain, spelled))
+    assert a == b and config_hash(a) == config_hash(b)
+    other = identity(validate(RunSpec, {**spelled, "server": {"optimizer": "sgd", "lr": 0.5}}).model_dump())
+    assert config_hash(other) != config_hash(a)

@@ -164,28 +164,25 @@ def solution(problem: Problem, data: FederatedDataset, key: str | None = None) -
 # ----------------------------------------------------------------------------------------------
 # Step sizes from the papers' theorems
 
-#: the theorem whose step sizes ``"theory"`` means, by name, with the methods it covers
+#: the theorems whose step sizes ``"theory"`` can mean, by name, with the methods each covers (a method
+#: declares its own among its registered defaults, ``server.theory_rule``: :data:`fedshuffle.methods.METHODS`)
 THEORY_RULES = {
     "rr_cli_c1": ("rr_cli", "nastya"),
     "rr_cli_c2": ("rr_cli", "nastya"),
     "karimireddy_i": ("fedavg", "fedavg_rr"),
     "yang_1": ("generalized_fedavg",),
 }
-#: each method's own rule (what ``server.theory_rule`` unset means)
-DEFAULT_RULES = {"rr_cli": "rr_cli_c1", "nastya": "rr_cli_c2", "fedavg": "karimireddy_i", "fedavg_rr": "karimireddy_i", "generalized_fedavg": "yang_1"}
-THEORY_METHODS = tuple(DEFAULT_RULES)
 #: how the server steps relate to the local step γ: ``local`` recomputes the relations a theorem states as
 #: equalities from the step clients really take (γ × ``local.lr_multiplier``); ``fixed`` keeps them at ×1
 THEORY_FOLLOWS = ("local", "fixed")
 
 
-def theory_rule(method: str, rule: str | None = None) -> str:
-    """The rule ``"theory"`` means for ``method``: ``rule`` if given (checked against the methods it covers),
-    else the method's own (:data:`DEFAULT_RULES`)."""
-    if method not in THEORY_METHODS:
-        raise ConfigError("local.lr", f"no theoretical step size for {method!r}; accepted: {', '.join(THEORY_METHODS)} (give a number instead)")
+def theory_rule(method: str, rule: str | None) -> str:
+    """The rule ``"theory"`` means for ``method``: ``server.theory_rule`` (a method with a theorem declares its
+    own among its registered defaults), checked against the methods the theorem covers."""
     if rule is None:
-        return DEFAULT_RULES[method]
+        covered = sorted({m for methods in THEORY_RULES.values() for m in methods})
+        raise ConfigError("local.lr", f"no theoretical step size for {method!r} (it declares no server.theory_rule); methods with one: {', '.join(covered)} (give a number instead)")
     if rule not in THEORY_RULES:
         raise ConfigError("server.theory_rule", f"unknown rule {rule!r}; accepted: {', '.join(THEORY_RULES)}")
     if method not in THEORY_RULES[rule]:
@@ -194,12 +191,13 @@ def theory_rule(method: str, rule: str | None = None) -> str:
     return rule
 
 
-def theoretical_step_sizes(method: str, constants: Smoothness, local_steps: int, rounds_per_meta_epoch: int = 1, rule: str | None = None, local_lr: float | None = None) -> dict[str, float]:
+def theoretical_step_sizes(rule: str, constants: Smoothness, local_steps: int, rounds_per_meta_epoch: int = 1, local_lr: float | None = None, meta_epoch: bool = False) -> dict[str, float]:
     """Step sizes {lr, server_lr, global_lr} that a theorem allows, at their upper limits.
 
     ``local_steps`` is N (steps of one local pass) or K, R = ``rounds_per_meta_epoch``; L below is the
     smoothness of the functions one local step samples (L_max of individual samples; a minibatch mean is
-    no less smooth). ``rule`` picks the theorem (default: the method's own, :data:`DEFAULT_RULES`):
+    no less smooth). ``rule`` picks the theorem (:func:`theory_rule`); ``meta_epoch`` (RR-CLI's meta-epoch step)
+    adds θ = ηR:
 
     * ``rr_cli_c1`` — Malinovsky, Horváth, Burlachenko & Richtárik (2023, arXiv:2302.03662), Theorem C.1
       (each f_m^j μ-strongly convex): γ ≤ 1/L_max, η = γN, θ = ηR. For RR-CLI, η = γN makes the server
@@ -220,7 +218,6 @@ def theoretical_step_sizes(method: str, constants: Smoothness, local_steps: int,
     (§4.4–4.5, Figs. 7–10) do. A theorem's *bounds* (C.2's η ≤ 1/(4L), Theorem I's η_g = 1, Theorem 1's
     η·η_L ≤ 1/(KL)) do not follow γ: they stay at their limits.
     """
-    rule = theory_rule(method, rule)
     n = max(int(local_steps), 1)
     if rule == "rr_cli_c1":
         gamma = 1.0 / constants.sample_max
@@ -234,6 +231,6 @@ def theoretical_step_sizes(method: str, constants: Smoothness, local_steps: int,
         values = {"lr": eta_l, "server_lr": 1.0 / (eta_l * n * constants.client_max)}
     else:
         values = {"lr": 1.0 / (16 * constants.client_max * n), "server_lr": 1.0}
-    if method == "rr_cli":
+    if meta_epoch:
         values["global_lr"] = values["server_lr"] * rounds_per_meta_epoch
     return values

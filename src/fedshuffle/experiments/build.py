@@ -40,8 +40,8 @@ def build_sampler(spec: SamplerConfig, dataset: FederatedDataset) -> Sampler:
 
 def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, sampler: Sampler) -> tuple[RunSpec, dict[str, Any]]:
     """Replace ``'theory'`` step sizes (``local.lr``, ``server.lr``, ``server.global_lr``) by the values of
-    :func:`fedshuffle.analysis.theory.theoretical_step_sizes` under ``server.theory_rule`` (default: the
-    method's own theorem).
+    :func:`fedshuffle.analysis.theory.theoretical_step_sizes` under ``server.theory_rule`` (a method with a
+    theorem declares its own among its registered defaults).
 
     ``local.lr_multiplier`` scales the local step γ. With ``server.theory_follows = "local"`` (the
     default) the server steps a theorem ties to γ by an equality (RR-CLI Theorem C.1: η = γN, θ = ηR) are
@@ -63,11 +63,11 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
     local_steps = probe.local.max_planned_steps(data.sizes)
     rounds = getattr(sampler, "rounds_per_meta_epoch", 1)
     constants = _smoothness(problem, data)
-    at_one = theory.theoretical_step_sizes(spec.method.name, constants, local_steps, rounds, rule)
+    at_one = theory.theoretical_step_sizes(rule, constants, local_steps, rounds, meta_epoch=spec.server.meta_epoch_step)
     local_lr = None
     if spec.server.theory_follows == "local":
         local_lr = (at_one["lr"] if spec.local.lr == "theory" else spec.local.lr) * spec.local.lr_multiplier
-    values = theory.theoretical_step_sizes(spec.method.name, constants, local_steps, rounds, rule, local_lr)
+    values = theory.theoretical_step_sizes(rule, constants, local_steps, rounds, local_lr, meta_epoch=spec.server.meta_epoch_step)
     missing = [k for k in wanted if k not in values]
     if missing:
         part, key = places[missing[0]]

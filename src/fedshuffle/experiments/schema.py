@@ -173,7 +173,7 @@ class ServerConfig(_PartSection):
     optimizer: str = Field("sgd", description="the server optimizer; default sgd, or heavy_ball when momentum is given")
     meta_epoch_step: bool = Field(False, description="RR-CLI's extrapolation after each meta-epoch")
     global_lr: float | Theory | None = Field(None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)")
-    theory_rule: Literal[tuple(THEORY_RULES)] | None = Field(None, description="the theorem 'theory' step sizes come from (default: the method's own; rr_cli_c1 puts nastya on RR-CLI's Theorem C.1)")
+    theory_rule: Literal[tuple(THEORY_RULES)] | None = Field(None, description="the theorem 'theory' step sizes come from (a method with one declares it; rr_cli_c1 puts nastya on RR-CLI's Theorem C.1)")
     theory_follows: Literal[THEORY_FOLLOWS] = Field("local", description="'theory' server steps tied to γ (η = γN, θ = ηR) follow the multiplied local step ('local') or stay at ×1 ('fixed')")
     global_momentum: float = Field(0.0, ge=0, lt=1, description="FedShuffle's global momentum β (eqs. (13)–(14)); 0 = off")
     momentum_estimator: Literal[ESTIMATORS] = "exact"
@@ -348,8 +348,6 @@ class RunSpec(_Section):
         parts = {"method": self.method.model_dump(exclude={"name"})}
         for name in ("local", "aggregation", "server", "schedule"):
             parts[name] = getattr(self, name).model_dump()
-        for key in ("theory_rule", "theory_follows"):  # read by resolve_step_sizes, not by the algorithm
-            parts["server"].pop(key)
         return parts
 
 

@@ -3,7 +3,8 @@
 Most methods are one setting of FedShuffleGen (Horváth et al., TMLR 2022, Algorithm 4): the plain
 :class:`Method` with local-solver, aggregation and server defaults. Stateful methods are one file
 each (:mod:`.scaffold`, :mod:`.fedcdr`, :mod:`.feddyn`); global momentum wraps any of them
-(:mod:`.momentum`). A defaults entry is keyed by configuration section.
+(:mod:`.momentum`). A defaults entry is keyed by configuration section; a method with a theorem for its step
+sizes names it there (``server.theory_rule``, :data:`fedshuffle.analysis.theory.THEORY_RULES`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ _SUM_ONE = {"aggregation": {"normalization": "sum_one"}}
 _NOVA = {"aggregation": {"weighting": "normalized", "normalization": "unbiased", "tau_eff": "planned"}}
 
 METHODS.add("fedavg", Method, "local SGD with replacement, sum-one aggregation", f"{_FEDSHUFFLE}, Algorithm 2 / Table 4",
-            local={"order": "with_replacement"}, **_SUM_ONE)
+            local={"order": "with_replacement"}, server={"theory_rule": "karimireddy_i"}, **_SUM_ONE)
 METHODS.add("fedavg_rr", Method, "local epochs with random reshuffling, sum-one aggregation", f"{_FEDSHUFFLE}, Algorithm 2",
-            local={"order": "rr"}, **_SUM_ONE)
+            local={"order": "rr"}, server={"theory_rule": "karimireddy_i"}, **_SUM_ONE)
 METHODS.add("fedavg_min", Method, "the same K for every client: the cohort's minimum of E·⌈|D_i|/B⌉", f"{_FEDSHUFFLE}, §4.1",
             local={"order": "with_replacement", "steps": "min"}, **_SUM_ONE)
 METHODS.add("fedavg_mean", Method, "the same K for every client: the cohort's rounded mean", f"{_FEDSHUFFLE}, §4.1",
@@ -47,15 +48,15 @@ METHODS.add("fedshuffle_mvr", Method, "FedShuffle with the MVR global momentum",
 #: with N_m the client's steps; aggregation.weighting = "data" gives the data-weighted Σ_S (w_m/p_m) g_m instead
 METHODS.add("nastya", Method, "one RR/SO pass with client step γ, x ← x − η·(1/C)Σ_{m∈S} g_m, g_m = (x − y_m)/(γN_m)",
             "Malinovsky, Mishchenko & Richtárik, Server-Side Stepsizes and Sampling Without Replacement Provably Help in Federated Optimization, 2022, Algorithm 1",
-            local={"order": "rr"}, aggregation={"weighting": "uniform", "normalization": "unbiased", "direction": "mean_gradient"})
+            local={"order": "rr"}, aggregation={"weighting": "uniform", "normalization": "unbiased", "direction": "mean_gradient"}, server={"theory_rule": "rr_cli_c2"})
 METHODS.add("rr_cli", Method, "Nastya rounds over cyclic cohorts, then x_{t+1} = x_t − θ(x_t − x_t^R)/(ηR)",
             "Malinovsky, Horváth, Burlachenko & Richtárik, Federated Learning with Regularized Client Participation, 2023, Algorithm 1",
-            local={"order": "so"}, aggregation={"normalization": "unbiased", "direction": "mean_gradient"}, server={"meta_epoch_step": True})
+            local={"order": "so"}, aggregation={"normalization": "unbiased", "direction": "mean_gradient"}, server={"meta_epoch_step": True, "theory_rule": "rr_cli_c1"})
 METHODS.add("fedprox", Method, "local epochs with the proximal term (μ/2)‖y − x‖², sample-weighted average",
             "Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, FedProx, MLSys 2020", local={"order": "rr", "prox_mu": 1.0}, **_SUM_ONE)
 METHODS.add("generalized_fedavg", Method, "K local steps with η_L, x ← x + η·(1/|S|)Σ_{i∈S} Δ_i (uniform sampling; objective (1/m)Σ f_i)",
             "Yang, Fang & Liu, Achieving Linear Speedup with Partial Worker Participation in Non-IID Federated Learning, ICLR 2021, Algorithm 1",
-            local={"order": "with_replacement"}, aggregation={"weighting": "uniform", "normalization": "unbiased"})
+            local={"order": "with_replacement"}, aggregation={"weighting": "uniform", "normalization": "unbiased"}, server={"theory_rule": "yang_1"})
 METHODS.add("scaffold", Scaffold, "control variates c, c_i in every local step (option I or II)",
             "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, Algorithm 1",
             local={"order": "with_replacement"}, aggregation={"normalization": "unbiased"})

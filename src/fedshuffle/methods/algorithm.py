@@ -103,6 +103,8 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
     with section("method"):
         method = _method(entry, aggregator, merged["method"])
     server_settings = dict(merged["server"])
+    for key in ("theory_rule", "theory_follows"):  # how 'theory' steps were resolved (resolve_step_sizes), not a part's setting
+        server_settings.pop(key, None)
     beta = server_settings.pop("global_momentum", 0.0)
     estimator = server_settings.pop("momentum_estimator", "exact")
     meta = bool(server_settings.pop("meta_epoch_step", False))
