@@ -15,8 +15,8 @@ from typing import Any
 
 from fedshuffle.experiments.schema import RunSpec
 
-#: server optimizer attribute → the ``[server]`` setting it comes from
-_SERVER_FIELDS = {"lr": "lr", "beta": "momentum", "beta1": "beta1", "beta2": "beta2", "eps": "eps"}
+#: the ``[server]`` settings of the server optimizers
+_SERVER_SETTINGS = ("lr", "momentum", "beta1", "beta2", "eps")
 
 
 def resolved_settings(spec: RunSpec) -> dict[str, Any]:
@@ -41,9 +41,10 @@ def resolved_settings(spec: RunSpec) -> dict[str, Any]:
             out["method"].pop(key, None)
     server = out["server"]
     server["optimizer"] = spec.server.optimizer or ("heavy_ball" if spec.server.momentum else "sgd")
-    for attribute, key in _SERVER_FIELDS.items():
-        if hasattr(algorithm.server, attribute):
-            server[key] = getattr(algorithm.server, attribute)
+    taken = getattr(algorithm.server, "settings", {"lr": algorithm.server.lr})  # fedshuffle.server.Optimizer keeps them
+    for key in _SERVER_SETTINGS:
+        if key in taken:
+            server[key] = taken[key]
         elif server.get(key) is None:
             server.pop(key, None)  # not a setting of this optimizer
     for (part, key), is_theory in theory.items():

@@ -107,6 +107,8 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
     meta = bool(server_settings.pop("meta_epoch_step", False))
     global_lr = server_settings.pop("global_lr", None)
     kind = server_settings.pop("optimizer", None) or ("heavy_ball" if server_settings.get("momentum") else "sgd")
+    if kind == "sgd" and server_settings.get("momentum") == 0:
+        del server_settings["momentum"]  # momentum = 0 is no server momentum: sgd, which does not take the setting
     if global_lr is not None and not meta:
         raise ConfigError("server.global_lr", f"a global (meta-epoch) step size applies to rr_cli only, not to {name}")
     if "theory" in (server_settings.get("lr"), global_lr):
