@@ -72,8 +72,9 @@ REFERENCES = {"sgd": sgd_reference, "heavy_ball": heavy_ball_reference, "adam": 
               "yogi": adaptive_reference("yogi"), "adgd": adgd_reference}
 
 #: settings other than the defaults, one per parameter of each optimizer
-OTHER_SETTINGS = {"sgd": {"lr": 0.7}, "heavy_ball": {"lr": 0.3, "momentum": 0.5}, "adam": {"lr": 0.05, "beta1": 0.8, "beta2": 0.95, "eps": 1e-2},
-                  "adagrad": {"lr": 0.05, "beta1": 0.8, "eps": 1e-2}, "yogi": {"lr": 0.05, "beta1": 0.8, "beta2": 0.95, "eps": 1e-2}, "adgd": {"lr": 0.3}}
+ADAPTIVE = {"lr": 0.05, "beta1": 0.8, "beta2": 0.95, "eps": 1e-2}
+OTHER_SETTINGS = {"sgd": {"lr": 0.7}, "heavy_ball": {"lr": 0.3, "momentum": 0.5}, "adam": ADAPTIVE, "yogi": ADAPTIVE,
+                  "adagrad": {"lr": 0.05, "beta1": 0.8, "eps": 1e-2}, "adgd": {"lr": 0.3}}
 
 
 def run_rounds(optimizer, seed=0, dim=5, rounds=ROUNDS):
@@ -151,7 +152,7 @@ def declared(name):
     for key, parameter in inspect.signature(SERVER_OPTIMIZERS[name].factory).parameters.items():
         annotation = parameter.annotation
         info = next((a for a in get_args(annotation)[1:] if isinstance(a, FieldInfo)), None)
-        assert get_args(annotation)[0] is float and info is not None and info.description, f"{name}.{key}: Annotated[float, Field(..., description=...)]"
+        assert get_args(annotation)[0] is float and info is not None and info.description, f"{name}.{key}: Annotated[float, Field(description=...)]"
         out.append((key, info))
     return out
 
@@ -234,7 +235,8 @@ class ScaleByAMSGrad:
 
 
 @server_optimizer
-def amsgrad(lr: Annotated[float, Field(gt=0, description="server step size η_g")] = 0.01, beta1: Annotated[float, Field(ge=0, lt=1, description="β₁")] = 0.9,
+def amsgrad(lr: Annotated[float, Field(gt=0, description="server step size η_g")] = 0.01,
+            beta1: Annotated[float, Field(ge=0, lt=1, description="β₁")] = 0.9,
             beta2: Annotated[float, Field(ge=0, lt=1, description="β₂")] = 0.99, eps: Annotated[float, Field(gt=0, description="τ")] = 1e-3):
     return chain(EMA(beta1), ScaleBySchedule(lr), ScaleByAMSGrad(beta2, eps))
 

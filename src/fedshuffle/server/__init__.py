@@ -6,7 +6,8 @@ with a type, a default, its constraints and a one-line help (``Annotated[float, 
 returns the chain of transforms, and :func:`server_optimizer` makes it an :class:`Optimizer` that
 checks its settings. Adding a server optimizer is a transform (if a new one is needed), a factory
 and one ``SERVER_OPTIMIZERS.add`` line; AMSGrad, say, is a second-moment transform that also keeps
-max v, chained as ``chain(EMA(beta1), ScaleBySchedule(lr), ScaleByAMSGrad(beta2, eps))``.
+max v, chained as ``chain(EMA(beta1), ScaleBySchedule(lr), ScaleByAMSGrad(beta2, eps))`` (the
+documentation's "Extending" page writes it out).
 
 * :class:`MetaEpochExtrapolation` wraps any server optimizer with RR-CLI's meta-epoch step.
 * FedShuffle's *global momentum* is not a server optimizer but a method wrapper
@@ -99,6 +100,7 @@ def server_optimizer(factory: Callable[..., Transform]) -> Callable[..., Optimiz
 
 
 StepSize = Annotated[float, Field(gt=0, allow_inf_nan=False, description="server step size η_g")]
+Momentum = Annotated[float, Field(ge=0, lt=1, description="server heavy-ball momentum β: v ← βv + Δ")]
 Beta1 = Annotated[float, Field(ge=0, lt=1, description="first-moment decay β₁: m ← β₁m + (1−β₁)Δ")]
 Beta2 = Annotated[float, Field(ge=0, lt=1, description="second-moment decay β₂")]
 Eps = Annotated[float, Field(gt=0, allow_inf_nan=False, description="adaptivity degree τ: v₀ = τ², step η·m/(√v + τ)")]
@@ -111,7 +113,7 @@ def sgd(lr: StepSize = 1.0) -> Transform:
 
 
 @server_optimizer
-def heavy_ball(lr: StepSize = 1.0, momentum: Annotated[float, Field(ge=0, lt=1, description="server heavy-ball momentum β: v ← βv + Δ")] = 0.9) -> Transform:
+def heavy_ball(lr: StepSize = 1.0, momentum: Momentum = 0.9) -> Transform:
     """Server heavy-ball momentum: v ← βv + Δ (v = Δ on the first round), x ← x − η_g·v."""
     return chain(Trace(momentum), ScaleBySchedule(lr))
 
@@ -141,7 +143,7 @@ def yogi(lr: StepSize = 0.01, beta1: Beta1 = 0.9, beta2: Beta2 = 0.99, eps: Eps 
 
 
 @server_optimizer
-def adgd(lr: Annotated[float, Field(gt=0, allow_inf_nan=False, description="first server step λ₀; later ones adapt to the curvature")] = 1e-6) -> Transform:
+def adgd(lr: Annotated[float, Field(gt=0, allow_inf_nan=False, description="first server step λ₀; later ones adapt")] = 1e-6) -> Transform:
     """AdGD on the pseudo-gradient (:class:`~fedshuffle.server.transforms.ScaleByAdGD`)."""
     return ScaleByAdGD(lr)
 
@@ -183,10 +185,11 @@ class MetaEpochExtrapolation:
         return params - end, {"inner": inner_state, "anchor": end.clone(), "round": torch.tensor(0)}
 
 
+_REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2"
 SERVER_OPTIMIZERS = Registry("server.optimizer")
 SERVER_OPTIMIZERS.add("sgd", sgd, "x ← x − η_g·Δ", "Horváth et al., FedShuffle, TMLR 2022, Algorithm 1")
-SERVER_OPTIMIZERS.add("heavy_ball", heavy_ball, "server heavy-ball momentum on Δ", "Hsu, Qi & Brown 2019 (FedAvgM)")
-SERVER_OPTIMIZERS.add("adam", adam, "FedAdam on the pseudo-gradient", "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2")
-SERVER_OPTIMIZERS.add("adagrad", adagrad, "FedAdagrad on the pseudo-gradient", "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2")
-SERVER_OPTIMIZERS.add("yogi", yogi, "FedYogi on the pseudo-gradient", "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2")
+SERVER_OPTIMIZERS.add("heavy_ball", heavy_ball, "server heavy-ball momentum on Δ", "Hsu, Qi & Brown, arXiv:1909.06335, 2019 (FedAvgM)")
+SERVER_OPTIMIZERS.add("adam", adam, "FedAdam on the pseudo-gradient", _REDDI)
+SERVER_OPTIMIZERS.add("adagrad", adagrad, "FedAdagrad on the pseudo-gradient", _REDDI)
+SERVER_OPTIMIZERS.add("yogi", yogi, "FedYogi on the pseudo-gradient", _REDDI)
 SERVER_OPTIMIZERS.add("adgd", adgd, "adaptive gradient descent without descent on Δ", "Malitsky & Mishchenko, ICML 2020, Algorithm 1")
