@@ -15,6 +15,7 @@ from pydantic.fields import FieldInfo
 
 from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.methods.algorithm import build_algorithm
 from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, server_optimizer
 from fedshuffle.server.transforms import EMA, ScaleBySchedule, Trace, chain
 
@@ -187,6 +188,19 @@ def test_a_setting_of_another_optimizer_is_an_error_naming_it():
         SERVER_OPTIMIZERS["sgd"].factory(beta1=0.5)
     with pytest.raises(ConfigError, match=r"^beta2: .*'adagrad'; accepted: lr, beta1, eps$"):
         SERVER_OPTIMIZERS["adagrad"].factory(beta2=0.9)
+
+
+def test_an_algorithm_takes_only_the_settings_of_its_server_optimizer():
+    with pytest.raises(ConfigError) as err:
+        build_algorithm("fedavg", {"local": {"lr": 0.1}, "server": {"optimizer": "sgd", "beta1": 0.5}})
+    assert err.value.field == "server.beta1"
+    assert build_algorithm("fedavg", {"local": {"lr": 0.1}, "server": {"momentum": 0.0}}).server.settings == {"lr": 1.0}  # no momentum: sgd
+    explicit = build_algorithm("fedavg", {"local": {"lr": 0.1}, "server": {"optimizer": "heavy_ball", "momentum": 0.0}}).server
+    x = torch.zeros(2, dtype=torch.float64)
+    state = explicit.init(x)
+    for d in ([1.0, 2.0], [3.0, -1.0]):
+        step, state = explicit.update(torch.tensor(d, dtype=torch.float64), state, x)
+    assert explicit.settings == {"lr": 1.0, "momentum": 0.0} and step.tolist() == [3.0, -1.0]  # β = 0 as given, not the default 0.9
 
 
 @pytest.mark.parametrize("name", SERVER_OPTIMIZERS.names())
