@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.server import ServerAdGD
+from fedshuffle.server import SERVER_OPTIMIZERS
 
 
 # --- AdGD (Malitsky & Mishchenko 2020) when ‖Δx‖ = 0 or ‖Δg‖ = 0 -------------------------------------------
 
 
 def adgd_steps(directions, params_seq, lr=0.5):
-    server = ServerAdGD(lr)
+    server = SERVER_OPTIMIZERS["adgd"].factory(lr=lr)
     state = server.init(torch.as_tensor(params_seq[0], dtype=torch.float64))
     out = []
     for g, x in zip(directions, params_seq):

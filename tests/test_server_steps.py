@@ -13,7 +13,6 @@ from fedshuffle.experiments.build import build_algorithm_from, build_problem_and
 from fedshuffle.data import FederatedDataset, equal_partition, objective_weights
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.schedules import Schedule
-from fedshuffle.server import ServerAdaptive
 from fedshuffle.analysis.theory import smoothness, solution
 
 from conftest import assert_relative_close, params_trajectory, quadratic_dataset, build_flat, nested
@@ -133,27 +132,6 @@ def test_sum_one_with_replacement_is_biased_where_unbiased_is_not():
 
 
 # -- server optimizers and schedules ------------------------------------------------------------------
-
-
-def test_adaptive_server_optimizers_follow_reddi_et_al():
-    g = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
-    x = torch.zeros(3, dtype=torch.float64)
-    for kind in ("adam", "adagrad", "yogi"):
-        opt = ServerAdaptive(kind, lr=0.1, beta1=0.9, beta2=0.99, eps=1e-3)
-        state = opt.init(x)
-        m, v = torch.zeros(3, dtype=torch.float64), torch.full((3,), 1e-6, dtype=torch.float64)
-        for k in range(3):
-            step, state = opt.update(g * (k + 1), state, x)
-            d = g * (k + 1)
-            m = 0.9 * m + 0.1 * d
-            v = {"adam": 0.99 * v + 0.01 * d**2, "adagrad": v + d**2, "yogi": v - 0.01 * d**2 * torch.sign(v - d**2)}[kind]
-            torch.testing.assert_close(step, 0.1 * m / (v.sqrt() + 1e-3), rtol=1e-14, atol=0)
-    yogi, adam = ServerAdaptive("yogi", lr=0.1), ServerAdaptive("adam", lr=0.1)
-    s_y, s_a = yogi.init(x), adam.init(x)
-    for _ in range(5):
-        _, s_y = yogi.update(g, s_y, x)
-        _, s_a = adam.update(g, s_a, x)
-    assert torch.all(s_y["v"] > s_a["v"])  # Yogi's additive growth is faster than Adam's while v < g²
 
 
 def test_adgd_on_the_server_takes_steps_of_at_least_one_over_2l():
