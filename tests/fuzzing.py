@@ -181,6 +181,32 @@ POOLS: dict[str, dict[str, list[Any]]] = {
     "plot": {"metric": ["loss", "f_gap", [], ["loss", "f_gap"], "bogus", ["bogus"]], "x": ["round", "epochs", "sample_gradients", "bytes", "x"], "log_y": [True, False, "x"], "band": ["std", "minmax", "x"]},
     "experiment": {"name": ["exp", "", "..", "a/b", "ü", "x" * 300], "seeds": [[0], [0, 1], [0, 0, 0], [-1], [], [2**70], [1.5], "x"], "title": ["t", "ü" * 10, 3]},
 }
+
+
+def _declared_values() -> None:
+    """Every registered part's settings join the pools: its default and the bad values generated from its
+    declared constraints (fedshuffle.testing.bad_values), beside the hand-picked extremes above; every
+    registered name joins its chooser's pool. A part added to a registry is fuzzed without editing this file."""
+    from fedshuffle.data.catalog import PARTITIONS, SOURCES
+    from fedshuffle.methods import METHODS
+    from fedshuffle.problems import PROBLEMS
+    from fedshuffle.samplers import SAMPLERS
+    from fedshuffle.server import SERVER_OPTIMIZERS
+    from fedshuffle.testing import bad_values
+
+    choosers = {("method", "name"): METHODS, ("problem", "name"): PROBLEMS, ("data", "source"): SOURCES, ("data", "partition"): PARTITIONS,
+                ("sampler", "name"): SAMPLERS, ("server", "optimizer"): SERVER_OPTIMIZERS}
+    for (section, chooser), registry in choosers.items():
+        pool = POOLS[section]
+        pool[chooser] = [*pool.get(chooser, []), *(n for n in registry.names() if n not in pool.get(chooser, []))]
+        for entry in registry.entries():
+            for setting, bad in bad_values(entry).items():
+                default = entry.settings.model_fields[setting].default
+                known = pool.setdefault(setting, [])
+                known.extend(v for v in [default, *bad] if not any(v is k or (type(v) is type(k) and v == k) for k in known))
+
+
+_declared_values()
 LABELS = ["A", "B", "Fed Avg", "fed-avg", "..", ".", "", "/", "a/b", "ü", "ö", "x" * 300, "A", "con", "-", "seed-0"]
 METHODS_OK = [m for m in POOLS["method"]["name"] if isinstance(m, str) and m.islower() and m not in ("bogus", "")]
 
