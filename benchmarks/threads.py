@@ -31,7 +31,8 @@ from benchmarks.common import write
 from benchmarks.profile_shares import SMOKE
 
 ROOT = Path(__file__).resolve().parents[1]
-SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+#: a busy process, bounded in time, that also stops when the benchmark that started it is gone (killed or not)
+SPIN = "import os, time\nparent = os.getppid()\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end and os.getppid() == parent:\n    pass\n"
 
 
 def timed_run(src: Path, preset: str, rounds: int | None, threads: int | None, timeout: float) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def main() -> None:
     spinners = []
     try:
         for _ in range(1 if args.smoke else args.busy):  # keep the cores busy for the whole benchmark (bounded in time)
-            spinners.append(subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=args.timeout * 4 * repeats)], start_new_session=True))
+            spinners.append(subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=60 if args.smoke else args.timeout * 4 * repeats)], start_new_session=True))
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in cases}
         for r in range(repeats):
             for name, src, threads in cases if r % 2 == 0 else cases[::-1]:
