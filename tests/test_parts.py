@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import quadratic_dataset
-from fedshuffle import Cyclic, FullParticipation, Independent, LocalSolver, Quadratic, UniformWithoutReplacement, WithReplacement, water_filling
+from fedshuffle import Cyclic, FullParticipation, Independent, LocalPlanner, Quadratic, UniformWithoutReplacement, WithReplacement, water_filling
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.local.loop import LocalWork, run_local
 from fedshuffle.local.steps import standard_chain
@@ -73,7 +73,7 @@ def test_cyclic_requires_divisible_cohort():
 def test_rr_epochs_are_permutations_and_so_repeats_one():
     clients = [np.arange(0, 5), np.arange(5, 12)]
     for order in ("rr", "so"):
-        plan = LocalSolver(lr=0.1, epochs=3, order=order, batch_size=2).plan(clients, np.array([1]), 0, seed=2)[0]
+        plan = LocalPlanner(lr=0.1, epochs=3, order=order, batch_size=2).plan(clients, np.array([1]), 0, seed=2)[0]
         assert plan.steps == 3 * 4 and plan.batches.shape == (12, 2)
         epochs = plan.batches.reshape(3, 8)
         for e in epochs:
@@ -86,18 +86,18 @@ def test_rr_epochs_are_permutations_and_so_repeats_one():
 def test_epoch_batches_give_exactly_k_steps_that_cover_one_pass(size, order):
     """RR-CLI §4.5: 100 local steps on ≈1 % of the local data, every sample once per pass (phishing, w3a, a3a splits)."""
     clients = [np.arange(size) + 7]
-    plan = LocalSolver(lr=0.1, epochs=2, order=order, epoch_batches=100).plan(clients, np.array([0]), 0, seed=1)[0]
+    plan = LocalPlanner(lr=0.1, epochs=2, order=order, epoch_batches=100).plan(clients, np.array([0]), 0, seed=1)[0]
     assert plan.steps == 200 and plan.sample_gradients == 2 * size
     counts = (plan.batches >= 0).sum(1)
     assert set(counts.tolist()) <= {size // 100, -(-size // 100)} and counts[:100].sum() == size
     for epoch in (plan.batches[:100], plan.batches[100:]):
         assert np.array_equal(np.sort(epoch[epoch >= 0]), clients[0])
     with pytest.raises(ConfigError, match="epoch_batches"):
-        LocalSolver(lr=0.1, epoch_batches=100).plan([np.arange(50)], np.array([0]), 0, seed=1)
+        LocalPlanner(lr=0.1, epoch_batches=100).plan([np.arange(50)], np.array([0]), 0, seed=1)
 
 
 def test_random_epochs_are_within_range_and_cover_it():
-    solver = LocalSolver(lr=0.1, epochs=(2, 5))
+    solver = LocalPlanner(lr=0.1, epochs=(2, 5))
     draws = {solver.draw_epochs(0, r, seed=1) for r in range(200)}
     assert draws == {2, 3, 4, 5}
 
@@ -107,7 +107,7 @@ def test_a_norm_matches_accumulated_coefficients(momentum, prox):
     """‖a‖₁ closed forms (REFERENCE-NOTES §1 and §10.1b) against running the local solver on a linear model."""
     tau, lr = 5, 0.1
     data = quadratic_dataset([1])
-    solver = LocalSolver(lr=lr, epochs=tau, momentum=momentum, prox_mu=prox / lr)
+    solver = LocalPlanner(lr=lr, epochs=tau, momentum=momentum, prox_mu=prox / lr)
     plan = solver.plan(data.client_indices, np.array([0]), 0, 0)[0]
     # a constant-gradient problem: Δ = η Σ a_k g with g = x − e at x (zero-Hessian part removed by a tiny target step)
     class Linear(Quadratic):
@@ -125,15 +125,15 @@ def test_a_norm_matches_accumulated_coefficients(momentum, prox):
 
 def test_unfinished_work_truncates_plans():
     clients = [np.arange(4)]
-    assert LocalSolver(lr=0.1, drop_last_steps=1).plan(clients, np.array([0]), 0, 0)[0].steps == 3
-    assert LocalSolver(lr=0.1, drop_last_steps=10).plan(clients, np.array([0]), 0, 0)[0].steps == 1
-    stragglers = [LocalSolver(lr=0.1, straggler_probability=1.0).plan(clients, np.array([0]), r, 0)[0].steps for r in range(100)]
+    assert LocalPlanner(lr=0.1, drop_last_steps=1).plan(clients, np.array([0]), 0, 0)[0].steps == 3
+    assert LocalPlanner(lr=0.1, drop_last_steps=10).plan(clients, np.array([0]), 0, 0)[0].steps == 1
+    stragglers = [LocalPlanner(lr=0.1, straggler_probability=1.0).plan(clients, np.array([0]), r, 0)[0].steps for r in range(100)]
     assert set(stragglers) == {1, 2, 3, 4}
 
 
 def test_clipping_and_weight_decay_follow_their_definitions():
     data = quadratic_dataset([1], np.array([[10.0, 0.0]]))
-    plan = LocalSolver(lr=0.5, epochs=1).plan(data.client_indices, np.array([0]), 0, 0)[0]
+    plan = LocalPlanner(lr=0.5, epochs=1).plan(data.client_indices, np.array([0]), 0, 0)[0]
     x = torch.tensor([0.0, 1.0], dtype=torch.float64)
     delta = run_local(Quadratic(2), data.features, data.labels, LocalWork([plan], x, standard_chain(weight_decay=0.1, clip_norm=1.0)))[0]
     g = x - data.features[0]
@@ -148,14 +148,14 @@ def test_clipping_and_weight_decay_follow_their_definitions():
 )
 def test_local_solver_rejects_bad_settings(kwargs, field):
     with pytest.raises(ConfigError) as info:
-        LocalSolver(**kwargs)
+        LocalPlanner(**kwargs)
     assert info.value.field == field
 
 
 def test_executor_independence_of_streams():
     """Plans depend only on (seed, round, client): planning a client alone or within a cohort gives the same batches."""
     clients = [np.arange(0, 4), np.arange(4, 10), np.arange(10, 13)]
-    solver = LocalSolver(lr=0.1, epochs=(1, 3), order="rr")
+    solver = LocalPlanner(lr=0.1, epochs=(1, 3), order="rr")
     together = solver.plan(clients, np.array([0, 1, 2]), 7, seed=3)
     for i, plan in enumerate(together):
         alone = solver.plan(clients, np.array([i]), 7, seed=3)[0]

@@ -1,7 +1,7 @@
 """fedshuffle: local-update methods with sampling without replacement for federated optimization.
 
 One round, as data flows (:mod:`fedshuffle.simulation`): a :class:`~fedshuffle.samplers.Sampler`
-chooses the cohort, a :class:`~fedshuffle.local.plan.LocalSolver` plans each client's local work, the
+chooses the cohort, a :class:`~fedshuffle.local.plan.LocalPlanner` plans each client's local work, the
 method's server half configures the round, its client half trains through an executor
 (:mod:`fedshuffle.executors`, all running :func:`fedshuffle.local.loop.run_local`), the server half
 aggregates, and a server optimizer applies the step. :func:`~fedshuffle.analysis.objective.inspect_objective`
@@ -30,7 +30,7 @@ _EXPORTS = {
     "FederatedDataset": "fedshuffle.data",
     "SequentialExecutor": "fedshuffle.executors",
     "VectorizedExecutor": "fedshuffle.executors",
-    "LocalSolver": "fedshuffle.local.plan",
+    "LocalPlanner": "fedshuffle.local.plan",
     "METHODS": "fedshuffle.methods",
     "GlobalMomentum": "fedshuffle.methods",
     "Method": "fedshuffle.methods",

@@ -132,7 +132,7 @@ class MethodConfig(_PartSection):
 
 
 class LocalConfig(_Section):
-    """What a client does (:class:`fedshuffle.local.plan.LocalSolver`, :mod:`fedshuffle.local.steps`)."""
+    """What a client does (:class:`fedshuffle.local.plan.LocalPlanner`, :mod:`fedshuffle.local.steps`)."""
 
     lr: float | Theory | None = Field(None, description="local step size η_l, or 'theory' (fedshuffle.analysis.theory)")
     lr_multiplier: float = Field(1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)")

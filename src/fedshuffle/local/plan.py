@@ -1,6 +1,6 @@
 """What a client does in a round: how much local work, in which data order, with which step size.
 
-:class:`LocalSolver` *plans* each participating client's round — its epochs E_i, its sequence of
+:class:`LocalPlanner` *plans* each participating client's round — its epochs E_i, its sequence of
 minibatches (random reshuffling, shuffle-once or with replacement), its step size η_i = η_l/c_i
 and any unfinished work — from the run's seeded streams only (:mod:`fedshuffle.core.streams`), so that
 every executor (and a device running the client half) does exactly the same arithmetic. How one step
@@ -59,7 +59,7 @@ class ClientPlan:
 
 
 @dataclass(frozen=True)
-class LocalSolver:
+class LocalPlanner:
     """Plans client rounds (FedShuffle Algorithm 4, lines 4–11).
 
     Parameters

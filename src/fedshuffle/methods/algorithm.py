@@ -1,4 +1,4 @@
-"""An algorithm: a method with its local solver, server optimizer and step-size schedule, built by name.
+"""An algorithm: a method with its local planner, server optimizer and step-size schedule, built by name.
 
 :func:`build_algorithm` takes the settings of each part (the configuration sections ``method``,
 ``local``, ``aggregation``, ``server``, ``schedule``) over the method's registered defaults. Each
@@ -15,7 +15,7 @@ import numpy as np
 
 from fedshuffle.aggregation import Aggregator
 from fedshuffle.core.errors import ConfigError, section
-from fedshuffle.local.plan import LocalSolver
+from fedshuffle.local.plan import LocalPlanner
 from fedshuffle.core.registry import Entry
 from fedshuffle.methods import METHODS
 from fedshuffle.methods.base import Method
@@ -29,11 +29,11 @@ PARTS = ("method", "local", "aggregation", "server", "schedule")
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A method and the parts around it: the local solver that plans its clients' work, the server
+    """A method and the parts around it: the local planner that plans its clients' work, the server
     optimizer (x ← x − step(d)), RR-CLI's meta-epoch step and the schedule scaling every step size."""
 
     method: Method
-    local: LocalSolver
+    local: LocalPlanner
     server: ServerOptimizer
     schedule: Schedule = field(default_factory=Schedule)
     meta_epoch_step: bool = False
@@ -97,7 +97,7 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
         raise ConfigError("local.lr", "'theory' needs the problem and data; resolve it with resolve_step_sizes first")
     local_settings["lr"] = local_settings["lr"] * multiplier
     with section("local"):
-        local = LocalSolver(**local_settings)
+        local = LocalPlanner(**local_settings)
     with section("aggregation"):
         aggregator = Aggregator(**merged["aggregation"])
     with section("method"):

@@ -24,7 +24,7 @@ import torch
 
 from fedshuffle.aggregation import Aggregator
 from fedshuffle.local.loop import LocalWork
-from fedshuffle.local.plan import ClientPlan, LocalSolver
+from fedshuffle.local.plan import ClientPlan, LocalPlanner
 from fedshuffle.local.steps import Drift, standard_chain
 from fedshuffle.problems import Problem
 
@@ -79,7 +79,7 @@ class Trainer:
     problem: Problem
     data: object
     executor: object
-    local: LocalSolver
+    local: LocalPlanner
     seed: int
     round_index: int = 0
     lr_scale: float = 1.0
