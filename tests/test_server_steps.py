@@ -12,7 +12,7 @@ from fedshuffle.experiments.schema import RunSpec, validate
 from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
 from fedshuffle.data import FederatedDataset, equal_partition, objective_weights
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.schedules import Schedule
+from fedshuffle.schedules import SCHEDULES, Schedule
 from fedshuffle.analysis.theory import smoothness, solution
 
 from conftest import assert_relative_close, params_trajectory, quadratic_dataset, build_flat, nested
@@ -158,8 +158,12 @@ def test_schedules():
     assert Schedule("inverse_epochs")(7, 2.5) == pytest.approx(1 / 3)
     step = Schedule("step", (0.5, 0.75), 0.1, total_rounds=100)
     assert [step(r, 0) for r in (0, 49, 50, 74, 75, 99)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
-    with pytest.raises(ConfigError, match="decay_at"):
-        Schedule("step", (0.8, 0.5))
+    with pytest.raises(ConfigError, match="decay_at"):  # declared by the step schedule: increasing fractions
+        SCHEDULES["step"].build({"decay_at": [0.8, 0.5]}, total_rounds=10)
+    with pytest.raises(ConfigError, match="decay_at: schedule 'step' needs it"):
+        SCHEDULES["step"].build({}, total_rounds=10)
+    with pytest.raises(ConfigError, match="decay_factor: not a setting of schedule 'constant'"):  # the constant schedule takes none
+        SCHEDULES["constant"].build({"decay_factor": 0.5}, total_rounds=10)
 
 
 def test_inverse_epoch_schedule_scales_local_and_server_steps():

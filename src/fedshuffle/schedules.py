@@ -16,28 +16,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
-from fedshuffle.core.errors import ConfigError
+from pydantic import AfterValidator, Field
 
-KINDS = ("constant", "inverse_epochs", "step")
+from fedshuffle.core.registry import Registry
+
+
+
+def _milestones(at: list[float]) -> list[float]:
+    if any(not 0 < m < 1 for m in at) or at != sorted(at):
+        raise ValueError(f"milestones must be increasing fractions in (0, 1), got {at}")
+    return at
 
 
 @dataclass(frozen=True)
 class Schedule:
+    """The factor of round ``round_index`` after ``epochs_done`` epochs of computation (module docstring);
+    ``total_rounds`` is the run length the step schedule's milestones refer to."""
+
     name: str = "constant"
     decay_at: tuple[float, ...] = ()
     decay_factor: float = 0.1
     total_rounds: int = 1
-
-    def __post_init__(self) -> None:
-        if self.name not in KINDS:
-            raise ConfigError("name", f"unknown schedule {self.name!r}; accepted: {', '.join(KINDS)}")
-        if self.name == "step" and not self.decay_at:
-            raise ConfigError("decay_at", "a step schedule needs milestones, e.g. [0.5, 0.75] (fractions of the run)")
-        if any(not 0 < m < 1 for m in self.decay_at) or list(self.decay_at) != sorted(self.decay_at):
-            raise ConfigError("decay_at", f"milestones must be increasing fractions in (0, 1), got {list(self.decay_at)}")
-        if not 0 < self.decay_factor <= 1:
-            raise ConfigError("decay_factor", f"must be in (0, 1], got {self.decay_factor}")
 
     def __call__(self, round_index: int, epochs_done: float) -> float:
         if self.name == "constant":
@@ -46,3 +47,26 @@ class Schedule:
             return 1.0 / (1.0 + math.floor(epochs_done + 1e-9))
         passed = sum(round_index >= m * self.total_rounds for m in self.decay_at)
         return self.decay_factor**passed
+
+
+def constant() -> Schedule:
+    return Schedule("constant")
+
+
+def inverse_epochs() -> Schedule:
+    return Schedule("inverse_epochs")
+
+
+def step(
+    total_rounds: int,
+    decay_at: Annotated[list[float], AfterValidator(_milestones), Field(min_length=1, description="milestones as increasing fractions of the run, e.g. [0.5, 0.75]")],
+    decay_factor: Annotated[float, Field(gt=0, le=1, description="the factor applied at each milestone")] = 0.1,
+) -> Schedule:
+    return Schedule("step", tuple(decay_at), decay_factor, total_rounds)
+
+
+#: Schedules by name; the framework passes the run's length (``total_rounds``).
+SCHEDULES = Registry("schedule.name", runtime=("total_rounds",), noun="schedule")
+SCHEDULES.add("constant", constant, "1 every round")
+SCHEDULES.add("inverse_epochs", inverse_epochs, "1/(1 + completed epochs of computation)", "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI), §4.5")
+SCHEDULES.add("step", step, "decay_factor to the power of the milestones passed")

@@ -105,6 +105,9 @@ class Entry:
         except ValidationError as exc:
             error = exc.errors()[0]
             key = ".".join(str(p) for p in error["loc"][:1]) or "settings"
+            if error["type"] == "missing":
+                info = self.settings.model_fields[key]
+                raise ConfigError(key, f"{self.noun} {self.name!r} needs it{': ' + info.description if info.description else ''}") from None
             raise ConfigError(key, f"{error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})") from None
 
     def build(self, settings: Mapping[str, Any], **runtime: Any) -> Any:

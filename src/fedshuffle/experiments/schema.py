@@ -32,7 +32,7 @@ from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.local.plan import ORDERS, STEP_MODES, STEP_NORMALIZATIONS
 from fedshuffle.methods.momentum import ESTIMATORS
 from fedshuffle.samplers import SAMPLERS
-from fedshuffle.schedules import KINDS as SCHEDULES
+from fedshuffle.schedules import SCHEDULES
 from fedshuffle.server import SERVER_OPTIMIZERS
 from fedshuffle.methods import METHODS
 from fedshuffle.methods.algorithm import method_defaults
@@ -196,12 +196,16 @@ class ServerConfig(_PartSection):
         return _positive_or_theory(v)
 
 
-class ScheduleConfig(_Section):
-    """One factor per round scaling every step size (:class:`fedshuffle.schedules.Schedule`)."""
+class ScheduleConfig(_PartSection):
+    """One factor per round scaling every step size (:data:`fedshuffle.schedules.SCHEDULES`) and the schedule's own settings."""
 
-    name: Literal[SCHEDULES] = "constant"
-    decay_at: list[float] = Field(default_factory=list, description="step: milestones as fractions of the run")
-    decay_factor: float = Field(0.1, gt=0, le=1)
+    _choosers: ClassVar[dict[str, Registry]] = {"name": SCHEDULES}
+    name: str = "constant"
+
+    @field_validator("name", mode="plain")
+    @classmethod
+    def _known_schedule(cls, v: Any) -> str:
+        return _registered(SCHEDULES, v, "schedule")
 
 
 class ProblemConfig(_PartSection):
@@ -521,7 +525,7 @@ def _with_method_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 #: the sections whose chooser names a registered part, and their choosers
 _CHOOSERS = {"method": {"name": METHODS}, "problem": {"name": PROBLEMS}, "data": {"source": SOURCES, "partition": PARTITIONS},
-             "sampler": {"name": SAMPLERS}, "server": {"optimizer": SERVER_OPTIMIZERS}}
+             "sampler": {"name": SAMPLERS}, "server": {"optimizer": SERVER_OPTIMIZERS}, "schedule": {"name": SCHEDULES}}
 
 
 def _merge_parts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from fedshuffle.methods import METHODS
 from fedshuffle.methods.base import Method
 from fedshuffle.methods.momentum import GlobalMomentum
 from fedshuffle.samplers import Sampler
-from fedshuffle.schedules import Schedule
+from fedshuffle.schedules import SCHEDULES, Schedule
 from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, ServerOptimizer
 
 PARTS = ("method", "local", "aggregation", "server", "schedule")
@@ -121,7 +121,8 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
     if local.prox_mu and method.sets_own_prox:
         raise ConfigError("local.prox_mu", f"{name}'s local objective sets its own proximal term: set its method settings, not local.prox_mu")
     with section("schedule"):
-        schedule = Schedule(**{**merged["schedule"], "total_rounds": rounds})
+        schedule_settings = dict(merged["schedule"])
+        schedule = SCHEDULES[schedule_settings.pop("name", "constant")].build(schedule_settings, total_rounds=rounds)
     return Algorithm(method, local, server, schedule, meta, global_lr)
 
 
