@@ -1,24 +1,18 @@
 """Methods: the registry of every named method, each a :class:`~fedshuffle.methods.base.Method` with its defaults.
 
 Most methods are one setting of FedShuffleGen (Horváth et al., TMLR 2022, Algorithm 4): the plain
-:class:`Method` with local-solver, aggregation and server defaults. Stateful methods are one file
-each (:mod:`.scaffold`, :mod:`.fedcdr`, :mod:`.feddyn`); global momentum wraps any of them
-(:mod:`.momentum`). A defaults entry is keyed by configuration section; a method with a theorem for its step
+:class:`Method` with local-planner, aggregation and server defaults, registered here. A stateful method is
+one file, its class and its registration (:mod:`.scaffold`, :mod:`.fedcdr`, :mod:`.feddyn`), imported here
+by discovery; global momentum wraps any of them (:mod:`.momentum`). A defaults entry is keyed by configuration section; a method with a theorem for its step
 sizes names it there (``server.theory_rule``, :data:`fedshuffle.analysis.theory.THEORY_RULES`).
 """
 
 from __future__ import annotations
 
-from fedshuffle.core.registry import Registry
-from fedshuffle.methods.base import ClientResult, Method, RoundInfo, Trainer
-from fedshuffle.methods.fedcdr import FedCDR
-from fedshuffle.methods.feddyn import FedDyn
-from fedshuffle.methods.momentum import GlobalMomentum
-from fedshuffle.methods.scaffold import Scaffold
+import importlib
+import pkgutil
 
-#: Methods by name. A method's own settings are its constructor's keyword parameters after the aggregator
-#: (``[method]`` section); ``defaults`` are its settings of the other sections (``local``, ``aggregation``, ``server``).
-METHODS = Registry("method.name", runtime=("aggregator",))
+from fedshuffle.methods.base import METHODS, ClientResult, Method, RoundInfo, Trainer
 
 _FEDSHUFFLE = "Horváth, Sanjabi, Xiao, Richtárik & Rabbat, FedShuffle, TMLR 2022"
 _WANG = "Wang, Liu, Liang, Joshi & Poor, FedNova, NeurIPS 2020"
@@ -57,14 +51,15 @@ METHODS.add("fedprox", Method, "local epochs with the proximal term (μ/2)‖y �
 METHODS.add("generalized_fedavg", Method, "K local steps with η_L, x ← x + η·(1/|S|)Σ_{i∈S} Δ_i (uniform sampling; objective (1/m)Σ f_i)",
             "Yang, Fang & Liu, Achieving Linear Speedup with Partial Worker Participation in Non-IID Federated Learning, ICLR 2021, Algorithm 1",
             local={"order": "with_replacement"}, aggregation={"weighting": "uniform", "normalization": "unbiased"}, server={"theory_rule": "yang_1"})
-METHODS.add("scaffold", Scaffold, "control variates c, c_i in every local step (option I or II)",
-            "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, Algorithm 1",
-            local={"order": "with_replacement"}, aggregation={"normalization": "unbiased"})
-METHODS.add("fedcdr", FedCDR, "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
-            "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML submission), Algorithm 1",
-            local={"order": "rr", "epochs": 20, "batch_size": 10})
-METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic terms in the local objective, server state h",
-            "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR 2021, Algorithm 1",
-            local={"order": "rr"})
+
+# Every other module of the package registers its own method(s) (a stateful method is one file: its class and
+# its METHODS.add line), so a new method file needs no line here.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+from fedshuffle.methods.fedcdr import FedCDR  # noqa: E402  (the modules are imported above; these names are re-exported)
+from fedshuffle.methods.feddyn import FedDyn  # noqa: E402
+from fedshuffle.methods.momentum import GlobalMomentum  # noqa: E402
+from fedshuffle.methods.scaffold import Scaffold  # noqa: E402
 
 __all__ = ["METHODS", "ClientResult", "FedCDR", "FedDyn", "GlobalMomentum", "Method", "RoundInfo", "Scaffold", "Trainer"]

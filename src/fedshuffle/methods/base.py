@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from fedshuffle.aggregation import Aggregator
+from fedshuffle.core.registry import Registry
 from fedshuffle.local.loop import LocalWork
 from fedshuffle.local.plan import ClientPlan, LocalPlanner
 from fedshuffle.local.steps import Drift, standard_chain
@@ -198,3 +199,8 @@ class Method:
 def sample_gradients(plans: Sequence[ClientPlan]) -> int:
     """Per-sample gradient evaluations of the planned local steps."""
     return sum(p.sample_gradients for p in plans)
+
+
+#: Methods by name. A method's own settings are its constructor's keyword parameters after the aggregator
+#: (``[method]`` section); ``defaults`` are its settings of the other sections (``local``, ``aggregation``, ``server``).
+METHODS = Registry("method.name", runtime=("aggregator",), noun="method")

@@ -11,7 +11,7 @@ import torch
 from fedshuffle.aggregation import Aggregator
 from fedshuffle.local.prox import SOLVERS, ClientObjectives, solve_prox
 from fedshuffle.metrics import metric
-from fedshuffle.methods.base import ClientResult, Method, Trainer, sample_gradients
+from fedshuffle.methods.base import METHODS, ClientResult, Method, Trainer, sample_gradients
 
 #: The stream key offset of FedCDR's initialization solves, so that they never reuse a round's data order.
 INIT_ROUND_OFFSET = 1 << 40
@@ -134,3 +134,8 @@ class FedCDR(Method):
 
     def describe(self):
         return f"fedcdr (α = {self.alpha}, η = {self.eta}, init {self.initialization}, prox {self.prox_solver})"
+
+
+METHODS.add("fedcdr", FedCDR, "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
+            "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML submission), Algorithm 1",
+            local={"order": "rr", "epochs": 20, "batch_size": 10})

@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.methods.base import ClientResult, Method, last_occurrence, sample_gradients
+from fedshuffle.methods.base import METHODS, ClientResult, Method, last_occurrence, sample_gradients
 
 
 class FedDyn(Method):
@@ -57,3 +57,8 @@ class FedDyn(Method):
 
     def describe(self):
         return f"feddyn (α = {self.alpha})"
+
+
+METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic terms in the local objective, server state h",
+            "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR 2021, Algorithm 1",
+            local={"order": "rr"})

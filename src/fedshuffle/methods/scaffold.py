@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.methods.base import ClientResult, Method, last_occurrence, sample_gradients
+from fedshuffle.methods.base import METHODS, ClientResult, Method, last_occurrence, sample_gradients
 
 OPTIONS = ("I", "II")
 
@@ -61,3 +61,8 @@ class Scaffold(Method):
 
     def describe(self):
         return f"scaffold (option {self.option})"
+
+
+METHODS.add("scaffold", Scaffold, "control variates c, c_i in every local step (option I or II)",
+            "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, Algorithm 1",
+            local={"order": "with_replacement"}, aggregation={"normalization": "unbiased"})
