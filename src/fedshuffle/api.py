@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,12 @@ from fedshuffle.experiments.folders import find_files, seal_problem
 from fedshuffle.experiments import schema
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
 from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, parse_overrides, preset_names, slug, validate
+from fedshuffle.experiments.reproduce import reproduce as run_all
+from fedshuffle.experiments.runner import build_simulation, ensure_writable
+from fedshuffle.analysis.objective import inspect_objective
+from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
+from fedshuffle.experiments.session import run_experiment
+from fedshuffle.experiments.plots import line_style
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -149,7 +156,6 @@ def reproduce(*presets: str, out: str | os.PathLike = "results/reproduce", budge
     claim (preset, paper, figure, claim, quote, measured, verdict, why)."""
     from dataclasses import asdict
 
-    from fedshuffle.experiments.reproduce import reproduce as run_all
 
     return [asdict(r) for r in run_all(list(presets) or preset_names(), Path(out), budget=budget, show_progress=progress)]
 
@@ -213,8 +219,6 @@ class Experiment:
         """The :class:`~fedshuffle.simulation.Simulation` of one variant and seed, built but not run:
         ``sim.step()`` runs one round, ``sim.params`` is the server model. Step sizes given as
         ``'theory'`` are resolved."""
-        from fedshuffle.experiments.runner import build_simulation
-
         spec = self.spec(variant)
         seed_value = spec.run.seed if seed is None else _check_seeds(seed, "seed")[0]
         sim, _ = build_simulation(spec, seed_value)
@@ -223,8 +227,6 @@ class Experiment:
     def objective(self, variant: str | None = None, *, seed: int | None = None, exact: bool | None = None, rounds: int = 20_000) -> ObjectiveReport:
         """Which objective does this variant minimize on its data? :func:`~fedshuffle.analysis.objective.inspect_objective`
         with the variant's algorithm, sampler, client sizes and objective weights w_i."""
-        from fedshuffle.analysis.objective import inspect_objective
-        from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
 
         spec = self.spec(variant)
         if seed is not None:
@@ -246,8 +248,6 @@ class Experiment:
         that diverges or fails does not raise: its status is in :attr:`Results.runs` and a warning
         names it.
         """
-        from fedshuffle.experiments.runner import ensure_writable
-        from fedshuffle.experiments.session import run_experiment
 
         config = _with_seeds(self.config, seeds)
         if variants is not None:
@@ -416,7 +416,6 @@ class Results:
         where lower is better. Returns the matplotlib axes (a new figure unless ``ax`` is given)."""
         import matplotlib.pyplot as plt
 
-        from fedshuffle.experiments.plots import line_style
 
         metric = self._check_metric(metric, "metric", ("model", "method"))
         if x != "bytes":

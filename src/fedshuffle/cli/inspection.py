@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.cli import app, console, _fail, _load
+from fedshuffle.cli.common import app, console, fail, load_config
 from fedshuffle.cli.output import print_table
 
 
@@ -75,9 +75,9 @@ def inspect(
         smp = build_sampler(spec.sampler, data)
         report = inspect_objective(alg, smp, np.array(size_list), w, exact=False if monte_carlo else None, rounds=samples)
     except ConfigError as exc:
-        _fail(ConfigError(_OPTIONS.get(exc.field, exc.field), exc.message) if exc.field in _OPTIONS else exc)
+        fail(ConfigError(_OPTIONS.get(exc.field, exc.field), exc.message) if exc.field in _OPTIONS else exc)
     except ValueError as exc:
-        _fail(ConfigError("--epochs/--weights", str(exc)))
+        fail(ConfigError("--epochs/--weights", str(exc)))
     convention = alg.local.step_normalization if isinstance(alg.local.step_normalization, str) else "explicit c_i"
     if as_json:
         out = report.to_dict()
@@ -112,7 +112,7 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
     from fedshuffle.experiments.runner import check_against_data
 
     rows, built = {}, {}
-    for label, spec in _load(config).runs(overrides):
+    for label, spec in load_config(config).runs(overrides):
         key = json.dumps([spec.data.model_dump(), spec.problem.model_dump(), spec.run.seed, spec.run.dtype], default=str)
         if key not in built:  # variants that differ only in the method share their data
             built[key] = build_problem_and_data(spec)
@@ -144,7 +144,7 @@ def _inspect_config(config: str, set_: list[str] | None, monte_carlo: bool, samp
             raise ConfigError("--samples" if samples < 1 else "--clients", "must be >= 1")
         rows = config_report(config, parse_overrides(set_ or []), monte_carlo=monte_carlo, samples=samples)
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         print(json.dumps(rows))
         return

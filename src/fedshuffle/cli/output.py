@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 
 from rich.table import Table
 
-from fedshuffle.cli import console
+from fedshuffle.cli.common import console
 
 
 def mean_std(mean: float, std: float, n: int, digits: int = 4) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli import app, console, err, _fail, _fail_results, _note, _out_path
+from fedshuffle.cli.common import app, console, err, fail, fail_results, note, _out_path
 
 ALLOW_UNSEALED = ("also show runs whose metrics.csv changed after they finished, or whose summary.json holds no SHA-256 of their files "
                   "(a warning names each; default: refused)")
@@ -62,13 +62,13 @@ def plot(
         points = len({json.dumps(r.point, sort_keys=True) for r in runs})
         if points > 1 and not all_points:
             runs = best_point_runs(runs, metrics[0])
-            _note(f"the best of {points} grid points per variant by final {metrics[0]} (--all-points for every point)")
+            note(f"the best of {points} grid points per variant by final {metrics[0]} (--all-points for every point)")
         files = plot_runs(group_runs(runs), out_stem or paths[0] / "plot", metric=metrics, x=axis, band=band,
                           log_y=not linear, title=title, require_data=True)
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     except OSError as exc:
-        _fail_results(ResultsError(f"cannot write the figure to {out_stem or paths[0] / 'plot'} ({exc.strerror or exc})"))
+        fail_results(ResultsError(f"cannot write the figure to {out_stem or paths[0] / 'plot'} ({exc.strerror or exc})"))
     console.print("wrote " + ", ".join(map(str, files)))
 
 
@@ -100,4 +100,4 @@ def table_command(
         metrics = metric or [m for m in SUMMARY_METRICS if any(r.final.get(m) is not None for r in runs)] or ["loss"]
         print(markdown_table(groups, metrics, stat))
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)

@@ -14,6 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from fedshuffle.experiments.schema import RunSpec
+from fedshuffle.methods import METHODS, METHOD_SETTINGS
+from fedshuffle.methods.algorithm import build_algorithm
+from fedshuffle.methods.momentum import GlobalMomentum
 
 #: server optimizer attribute → the ``[server]`` setting it comes from
 _SERVER_FIELDS = {"lr": "lr", "beta": "momentum", "beta1": "beta1", "beta2": "beta2", "eps": "eps"}
@@ -21,9 +24,6 @@ _SERVER_FIELDS = {"lr": "lr", "beta": "momentum", "beta1": "beta1", "beta2": "be
 
 def resolved_settings(spec: RunSpec) -> dict[str, Any]:
     """``spec`` by section, with the method's and the server optimizer's defaults filled in (see the module)."""
-    from fedshuffle.methods import METHOD_SETTINGS, METHODS
-    from fedshuffle.methods.algorithm import build_algorithm
-    from fedshuffle.methods.momentum import GlobalMomentum
 
     out = spec.model_dump()
     settings = spec.algorithm_settings()

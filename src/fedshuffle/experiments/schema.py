@@ -30,6 +30,7 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.inputs import read_regular_file
 from fedshuffle.core.registry import Registry
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
+from fedshuffle.experiments.readings import valid_at, valid_metric
 from fedshuffle.local.plan import ORDERS, STEP_MODES, STEP_NORMALIZATIONS
 from fedshuffle.local.prox import SOLVERS as PROX_SOLVERS
 from fedshuffle.methods.fedcdr import FORMS as FEDCDR_FORMS
@@ -418,16 +419,12 @@ class TuneConfig(_Section):
     @field_validator("metric")
     @classmethod
     def _metric(cls, v: str) -> str:
-        from fedshuffle.experiments.claims import _valid_metric
-
-        return _valid_metric(v)
+        return valid_metric(v)
 
     @field_validator("at")
     @classmethod
     def _at(cls, v: str) -> str:
-        from fedshuffle.experiments.claims import _valid_at
-
-        return _valid_at(v)
+        return valid_at(v)
 
     @field_validator("seeds")
     @classmethod

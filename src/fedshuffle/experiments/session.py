@@ -20,10 +20,11 @@ from typing import Any
 
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import write_json
-from fedshuffle.experiments import folders
+from fedshuffle.experiments import folders, report
 from fedshuffle.experiments.results import check_metrics
 from fedshuffle.experiments.schema import Experiment
 from fedshuffle.experiments.sweep import Job, Outcome, check_workers, jobs_for, run_jobs, select_best
+from fedshuffle.experiments.runner import ensure_writable, preflight, run_identity, sharing_builds
 
 
 def variant_identities(experiment: Experiment, overrides: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -45,8 +46,6 @@ class ResultsFolder:
         self.finished = 0
 
     def __enter__(self) -> ResultsFolder:
-        from fedshuffle.experiments.runner import ensure_writable, run_identity
-
         if self.resume and self.kind == "run" and not (self.out / folders.MANIFEST).is_file():
             raise ConfigError("--resume", f"{self.out} holds no fedshuffle results (no {folders.MANIFEST}); give the folder that --out named")
         ensure_writable(self.out)
@@ -89,8 +88,6 @@ def _sharing_builds(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def shared(*args: Any, **kwargs: Any) -> Any:
-        from fedshuffle.experiments.runner import sharing_builds
-
         with sharing_builds():
             return command(*args, **kwargs)
 
@@ -103,8 +100,6 @@ def run_experiment(
     extend: bool = False, show_progress: bool = True, workers: int = 1, on_open: Any = None,
 ) -> tuple[dict[str, Any], list[Outcome]]:
     """All variants × seeds of an experiment into ``out_dir``, then the overall summary and the plot."""
-    from fedshuffle.experiments.report import StoredRun, group_runs, plot_runs, summarize_runs
-    from fedshuffle.experiments.runner import preflight
 
     check_workers(workers)
     out_dir = Path(out_dir)
@@ -117,16 +112,16 @@ def run_experiment(
         if on_open:
             on_open(folder)
         outcomes = run_jobs(jobs, workers=workers, resume=resume, extend=extend, experiment=name, show_progress=show_progress, title=name)
-        runs = [StoredRun(o.job.run_dir, o.job.label, o.job.point, o.job.seed, o.status, o.final, o.message) for o in outcomes]
-        groups = group_runs(runs)
+        runs = [report.StoredRun(o.job.run_dir, o.job.label, o.job.point, o.job.seed, o.status, o.final, o.message) for o in outcomes]
+        groups = report.group_runs(runs)
         summary = {
             "experiment": experiment.experiment.model_dump(),
-            "variants": {label: summarize_runs(group, out_dir) for label, group in groups.items()},
+            "variants": {label: report.summarize_runs(group, out_dir) for label, group in groups.items()},
             "plots": ["plot.png", "plot.pdf"],
         }
         folder.write("summary.json", summary)
         try:
-            plot_runs(groups, out_dir / "plot", metric=plot.metric, x=plot.x, band=plot.band, log_y=plot.log_y, title=experiment.experiment.title or name,
+            report.plot_runs(groups, out_dir / "plot", metric=plot.metric, x=plot.x, band=plot.band, log_y=plot.log_y, title=experiment.experiment.title or name,
                       recorded_only="metric" not in plot.model_fields_set)  # the default f_gap: not recorded where no optimum is known
         except OSError as exc:
             raise ResultsError(f"writing the plot into {out_dir} failed ({exc.strerror or exc}); the runs' results and summary.json are kept") from None
@@ -139,8 +134,6 @@ def run_sweep(
     variants: Sequence[str] | None, pick: str | None, extend: bool, workers: int, show_progress: bool, record: Mapping[str, Any], on_open: Any = None,
 ) -> tuple[dict[str, Any], list[Outcome]]:
     """Every grid point × variant × seed into ``out_dir`` (finished runs are kept), then ``sweep.json``."""
-    from fedshuffle.experiments.runner import preflight
-
     check_workers(workers)
     jobs = jobs_for(experiment, Path(out_dir), points, seeds, overrides, variants)
     preflight(jobs)

@@ -30,6 +30,8 @@ import numpy as np
 from fedshuffle.experiments.folders import folder_name, unique_folders
 from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, parse_overrides
 from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.experiments.runner import run_single, sharing_builds
+from fedshuffle.replicas import describe_groups, replica_groups, run_together, spread
 
 
 @dataclass(frozen=True)
@@ -208,8 +210,6 @@ UNWRITABLE = "unwritable"  # an outcome whose folder could not be written: the c
 
 
 def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Callable[[int], None] | None, adopt: Callable[..., Any] | None = None) -> Outcome:
-    from fedshuffle.experiments.runner import run_single
-
     try:
         result = run_single(
             job.spec, job.run_dir, job.seed, resume=resume, extend=extend, on_round=on_round, label=job.label, point=job.point, experiment=experiment, adopt=adopt,
@@ -223,8 +223,6 @@ def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Ca
 
 def _execute_group(jobs: Sequence[Job], resume: bool, extend: bool, experiment: str, on_rounds: Sequence[Callable[[int], None] | None]) -> list[Outcome]:
     """Run ``jobs``, one job as it is, several as the replicas of one simulation (:mod:`fedshuffle.replicas`)."""
-    from fedshuffle.experiments.runner import sharing_builds
-    from fedshuffle.replicas import run_together
 
     if len(jobs) == 1:
         return [_execute(jobs[0], resume, extend, experiment, on_rounds[0])]
@@ -275,7 +273,6 @@ def run_jobs(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from fedshuffle.replicas import describe_groups, replica_groups, spread
 
     check_workers(workers)
     groups = spread(replica_groups([job.spec for job in jobs]), workers)  # runs that differ only in step sizes or seed: one simulation per worker

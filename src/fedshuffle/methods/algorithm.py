@@ -22,6 +22,8 @@ from fedshuffle.methods.momentum import GlobalMomentum
 from fedshuffle.samplers import Sampler
 from fedshuffle.schedules import Schedule
 from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, ServerOptimizer
+from fedshuffle.methods.fedcdr import FedCDR
+from fedshuffle.methods.feddyn import FedDyn
 
 PARTS = ("method", "local", "aggregation", "server", "schedule")
 
@@ -115,18 +117,11 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
         server = SERVER_OPTIMIZERS[kind].factory(**server_settings)
         if beta:
             method = GlobalMomentum(method, beta, estimator)
-    if local.prox_mu and isinstance(method.inner if isinstance(method, GlobalMomentum) else method, _prox_method()):
+    if local.prox_mu and isinstance(method.inner if isinstance(method, GlobalMomentum) else method, (FedCDR, FedDyn)):
         raise ConfigError("local.prox_mu", f"{name}'s local objective sets its own proximal term: set its method settings, not local.prox_mu")
     with section("schedule"):
         schedule = Schedule(**{**merged["schedule"], "total_rounds": rounds})
     return Algorithm(method, local, server, schedule, meta, global_lr)
-
-
-def _prox_method() -> tuple[type, ...]:
-    from fedshuffle.methods.fedcdr import FedCDR
-    from fedshuffle.methods.feddyn import FedDyn
-
-    return (FedCDR, FedDyn)
 
 
 def _method(name: str, factory: Any, aggregator: Aggregator, settings: Mapping[str, Any]) -> Method:
