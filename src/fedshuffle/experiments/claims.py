@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Registry
+from fedshuffle.core.validation import validate
 from fedshuffle.experiments.readings import At, valid_metric
 from fedshuffle.experiments.results import read_metrics
 from fedshuffle.experiments.targets import COLUMNS as TARGET_AXES, Target, time_to_target
@@ -502,8 +503,6 @@ CLAIMS.add("reaches", ReachesClaim, "a variant reaches a target with a cost (rou
 
 def parse_claims(raw: Sequence[Any], labels: Sequence[str]) -> list[Claim]:
     """The validated claims of an experiment with these variant labels; errors name ``claims[i].field``."""
-    from fedshuffle.experiments.schema import validate
-
     out = []
     for i, item in enumerate(raw):
         where = f"claims[{i}]"
