@@ -156,7 +156,8 @@ def test_out_on_an_existing_folder_says_what_it_does(tmp_path):
     stamp = (out / "seed-0" / "metrics.csv").stat().st_mtime_ns
     again = cli("run", cfg, "--out", out, "--seeds", "0", "--set", "run.rounds=5", "--quiet")
     clean(again, 0)
-    assert f"{out} already holds results; this run writes to {out}-2" in again.stderr
+    assert f"{out} already holds results of 'toy'; writing to {out}-2 (to continue the runs in {out}: --resume {out})" in " ".join(again.stderr.split())
+    assert f"results: {out}-2/" in again.stdout
     assert (out / "seed-0" / "metrics.csv").stat().st_mtime_ns == stamp and (tmp_path / "out-2" / "seed-0" / "summary.json").exists()
     (tmp_path / "file").write_text("x")
     result = cli("run", cfg, "--out", tmp_path / "file", "--quiet")

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.core.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
 console = Console(soft_wrap=True)  # lines are never cut at 80 columns in a pipe; tables: .output.print_table
@@ -48,54 +48,6 @@ def load_config(config: str):
     from fedshuffle.experiments.schema import load_experiment
 
     return load_experiment(config)
-
-
-def _out_path(out: str | None, option: str = "--out") -> Path | None:
-    if out is None:
-        return None
-    if not out.strip():
-        raise ConfigError(option, "empty; give a folder")
-    if Path(out).resolve() == Path(Path(out).resolve().anchor):
-        raise ConfigError(option, f"{out} is the root of the filesystem; give a folder for the results")
-    return Path(out)
-
-
-def _fresh_dir(path: Path) -> Path:
-    """``path`` if it is new or empty, else the first free ``path-2``, ``path-3``, ..."""
-    if path.exists() and not path.is_dir():
-        raise ResultsError(f"cannot write to {path} (it is a file, not a folder)")
-    if not path.exists() or not any(path.iterdir()):
-        return path
-    path = path.resolve() if not path.name else path
-    k = 2
-    while (candidate := path.with_name(f"{path.name}-{k}")).exists():
-        k += 1
-    return candidate
-
-
-def _seeds(text: str | None, overrides: dict) -> list[int] | None:
-    """``--seeds``, or the seed of ``--set run.seed=S`` (which then runs alone, also where the config lists seeds)."""
-    from fedshuffle.experiments.sweep import check_seeds, parse_seeds
-
-    seeds = parse_seeds(text) if text is not None else None
-    if "seed" in overrides.get("run", {}):
-        if seeds is not None:
-            raise ConfigError("--seeds", "give the seeds either with --seeds or with --set run.seed, not both")
-        seeds = [overrides["run"]["seed"]]
-        check_seeds(seeds, "--set run.seed")
-    return seeds
-
-
-def _extend(extend_to: int | None, overrides: dict) -> None:
-    """``--extend-to N`` is ``run.rounds = N``, allowed to continue runs asked for fewer rounds."""
-    if extend_to is None:
-        return
-    if extend_to < 1:
-        raise ConfigError("--extend-to", f"must be >= 1, got {extend_to}")
-    given = overrides.get("run", {}).get("rounds")
-    if given is not None and given != extend_to:
-        raise ConfigError("--extend-to", f"conflicts with --set run.rounds={given}; give one of them")
-    overrides.setdefault("run", {})["rounds"] = extend_to
 
 
 def resume_command(name: str, config: str, set_: list[str] | None, seeds: str | None, extend_to: int | None, folder: Path | None) -> str:

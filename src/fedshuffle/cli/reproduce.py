@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli.common import app, console, err, EXIT_STATUS, fail, fail_results, interrupted, note, _out_path
+from fedshuffle.cli.common import app, console, err, EXIT_STATUS, fail, fail_results, interrupted, note
 
 
 @app.command(help=f"""Run presets or experiment files (what is missing) and judge every claim; write report.md and report.html.
@@ -40,6 +40,7 @@ def reproduce(
 ) -> None:
     from fedshuffle.experiments.reproduce import as_json, reproduce as run_all
     from fedshuffle.experiments.schema import preset_names
+    from fedshuffle.experiments.session import check_out
 
     if smoke:
         from fedshuffle.experiments.smoke import smoke as run_smoke, summary
@@ -57,7 +58,7 @@ def reproduce(
     try:
         if all_ and presets:
             raise ConfigError("--all", "give preset names or --all, not both")
-        target = _out_path(out) or target
+        target = check_out(out) or target
         names = preset_names() if all_ else list(presets or [])
         rows = run_all(names, target, budget=budget, run=not no_run, show_progress=not (quiet or json_), note=None if json_ else note, workers=workers)
     except ConfigError as exc:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli.common import app, console, err, fail, fail_results, note, _out_path
+from fedshuffle.cli.common import app, console, err, fail, fail_results, note
 
 ALLOW_UNSEALED = ("also show runs whose metrics.csv changed after they finished, or whose summary.json holds no SHA-256 of their files "
                   "(a warning names each; default: refused)")
@@ -42,6 +42,7 @@ def plot(
     """
     from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs, plot_defaults, plot_runs
     from fedshuffle.experiments.results import check_metrics, x_axes
+    from fedshuffle.experiments.session import check_out
 
     out_stem: Path | None = None
     try:
@@ -51,7 +52,7 @@ def plot(
             raise ConfigError("--x", f"unknown axis {x!r}; accepted: {', '.join(x_axes())}")
         if band not in ("std", "minmax"):
             raise ConfigError("--band", f"unknown {band!r}; accepted: std, minmax")
-        out_stem = _out_path(out)
+        out_stem = check_out(out)
         runs = collect_runs(paths, allow_unsealed=allow_unsealed, warn=_warn)
         defaults = plot_defaults(runs[0])
         axis = x or defaults.get("x", "round")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import read_text
 from fedshuffle.cli.output import mean_std, print_table
-from fedshuffle.cli.common import app, console, DEFAULT_PRESET, EXIT_STATUS, fail, fail_results, interrupted, note, load_config, _out_path, _fresh_dir, _seeds, _extend, resume_command
+from fedshuffle.cli.common import app, console, DEFAULT_PRESET, EXIT_STATUS, fail, fail_results, interrupted, note, load_config, resume_command
 
 
 def _print_summary(summary: dict, title: str) -> None:
@@ -24,6 +24,18 @@ def _print_summary(summary: dict, title: str) -> None:
         cells = [mean_std(v["final"][m]["mean"], v["final"][m]["std"], v["final"][m]["n"]) if m in v["final"] else "" for m in metrics]
         rows.append((label, *cells, ", ".join(sorted(set(v["status"])))))
     print_table(title, ("variant", *(f"final {m}" for m in metrics), "status"), rows, right={f"final {m}" for m in metrics})
+
+
+def _arguments(config: str, out: str | None, set_: list[str] | None, seeds: str | None, extend_to: int | None) -> tuple[Any, Path | None, dict, list[int] | None]:
+    """What ``run`` and ``sweep`` read alike: the experiment, the ``--out`` folder (None: the default), the overrides and the seeds."""
+    from fedshuffle.experiments.session import check_out, extend_rounds, normalize_overrides, requested_seeds
+
+    out_dir = check_out(out)
+    experiment = load_config(config)
+    overrides = normalize_overrides(set_ or [])
+    seed_list = requested_seeds(seeds, overrides)
+    extend_rounds(extend_to, overrides)
+    return experiment, out_dir, overrides, seed_list
 
 
 def _operator_threads(outcomes) -> list[str]:
@@ -57,30 +69,20 @@ def run(
     workers: Annotated[int, typer.Option(help="runs in parallel worker processes")] = 1,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
-    from fedshuffle.experiments.schema import parse_overrides
-    from fedshuffle.experiments.session import run_experiment
+    from fedshuffle.experiments.session import pick_folder, resume_folder, run_experiment
 
     target: Path | None = None
     try:
-        out_dir = _out_path(out)
-        experiment = load_config(config)
-        overrides = parse_overrides(set_ or [])
-        seed_list = _seeds(seeds, overrides)
-        _extend(extend_to, overrides)
+        experiment, out_dir, overrides, seed_list = _arguments(config, out, set_, seeds, extend_to)
         if extend_to is not None and resume is None:
             raise ConfigError("--extend-to", "extends the runs of a results folder: give the folder with --resume DIR")
         if resume is not None:
             if out_dir is not None and out_dir != resume:
                 raise ConfigError("--resume", "give the folder to continue either as --resume DIR or as --out, not two different folders")
-            if not resume.is_dir():
-                raise ConfigError("--resume", f"{resume} is not a results folder")
-            if (resume / "config.json").exists() and (resume / "checkpoint.pt").exists():
-                raise ConfigError("--resume", f"{resume} is the folder of one run; give the folder of the experiment (the one --out named)")
-            target, moved = resume, ""
+            target, moved = resume_folder(resume), ""
         else:
             requested = out_dir or Path("results") / experiment.experiment.name
-            target = _fresh_dir(requested)
-            moved = f"{requested} already holds results; this run writes to {target} (to continue {requested}: --resume {requested})" if target != requested else ""
+            target, moved = pick_folder(requested, f"--resume {requested}")
 
         def opened(folder) -> None:
             if moved:
@@ -124,7 +126,6 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     from fedshuffle.experiments.results import check_metrics
-    from fedshuffle.experiments.schema import parse_overrides
     from fedshuffle.experiments.session import run_sweep
     from fedshuffle.experiments.sweep import parse_grid
 
@@ -133,12 +134,8 @@ def sweep(
     try:
         if pick is not None:
             check_metrics([pick], "--pick")
-        out_dir = _out_path(out)
-        experiment = load_config(config)
+        experiment, out_dir, overrides, seed_list = _arguments(config, out, set_, seeds, extend_to)
         points = parse_grid(grid or [])
-        overrides = parse_overrides(set_ or [])
-        seed_list = _seeds(seeds, overrides)
-        _extend(extend_to, overrides)
         target = out_dir or Path("results") / f"{experiment.experiment.name}-sweep"
         existed = target.is_dir() and any(target.iterdir())
 

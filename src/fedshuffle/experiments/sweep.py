@@ -186,7 +186,7 @@ def jobs_for(
         check_seeds(seeds, "--seeds")
     jobs = []
     for point in points:
-        merged = _merge(overrides or {}, point)
+        merged = merge_overrides(overrides or {}, point)
         folder = out_dir / names[_folder_text(point)] if point else out_dir
         for label, spec in experiment.runs(merged):
             run_seeds = seeds if seeds is not None else experiment.seeds(spec)
@@ -197,9 +197,10 @@ def jobs_for(
     return jobs
 
 
-def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: dict(v) for k, v in a.items()}
-    for section, settings in b.items():
+def merge_overrides(base: Mapping[str, Mapping[str, Any]], update: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``base`` with the settings of ``update`` over it, section by section (later ones win)."""
+    out = {section: dict(settings) for section, settings in base.items()}
+    for section, settings in update.items():
         out.setdefault(section, {}).update(settings)
     return out
 
