@@ -48,8 +48,6 @@ if TYPE_CHECKING:
     from fedshuffle.analysis.objective import ObjectiveReport
     from fedshuffle.simulation import Simulation
 
-#: the columns that identify a curve's row in :attr:`Results.curves`
-KEY_COLUMNS = ("variant", "point", "seed", "round")
 #: every metric column, in declaration order (:data:`fedshuffle.metrics.METRICS`): ``metrics.csv`` then ``timing.csv``
 VALUE_COLUMNS = (*(c for c in METRIC_COLUMNS if c != "round"), *TIMING_COLUMNS[1:])
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.cli.common import app, console, fail, load_config
+from fedshuffle.cli.common import app, console, fail, load_config, note
 from fedshuffle.cli.output import print_table
 
 
@@ -25,7 +25,7 @@ _OPTIONS = {"sizes": "--sizes", "rounds": "--samples", "weights": "--weights"}
 
 @app.command()
 def inspect(
-    algorithm: Annotated[str, typer.Option(help="method name")] = "fedavg",
+    method: Annotated[str, typer.Option(help="method name, e.g. fedavg, fedshuffle, fednova (fedshuffle show methods lists them)")] = "fedavg",
     sizes: Annotated[str, typer.Option(help="client dataset sizes, e.g. 1,2,3")] = "1,2,3",
     sampler: Annotated[str, typer.Option(help="full, uniform, with_replacement, importance, independent, cyclic")] = "full",
     cohort: Annotated[Optional[float], typer.Option(help="cohort size b (expected size for independent sampling)")] = None,
@@ -38,6 +38,7 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     config: Annotated[Optional[str], typer.Option("--config", help="a preset or TOML file: the objective weights ŵ and step sizes of each of its variants, on its own clients")] = None,
     clients: Annotated[int, typer.Option(help="with --config: clients listed per table (--json lists all)")] = 20,
+    algorithm: Annotated[Optional[str], typer.Option("--algorithm", hidden=True, help="the old name of --method")] = None,
 ) -> None:
     """Which objective does this configuration minimize? Prints w, p, E[ω·1{i∈S}] and ŵ (eq. 31).
 
@@ -45,6 +46,9 @@ def inspect(
     weights, the effective objective weights ŵ it minimizes, its step sizes (the theoretical values where
     the config asks for 'theory') and the problem's smoothness constants.
     """
+    if algorithm is not None:  # the old name of --method, kept for one release
+        note("--algorithm is now --method (the old name goes in the next release)")
+        method = algorithm
     if config is not None:
         _inspect_config(config, set_, monte_carlo, 1000 if samples is None else samples, clients, as_json)
         return
@@ -67,7 +71,7 @@ def inspect(
         w = objective_weights(np.array(size_list), weight_spec)
         epoch_spec: int | list[int] = [int(v) for v in epochs.split("-")] if "-" in epochs else int(epochs)
         raw = parse_overrides(set_ or [])
-        raw = {**raw, "method": {**raw.get("method", {}), "name": algorithm}, "local": {"lr": lr, "epochs": epoch_spec, **raw.get("local", {})}}
+        raw = {**raw, "method": {**raw.get("method", {}), "name": method}, "local": {"lr": lr, "epochs": epoch_spec, **raw.get("local", {})}}
         raw["sampler"] = {"name": sampler, "cohort": cohort, **raw.get("sampler", {})}
         spec = validate(RunSpec, raw)
         alg = build_algorithm_from(spec)
