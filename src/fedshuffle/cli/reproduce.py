@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.cli.common import app, console, err, EXIT_STATUS, fail, fail_results, interrupted, note
+from fedshuffle.cli.output import print_table
 
 
 @app.command(help=f"""Run presets or experiment files (what is missing) and judge every claim; write report.md and report.html.
@@ -70,11 +71,7 @@ def reproduce(
     if json_:
         print(json.dumps(as_json(rows), indent=1, ensure_ascii=False))
         return
-    table = Table(title="claims")
-    for column in ("preset", "role", "figure", "claim", "measured", "verdict"):
-        table.add_column(column, overflow="fold")
     colour = {"holds": "green", "partly": "yellow", "does not hold": "red"}
-    for r in rows:
-        table.add_row(r.preset, r.role, r.figure, r.claim, r.measured, f"[{colour.get(r.verdict, 'dim')}]{r.verdict}[/]: {r.why}")
-    console.print(table)
+    print_table("claims", ("preset", "role", "figure", "claim", "measured", "verdict"),
+                [(r.preset, r.role, r.figure, r.claim, r.measured, Text.assemble((r.verdict, colour.get(r.verdict, "dim")), f": {r.why}")) for r in rows])
     console.print(f"report: {target / 'report.md'}, {target / 'report.html'}")

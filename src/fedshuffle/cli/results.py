@@ -10,6 +10,7 @@ import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.cli.common import app, console, err, fail, fail_results, note
+from fedshuffle.cli.output import print_table
 
 ALLOW_UNSEALED = ("also show runs whose metrics.csv changed after they finished, or whose summary.json holds no SHA-256 of their files "
                   "(a warning names each; default: refused)")
@@ -81,9 +82,9 @@ def table_command(
     target: Annotated[Optional[list[str]], typer.Option(help="METRIC=VALUE: rounds, MiB per worker and wall-clock until the metric first reaches VALUE (Yang et al.'s Table 2)")] = None,
     allow_unsealed: Annotated[bool, typer.Option("--allow-unsealed", help=ALLOW_UNSEALED)] = False,
 ) -> None:
-    """Final (or best) values as a Markdown table: mean ± std over seeds per experiment folder, variant and grid point;
-    with --target, the cost of reaching a value instead."""
-    from fedshuffle.experiments.report import SUMMARY_METRICS, collect_runs, group_runs, markdown_table
+    """Final (or best) values: mean ± std over seeds per experiment folder, variant and grid point (a rich table on a
+    terminal, Markdown in a pipe or a file); with --target, the cost of reaching a value instead."""
+    from fedshuffle.experiments.report import SUMMARY_METRICS, collect_runs, group_runs, summary_table
     from fedshuffle.experiments.results import check_metrics
     from fedshuffle.experiments.targets import Target, target_table
 
@@ -96,9 +97,12 @@ def table_command(
         runs = collect_runs(paths, allow_unsealed=allow_unsealed, warn=_warn)
         groups = group_runs(runs)
         if targets:
-            print("\n\n".join(target_table({name: [r.path / "metrics.csv" for r in members] for name, members in groups.items()}, t) for t in targets))
+            for t in targets:
+                columns, rows = target_table({name: [r.path / "metrics.csv" for r in members] for name, members in groups.items()}, t)
+                print_table("", columns, rows, right=columns[1:-1])
             return
         metrics = metric or [m for m in SUMMARY_METRICS if any(r.final.get(m) is not None for r in runs)] or ["loss"]
-        print(markdown_table(groups, metrics, stat))
+        columns, rows = summary_table(groups, metrics, stat)
+        print_table("", columns, rows, right=columns[1:-1])
     except ConfigError as exc:
         fail(exc)

@@ -170,12 +170,13 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
-def markdown_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str], stat: str = "final") -> str:
-    """One row per group: ``mean ± std`` over complete seeds of the final (or best) value of each metric (the value alone for one seed)."""
+def summary_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str], stat: str = "final") -> tuple[list[str], list[list[str]]]:
+    """Columns and one row per group: ``mean ± std`` over complete seeds of the final (or best) value of each metric
+    (the value alone for one seed), and the seeds counted."""
     check_metrics(names, "--metric")
     if stat not in ("final", "best"):
         raise ConfigError("--stat", f"unknown {stat!r}; accepted: final, best")
-    lines = ["| variant | " + " | ".join(f"{stat} {m}" for m in names) + " | seeds |", "| --- |" + " ---: |" * len(names) + " --- |"]
+    rows = []
     for name, runs in groups.items():
         complete = [r for r in runs if r.status == "complete"]
         cells = []
@@ -185,8 +186,8 @@ def markdown_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[st
             cells.append(("—" if not values else f"{np.mean(values):.4g}" if len(values) == 1 else f"{np.mean(values):.4g} ± {np.std(values):.2g}"))
         problems = [r.status for r in runs if r.status != "complete"]
         seeds = f"{len(complete)}" + (f" ({len(problems)} {', '.join(sorted(set(problems)))})" if problems else "")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {seeds} |")
-    return "\n".join(lines)
+        rows.append([name, *cells, seeds])
+    return ["variant", *(f"{stat} {m}" for m in names), "seeds"], rows
 
 
 def plot_runs(
