@@ -385,6 +385,22 @@ def test_unwritable_folders_exit_4_at_start_mid_run_and_for_summary_and_plot(tmp
     assert "cannot write the figure" in result.stderr
 
 
+def test_plot_leaves_the_runs_figure_alone_and_keeps_its_title(tmp_path, monkeypatch):
+    from fedshuffle.experiments import report
+
+    cfg, out = toy(tmp_path), tmp_path / "out"
+    clean(cli("run", cfg, "--out", out, "--seeds", "0", "--set", "run.rounds=5", "--quiet"), 0)
+    figure = (out / "plot.png").read_bytes()
+    titles, real = [], report.plot_runs
+    monkeypatch.setattr(report, "plot_runs", lambda *a, **k: titles.append(k["title"]) or real(*a, **k))
+    result = cli("plot", out, "--metric", "loss")
+    clean(result, 0)
+    assert (out / "plot.png").read_bytes() == figure and (out / "plot-loss-by-round.png").stat().st_size > 1000
+    assert f"{out / 'plot-loss-by-round.png'}" in " ".join(result.stdout.split())
+    clean(cli("plot", out, "--metric", "loss", "--x", "epochs", "--title", "mine", "--out", tmp_path / "fig"), 0)
+    assert titles == ["toy", "mine"] and (tmp_path / "fig.png").exists()  # the experiment's name (it has no title), then the one asked for
+
+
 def test_a_sweep_with_diverged_runs_exits_3(tmp_path):
     result = cli("sweep", toy(tmp_path), "--grid", "local.lr=0.004,50", "--seeds", "0", "--set", "run.rounds=20", "--set", "run.dtype='float32'",
                  "--out", tmp_path / "s", "--workers", "1", "--pick", "f_gap", "--quiet")

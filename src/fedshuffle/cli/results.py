@@ -27,12 +27,13 @@ def plot(
     x: Annotated[Optional[str], typer.Option(help="a cost metric (round, epochs, sample_gradients, mib_up, ...) or bytes (default: the config's)")] = None,
     band: Annotated[str, typer.Option(help="std or minmax over seeds")] = "std",
     linear: Annotated[bool, typer.Option(help="linear y axis (default: log)")] = False,
-    out: Annotated[Optional[str], typer.Option(help="output path without suffix (default: <first folder>/plot)")] = None,
-    title: Annotated[str, typer.Option()] = "",
+    out: Annotated[Optional[str], typer.Option(help="output path without suffix (default: <first folder>/plot-METRIC-by-X, never the run's own plot)")] = None,
+    title: Annotated[Optional[str], typer.Option(help="figure title (default: the experiment's title, as run draws it)")] = None,
     all_points: Annotated[bool, typer.Option("--all-points", help="every grid point of a sweep (default: the best point per variant by the first metric's final value)")] = False,
     allow_unsealed: Annotated[bool, typer.Option("--allow-unsealed", help=ALLOW_UNSEALED)] = False,
 ) -> None:
-    """Mean and band over seeds of every variant found under PATHS; PNG and PDF.
+    """Mean and band over seeds of every variant found under PATHS; PNG and PDF, written beside the run's own plot
+    (FOLDER/plot-METRIC-by-X.png, or --out), titled as run titles it.
 
     Runs are grouped by experiment folder, variant and grid point (two folders sharing a label are two
     lines, named by folder), and seeds are matched by round. Of a sweep, each variant's best grid point
@@ -41,7 +42,7 @@ def plot(
     SHA-256 of them) is refused unless --allow-unsealed. Exit status 2 for bad input or a damaged
     results file, 4 when the figure cannot be written.
     """
-    from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs, plot_defaults, plot_runs
+    from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs, plot_defaults, plot_runs, plot_title
     from fedshuffle.experiments.results import check_metrics, x_axes
     from fedshuffle.experiments.session import check_out
 
@@ -65,12 +66,13 @@ def plot(
         if points > 1 and not all_points:
             runs = best_point_runs(runs, metrics[0])
             note(f"the best of {points} grid points per variant by final {metrics[0]} (--all-points for every point)")
-        files = plot_runs(group_runs(runs), out_stem or paths[0] / "plot", metric=metrics, x=axis, band=band,
-                          log_y=not linear, title=title, require_data=True)
+        out_stem = out_stem or paths[0] / f"plot-{'-'.join(metrics)}-by-{axis}"
+        files = plot_runs(group_runs(runs), out_stem, metric=metrics, x=axis, band=band, log_y=not linear,
+                          title=plot_title(runs) if title is None else title, require_data=True)
     except ConfigError as exc:
         fail(exc)
     except OSError as exc:
-        fail_results(ResultsError(f"cannot write the figure to {out_stem or paths[0] / 'plot'} ({exc.strerror or exc})"))
+        fail_results(ResultsError(f"cannot write the figure to {out_stem or paths[0]} ({exc.strerror or exc})"))
     console.print("wrote " + ", ".join(map(str, files)))
 
 

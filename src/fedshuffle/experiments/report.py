@@ -21,7 +21,7 @@ import numpy as np
 from fedshuffle.core.errors import ConfigError
 from fedshuffle import metrics
 from fedshuffle.core.io import read_text
-from fedshuffle.experiments.folders import MANIFEST, find_files, read_json, seal_problem
+from fedshuffle.experiments.folders import MANIFEST, find_files, read_json, read_object, seal_problem
 from fedshuffle.experiments.results import check_metrics, read_metrics, summarize
 from fedshuffle.experiments.plots import plot_comparison
 
@@ -196,6 +196,20 @@ def plot_runs(
 ) -> list[Path]:
     return plot_comparison({name: [r.path / "metrics.csv" for r in runs] for name, runs in groups.items()}, out_stem, metric=metric, x=x, log_y=log_y, band=band,
                            title=title, require_data=require_data, recorded_only=recorded_only)
+
+
+def plot_title(runs: Sequence[StoredRun]) -> str:
+    """The title ``fedshuffle run`` gives its figure, for runs of one experiment: the experiment's title, else its
+    name (from the experiment's ``summary.json``, or a sweep's manifest); empty for runs of several experiments."""
+    experiments = {r.experiment for r in runs}
+    if len(experiments) != 1 or None in experiments:
+        return ""
+    folder = Path(next(iter(experiments)))
+    described = read_object(folder / "summary.json").get("experiment")
+    if isinstance(described, dict) and (described.get("title") or described.get("name")):
+        return str(described.get("title") or described.get("name"))
+    name = read_object(folder / MANIFEST).get("experiment")
+    return name if isinstance(name, str) else ""
 
 
 def plot_defaults(run: StoredRun) -> dict[str, Any]:
