@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshuffle import metrics as _metrics
-from fedshuffle.core.errors import ConfigError, did_you_mean
-from fedshuffle.experiments.folders import find_files, read_object, seal_problem
-from fedshuffle.experiments import schema
-from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
-from fedshuffle.experiments.schema import RunSpec, load_experiment, preset_names, slug, validate
-from fedshuffle.experiments.reproduce import reproduce as run_all
-from fedshuffle.experiments.runner import build_simulation, ensure_writable
 from fedshuffle.analysis.objective import inspect_objective
+from fedshuffle.core.errors import ConfigError, did_you_mean
+from fedshuffle.experiments import schema
 from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
-from fedshuffle.experiments.report import point_text
-from fedshuffle.experiments.session import check_out, merge_overrides, normalize_overrides, pick_folder, requested_seeds, resume_folder, run_experiment
+from fedshuffle.experiments.folders import find_files, read_object, seal_problem
 from fedshuffle.experiments.plots import line_style
+from fedshuffle.experiments.report import point_text
+from fedshuffle.experiments.reproduce import reproduce as run_all
+from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
+from fedshuffle.experiments.runner import build_simulation, ensure_writable
+from fedshuffle.experiments.schema import RunSpec, load_experiment, preset_names, slug, validate
+from fedshuffle.experiments.session import check_out, merge_overrides, normalize_overrides, pick_folder, requested_seeds, resume_folder, run_experiment
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -35,15 +35,15 @@ from typing import Any
 
 import torch
 
-from fedshuffle.executors.choice import run_threads
 from fedshuffle.data import FederatedDataset
+from fedshuffle.executors.choice import run_threads
 from fedshuffle.executors.local import LocalExecutor, ThreadedExecutor
 from fedshuffle.local import fused
 from fedshuffle.local.loop import LocalWork
 from fedshuffle.local.steps import standard_chain
+from fedshuffle.methods.algorithm import build_algorithm
 from fedshuffle.methods.base import ClientResult, sample_gradients
 from fedshuffle.simulation import RoundRecord, Simulation
-from fedshuffle.methods.algorithm import build_algorithm
 
 #: the settings in which replicas of one group may differ: (section, field)
 STEP_SIZE_FIELDS = (("local", "lr"), ("local", "lr_multiplier"), ("server", "lr"), ("server", "global_lr"), ("run", "seed"), ("data", "seed"))

@@ -1,7 +1,8 @@
 """The ``fedshuffle`` command: run experiments and presets, list them, and inspect objectives.
 
-The application and what every command shares are in :mod:`.common`; the commands live by purpose in :mod:`.runs` (run, sweep), :mod:`.results` (plot, table),
-:mod:`.catalog` (presets, show, data), :mod:`.inspection` (inspect) and :mod:`.flower` (flower-app).
+The application and what every command shares are in :mod:`.common`; the commands live by purpose
+in :mod:`.runs` (run, sweep), :mod:`.results` (plot, table), :mod:`.catalog` (presets, show, data),
+:mod:`.inspection` (inspect), :mod:`.reproduce` (reproduce) and :mod:`.flower` (flower-app).
 Nothing here imports PyTorch: commands import what they need when they run."""
 
 from __future__ import annotations

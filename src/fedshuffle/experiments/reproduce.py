@@ -31,8 +31,8 @@ from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import read_text, write_atomic
 from fedshuffle.experiments.claims import FRACTIONS, ROLES, VERDICTS, Claim, Verdict, is_log, parse_claims, score
 from fedshuffle.experiments.folders import MANIFEST, FolderLock, folder_name, read_manifest
-from fedshuffle.experiments.schema import Experiment, TuneConfig, _deep_merge, load_experiment, preset_names
 from fedshuffle.experiments.report import collect_runs, group_runs
+from fedshuffle.experiments.schema import Experiment, TuneConfig, _deep_merge, load_experiment, preset_names
 from fedshuffle.experiments.session import run_experiment, run_sweep
 
 BUDGETS = ("cpu", "gpu")

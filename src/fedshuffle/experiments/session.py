@@ -30,9 +30,9 @@ from fedshuffle.core.errors import ConfigError, ResultsError, did_you_mean
 from fedshuffle.core.io import write_json
 from fedshuffle.experiments import folders, report
 from fedshuffle.experiments.results import check_metrics
+from fedshuffle.experiments.runner import ensure_writable, preflight, run_identity, sharing_builds
 from fedshuffle.experiments.schema import SECTIONS, Experiment, parse_overrides
 from fedshuffle.experiments.sweep import Job, Outcome, check_seeds, check_workers, jobs_for, merge_overrides, parse_integers, run_jobs, select_best
-from fedshuffle.experiments.runner import ensure_writable, preflight, run_identity, sharing_builds
 
 
 # -- the arguments ---------------------------------------------------------------------------------------

@@ -31,9 +31,9 @@ from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError, DataError, ResultsError
 from fedshuffle.core.registry import call_with
 from fedshuffle.data.catalog import SOURCES, Samples
+from fedshuffle.experiments.runner import run_single
 from fedshuffle.experiments.schema import Experiment, RunSpec, load_experiment, preset_names
 from fedshuffle.problems import PROBLEMS
-from fedshuffle.experiments.runner import run_single
 
 #: clients of a smoke run, samples each, the largest cohort, rounds, test samples
 CLIENTS = 4

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from fedshuffle.experiments.folders import folder_name, unique_folders
-from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, parse_overrides
 from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.experiments.folders import folder_name, unique_folders
 from fedshuffle.experiments.runner import run_single, sharing_builds
+from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, parse_overrides
 from fedshuffle.replicas import describe_groups, replica_groups, run_together, spread
 
 

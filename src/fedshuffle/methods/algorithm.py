@@ -18,12 +18,12 @@ from fedshuffle.core.errors import ConfigError, section
 from fedshuffle.local.plan import LocalSolver
 from fedshuffle.methods import METHOD_SETTINGS, METHODS
 from fedshuffle.methods.base import Method
+from fedshuffle.methods.fedcdr import FedCDR
+from fedshuffle.methods.feddyn import FedDyn
 from fedshuffle.methods.momentum import GlobalMomentum
 from fedshuffle.samplers import Sampler
 from fedshuffle.schedules import Schedule
 from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, ServerOptimizer
-from fedshuffle.methods.fedcdr import FedCDR
-from fedshuffle.methods.feddyn import FedDyn
 
 PARTS = ("method", "local", "aggregation", "server", "schedule")
 
