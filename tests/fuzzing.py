@@ -448,7 +448,7 @@ def cli_argv(rng: random.Random, work: Path) -> list[str]:
         "plot": [lambda: ["--metric", rng.choice(METRIC_NAMES)], lambda: ["--x", rng.choice(["round", "epochs", "bytes", "bogus", ""])], lambda: ["--band", rng.choice(["std", "minmax", "x"])],
                  lambda: ["--linear"], lambda: ["--out", rng.choice([str(work / "plotout"), p(), str(work / "newdir" / "p")])], lambda: ["--title", rng.choice(["t", "ü" * 50, "$\\frac{$"])]],
         "table": [lambda: ["--metric", rng.choice(METRIC_NAMES)], lambda: ["--stat", rng.choice(["final", "best", "x", ""])]],
-        "inspect": [lambda: ["--algorithm", rng.choice(METHODS_OK + ["x"])], lambda: ["--sizes", rng.choice(["1,2,3", "0", "", "1,a", "99999999999", "1,-2", "5", "1,1,1,1,1,1,1,1"])],
+        "inspect": [lambda: ["--method", rng.choice(METHODS_OK + ["x"])], lambda: ["--sizes", rng.choice(["1,2,3", "0", "", "1,a", "99999999999", "1,-2", "5", "1,1,1,1,1,1,1,1"])],
                     lambda: ["--sampler", rng.choice(["full", "uniform", "with_replacement", "importance", "independent", "cyclic", "x"])], lambda: ["--cohort", rng.choice(["1", "0", "-1", "1e9", "nan", "2.5"])],
                     lambda: ["--epochs", rng.choice(["1", "2-5", "5-2", "a", "-1", "0", "1-"])], lambda: ["--lr", rng.choice(["0.01", "-1", "nan", "inf", "0"])],
                     lambda: ["--weights", rng.choice(["size", "uniform", "1,2,3", "a", "0,0,0", "1", "-1,1,1", "nan,1,1"])], lambda: ["--set", rng.choice(SET_VALUES)],

@@ -201,7 +201,7 @@ def test_api_arguments_are_checked_by_name(small_run, tmp_path):
         (lambda: exp.run(tmp_path, variants=["FedNova"]), "variants"),
         (lambda: exp.run(tmp_path, variants="FedAvg"), "variants"),
         (lambda: exp.run(tmp_path, workers=0), "workers"),
-        (lambda: exp.run(out), "out"),  # not empty
+        (lambda: exp.run(3), "out"),
         (lambda: exp.run(resume=True), "resume"),
         (lambda: fs.load_results(tmp_path / "missing"), "paths"),
         (lambda: fs.load_results(), "paths"),
@@ -211,6 +211,16 @@ def test_api_arguments_are_checked_by_name(small_run, tmp_path):
         with pytest.raises(ConfigError) as err:
             call()
         assert err.value.field == field, str(err.value)
+
+
+def test_a_taken_folder_is_left_alone_and_the_folder_used_is_named(small_run, capsys):
+    """One rule with ``fedshuffle run``: the runs go into the first free ``out-N``, and a note names it."""
+    _, out = small_run
+    before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file())
+    again = fs.experiment(SMALL).run(out, seeds=[0], variants=["FedAvg"], progress=False)
+    assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()) == before
+    assert {Path(p).parent.parent.name for p in again.runs["path"]} == {f"{out.name}-2"}
+    assert f"{out} already holds results of 'small'; writing to {out}-2 (to continue the runs in {out}: resume=True)" in capsys.readouterr().err
 
 
 def test_parts_registered_after_import_are_accepted_and_unknown_ones_named():

@@ -72,8 +72,10 @@ def test_random_epochs_use_monte_carlo_and_show_fedavg_bias():
 
 
 def test_cli_inspect_json_example_from_the_issue():
-    result = CliRunner().invoke(app, ["inspect", "--algorithm", "fedavg", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--json"])
+    result = CliRunner().invoke(app, ["inspect", "--method", "fedavg", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--json"])
     assert result.exit_code == 0, result.output
+    old = CliRunner().invoke(app, ["inspect", "--algorithm", "fedavg", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--json"])
+    assert old.exit_code == 0 and old.stdout == result.stdout and "--algorithm is now --method" in old.stderr  # the old name, one more release
     out = json.loads(result.stdout)
     for key in ("weights", "inclusion_probabilities", "expected_aggregation_weights", "effective_weights"):
         assert key in out
@@ -83,7 +85,7 @@ def test_cli_inspect_json_example_from_the_issue():
 
 
 def test_cli_inspect_table_warns_and_names_step_convention():
-    result = CliRunner().invoke(app, ["inspect", "--algorithm", "fedshuffle", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--set", "aggregation.normalization='sum_one'"])
+    result = CliRunner().invoke(app, ["inspect", "--method", "fedshuffle", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--set", "aggregation.normalization='sum_one'"])
     assert result.exit_code == 0, result.output
     assert "warning" in result.stdout and "τ_max" in result.stdout
 
@@ -91,7 +93,7 @@ def test_cli_inspect_table_warns_and_names_step_convention():
 @pytest.mark.parametrize(
     "args, field",
     [
-        (["--algorithm", "fedavgg"], "method.name"),
+        (["--method", "fedavgg"], "method.name"),
         (["--sizes", "1,0,3"], "--sizes"),
         (["--sampler", "uniform", "--cohort", "5"], "sampler.cohort"),
         (["--sampler", "uniform"], "sampler.cohort"),

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from fedshuffle import LogisticRegression, Simulation, UniformWithoutReplacement, build_algorithm
@@ -72,6 +73,7 @@ def test_blocks_hold_consecutive_clients_within_the_byte_budget_and_a_share_gets
 def test_ray_with_one_client_per_block_gives_the_sequential_trajectory():
     """Blocks of one client (a 1-byte budget), rows scattered over the tensor: the trajectory is the sequential
     executor's (to rounding: the shares are vectorized), on a dataset in memory and on one generated on demand."""
+    pytest.importorskip("ray")
     data = scattered()
     x, y = data.features.numpy(), data.labels.numpy()
     lazy = LazyFederatedDataset(data.sizes, data.weights, lambda i: (x[data.client_indices[i]], y[data.client_indices[i]]), (4,))
@@ -97,6 +99,7 @@ def test_ray_with_one_client_per_block_gives_the_sequential_trajectory():
 
 
 def test_the_ray_data_benchmark_smoke_case_runs_and_writes_its_json(tmp_path):
+    pytest.importorskip("ray")
     out = tmp_path / "smoke.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.ray_data", "--smoke", str(out)], cwd=ROOT, env=env,

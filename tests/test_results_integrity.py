@@ -156,7 +156,8 @@ def test_out_on_an_existing_folder_says_what_it_does(tmp_path):
     stamp = (out / "seed-0" / "metrics.csv").stat().st_mtime_ns
     again = cli("run", cfg, "--out", out, "--seeds", "0", "--set", "run.rounds=5", "--quiet")
     clean(again, 0)
-    assert f"{out} already holds results; this run writes to {out}-2" in again.stderr
+    assert f"{out} already holds results of 'toy'; writing to {out}-2 (to continue the runs in {out}: --resume {out})" in " ".join(again.stderr.split())
+    assert f"results: {out}-2/" in again.stdout
     assert (out / "seed-0" / "metrics.csv").stat().st_mtime_ns == stamp and (tmp_path / "out-2" / "seed-0" / "summary.json").exists()
     (tmp_path / "file").write_text("x")
     result = cli("run", cfg, "--out", tmp_path / "file", "--quiet")
@@ -382,6 +383,22 @@ def test_unwritable_folders_exit_4_at_start_mid_run_and_for_summary_and_plot(tmp
     result = cli("plot", tmp_path / "plot", "--metric", "loss")
     clean(result, 4)
     assert "cannot write the figure" in result.stderr
+
+
+def test_plot_leaves_the_runs_figure_alone_and_keeps_its_title(tmp_path, monkeypatch):
+    from fedshuffle.experiments import report
+
+    cfg, out = toy(tmp_path), tmp_path / "out"
+    clean(cli("run", cfg, "--out", out, "--seeds", "0", "--set", "run.rounds=5", "--quiet"), 0)
+    figure = (out / "plot.png").read_bytes()
+    titles, real = [], report.plot_runs
+    monkeypatch.setattr(report, "plot_runs", lambda *a, **k: titles.append(k["title"]) or real(*a, **k))
+    result = cli("plot", out, "--metric", "loss")
+    clean(result, 0)
+    assert (out / "plot.png").read_bytes() == figure and (out / "plot-loss-by-round.png").stat().st_size > 1000
+    assert f"{out / 'plot-loss-by-round.png'}" in " ".join(result.stdout.split())
+    clean(cli("plot", out, "--metric", "loss", "--x", "epochs", "--title", "mine", "--out", tmp_path / "fig"), 0)
+    assert titles == ["toy", "mine"] and (tmp_path / "fig.png").exists()  # the experiment's name (it has no title), then the one asked for
 
 
 def test_a_sweep_with_diverged_runs_exits_3(tmp_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, UniformWithoutReplacement, WithReplacement
+from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, SoftmaxRegression, UniformWithoutReplacement, WithReplacement
 from fedshuffle.analysis.objective import inspect_objective
 from fedshuffle.experiments.schema import RunSpec, validate
 from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
@@ -241,6 +241,11 @@ def test_theory_step_sizes_are_refused_where_no_theorem_applies():
     with pytest.raises(ConfigError) as err:
         validate(RunSpec, {"method": {"name": "nastya"}, "local": {"lr": -1.0}})
     assert "local.lr" in str(err.value)
+    softmax = SoftmaxRegression(DIM, 2, 1e-2)  # a theorem applies to rr_cli, but softmax regression has no known constants
+    for settings, field in (({"local": {"lr": "theory"}}, "local.lr"), ({"local": {"lr": 0.1}, "server": {"lr": "theory"}}, "server.lr")):
+        with pytest.raises(ConfigError) as err:
+            resolve_step_sizes(validate(RunSpec, {"method": {"name": "rr_cli"}, **settings}), softmax, data, FullParticipation(CLIENTS))
+        assert err.value.field == field and "smoothness constants" in err.value.message and "'softmax'" in err.value.message
 
 
 def test_nastya_theory_matches_the_stated_formula():

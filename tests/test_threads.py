@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 import fedshuffle.experiments.runner as runner_mod
 from fedshuffle.cli import app
-from fedshuffle.core.threads import run_threads
+from fedshuffle.executors.choice import run_threads
 from fedshuffle.problems import LogisticRegression, ModuleProblem, lenet5
 from conftest import toy_config
 

@@ -72,7 +72,7 @@ def test_sweep_runs_every_combination_in_parallel_skips_finished_runs_and_picks_
     key = json.dumps({"local": {"lr": 0.004}, "server": {"momentum": 0.5}}, sort_keys=True)
     assert f"{np.mean(means[key]):.4g} ± {np.std(means[key]):.2g}" in row
     plot = runner.invoke(app, ["plot", str(out), "--metric", "f_gap", "--metric", "dist_sq", "--x", "epochs", "--band", "minmax"])
-    assert plot.exit_code == 0 and (out / "plot.png").stat().st_size > 10_000 and (out / "plot.pdf").exists()
+    assert plot.exit_code == 0 and (out / "plot-f_gap-dist_sq-by-epochs.png").stat().st_size > 10_000 and (out / "plot-f_gap-dist_sq-by-epochs.pdf").exists()
 
 def test_table_marks_diverged_runs_instead_of_failing(tmp_path):
     out = tmp_path / "res"

@@ -17,9 +17,10 @@ argument (or the configuration setting) and what is accepted.
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 import warnings
+from dataclasses import asdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,12 +28,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshuffle import metrics as _metrics
+from fedshuffle.analysis.objective import inspect_objective
 from fedshuffle.core.errors import ConfigError, did_you_mean
-from fedshuffle.core.io import read_text
-from fedshuffle.experiments.folders import find_files, seal_problem
 from fedshuffle.experiments import schema
+from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
+from fedshuffle.experiments.folders import find_files, read_object, seal_problem
+from fedshuffle.experiments.plots import line_style
+from fedshuffle.experiments.report import point_text
+from fedshuffle.experiments.reproduce import reproduce as run_all
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
-from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, parse_overrides, preset_names, slug, validate
+from fedshuffle.experiments.runner import build_simulation, ensure_writable
+from fedshuffle.experiments.schema import RunSpec, load_experiment, preset_names, slug, validate
+from fedshuffle.experiments.session import check_out, merge_overrides, normalize_overrides, pick_folder, requested_seeds, resume_folder, run_experiment
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,59 +48,23 @@ if TYPE_CHECKING:
     from fedshuffle.analysis.objective import ObjectiveReport
     from fedshuffle.simulation import Simulation
 
-#: the columns that identify a curve's row in :attr:`Results.curves`
-KEY_COLUMNS = ("variant", "point", "seed", "round")
 #: every metric column, in declaration order (:data:`fedshuffle.metrics.METRICS`): ``metrics.csv`` then ``timing.csv``
 VALUE_COLUMNS = (*(c for c in METRIC_COLUMNS if c != "round"), *TIMING_COLUMNS[1:])
 
 
-def _normalize_overrides(value: Any, argument: str = "overrides") -> dict[str, dict[str, Any]]:
-    """``{"run.rounds": 50}``, ``{"run": {"rounds": 50}}`` or ``["run.rounds=50"]`` → ``{"run": {"rounds": 50}}``."""
-    if value is None:
-        return {}
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        try:
-            return parse_overrides(list(value))
-        except ConfigError as exc:
-            raise ConfigError(argument, exc.message) from None
-    if not isinstance(value, Mapping):
-        raise ConfigError(argument, f"expected a dict such as {{'run.rounds': 50}} or a list of 'section.setting=value' strings, got {type(value).__name__}")
-    out: dict[str, dict[str, Any]] = {}
-    for key, setting in value.items():
-        parts = str(key).split(".")
-        if len(parts) == 2 and parts[0] in SECTIONS:
-            out.setdefault(parts[0], {})[parts[1]] = setting
-        elif len(parts) == 1 and key in SECTIONS and isinstance(setting, Mapping):
-            out.setdefault(key, {}).update(setting)
-        else:
-            raise ConfigError(argument, f"keys are 'section.setting' (or a section with a dict of settings), section one of {', '.join(SECTIONS)}; got {key!r}")
-    return out
-
-
-def _merge(base: Mapping[str, Mapping[str, Any]], update: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    out = {k: dict(v) for k, v in base.items()}
-    for section, settings in update.items():
-        out.setdefault(section, {}).update(settings)
-    return out
-
-
-def _check_seeds(seeds: Any, argument: str = "seeds") -> list[int] | None:
-    if seeds is None:
-        return None
-    if isinstance(seeds, (int, np.integer)) and not isinstance(seeds, bool):
-        seeds = [seeds]
-    values = list(seeds) if isinstance(seeds, (list, tuple, range, np.ndarray)) else None
-    if not values or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in values) or len(set(values)) != len(values):
-        raise ConfigError(argument, f"expected distinct integers >= 0 (e.g. [0, 1, 2] or range(5)), got {seeds!r}")
-    return [int(s) for s in values]
-
-
-def _with_seeds(config: schema.Experiment, seeds: Any) -> schema.Experiment:
-    """``config`` with ``[experiment] seeds`` replaced (when ``seeds`` is given)."""
-    seed_list = _check_seeds(seeds)
+def _with_seeds(config: schema.Experiment, seeds: Any, overrides: Mapping[str, Mapping[str, Any]]) -> schema.Experiment:
+    """``config`` with ``[experiment] seeds`` replaced by the seeds asked for (:func:`~fedshuffle.experiments.session.requested_seeds`)."""
+    seed_list = requested_seeds(seeds, overrides, "seeds", "overrides run.seed")
     if seed_list is None:
         return config
     return config.model_copy(update={"experiment": config.experiment.model_copy(update={"seeds": seed_list})})
+
+
+def _one_seed(seed: Any) -> int:
+    """One seed (``seed=`` of :meth:`Experiment.simulation` and :meth:`Experiment.objective`)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError("seed", f"expected an integer >= 0, got {seed!r}")
+    return int(seed)
 
 
 def _config_of(config: Any) -> tuple[schema.Experiment, dict[str, dict[str, Any]]]:
@@ -117,7 +88,8 @@ def experiment(config: str | os.PathLike | Mapping[str, Any] | schema.Experiment
     settings fail at once, naming the setting (``variants[1] (FedNova).local.lr: ...``).
     """
     config, base = _config_of(config)
-    return Experiment(_with_seeds(config, seeds), _merge(base, _normalize_overrides(overrides)))
+    overrides = merge_overrides(base, normalize_overrides(overrides, "overrides"))
+    return Experiment(_with_seeds(config, seeds, overrides), overrides)
 
 
 def list_presets() -> pd.DataFrame:
@@ -147,10 +119,6 @@ def reproduce(*presets: str, out: str | os.PathLike = "results/reproduce", budge
     """As ``fedshuffle reproduce``: run the presets (every one when none is given) where runs are missing,
     judge their papers' claims and write ``report.md`` and ``report.html`` into ``out``; one dict per
     claim (preset, paper, figure, claim, quote, measured, verdict, why)."""
-    from dataclasses import asdict
-
-    from fedshuffle.experiments.reproduce import reproduce as run_all
-
     return [asdict(r) for r in run_all(list(presets) or preset_names(), Path(out), budget=budget, show_progress=progress)]
 
 
@@ -165,7 +133,7 @@ class Experiment:
         if not isinstance(config, schema.Experiment):
             raise ConfigError("config", f"expected a validated fedshuffle.experiments.schema.Experiment (use fedshuffle.experiment(...)), got {type(config).__name__}")
         self.config = config
-        self.overrides = _normalize_overrides(overrides)
+        self.overrides = normalize_overrides(overrides, "overrides")
         self._specs = dict(config.runs(self.overrides))  # validates every variant now
 
     @property
@@ -188,7 +156,7 @@ class Experiment:
 
     def with_overrides(self, overrides: Any) -> Experiment:
         """A copy with more overrides (later ones win)."""
-        return Experiment(self.config, _merge(self.overrides, _normalize_overrides(overrides)))
+        return Experiment(self.config, merge_overrides(self.overrides, normalize_overrides(overrides, "overrides")))
 
     def spec(self, variant: str | None = None) -> RunSpec:
         """The fully resolved settings of one variant (every default filled in): ``spec(...).model_dump()``
@@ -213,22 +181,18 @@ class Experiment:
         """The :class:`~fedshuffle.simulation.Simulation` of one variant and seed, built but not run:
         ``sim.step()`` runs one round, ``sim.params`` is the server model. Step sizes given as
         ``'theory'`` are resolved."""
-        from fedshuffle.experiments.runner import build_simulation
-
         spec = self.spec(variant)
-        seed_value = spec.run.seed if seed is None else _check_seeds(seed, "seed")[0]
+        seed_value = spec.run.seed if seed is None else _one_seed(seed)
         sim, _ = build_simulation(spec, seed_value)
         return sim
 
     def objective(self, variant: str | None = None, *, seed: int | None = None, exact: bool | None = None, rounds: int = 20_000) -> ObjectiveReport:
         """Which objective does this variant minimize on its data? :func:`~fedshuffle.analysis.objective.inspect_objective`
         with the variant's algorithm, sampler, client sizes and objective weights w_i."""
-        from fedshuffle.analysis.objective import inspect_objective
-        from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
 
         spec = self.spec(variant)
         if seed is not None:
-            spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": _check_seeds(seed, "seed")[0]})})
+            spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": _one_seed(seed)})})
         problem, data = build_problem_and_data(spec)
         sampler = build_sampler(spec.sampler, data)
         spec, _ = resolve_step_sizes(spec, problem, data, sampler)
@@ -240,16 +204,15 @@ class Experiment:
     ) -> Results:
         """Run every variant (or only ``variants``) × seed into ``out`` and read the results back.
 
-        ``out`` defaults to a new folder ``results/<name>`` (``-2``, ``-3``, … when it is taken), as
-        ``fedshuffle run`` does; ``resume=True`` continues the unfinished runs in ``out``. ``progress``
+        ``out`` defaults to ``results/<name>``. As ``fedshuffle run`` does, a folder (named or the default)
+        that already holds anything is left alone: the runs go into the first free ``out-2``, ``out-3``, …
+        and a note on stderr names it (``Results.runs["path"]`` too). ``resume=True`` continues the
+        unfinished runs in ``out`` instead. ``progress``
         shows a progress bar (rich); ``workers`` runs that many runs in parallel processes. A run
         that diverges or fails does not raise: its status is in :attr:`Results.runs` and a warning
         names it.
         """
-        from fedshuffle.experiments.runner import ensure_writable
-        from fedshuffle.experiments.session import run_experiment
-
-        config = _with_seeds(self.config, seeds)
+        config = _with_seeds(self.config, seeds, {})
         if variants is not None:
             if isinstance(variants, str) or not isinstance(variants, Sequence) or not variants:
                 raise ConfigError("variants", f"expected a list of variant labels, got {variants!r}")
@@ -259,15 +222,15 @@ class Experiment:
             config = config.model_copy(update={"variants": [v for v in config.variants if v.label in variants]})
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError("workers", f"expected an integer >= 1, got {workers!r}")
-        if out is not None and not isinstance(out, (str, os.PathLike)):
-            raise ConfigError("out", f"expected a folder path, got {type(out).__name__}")
-        if resume and out is None:
-            raise ConfigError("resume", "give the folder to continue as out=...")
-        target = Path(out) if out is not None else _fresh_folder(Path("results") / slug(self.name))
-        if resume and not target.is_dir():
-            raise ConfigError("out", f"{target} is not a results folder to resume")
-        if not resume and target.is_dir() and any(target.iterdir()):
-            raise ConfigError("out", f"{target} is not empty; give a new folder, or resume=True to continue its runs")
+        folder = check_out(out, "out")
+        if resume:
+            if folder is None:
+                raise ConfigError("resume", "give the folder to continue as out=...")
+            target = resume_folder(folder, "out")
+        else:
+            target, moved = pick_folder(folder or Path("results") / slug(self.name), "resume=True")
+            if moved:
+                print(f"note: {moved}", file=sys.stderr)
         ensure_writable(target)
         run_experiment(config, target, overrides=self.overrides, resume=resume, show_progress=bool(progress), workers=workers)  # the seeds are config's
         results = load_results(target)
@@ -276,27 +239,6 @@ class Experiment:
             names = ", ".join(f"{r.variant} seed {r.seed}: {r.status}" for r in problems.itertuples())
             warnings.warn(f"not every run completed ({names}); see Results.runs", RuntimeWarning, stacklevel=2)
         return results
-
-
-def _fresh_folder(path: Path) -> Path:
-    if not path.exists() or not any(path.iterdir()):
-        return path
-    k = 2
-    while (candidate := path.with_name(f"{path.name}-{k}")).exists():
-        k += 1
-    return candidate
-
-
-def _point_text(point: Mapping[str, Any]) -> str:
-    return ", ".join(f"{section}.{key}={value}" for section, settings in point.items() for key, value in settings.items())
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(read_text(path))
-    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or a number past Python's 4,300-digit limit
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Results:
@@ -318,10 +260,10 @@ def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Res
             raise ConfigError("paths", f"{root} is not a folder")
         for table in find_files(root, "metrics.csv"):
             folder = table.parent
-            config = _read_json(folder / "config.json")
+            config = read_object(folder / "config.json")
             if not config:
                 continue  # not a run folder of fedshuffle's
-            summary = _read_json(folder / "summary.json")
+            summary = read_object(folder / "summary.json")
             unsealed = seal_problem(folder, summary) if summary else None
             if unsealed is not None:
                 problem = f"{unsealed[0]}: {unsealed[1]}"
@@ -330,7 +272,7 @@ def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Res
                 warnings.warn(f"{problem}; read as it is (allow_unsealed=True)", stacklevel=2)
             point = config.get("point") or {}
             row = {
-                "variant": config.get("label") or "run", "point": _point_text(point), "seed": int(config.get("seed", -1)),
+                "variant": config.get("label") or "run", "point": point_text(point), "seed": int(config.get("seed", -1)),
                 "status": summary.get("status", "unfinished"), "message": summary.get("message", ""), "path": str(folder),
             }
             for section, settings in point.items():
@@ -416,7 +358,6 @@ class Results:
         where lower is better. Returns the matplotlib axes (a new figure unless ``ax`` is given)."""
         import matplotlib.pyplot as plt
 
-        from fedshuffle.experiments.plots import line_style
 
         metric = self._check_metric(metric, "metric", ("model", "method"))
         if x != "bytes":

@@ -3,7 +3,9 @@
 A metric is one :func:`metric` call. :data:`METRICS` is what ``metrics.csv``, the summaries, the
 plots, the tables, ``--pick`` and ``--target`` read, so a metric declared here (or by a method for
 its own diagnostic, as FedCDR does for its prox residual) reaches all of them, and a value that no
-declaration names is an error, never silently dropped.
+declaration names is an error, never silently dropped. A method's module declares its diagnostics when
+it is imported; :mod:`fedshuffle.experiments` imports every method first, so the columns of
+``metrics.csv`` never depend on the order of imports.
 
 Kinds: ``cost`` (counters of the run, usable as x-axes), ``model`` (the global model evaluated on
 the data), ``method`` (a method's per-round diagnostic). ``measured`` metrics (wall time) differ
@@ -39,21 +41,13 @@ def metric(
     METRICS.add(name, compute, label, citation, kind=kind, better=better, integer=integer, measured=measured)
 
 
-def _declared() -> tuple[Any, ...]:
-    """Every declaration, those of the methods' modules included (FedCDR's prox residual): whichever
-    module asks first, the columns of ``metrics.csv`` do not depend on the order of imports."""
-    import fedshuffle.methods  # noqa: F401  (declares the methods' diagnostics)
-
-    return METRICS.entries()
-
-
 def names(*, measured: bool = False) -> tuple[str, ...]:
     """Metric names in declaration order: the deterministic ones (``metrics.csv``) or the measured ones (``timing.csv``)."""
-    return tuple(e.name for e in _declared() if e.defaults["measured"] == measured)
+    return tuple(e.name for e in METRICS.entries() if e.defaults["measured"] == measured)
 
 
 def of_kind(*kinds: Kind) -> tuple[str, ...]:
-    return tuple(e.name for e in _declared() if e.defaults["kind"] in kinds)
+    return tuple(e.name for e in METRICS.entries() if e.defaults["kind"] in kinds)
 
 
 def label(name: str) -> str:

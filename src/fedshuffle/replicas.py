@@ -35,12 +35,13 @@ from typing import Any
 
 import torch
 
-from fedshuffle.core.threads import run_threads
 from fedshuffle.data import FederatedDataset
+from fedshuffle.executors.choice import run_threads
 from fedshuffle.executors.local import LocalExecutor, ThreadedExecutor
 from fedshuffle.local import fused
 from fedshuffle.local.loop import LocalWork
 from fedshuffle.local.steps import standard_chain
+from fedshuffle.methods.algorithm import build_algorithm
 from fedshuffle.methods.base import ClientResult, sample_gradients
 from fedshuffle.simulation import RoundRecord, Simulation
 
@@ -164,7 +165,7 @@ class ReplicaGroup:
         a step (each holds its activations over the whole dataset while it runs).
 
         The first replica sets the process' operator threads to the count its run chooses
-        (:func:`~fedshuffle.core.threads.run_threads`, the same for every replica of a group) before any run enters
+        (:func:`~fedshuffle.executors.choice.run_threads`, the same for every replica of a group) before any run enters
         its ``operator_threads`` block, so that every block saves and restores that count: one replica ending never
         changes the count under another (a reduction's bits can depend on it)."""
         with self._ready:
@@ -270,8 +271,6 @@ def replica_key(spec: Any) -> str | None:
     """What runs of one group share: the resolved spec without its step sizes (:data:`STEP_SIZE_FIELDS`) and, where
     the data split has its own seed (``data.seed``), without the run's seed. None for a run that cannot be a replica
     (a method with its own halves or client state, an executor not in :data:`BATCHED_EXECUTORS`)."""
-    from fedshuffle.methods.algorithm import build_algorithm
-
     if spec.run.executor not in BATCHED_EXECUTORS:
         return None
     settings = spec.algorithm_settings()

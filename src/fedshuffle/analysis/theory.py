@@ -82,7 +82,7 @@ def smoothness(problem: Problem, data: FederatedDataset) -> Smoothness:
     if isinstance(problem, Quadratic):
         return Smoothness(1.0, np.ones(data.num_clients), 1.0, 1.0)
     if not isinstance(problem, LogisticRegression):
-        raise ConfigError("algorithm.lr", f"theoretical step sizes need known smoothness constants (logistic or quadratic problems), not {problem.name!r}")
+        raise ConfigError("problem.name", f"theoretical step sizes need known smoothness constants (logistic or quadratic problems), not {problem.name!r}")
     a, lam = data.features.double(), problem.l2
     per_sample = float((a * a).sum(dim=1).max()) / 4 + lam
     s = data.sample_weights().double()

@@ -1,118 +1,14 @@
 """The ``fedshuffle`` command: run experiments and presets, list them, and inspect objectives.
 
-This module holds the application and what every command shares (error exits, folder and seed
-options); the commands live by purpose in :mod:`.runs` (run, sweep), :mod:`.results` (plot, table),
-:mod:`.catalog` (presets, show, data), :mod:`.inspection` (inspect) and :mod:`.flower` (flower-app).
+The application and what every command shares are in :mod:`.common`; the commands live by purpose
+in :mod:`.runs` (run, sweep), :mod:`.results` (plot, table), :mod:`.catalog` (presets, show, data),
+:mod:`.inspection` (inspect), :mod:`.reproduce` (reproduce) and :mod:`.flower` (flower-app).
 Nothing here imports PyTorch: commands import what they need when they run."""
 
 from __future__ import annotations
 
-import shlex
-from pathlib import Path
-
-import typer
-from rich.console import Console
-
-from fedshuffle.core.errors import ConfigError, ResultsError
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
-console = Console(soft_wrap=True)  # lines are never cut at 80 columns in a pipe; tables: .output.print_table
-err = Console(stderr=True)
-
-DEFAULT_PRESET = "quickstart"
-
-EXIT_STATUS = """Exit status: 0 every run complete; 2 bad input (found before any folder is written); 3 a run
-    diverged or failed; 4 the results folder cannot be written (unwritable, disk full, or in use by
-    another fedshuffle process), what was written is kept; 130 interrupted (Ctrl-C), continue as the
-    message says."""
-
-
-def _fail(exc: ConfigError) -> None:
-    err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
-
-
-def _fail_results(exc: OSError, hint: str = "") -> None:
-    err.print(f"[red]error:[/red] {exc}" + (f"\n{hint}" if hint else ""), highlight=False, soft_wrap=True)
-    raise typer.Exit(4)
-
-
-def _interrupted(hint: str) -> None:
-    err.print(f"interrupted; everything written is kept. {hint}", highlight=False, soft_wrap=True)
-    raise typer.Exit(130)
-
-
-def _note(text: str) -> None:
-    err.print(f"[cyan]note:[/cyan] {text}", highlight=False, soft_wrap=True)
-
-
-def _load(config: str):
-    """The experiment of a preset name or TOML file (a folder is not one)."""
-    from fedshuffle.experiments.schema import load_experiment
-
-    return load_experiment(config)
-
-
-def _out_path(out: str | None, option: str = "--out") -> Path | None:
-    if out is None:
-        return None
-    if not out.strip():
-        raise ConfigError(option, "empty; give a folder")
-    if Path(out).resolve() == Path(Path(out).resolve().anchor):
-        raise ConfigError(option, f"{out} is the root of the filesystem; give a folder for the results")
-    return Path(out)
-
-
-def _fresh_dir(path: Path) -> Path:
-    """``path`` if it is new or empty, else the first free ``path-2``, ``path-3``, ..."""
-    if path.exists() and not path.is_dir():
-        raise ResultsError(f"cannot write to {path} (it is a file, not a folder)")
-    if not path.exists() or not any(path.iterdir()):
-        return path
-    path = path.resolve() if not path.name else path
-    k = 2
-    while (candidate := path.with_name(f"{path.name}-{k}")).exists():
-        k += 1
-    return candidate
-
-
-def _seeds(text: str | None, overrides: dict) -> list[int] | None:
-    """``--seeds``, or the seed of ``--set run.seed=S`` (which then runs alone, also where the config lists seeds)."""
-    from fedshuffle.experiments.sweep import check_seeds, parse_seeds
-
-    seeds = parse_seeds(text) if text is not None else None
-    if "seed" in overrides.get("run", {}):
-        if seeds is not None:
-            raise ConfigError("--seeds", "give the seeds either with --seeds or with --set run.seed, not both")
-        seeds = [overrides["run"]["seed"]]
-        check_seeds(seeds, "--set run.seed")
-    return seeds
-
-
-def _extend(extend_to: int | None, overrides: dict) -> None:
-    """``--extend-to N`` is ``run.rounds = N``, allowed to continue runs asked for fewer rounds."""
-    if extend_to is None:
-        return
-    if extend_to < 1:
-        raise ConfigError("--extend-to", f"must be >= 1, got {extend_to}")
-    given = overrides.get("run", {}).get("rounds")
-    if given is not None and given != extend_to:
-        raise ConfigError("--extend-to", f"conflicts with --set run.rounds={given}; give one of them")
-    overrides.setdefault("run", {})["rounds"] = extend_to
-
-
-def _command(name: str, config: str, set_: list[str] | None, seeds: str | None, extend_to: int | None, folder: Path | None) -> str:
-    """The command line that continues a run: the same config and options, ``--resume FOLDER``."""
-    tokens = ["fedshuffle", name, config, *(t for item in set_ or [] for t in ("--set", item))]
-    tokens += ["--seeds", seeds] if seeds else []
-    tokens += ["--extend-to", str(extend_to)] if extend_to else []
-    tokens += ["--resume", str(folder)] if folder is not None else []
-    return " ".join(shlex.quote(t) for t in tokens)
-
-
-# the commands register themselves on ``app`` when their modules are imported
-from fedshuffle.cli import catalog, flower, inspection, results, runs  # noqa: E402,F401
-from fedshuffle.cli import reproduce  # noqa: E402,F401
+from fedshuffle.cli.common import app
+from fedshuffle.cli import catalog, flower, inspection, reproduce, results, runs  # noqa: F401  (the commands register themselves on ``app``)
 
 
 def main() -> None:

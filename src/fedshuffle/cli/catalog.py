@@ -11,7 +11,7 @@ import typer
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import write_json
-from fedshuffle.cli import app, console, _fail, _fail_results, _load
+from fedshuffle.cli.common import app, console, fail, fail_results, load_config
 from fedshuffle.cli.output import print_table
 
 
@@ -28,14 +28,15 @@ def data_command(
 
     try:
         experiment = load_experiment(config)
-        summary = summarize(experiment.runs(parse_overrides(set_ or []))[0][1])
+        spec = experiment.runs(parse_overrides(set_ or []))[0][1]
+        summary = summarize(spec.data.model_dump(), spec.run.seed)
         target = out or Path("results") / f"{experiment.experiment.name}-data"
         summary["heatmap"] = str(plot_label_heatmap(summary, target / "label_heatmap.png"))
         write_json(target / "data_summary.json", summary)
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     except OSError as exc:
-        _fail_results(exc)
+        fail_results(exc)
     if as_json:
         print(json.dumps(summary))
         return
@@ -119,12 +120,12 @@ def show(
     kinds = list(_registries())
     if config is None or config in kinds:
         if set_:
-            _fail(ConfigError("--set", "overrides apply to a preset or TOML file, not to a list of parts"))
+            fail(ConfigError("--set", "overrides apply to a preset or TOML file, not to a list of parts"))
         _show_parts([config] if config else kinds, as_json)
         return
     try:
-        experiment = _load(config)
+        experiment = load_config(config)
         runs = {label or "run": spec.model_dump(mode="json") for label, spec in experiment.runs(parse_overrides(set_ or []))}
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     console.print_json(json.dumps({"experiment": experiment.experiment.model_dump(), "runs": runs}))

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli import app, console, _fail, _fail_results
+from fedshuffle.cli.common import app, console, fail, fail_results
 
 
 @app.command("flower-app")
@@ -25,7 +25,7 @@ def flower_app(
     try:
         target = write_app(config, directory, AppSettings(variant=variant or "", overrides="; ".join(set_ or [])))
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     except OSError as exc:
-        _fail_results(ResultsError(f"cannot write the app into {directory} ({exc.strerror or exc})"))
+        fail_results(ResultsError(f"cannot write the app into {directory} ({exc.strerror or exc})"))
     console.print(f"Flower App written to {target}/; run it with: flwr run {target} <connection>")

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.cli import app, console, _fail, _load
+from fedshuffle.cli.common import app, console, fail, load_config, note
 from fedshuffle.cli.output import print_table
 
 
@@ -25,7 +25,7 @@ _OPTIONS = {"sizes": "--sizes", "rounds": "--samples", "weights": "--weights"}
 
 @app.command()
 def inspect(
-    algorithm: Annotated[str, typer.Option(help="method name")] = "fedavg",
+    method: Annotated[str, typer.Option(help="method name, e.g. fedavg, fedshuffle, fednova (fedshuffle show methods lists them)")] = "fedavg",
     sizes: Annotated[str, typer.Option(help="client dataset sizes, e.g. 1,2,3")] = "1,2,3",
     sampler: Annotated[str, typer.Option(help="full, uniform, with_replacement, importance, independent, cyclic")] = "full",
     cohort: Annotated[Optional[float], typer.Option(help="cohort size b (expected size for independent sampling)")] = None,
@@ -38,6 +38,7 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     config: Annotated[Optional[str], typer.Option("--config", help="a preset or TOML file: the objective weights ŵ and step sizes of each of its variants, on its own clients")] = None,
     clients: Annotated[int, typer.Option(help="with --config: clients listed per table (--json lists all)")] = 20,
+    algorithm: Annotated[Optional[str], typer.Option("--algorithm", hidden=True, help="the old name of --method")] = None,
 ) -> None:
     """Which objective does this configuration minimize? Prints w, p, E[ω·1{i∈S}] and ŵ (eq. 31).
 
@@ -45,6 +46,9 @@ def inspect(
     weights, the effective objective weights ŵ it minimizes, its step sizes (the theoretical values where
     the config asks for 'theory') and the problem's smoothness constants.
     """
+    if algorithm is not None:  # the old name of --method, kept for one release
+        note("--algorithm is now --method (the old name goes in the next release)")
+        method = algorithm
     if config is not None:
         _inspect_config(config, set_, monte_carlo, 1000 if samples is None else samples, clients, as_json)
         return
@@ -67,7 +71,7 @@ def inspect(
         w = objective_weights(np.array(size_list), weight_spec)
         epoch_spec: int | list[int] = [int(v) for v in epochs.split("-")] if "-" in epochs else int(epochs)
         raw = parse_overrides(set_ or [])
-        raw = {**raw, "method": {**raw.get("method", {}), "name": algorithm}, "local": {"lr": lr, "epochs": epoch_spec, **raw.get("local", {})}}
+        raw = {**raw, "method": {**raw.get("method", {}), "name": method}, "local": {"lr": lr, "epochs": epoch_spec, **raw.get("local", {})}}
         raw["sampler"] = {"name": sampler, "cohort": cohort, **raw.get("sampler", {})}
         spec = validate(RunSpec, raw)
         alg = build_algorithm_from(spec)
@@ -75,9 +79,9 @@ def inspect(
         smp = build_sampler(spec.sampler, data)
         report = inspect_objective(alg, smp, np.array(size_list), w, exact=False if monte_carlo else None, rounds=samples)
     except ConfigError as exc:
-        _fail(ConfigError(_OPTIONS.get(exc.field, exc.field), exc.message) if exc.field in _OPTIONS else exc)
+        fail(ConfigError(_OPTIONS.get(exc.field, exc.field), exc.message) if exc.field in _OPTIONS else exc)
     except ValueError as exc:
-        _fail(ConfigError("--epochs/--weights", str(exc)))
+        fail(ConfigError("--epochs/--weights", str(exc)))
     convention = alg.local.step_normalization if isinstance(alg.local.step_normalization, str) else "explicit c_i"
     if as_json:
         out = report.to_dict()
@@ -112,7 +116,7 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
     from fedshuffle.experiments.runner import check_against_data
 
     rows, built = {}, {}
-    for label, spec in _load(config).runs(overrides):
+    for label, spec in load_config(config).runs(overrides):
         key = json.dumps([spec.data.model_dump(), spec.problem.model_dump(), spec.run.seed, spec.run.dtype], default=str)
         if key not in built:  # variants that differ only in the method share their data
             built[key] = build_problem_and_data(spec)
@@ -144,7 +148,7 @@ def _inspect_config(config: str, set_: list[str] | None, monte_carlo: bool, samp
             raise ConfigError("--samples" if samples < 1 else "--clients", "must be >= 1")
         rows = config_report(config, parse_overrides(set_ or []), monte_carlo=monte_carlo, samples=samples)
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         print(json.dumps(rows))
         return

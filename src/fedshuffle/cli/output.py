@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from rich.table import Table
+from rich.text import Text
 
-from fedshuffle.cli import console
+from fedshuffle.cli.common import console
 
 
 def mean_std(mean: float, std: float, n: int, digits: int = 4) -> str:
@@ -30,14 +31,15 @@ def markdown(columns: Sequence[str], rows: Sequence[Sequence[str]], right: Colle
     return "\n".join(lines)
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, right: Collection[str] = (), no_wrap: Collection[str] = ()) -> None:
-    """A rich table on a terminal (full width), else ``title`` and a Markdown table, nothing truncated."""
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str | Text]], *, right: Collection[str] = (), no_wrap: Collection[str] = ()) -> None:
+    """A rich table on a terminal (full width), else ``title`` and a Markdown table, nothing truncated or wrapped.
+    A cell may be a :class:`rich.text.Text`: styled on a terminal, its plain text in Markdown."""
     if console.is_terminal:
         table = Table(title=title or None)
         for col in columns:
             table.add_column(col, justify="right" if col in right else "left", no_wrap=col in no_wrap)
         for row in rows:
-            table.add_row(*map(str, row))
+            table.add_row(*(cell if isinstance(cell, Text) else str(cell) for cell in row))
         console.print(table, soft_wrap=False)
         return
     if title:

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli import app, console, err, EXIT_STATUS, _fail, _fail_results, _interrupted, _note, _out_path
+from fedshuffle.cli.common import app, console, err, EXIT_STATUS, fail, fail_results, interrupted, note
+from fedshuffle.cli.output import print_table
 
 
 @app.command(help=f"""Run presets or experiment files (what is missing) and judge every claim; write report.md and report.html.
@@ -40,14 +41,15 @@ def reproduce(
 ) -> None:
     from fedshuffle.experiments.reproduce import as_json, reproduce as run_all
     from fedshuffle.experiments.schema import preset_names
+    from fedshuffle.experiments.session import check_out
 
     if smoke:
         from fedshuffle.experiments.smoke import smoke as run_smoke, summary
 
         try:
-            results = run_smoke(presets or [], budget or "gpu", note=None if json_ else _note)
+            results = run_smoke(presets or [], budget or "gpu", note=None if json_ else note)
         except ConfigError as exc:
-            _fail(exc)
+            fail(exc)
         print(json.dumps([vars(r) for r in results], indent=1, ensure_ascii=False) if json_ else summary(results))
         if failed := [r for r in results if r.status != "ok"]:
             err.print(f"[red]error:[/red] smoke run failed for {', '.join(r.preset for r in failed)}: {failed[0].error}", highlight=False, soft_wrap=True)
@@ -57,23 +59,19 @@ def reproduce(
     try:
         if all_ and presets:
             raise ConfigError("--all", "give preset names or --all, not both")
-        target = _out_path(out) or target
+        target = check_out(out) or target
         names = preset_names() if all_ else list(presets or [])
-        rows = run_all(names, target, budget=budget, run=not no_run, show_progress=not (quiet or json_), note=None if json_ else _note, workers=workers)
+        rows = run_all(names, target, budget=budget, run=not no_run, show_progress=not (quiet or json_), note=None if json_ else note, workers=workers)
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     except ResultsError as exc:
-        _fail_results(exc, "run the same command again to continue: finished runs are kept")
+        fail_results(exc, "run the same command again to continue: finished runs are kept")
     except KeyboardInterrupt:
-        _interrupted("run the same command again to continue: finished runs are kept")
+        interrupted("run the same command again to continue: finished runs are kept")
     if json_:
         print(json.dumps(as_json(rows), indent=1, ensure_ascii=False))
         return
-    table = Table(title="claims")
-    for column in ("preset", "role", "figure", "claim", "measured", "verdict"):
-        table.add_column(column, overflow="fold")
     colour = {"holds": "green", "partly": "yellow", "does not hold": "red"}
-    for r in rows:
-        table.add_row(r.preset, r.role, r.figure, r.claim, r.measured, f"[{colour.get(r.verdict, 'dim')}]{r.verdict}[/]: {r.why}")
-    console.print(table)
+    print_table("claims", ("preset", "role", "figure", "claim", "measured", "verdict"),
+                [(r.preset, r.role, r.figure, r.claim, r.measured, Text.assemble((r.verdict, colour.get(r.verdict, "dim")), f": {r.why}")) for r in rows])
     console.print(f"report: {target / 'report.md'}, {target / 'report.html'}")

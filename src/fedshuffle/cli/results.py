@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli import app, console, err, _fail, _fail_results, _note, _out_path
+from fedshuffle.cli.common import app, console, err, fail, fail_results, note
+from fedshuffle.cli.output import print_table
 
 ALLOW_UNSEALED = ("also show runs whose metrics.csv changed after they finished, or whose summary.json holds no SHA-256 of their files "
                   "(a warning names each; default: refused)")
@@ -26,12 +27,13 @@ def plot(
     x: Annotated[Optional[str], typer.Option(help="a cost metric (round, epochs, sample_gradients, mib_up, ...) or bytes (default: the config's)")] = None,
     band: Annotated[str, typer.Option(help="std or minmax over seeds")] = "std",
     linear: Annotated[bool, typer.Option(help="linear y axis (default: log)")] = False,
-    out: Annotated[Optional[str], typer.Option(help="output path without suffix (default: <first folder>/plot)")] = None,
-    title: Annotated[str, typer.Option()] = "",
+    out: Annotated[Optional[str], typer.Option(help="output path without suffix (default: <first folder>/plot-METRIC-by-X, never the run's own plot)")] = None,
+    title: Annotated[Optional[str], typer.Option(help="figure title (default: the experiment's title, as run draws it)")] = None,
     all_points: Annotated[bool, typer.Option("--all-points", help="every grid point of a sweep (default: the best point per variant by the first metric's final value)")] = False,
     allow_unsealed: Annotated[bool, typer.Option("--allow-unsealed", help=ALLOW_UNSEALED)] = False,
 ) -> None:
-    """Mean and band over seeds of every variant found under PATHS; PNG and PDF.
+    """Mean and band over seeds of every variant found under PATHS; PNG and PDF, written beside the run's own plot
+    (FOLDER/plot-METRIC-by-X.png, or --out), titled as run titles it.
 
     Runs are grouped by experiment folder, variant and grid point (two folders sharing a label are two
     lines, named by folder), and seeds are matched by round. Of a sweep, each variant's best grid point
@@ -40,8 +42,9 @@ def plot(
     SHA-256 of them) is refused unless --allow-unsealed. Exit status 2 for bad input or a damaged
     results file, 4 when the figure cannot be written.
     """
-    from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs, plot_defaults, plot_runs
+    from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs, plot_defaults, plot_runs, plot_title
     from fedshuffle.experiments.results import check_metrics, x_axes
+    from fedshuffle.experiments.session import check_out
 
     out_stem: Path | None = None
     try:
@@ -51,7 +54,7 @@ def plot(
             raise ConfigError("--x", f"unknown axis {x!r}; accepted: {', '.join(x_axes())}")
         if band not in ("std", "minmax"):
             raise ConfigError("--band", f"unknown {band!r}; accepted: std, minmax")
-        out_stem = _out_path(out)
+        out_stem = check_out(out)
         runs = collect_runs(paths, allow_unsealed=allow_unsealed, warn=_warn)
         defaults = plot_defaults(runs[0])
         axis = x or defaults.get("x", "round")
@@ -62,13 +65,14 @@ def plot(
         points = len({json.dumps(r.point, sort_keys=True) for r in runs})
         if points > 1 and not all_points:
             runs = best_point_runs(runs, metrics[0])
-            _note(f"the best of {points} grid points per variant by final {metrics[0]} (--all-points for every point)")
-        files = plot_runs(group_runs(runs), out_stem or paths[0] / "plot", metric=metrics, x=axis, band=band,
-                          log_y=not linear, title=title, require_data=True)
+            note(f"the best of {points} grid points per variant by final {metrics[0]} (--all-points for every point)")
+        out_stem = out_stem or paths[0] / f"plot-{'-'.join(metrics)}-by-{axis}"
+        files = plot_runs(group_runs(runs), out_stem, metric=metrics, x=axis, band=band, log_y=not linear,
+                          title=plot_title(runs) if title is None else title, require_data=True)
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     except OSError as exc:
-        _fail_results(ResultsError(f"cannot write the figure to {out_stem or paths[0] / 'plot'} ({exc.strerror or exc})"))
+        fail_results(ResultsError(f"cannot write the figure to {out_stem or paths[0]} ({exc.strerror or exc})"))
     console.print("wrote " + ", ".join(map(str, files)))
 
 
@@ -80,9 +84,9 @@ def table_command(
     target: Annotated[Optional[list[str]], typer.Option(help="METRIC=VALUE: rounds, MiB per worker and wall-clock until the metric first reaches VALUE (Yang et al.'s Table 2)")] = None,
     allow_unsealed: Annotated[bool, typer.Option("--allow-unsealed", help=ALLOW_UNSEALED)] = False,
 ) -> None:
-    """Final (or best) values as a Markdown table: mean ± std over seeds per experiment folder, variant and grid point;
-    with --target, the cost of reaching a value instead."""
-    from fedshuffle.experiments.report import SUMMARY_METRICS, collect_runs, group_runs, markdown_table
+    """Final (or best) values: mean ± std over seeds per experiment folder, variant and grid point (a rich table on a
+    terminal, Markdown in a pipe or a file); with --target, the cost of reaching a value instead."""
+    from fedshuffle.experiments.report import SUMMARY_METRICS, collect_runs, group_runs, summary_table
     from fedshuffle.experiments.results import check_metrics
     from fedshuffle.experiments.targets import Target, target_table
 
@@ -95,9 +99,12 @@ def table_command(
         runs = collect_runs(paths, allow_unsealed=allow_unsealed, warn=_warn)
         groups = group_runs(runs)
         if targets:
-            print("\n\n".join(target_table({name: [r.path / "metrics.csv" for r in members] for name, members in groups.items()}, t) for t in targets))
+            for t in targets:
+                columns, rows = target_table({name: [r.path / "metrics.csv" for r in members] for name, members in groups.items()}, t)
+                print_table("", columns, rows, right=columns[1:-1])
             return
         metrics = metric or [m for m in SUMMARY_METRICS if any(r.final.get(m) is not None for r in runs)] or ["loss"]
-        print(markdown_table(groups, metrics, stat))
+        columns, rows = summary_table(groups, metrics, stat)
+        print_table("", columns, rows, right=columns[1:-1])
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import read_text
 from fedshuffle.cli.output import mean_std, print_table
-from fedshuffle.cli import app, console, DEFAULT_PRESET, EXIT_STATUS, _fail, _fail_results, _interrupted, _note, _load, _out_path, _fresh_dir, _seeds, _extend, _command
+from fedshuffle.cli.common import app, console, DEFAULT_PRESET, EXIT_STATUS, fail, fail_results, interrupted, note, load_config, resume_command
 
 
 def _print_summary(summary: dict, title: str) -> None:
@@ -24,6 +24,18 @@ def _print_summary(summary: dict, title: str) -> None:
         cells = [mean_std(v["final"][m]["mean"], v["final"][m]["std"], v["final"][m]["n"]) if m in v["final"] else "" for m in metrics]
         rows.append((label, *cells, ", ".join(sorted(set(v["status"])))))
     print_table(title, ("variant", *(f"final {m}" for m in metrics), "status"), rows, right={f"final {m}" for m in metrics})
+
+
+def _arguments(config: str, out: str | None, set_: list[str] | None, seeds: str | None, extend_to: int | None) -> tuple[Any, Path | None, dict, list[int] | None]:
+    """What ``run`` and ``sweep`` read alike: the experiment, the ``--out`` folder (None: the default), the overrides and the seeds."""
+    from fedshuffle.experiments.session import check_out, extend_rounds, normalize_overrides, requested_seeds
+
+    out_dir = check_out(out)
+    experiment = load_config(config)
+    overrides = normalize_overrides(set_ or [])
+    seed_list = requested_seeds(seeds, overrides)
+    extend_rounds(extend_to, overrides)
+    return experiment, out_dir, overrides, seed_list
 
 
 def _operator_threads(outcomes) -> list[str]:
@@ -57,45 +69,35 @@ def run(
     workers: Annotated[int, typer.Option(help="runs in parallel worker processes")] = 1,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
-    from fedshuffle.experiments.schema import parse_overrides
-    from fedshuffle.experiments.session import run_experiment
+    from fedshuffle.experiments.session import pick_folder, resume_folder, run_experiment
 
     target: Path | None = None
     try:
-        out_dir = _out_path(out)
-        experiment = _load(config)
-        overrides = parse_overrides(set_ or [])
-        seed_list = _seeds(seeds, overrides)
-        _extend(extend_to, overrides)
+        experiment, out_dir, overrides, seed_list = _arguments(config, out, set_, seeds, extend_to)
         if extend_to is not None and resume is None:
             raise ConfigError("--extend-to", "extends the runs of a results folder: give the folder with --resume DIR")
         if resume is not None:
             if out_dir is not None and out_dir != resume:
                 raise ConfigError("--resume", "give the folder to continue either as --resume DIR or as --out, not two different folders")
-            if not resume.is_dir():
-                raise ConfigError("--resume", f"{resume} is not a results folder")
-            if (resume / "config.json").exists() and (resume / "checkpoint.pt").exists():
-                raise ConfigError("--resume", f"{resume} is the folder of one run; give the folder of the experiment (the one --out named)")
-            target, note = resume, ""
+            target, moved = resume_folder(resume), ""
         else:
             requested = out_dir or Path("results") / experiment.experiment.name
-            target = _fresh_dir(requested)
-            note = f"{requested} already holds results; this run writes to {target} (to continue {requested}: --resume {requested})" if target != requested else ""
+            target, moved = pick_folder(requested, f"--resume {requested}")
 
         def opened(folder) -> None:
-            if note:
-                _note(note)
+            if moved:
+                note(moved)
             if resume is not None:
-                _note(f"continuing {len(folder.jobs)} runs in {target} ({folder.finished} already finished)")
+                note(f"continuing {len(folder.jobs)} runs in {target} ({folder.finished} already finished)")
 
         summary, outcomes = run_experiment(experiment, target, overrides=overrides, seeds=seed_list, resume=resume is not None, extend=extend_to is not None,
                                            show_progress=not quiet, workers=workers, on_open=opened)
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     except ResultsError as exc:
-        _fail_results(exc, f"continue with: {_command('run', config, set_, seeds, extend_to, target)}" if target is not None and target.is_dir() else "")
+        fail_results(exc, f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}" if target is not None and target.is_dir() else "")
     except KeyboardInterrupt:
-        _interrupted(f"continue with: {_command('run', config, set_, seeds, extend_to, target)}" if target is not None and target.is_dir() else "nothing was written.")
+        interrupted(f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}" if target is not None and target.is_dir() else "nothing was written.")
     _print_summary(summary, experiment.experiment.title or experiment.experiment.name)
     for chosen in _operator_threads(outcomes):
         console.print(f"operator threads per run: {chosen}", highlight=False, soft_wrap=True)
@@ -124,7 +126,6 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     from fedshuffle.experiments.results import check_metrics
-    from fedshuffle.experiments.schema import parse_overrides
     from fedshuffle.experiments.session import run_sweep
     from fedshuffle.experiments.sweep import parse_grid
 
@@ -133,27 +134,23 @@ def sweep(
     try:
         if pick is not None:
             check_metrics([pick], "--pick")
-        out_dir = _out_path(out)
-        experiment = _load(config)
+        experiment, out_dir, overrides, seed_list = _arguments(config, out, set_, seeds, extend_to)
         points = parse_grid(grid or [])
-        overrides = parse_overrides(set_ or [])
-        seed_list = _seeds(seeds, overrides)
-        _extend(extend_to, overrides)
         target = out_dir or Path("results") / f"{experiment.experiment.name}-sweep"
         existed = target.is_dir() and any(target.iterdir())
 
         def opened(folder) -> None:
             if existed:
-                _note(f"{target} already holds a sweep of this config: {folder.finished} of its {len(folder.jobs)} runs are finished and kept, the others run now")
+                note(f"{target} already holds a sweep of this config: {folder.finished} of its {len(folder.jobs)} runs are finished and kept, the others run now")
 
         record, outcomes = run_sweep(experiment, target, points, seeds=seed_list, overrides=overrides, variants=variant, pick=pick, extend=extend_to is not None,
                                      workers=workers, show_progress=not quiet, record={"config": config, "grid": grid or []}, on_open=opened)
     except ConfigError as exc:
-        _fail(exc)
+        fail(exc)
     except ResultsError as exc:
-        _fail_results(exc, again if target is not None and target.is_dir() else "")
+        fail_results(exc, again if target is not None and target.is_dir() else "")
     except KeyboardInterrupt:
-        _interrupted(again if target is not None and target.is_dir() else "nothing was written.")
+        interrupted(again if target is not None and target.is_dir() else "nothing was written.")
     console.print(f"{record['runs']} runs in {target}/: " + ", ".join(f"{n} {s}" for s, n in record["status"].items()))
     if pick:
         rows = [(label, _point(b["point"]), "—" if b["mean"] is None else f"{b['mean']:.4g}", "—" if b["std"] is None else f"{b['std']:.2g}", str(b["candidates"]))
@@ -161,7 +158,7 @@ def sweep(
         print_table(f"best point per variant by final {pick}", ("variant", "point", f"mean {pick}", "std", "points tried"), rows, right=(f"mean {pick}", "std", "points tried"))
         for label, b in record["best"].items():
             if b.get("at_edge"):
-                _note(f"{label or 'run'}: the best {', '.join(b['at_edge'])} is at the edge of the grid; the optimum may lie beyond it, widen the grid there")
+                note(f"{label or 'run'}: the best {', '.join(b['at_edge'])} is at the edge of the grid; the optimum may lie beyond it, widen the grid there")
     if any(o.status != "complete" for o in outcomes):
         raise typer.Exit(3)
 

@@ -179,6 +179,21 @@ class LazyFederatedDataset(PopulationCounts):
         return replace(self, dtype=dtype, device=device or self.device)
 
 
+def localized(data: LazyFederatedDataset, row_sets: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+    """Of lazy data, generate only the rows ``row_sets`` use (−1 is padding) and renumber the sets into them."""
+    rows = np.unique(np.concatenate([r[r >= 0] for r in row_sets]))
+    features, labels = data.gather(rows)
+    return features, labels, [np.where(r >= 0, np.searchsorted(rows, r), -1) for r in row_sets]
+
+
+def client_rows(data: FederatedDataset | LazyFederatedDataset, clients: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+    """Sample tensors and, per client, its rows in them (all of its data), for full local gradients."""
+    own = [data.client_indices[i] for i in clients]
+    if not isinstance(data, LazyFederatedDataset):
+        return data.features, data.labels, own
+    return localized(data, own)
+
+
 def objective_weights(sizes: np.ndarray, kind: str | Sequence[float]) -> np.ndarray:
     """Objective weights w_i: ``"size"`` (|D_i|/|D|), ``"uniform"`` (1/n) or explicit values (normalized)."""
     sizes = np.asarray(sizes, dtype=np.float64)

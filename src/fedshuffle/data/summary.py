@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,19 +17,18 @@ import numpy as np
 from fedshuffle.core.errors import section
 from fedshuffle.core.io import write_atomic
 from fedshuffle.data.catalog import federate, load_samples
-from fedshuffle.experiments.schema import RunSpec
 
 
-def summarize(spec: RunSpec) -> dict[str, Any]:
+def summarize(settings: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """Clients (each one's ``size`` and ``label_counts``, one count per class), size statistics, classes
-    and test size of ``spec``'s federated training data, after partitioning.
+    and test size of the federated training data of a ``[data]`` section's ``settings`` (every default
+    filled in) for a run of ``seed``, after partitioning.
 
     For per-position targets (TFF Shakespeare) a client's counts are over every target position of
     its sequences (80 × size of them, fewer when ignored padding targets, −1, are left out).
     """
-    settings = spec.data.model_dump()
     with section("data"):
-        samples, rng = load_samples(settings, spec.run.seed)
+        samples, rng = load_samples(settings, seed)
         data = federate(samples, settings, rng)
     labels = data.labels.numpy()
     classes = max(samples.num_classes, int(labels.max()) + 1 if labels.size else 0)

@@ -1,4 +1,4 @@
-"""Executors by name, and ``auto``: the fastest correct executor for a problem on a device.
+"""Executors by name, and ``auto``: the fastest correct executor for a problem on a device (and its operator threads, :func:`run_threads`).
 
 Every executor gives the same numbers (the equivalence tests), so ``auto`` chooses on speed alone,
 by what ``benchmarks/`` measured:
@@ -22,6 +22,7 @@ import torch
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.executors.local import Executor, LocalExecutor, SequentialExecutor, ThreadedExecutor, VectorizedExecutor
 from fedshuffle.problems import Problem
+from fedshuffle.problems.modules import ModuleProblem
 
 EXECUTORS = ("auto", "sequential", "vectorized", "threaded", "ray")
 
@@ -29,8 +30,6 @@ EXECUTORS = ("auto", "sequential", "vectorized", "threaded", "ray")
 def choose(problem: Problem, device: str | torch.device = "cpu", threads: int | None = None) -> tuple[str, str]:
     """(executor name, one-line reason) that ``auto`` picks for ``problem`` on ``device`` with ``threads`` CPU
     threads (default: PyTorch's, one per core)."""
-    from fedshuffle.problems.modules import ModuleProblem
-
     device = torch.device(device)
     threads = torch.get_num_threads() if threads is None else threads
     if not isinstance(problem, ModuleProblem):
@@ -71,3 +70,22 @@ def make_executor(
     executor: LocalExecutor = VectorizedExecutor(chunk_size, memory_budget) if name == "vectorized" else SequentialExecutor()
     executor.chosen = chosen
     return executor
+
+
+def run_threads(problem: Problem, device: str | torch.device) -> tuple[int, str]:
+    """(operator threads, reason) for a run of ``problem`` on ``device``, within this process' current count.
+
+    Problems with closed-form batched gradients (quadratic, logistic and softmax regression, the MLP) get one
+    thread on the CPU: their operators take microseconds to a few milliseconds, so a second thread saves little
+    and, while another process keeps the cores busy, costs much more — a one-seed run of the RR-CLI phishing
+    preset took 147 s with two threads and 18.8 s with one on a busy two-core machine. Parallelism for them
+    comes from running runs side by side (``--workers``). ``torch.nn.Module`` problems keep the current count:
+    the threaded executor runs one client per thread, and a convolution's operators are large enough to split.
+    On CUDA the count only affects host code and is kept.
+    """
+    current = torch.get_num_threads()
+    if torch.device(device).type != "cpu":
+        return current, f"{torch.device(device).type}: operator threads unchanged"
+    if isinstance(problem, ModuleProblem):
+        return current, f"{problem.name} (a module): {current} threads, the threaded executor's clients or one client's operators"
+    return 1, f"{problem.name} has small closed-form operators: one thread; --workers runs several runs at once on more cores"

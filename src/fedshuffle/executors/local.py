@@ -22,6 +22,7 @@ from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.threads import operator_threads
 from fedshuffle.data import FederatedDataset, LazyFederatedDataset
+from fedshuffle.data.federated import client_rows, localized
 from fedshuffle.local.loop import LocalWork, run_local
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.problems import Problem
@@ -46,28 +47,13 @@ class Executor(Protocol):
 Data = FederatedDataset | LazyFederatedDataset
 
 
-def _localized(data: LazyFederatedDataset, row_sets: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
-    """Generate only the rows ``row_sets`` use (−1 is padding) and renumber the sets into them."""
-    rows = np.unique(np.concatenate([r[r >= 0] for r in row_sets]))
-    features, labels = data.gather(rows)
-    return features, labels, [np.where(r >= 0, np.searchsorted(rows, r), -1) for r in row_sets]
-
-
 def rows_of(data: Data, plans: Sequence[ClientPlan]) -> tuple[torch.Tensor, torch.Tensor, list[ClientPlan]]:
     """The sample tensors the plans index, and the plans: as they are for in-memory data; for lazy
     data, only the rows the plans use, generated now, with the plans' rows renumbered into them."""
     if not isinstance(data, LazyFederatedDataset):
         return data.features, data.labels, list(plans)
-    features, labels, batches = _localized(data, [p.batches for p in plans])
+    features, labels, batches = localized(data, [p.batches for p in plans])
     return features, labels, [replace(p, batches=b) for p, b in zip(plans, batches)]
-
-
-def client_rows(data: Data, clients: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
-    """Sample tensors and, per client, its rows in them (all of its data), for full local gradients."""
-    own = [data.client_indices[i] for i in clients]
-    if not isinstance(data, LazyFederatedDataset):
-        return data.features, data.labels, own
-    return _localized(data, own)
 
 
 def _sample_elements(data: Data) -> tuple[int, int]:

@@ -62,7 +62,10 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
     probe = build_algorithm(spec.method.name, probe_settings)
     local_steps = probe.local.max_planned_steps(data.sizes)
     rounds = getattr(sampler, "rounds_per_meta_epoch", 1)
-    constants = _smoothness(problem, data)
+    try:
+        constants = _smoothness(problem, data)
+    except ConfigError as exc:  # named by the setting that asked for 'theory'
+        raise ConfigError(".".join(places[wanted[0]]), f"{exc.message}; give a number") from None
     at_one = theory.theoretical_step_sizes(rule, constants, local_steps, rounds, meta_epoch=spec.server.meta_epoch_step)
     local_lr = None
     if spec.server.theory_follows == "local":

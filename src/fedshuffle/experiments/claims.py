@@ -43,6 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Registry
+from fedshuffle.core.validation import validate
+from fedshuffle.experiments.readings import At, valid_metric
 from fedshuffle.experiments.results import read_metrics
 from fedshuffle.experiments.targets import COLUMNS as TARGET_AXES, Target, time_to_target
 
@@ -53,8 +55,6 @@ VERDICTS = ("holds", "partly", "does not hold")
 #: paper's statement, an ``extrapolation`` a setup the paper does not show, a ``duplicate`` repeats a claim
 #: judged elsewhere, a ``post_hoc`` claim was added after seeing the results
 ROLES = ("primary", "proxy", "extrapolation", "duplicate", "post_hoc")
-#: budgets a value can be read at: ``round=N``, ``epochs=X``, ``mib=X`` (MiB per worker, up + down)
-BUDGET_AXES = ("round", "epochs", "mib")
 
 
 #: the fractions of the run at which an ordering is judged again (the run as if it had stopped there)
@@ -108,35 +108,6 @@ class Stat:
         return f"{self.mean:.4g}" + (f" ± {self.se:.2g}" if self.se is not None else "") + f" (n={self.n})"
 
 
-def _valid_metric(v: str) -> str:
-    accepted = metrics.of_kind("model", "method")
-    if v not in accepted:
-        hint = difflib.get_close_matches(str(v), accepted, n=1)
-        raise ValueError(f"unknown metric {v!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(accepted)}")
-    return v
-
-
-def _valid_at(v: str) -> str:
-    if v in ("final", "best", "auc"):
-        return v
-    if v.startswith("last:"):
-        try:
-            fraction = float(v.removeprefix("last:"))
-        except ValueError:
-            fraction = math.nan
-        if not 0 < fraction <= 1:
-            raise ValueError("last:F takes a fraction 0 < F <= 1 of the run, e.g. last:0.25")
-        return v
-    axis, sep, number = v.partition("=")
-    try:
-        ok = bool(sep) and axis in BUDGET_AXES and math.isfinite(float(number)) and float(number) >= 0
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(f"expected final, best, last:F (mean over the last fraction F of the run), auc, or a budget {', '.join(a + '=N' for a in BUDGET_AXES)}")
-    return v
-
-
 class Claim(BaseModel):
     """What every claim has: the paper's words, where they are, the metric, and the seeds' separation k."""
 
@@ -157,14 +128,14 @@ class Claim(BaseModel):
     @field_validator("metric")
     @classmethod
     def _metric(cls, v: str) -> str:
-        return _valid_metric(v)
+        return valid_metric(v)
 
     @model_validator(mode="after")
     def _readings(self) -> Claim:
         for label, name in self.reading.items():
             if label not in self.variants():
                 raise ValueError(f"reading names {label!r}, which the claim does not compare; it compares: {', '.join(map(repr, self.variants()))}")
-            _valid_metric(name)
+            valid_metric(name)
             if metrics.METRICS[name].defaults["better"] != metrics.METRICS[self.metric].defaults["better"] or is_log(name, self.scale) != self.log:
                 raise ValueError(f"reading[{label!r}] = {name!r} is not read like {self.metric!r} (better direction and scale must match)")
         return self
@@ -322,12 +293,7 @@ def _at_text(at: str) -> str:
 class OrderingClaim(Claim):
     kind: Literal["ordering"] = "ordering"
     order: list[str | list[str]] = Field(min_length=2, description="variants best first; a list is a tier of equals")
-    at: str = Field("final", description="final, best, last:F (mean over the last fraction F of the run), auc, round=N, epochs=X or mib=X")
-
-    @field_validator("at")
-    @classmethod
-    def _at(cls, v: str) -> str:
-        return _valid_at(v)
+    at: At = Field("final", description="final, best, last:F (mean over the last fraction F of the run), auc, round=N, epochs=X or mib=X")
 
     @field_validator("order")
     @classmethod
@@ -382,16 +348,11 @@ class OrderingClaim(Claim):
 class ValueClaim(Claim):
     kind: Literal["value"] = "value"
     variant: str
-    at: str = Field("final", description="final, best, last:F, auc, round=N, epochs=X or mib=X")
+    at: At = Field("final", description="final, best, last:F, auc, round=N, epochs=X or mib=X")
     value: float
     tolerance: float = Field(0.0, ge=0, description="absolute, or relative to |value| with relative = true")
     relative: bool = False
     bound: Literal["within", "at_most", "at_least"] = Field("within", description="value ± tolerance, or ≤ / ≥ value (+/− tolerance)")
-
-    @field_validator("at")
-    @classmethod
-    def _at(cls, v: str) -> str:
-        return _valid_at(v)
 
     def variants(self) -> list[str]:
         return [self.variant]
@@ -542,8 +503,6 @@ CLAIMS.add("reaches", ReachesClaim, "a variant reaches a target with a cost (rou
 
 def parse_claims(raw: Sequence[Any], labels: Sequence[str]) -> list[Claim]:
     """The validated claims of an experiment with these variant labels; errors name ``claims[i].field``."""
-    from fedshuffle.experiments.schema import validate
-
     out = []
     for i, item in enumerate(raw):
         where = f"claims[{i}]"

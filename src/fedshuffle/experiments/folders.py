@@ -226,6 +226,16 @@ def read_json(path: Path, what: str) -> Any:
         raise ConfigError(str(path), f"unreadable {what} ({exc.__class__.__name__}: {exc}); restore it or start the run again in another folder") from None
 
 
+def read_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or ``{}`` where there is none to read (missing, unreadable, not JSON, not an
+    object, a number past Python's 4,300-digit limit): for what is read only to describe a folder."""
+    try:
+        value = json.loads(read_text(path))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def find_files(root: Path, name: str, max_depth: int = MAX_DEPTH) -> list[Path]:
     """The files called ``name`` below ``root`` (itself included), sorted; links are not followed.
 

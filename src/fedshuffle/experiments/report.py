@@ -21,7 +21,7 @@ import numpy as np
 from fedshuffle.core.errors import ConfigError
 from fedshuffle import metrics
 from fedshuffle.core.io import read_text
-from fedshuffle.experiments.folders import MANIFEST, find_files, read_json, seal_problem
+from fedshuffle.experiments.folders import MANIFEST, find_files, read_json, read_object, seal_problem
 from fedshuffle.experiments.results import check_metrics, read_metrics, summarize
 from fedshuffle.experiments.plots import plot_comparison
 
@@ -170,12 +170,13 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
-def markdown_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str], stat: str = "final") -> str:
-    """One row per group: ``mean ± std`` over complete seeds of the final (or best) value of each metric (the value alone for one seed)."""
+def summary_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str], stat: str = "final") -> tuple[list[str], list[list[str]]]:
+    """Columns and one row per group: ``mean ± std`` over complete seeds of the final (or best) value of each metric
+    (the value alone for one seed), and the seeds counted."""
     check_metrics(names, "--metric")
     if stat not in ("final", "best"):
         raise ConfigError("--stat", f"unknown {stat!r}; accepted: final, best")
-    lines = ["| variant | " + " | ".join(f"{stat} {m}" for m in names) + " | seeds |", "| --- |" + " ---: |" * len(names) + " --- |"]
+    rows = []
     for name, runs in groups.items():
         complete = [r for r in runs if r.status == "complete"]
         cells = []
@@ -185,8 +186,8 @@ def markdown_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[st
             cells.append(("—" if not values else f"{np.mean(values):.4g}" if len(values) == 1 else f"{np.mean(values):.4g} ± {np.std(values):.2g}"))
         problems = [r.status for r in runs if r.status != "complete"]
         seeds = f"{len(complete)}" + (f" ({len(problems)} {', '.join(sorted(set(problems)))})" if problems else "")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {seeds} |")
-    return "\n".join(lines)
+        rows.append([name, *cells, seeds])
+    return ["variant", *(f"{stat} {m}" for m in names), "seeds"], rows
 
 
 def plot_runs(
@@ -195,6 +196,20 @@ def plot_runs(
 ) -> list[Path]:
     return plot_comparison({name: [r.path / "metrics.csv" for r in runs] for name, runs in groups.items()}, out_stem, metric=metric, x=x, log_y=log_y, band=band,
                            title=title, require_data=require_data, recorded_only=recorded_only)
+
+
+def plot_title(runs: Sequence[StoredRun]) -> str:
+    """The title ``fedshuffle run`` gives its figure, for runs of one experiment: the experiment's title, else its
+    name (from the experiment's ``summary.json``, or a sweep's manifest); empty for runs of several experiments."""
+    experiments = {r.experiment for r in runs}
+    if len(experiments) != 1 or None in experiments:
+        return ""
+    folder = Path(next(iter(experiments)))
+    described = read_object(folder / "summary.json").get("experiment")
+    if isinstance(described, dict) and (described.get("title") or described.get("name")):
+        return str(described.get("title") or described.get("name"))
+    name = read_object(folder / MANIFEST).get("experiment")
+    return name if isinstance(name, str) else ""
 
 
 def plot_defaults(run: StoredRun) -> dict[str, Any]:

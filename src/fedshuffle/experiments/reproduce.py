@@ -31,7 +31,9 @@ from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import read_text, write_atomic
 from fedshuffle.experiments.claims import FRACTIONS, ROLES, VERDICTS, Claim, Verdict, is_log, parse_claims, score
 from fedshuffle.experiments.folders import MANIFEST, FolderLock, folder_name, read_manifest
+from fedshuffle.experiments.report import collect_runs, group_runs
 from fedshuffle.experiments.schema import Experiment, TuneConfig, _deep_merge, load_experiment, preset_names
+from fedshuffle.experiments.session import run_experiment, run_sweep
 
 BUDGETS = ("cpu", "gpu")
 #: the store of every preset's verdicts in a reproduce folder
@@ -101,7 +103,6 @@ def diagnostics(name: str, folder: Path) -> list[Diagnostic]:
     """The method metrics recorded by the complete runs in ``folder``, per variant, averaged over seeds by round."""
     import pandas as pd
 
-    from fedshuffle.experiments.report import collect_runs, group_runs
 
     out = []
     for label, members in group_runs(collect_runs([folder])).items():
@@ -140,8 +141,6 @@ def _skipped(name: str, experiment: Experiment, reason: str, verdict: str = "not
 
 def _complete_runs(folder: Path) -> dict[str, list[Path]]:
     """label → the ``metrics.csv`` of the complete runs of the experiment stored in ``folder`` (not of folders nested in it)."""
-    from fedshuffle.experiments.report import collect_runs, group_runs
-
     runs = [r for r in collect_runs([folder]) if r.experiment == Path(folder).resolve()]
     return {label: [r.path / "metrics.csv" for r in members if r.status == "complete"] for label, members in group_runs(runs).items()} if runs else {}
 
@@ -176,8 +175,6 @@ def _point_text(point: Mapping[str, Mapping[str, Any]] | None) -> str:
 
 def _tuning_runs(folder: Path, seeds: Sequence[int]) -> dict[str, list[Path]]:
     """point key → the ``metrics.csv`` of the complete tuning runs at that point on ``seeds`` (others in the folder are left out)."""
-    from fedshuffle.experiments.report import collect_runs
-
     if not (Path(folder) / "sweep.json").is_file():
         return {}
     out: dict[str, list[Path]] = {}
@@ -217,8 +214,6 @@ def at_selected(experiment: Experiment, tunings: Sequence[Tuning]) -> Experiment
 def tune(name: str, experiment: Experiment, out: Path, *, run: bool, workers: int, show_progress: bool) -> tuple[list[Tuning], dict[str, dict[str, list[Path]]]]:
     """Run (or continue) every tuned variant's grid on its tuning seeds, then select its point.
     Returns the tunings and, per variant, the tuning runs by point key."""
-    from fedshuffle.experiments.session import run_sweep
-
     tunings, runs = [], {}
     for variant in experiment.variants:
         if variant.tune is None:
@@ -284,8 +279,6 @@ def _record(name: str, experiment: Experiment, rows: Sequence[ClaimResult], *, p
 
 def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, workers: int, show_progress: bool, note: Any) -> tuple[dict[str, Any], bool]:
     """The record of one preset, and whether it holds verdicts (False: skipped, nothing judged)."""
-    from fedshuffle.experiments.session import run_experiment
-
     name = experiment.experiment.name
     sized = experiment.experiment.budget or "cpu"
     if budget == "cpu" and sized == "gpu":

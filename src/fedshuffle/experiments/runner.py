@@ -46,7 +46,8 @@ from fedshuffle.simulation import Simulation
 from fedshuffle.core.checkpoint import read_checkpoint, save_checkpoint as write_checkpoint
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import open_regular, write_atomic, write_json
-from fedshuffle.core.threads import operator_threads, run_threads
+from fedshuffle.core.threads import operator_threads
+from fedshuffle.executors.choice import run_threads
 from fedshuffle import metrics
 from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, AppendedTable, write_parquet
 from fedshuffle.experiments.sinks import check_tracking_server, flatten, open_sinks

@@ -17,10 +17,10 @@ import sys
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedshuffle import metrics, plugins
 from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTINGS
@@ -28,7 +28,10 @@ from fedshuffle.analysis.theory import THEORY_FOLLOWS, THEORY_RULES
 from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.core.inputs import Summable, read_regular_file, usable_path_name
 from fedshuffle.core.registry import Registry
+from fedshuffle.core.validation import validate
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
+from fedshuffle.experiments.claims import parse_claims
+from fedshuffle.experiments.readings import valid_at, valid_metric
 from fedshuffle.local.plan import ORDERS, STEP_MODES, STEP_NORMALIZATIONS
 from fedshuffle.methods.momentum import ESTIMATORS
 from fedshuffle.samplers import SAMPLERS
@@ -406,16 +409,12 @@ class TuneConfig(_Section):
     @field_validator("metric")
     @classmethod
     def _metric(cls, v: str) -> str:
-        from fedshuffle.experiments.claims import _valid_metric
-
-        return _valid_metric(v)
+        return valid_metric(v)
 
     @field_validator("at")
     @classmethod
     def _at(cls, v: str) -> str:
-        from fedshuffle.experiments.claims import _valid_at
-
-        return _valid_at(v)
+        return valid_at(v)
 
     @field_validator("seeds")
     @classmethod
@@ -558,43 +557,6 @@ def _deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str,
     return out
 
 
-#: the names pydantic gives the members of a union in an error's location (not settings)
-_UNION_TAG = re.compile(r"^(int|float|str|bool|none|function-\w+\[.*|literal\[.*|list\[.*|tuple\[.*|dict\[.*|json-or-python\[.*)$")
-
-
-def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str) -> str:
-    loc = [str(p) for p in error["loc"] if not _UNION_TAG.match(str(p))]
-    field = prefix + ".".join(loc)
-    raised = (error.get("ctx") or {}).get("error")
-    if isinstance(raised, ConfigError):  # a part's own settings (_PartSection), named from their section
-        return f"{field + '.' if field else ''}{raised.field}: {raised.message}"
-    if error["type"] == "extra_forbidden":
-        parent: Any = model
-        for part in loc[:-1]:
-            if part.isdigit():
-                continue
-            annotation = parent.model_fields[part].annotation if isinstance(parent, type) and part in getattr(parent, "model_fields", {}) else None
-            annotation = next((a for a in get_args(annotation) if isinstance(a, type)), annotation) if get_args(annotation) else annotation
-            parent = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-            if parent is None:
-                break
-        known = list(parent.model_fields) if parent is not None else []
-        hint = difflib.get_close_matches(loc[-1], known, n=1)
-        return f"{field}: unknown setting{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(known)}"
-    value = error.get("input")
-    return f"{field}: {error['msg'].removeprefix('Value error, ')} (got {value!r})"
-
-
-def validate(model: type[BaseModel], raw: Mapping[str, Any], prefix: str = "") -> Any:
-    """``model.model_validate(raw)`` with one readable line per problem, raised as :class:`ConfigError`."""
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        lines = sorted({_format_error(e, model, prefix) for e in exc.errors()})
-        field = lines[0].split(":", 1)[0]
-        raise ConfigError(field, "\n".join(lines)[len(field) + 2 :]) from None
-
-
 def load_experiment(path_or_preset: str | Path) -> Experiment:
     """An experiment from a TOML file path or a preset name."""
     path = Path(path_or_preset)
@@ -622,8 +584,6 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
     except OSError as exc:
         raise ConfigError("config", f"cannot read {path} ({exc.strerror or exc})") from None
     experiment = validate(Experiment, raw)
-    from fedshuffle.experiments.claims import parse_claims
-
     parse_claims(experiment.claims, [v.label for v in experiment.variants])
     experiment.check_tuning()
     if not experiment.experiment.name or experiment.experiment.name == "experiment":

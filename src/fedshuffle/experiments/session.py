@@ -1,4 +1,9 @@
-"""What ``fedshuffle run`` and ``fedshuffle sweep`` do around the runs: in this order,
+"""What ``fedshuffle run`` and ``fedshuffle sweep`` (and the Python API's :meth:`~fedshuffle.api.Experiment.run`)
+do around the runs.
+
+First the arguments, read alike by the command line and the API: the results folder
+(:func:`check_out`, :func:`pick_folder`), the seeds (:func:`requested_seeds`) and the overrides
+(:func:`normalize_overrides`, :func:`~fedshuffle.experiments.sweep.merge_overrides`, :func:`extend_rounds`). Then, in this order,
 
 1. plan every job and build every distinct run once (:func:`~fedshuffle.experiments.runner.preflight`):
    bad input stops here, before any folder is created (exit status 2);
@@ -14,16 +19,129 @@ A folder that cannot be written, at any step, is :class:`~fedshuffle.core.errors
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedshuffle.core.errors import ConfigError, ResultsError
+import numpy as np
+
+from fedshuffle.core.errors import ConfigError, ResultsError, did_you_mean
 from fedshuffle.core.io import write_json
-from fedshuffle.experiments import folders
+from fedshuffle.experiments import folders, report
 from fedshuffle.experiments.results import check_metrics
-from fedshuffle.experiments.schema import Experiment
-from fedshuffle.experiments.sweep import Job, Outcome, check_workers, jobs_for, run_jobs, select_best
+from fedshuffle.experiments.runner import ensure_writable, preflight, run_identity, sharing_builds
+from fedshuffle.experiments.schema import SECTIONS, Experiment, parse_overrides
+from fedshuffle.experiments.sweep import Job, Outcome, check_seeds, check_workers, jobs_for, merge_overrides, parse_integers, run_jobs, select_best
+
+
+# -- the arguments ---------------------------------------------------------------------------------------
+
+
+def check_out(out: Any, argument: str = "--out") -> Path | None:
+    """A results folder given as ``out`` (None when not given): a path, neither empty nor the filesystem's root."""
+    if out is None:
+        return None
+    if not isinstance(out, (str, os.PathLike)):
+        raise ConfigError(argument, f"expected a folder path, got {type(out).__name__}")
+    if not str(out).strip():
+        raise ConfigError(argument, "empty; give a folder")
+    if Path(out).resolve() == Path(Path(out).resolve().anchor):
+        raise ConfigError(argument, f"{out} is the root of the filesystem; give a folder for the results")
+    return Path(out)
+
+
+def pick_folder(requested: Path, resume_hint: str) -> tuple[Path, str]:
+    """The folder a new run writes to, and the note that says so when it is not ``requested``.
+
+    One rule for ``fedshuffle run`` and :meth:`~fedshuffle.api.Experiment.run`, whether the folder was
+    named or is the default ``results/<name>``: a new or empty folder is used; one that already holds
+    anything is left alone and the run goes into the first free ``requested-2``, ``requested-3``, ...;
+    ``resume_hint`` (``--resume DIR`` or ``resume=True``) says how to continue ``requested`` instead."""
+    requested = Path(requested)
+    if requested.exists() and not requested.is_dir():
+        raise ResultsError(f"cannot write to {requested} (it is a file, not a folder)")
+    if not requested.exists() or not any(requested.iterdir()):
+        return requested, ""
+    base = requested.resolve() if not requested.name else requested
+    k = 2
+    while (candidate := base.with_name(f"{base.name}-{k}")).exists():
+        k += 1
+    manifest = folders.read_object(requested / folders.MANIFEST)
+    held = f"results of {manifest['experiment']!r}" if isinstance(manifest.get("experiment"), str) else "other files"
+    return candidate, f"{requested} already holds {held}; writing to {candidate} (to continue the runs in {requested}: {resume_hint})"
+
+
+def resume_folder(folder: Path, argument: str = "--resume") -> Path:
+    """The results folder of an experiment to continue: a folder, and not the folder of one of its runs."""
+    if not folder.is_dir():
+        raise ConfigError(argument, f"{folder} is not a results folder to continue")
+    if (folder / "config.json").exists() and (folder / "checkpoint.pt").exists():
+        raise ConfigError(argument, f"{folder} is the folder of one run; give the folder of the experiment (the one the first run wrote to)")
+    return folder
+
+
+def requested_seeds(seeds: Any, overrides: Mapping[str, Mapping[str, Any]], argument: str = "--seeds", override: str = "--set run.seed") -> list[int] | None:
+    """The seeds asked for: ``seeds`` (text ``a..b`` or ``a,b,c``, an integer, or a sequence of distinct integers
+    >= 0), or the seed of a ``run.seed`` override, which then runs alone (also where the config lists seeds).
+    None: the config's seeds."""
+    values: list[Any] | None
+    if seeds is None:
+        values = None
+    elif isinstance(seeds, str):
+        values = parse_integers(seeds, argument)
+    elif isinstance(seeds, (int, np.integer)) and not isinstance(seeds, bool):
+        values = [seeds]
+    elif isinstance(seeds, (list, tuple, range, np.ndarray)) and len(seeds):
+        values = list(seeds)
+    else:
+        raise ConfigError(argument, f"expected distinct integers >= 0 (e.g. [0, 1, 2] or range(5)), got {seeds!r}")
+    if values is not None:
+        check_seeds(values, argument)
+    if "seed" in overrides.get("run", {}):
+        if values is not None:
+            raise ConfigError(argument, f"give the seeds either with {argument} or with {override}, not both")
+        values = [overrides["run"]["seed"]]
+        check_seeds(values, override)
+    return None if values is None else [int(s) for s in values]
+
+
+def normalize_overrides(value: Any, argument: str = "--set") -> dict[str, dict[str, Any]]:
+    """``["run.rounds=50"]`` (what ``--set`` gives), ``{"run.rounds": 50}`` or ``{"run": {"rounds": 50}}`` → ``{"run": {"rounds": 50}}``."""
+    if value is None:
+        return {}
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        try:
+            return parse_overrides(list(value))
+        except ConfigError as exc:
+            raise ConfigError(argument, exc.message) from None
+    if not isinstance(value, Mapping):
+        raise ConfigError(argument, f"expected a dict such as {{'run.rounds': 50}} or a list of 'section.setting=value' strings, got {type(value).__name__}")
+    out: dict[str, dict[str, Any]] = {}
+    for key, setting in value.items():
+        parts = str(key).split(".")
+        if len(parts) == 2 and parts[0] in SECTIONS:
+            out.setdefault(parts[0], {})[parts[1]] = setting
+        elif len(parts) == 1 and key in SECTIONS and isinstance(setting, Mapping):
+            out.setdefault(key, {}).update(setting)
+        else:
+            raise ConfigError(argument, f"keys are 'section.setting' (or a section with a dict of settings), section one of {', '.join(SECTIONS)}; got {key!r}{did_you_mean(parts[0], SECTIONS)}")
+    return out
+
+
+def extend_rounds(extend_to: int | None, overrides: dict[str, dict[str, Any]]) -> None:
+    """``--extend-to N`` is ``run.rounds = N``, allowed to continue runs asked for fewer rounds."""
+    if extend_to is None:
+        return
+    if extend_to < 1:
+        raise ConfigError("--extend-to", f"must be >= 1, got {extend_to}")
+    given = overrides.get("run", {}).get("rounds")
+    if given is not None and given != extend_to:
+        raise ConfigError("--extend-to", f"conflicts with --set run.rounds={given}; give one of them")
+    overrides.setdefault("run", {})["rounds"] = extend_to
+
+
+# -- the runs --------------------------------------------------------------------------------------------
 
 
 def variant_identities(experiment: Experiment, overrides: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -45,8 +163,6 @@ class ResultsFolder:
         self.finished = 0
 
     def __enter__(self) -> ResultsFolder:
-        from fedshuffle.experiments.runner import ensure_writable, run_identity
-
         if self.resume and self.kind == "run" and not (self.out / folders.MANIFEST).is_file():
             raise ConfigError("--resume", f"{self.out} holds no fedshuffle results (no {folders.MANIFEST}); give the folder that --out named")
         ensure_writable(self.out)
@@ -89,8 +205,6 @@ def _sharing_builds(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def shared(*args: Any, **kwargs: Any) -> Any:
-        from fedshuffle.experiments.runner import sharing_builds
-
         with sharing_builds():
             return command(*args, **kwargs)
 
@@ -103,8 +217,6 @@ def run_experiment(
     extend: bool = False, show_progress: bool = True, workers: int = 1, on_open: Any = None,
 ) -> tuple[dict[str, Any], list[Outcome]]:
     """All variants × seeds of an experiment into ``out_dir``, then the overall summary and the plot."""
-    from fedshuffle.experiments.report import StoredRun, group_runs, plot_runs, summarize_runs
-    from fedshuffle.experiments.runner import preflight
 
     check_workers(workers)
     out_dir = Path(out_dir)
@@ -117,16 +229,16 @@ def run_experiment(
         if on_open:
             on_open(folder)
         outcomes = run_jobs(jobs, workers=workers, resume=resume, extend=extend, experiment=name, show_progress=show_progress, title=name)
-        runs = [StoredRun(o.job.run_dir, o.job.label, o.job.point, o.job.seed, o.status, o.final, o.message) for o in outcomes]
-        groups = group_runs(runs)
+        runs = [report.StoredRun(o.job.run_dir, o.job.label, o.job.point, o.job.seed, o.status, o.final, o.message) for o in outcomes]
+        groups = report.group_runs(runs)
         summary = {
             "experiment": experiment.experiment.model_dump(),
-            "variants": {label: summarize_runs(group, out_dir) for label, group in groups.items()},
+            "variants": {label: report.summarize_runs(group, out_dir) for label, group in groups.items()},
             "plots": ["plot.png", "plot.pdf"],
         }
         folder.write("summary.json", summary)
         try:
-            plot_runs(groups, out_dir / "plot", metric=plot.metric, x=plot.x, band=plot.band, log_y=plot.log_y, title=experiment.experiment.title or name,
+            report.plot_runs(groups, out_dir / "plot", metric=plot.metric, x=plot.x, band=plot.band, log_y=plot.log_y, title=experiment.experiment.title or name,
                       recorded_only="metric" not in plot.model_fields_set)  # the default f_gap: not recorded where no optimum is known
         except OSError as exc:
             raise ResultsError(f"writing the plot into {out_dir} failed ({exc.strerror or exc}); the runs' results and summary.json are kept") from None
@@ -139,8 +251,6 @@ def run_sweep(
     variants: Sequence[str] | None, pick: str | None, extend: bool, workers: int, show_progress: bool, record: Mapping[str, Any], on_open: Any = None,
 ) -> tuple[dict[str, Any], list[Outcome]]:
     """Every grid point × variant × seed into ``out_dir`` (finished runs are kept), then ``sweep.json``."""
-    from fedshuffle.experiments.runner import preflight
-
     check_workers(workers)
     jobs = jobs_for(experiment, Path(out_dir), points, seeds, overrides, variants)
     preflight(jobs)

@@ -31,6 +31,7 @@ from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError, DataError, ResultsError
 from fedshuffle.core.registry import call_with
 from fedshuffle.data.catalog import SOURCES, Samples
+from fedshuffle.experiments.runner import run_single
 from fedshuffle.experiments.schema import Experiment, RunSpec, load_experiment, preset_names
 from fedshuffle.problems import PROBLEMS
 
@@ -179,8 +180,6 @@ def _check_memory(shape: SourceShape, partition: str) -> None:
 def smoke_preset(name: str, experiment: Experiment, folder: Path, cache: dict[tuple[str, str], tuple[Samples, str]] | None = None) -> SmokeResult:
     """Build and run every variant of ``experiment`` at smoke scale into ``folder``; a failure is returned, not raised.
     ``cache`` keeps the smoke samples of each (source, partition) across presets."""
-    from fedshuffle.experiments.runner import run_single
-
     cache = {} if cache is None else cache
     started = time.perf_counter()
     data, parameters, paper_bytes = "", 0, ""

@@ -30,14 +30,16 @@ from typing import Any
 import numpy as np
 
 from fedshuffle import plugins
+from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.experiments.folders import folder_name, unique_folders
+from fedshuffle.experiments.runner import run_single, sharing_builds
+from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, parse_overrides
 from fedshuffle.methods import METHODS
 from fedshuffle.problems import PROBLEMS
 from fedshuffle.samplers import SAMPLERS
 from fedshuffle.server import SERVER_OPTIMIZERS
-from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, parse_overrides
-from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.replicas import describe_groups, replica_groups, run_together, spread
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,7 @@ def jobs_for(
         check_seeds(seeds, "--seeds")
     jobs = []
     for point in points:
-        merged = _merge(overrides or {}, point)
+        merged = merge_overrides(overrides or {}, point)
         folder = out_dir / names[_folder_text(point)] if point else out_dir
         for label, spec in experiment.runs(merged):
             run_seeds = seeds if seeds is not None else experiment.seeds(spec)
@@ -203,9 +205,10 @@ def jobs_for(
     return jobs
 
 
-def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: dict(v) for k, v in a.items()}
-    for section, settings in b.items():
+def merge_overrides(base: Mapping[str, Mapping[str, Any]], update: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``base`` with the settings of ``update`` over it, section by section (later ones win)."""
+    out = {section: dict(settings) for section, settings in base.items()}
+    for section, settings in update.items():
         out.setdefault(section, {}).update(settings)
     return out
 
@@ -216,8 +219,6 @@ UNWRITABLE = "unwritable"  # an outcome whose folder could not be written: the c
 
 
 def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Callable[[int], None] | None, adopt: Callable[..., Any] | None = None) -> Outcome:
-    from fedshuffle.experiments.runner import run_single
-
     try:
         result = run_single(
             job.spec, job.run_dir, job.seed, resume=resume, extend=extend, on_round=on_round, label=job.label, point=job.point, experiment=experiment, adopt=adopt,
@@ -231,8 +232,6 @@ def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Ca
 
 def _execute_group(jobs: Sequence[Job], resume: bool, extend: bool, experiment: str, on_rounds: Sequence[Callable[[int], None] | None]) -> list[Outcome]:
     """Run ``jobs``, one job as it is, several as the replicas of one simulation (:mod:`fedshuffle.replicas`)."""
-    from fedshuffle.experiments.runner import sharing_builds
-    from fedshuffle.replicas import run_together
 
     if len(jobs) == 1:
         return [_execute(jobs[0], resume, extend, experiment, on_rounds[0])]
@@ -315,7 +314,6 @@ def run_jobs(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from fedshuffle.replicas import describe_groups, replica_groups, spread
 
     check_workers(workers)
     groups = spread(replica_groups([job.spec for job in jobs]), workers)  # runs that differ only in step sizes or seed: one simulation per worker

@@ -69,10 +69,9 @@ def time_to_target(metric_files: Sequence, target: Target) -> list[dict[str, flo
     return out
 
 
-def target_table(groups: Mapping[str, Sequence], target: Target) -> str:
-    """A Markdown table: per group, mean (± std) over the seeds that reached the target, and how many did."""
-    header = f"| variant | rounds to {target.metric} = {target.value:g} | MiB per worker (up + down) | wall-clock (s) | computation (s) | reached |"
-    lines = [header, "| --- | ---: | ---: | ---: | ---: | --- |"]
+def target_table(groups: Mapping[str, Sequence], target: Target) -> tuple[list[str], list[list[str]]]:
+    """Columns and one row per group: mean (± std) over the seeds that reached the target of each cost, and how many did."""
+    rows = []
     for name, files in groups.items():
         hits = time_to_target(files, target)
         reached = [h for h in hits if h is not None]
@@ -81,5 +80,5 @@ def target_table(groups: Mapping[str, Sequence], target: Target) -> str:
             values = [h[column] for h in reached if math.isfinite(h[column])]
             spread = f" ± {np.std(values):.2g}" if len(values) > 1 else ""
             cells.append(f"{np.mean(values):.4g}{spread}" if values else "—")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {len(reached)} of {len(hits)} |")
-    return "\n".join(lines)
+        rows.append([name, *cells, f"{len(reached)} of {len(hits)}"])
+    return ["variant", f"rounds to {target.metric} = {target.value:g}", "MiB per worker (up + down)", "wall-clock (s)", "computation (s)", "reached"], rows

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fedshuffle.local.steps import Clip, Drift, Momentum, Offset, Prox, StepChain, WeightDecay
+from fedshuffle.problems.convex import LogisticRegression, Quadratic, SoftmaxRegression
 
 try:
     import numba
@@ -37,8 +38,6 @@ CLIP, DECAY, DRIFT, DRIFT_CORRECTED, PROX, OFFSET, MOMENTUM = range(7)
 
 def problem_code(problem) -> tuple[int, float, int] | None:
     """(kind, λ, classes) of a problem the backend computes, or None."""
-    from fedshuffle.problems.convex import LogisticRegression, Quadratic, SoftmaxRegression
-
     if type(problem) is Quadratic:
         return QUADRATIC, 0.0, 0
     if type(problem) is LogisticRegression:

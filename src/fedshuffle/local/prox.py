@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.func import vmap
 
+from fedshuffle.data.federated import client_rows
 from fedshuffle.problems import Problem
 
 #: inner solvers of FedCDR's prox: deterministic L-BFGS on the full client data, or the local SGD epochs
@@ -44,8 +45,6 @@ class ClientObjectives:
     real work, not cohort × largest."""
 
     def __init__(self, problem: Problem, data, clients: np.ndarray, device: torch.device, spread: float = 2.0) -> None:
-        from fedshuffle.executors.local import client_rows  # the executors' own data access (lazy data included)
-
         features, labels, own = client_rows(data, clients)
         self.problem = problem
         self.sizes = np.array([len(r) for r in own], dtype=np.int64)

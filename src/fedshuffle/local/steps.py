@@ -184,12 +184,6 @@ class StepChain:
             value = transform.a_l1(steps, lr, value)
         return value
 
-    def then(self, *more: StepTransform) -> StepChain:
-        """This chain followed by ``more``, keeping local momentum last."""
-        head = [t for t in self.transforms if not isinstance(t, Momentum)]
-        tail = [t for t in self.transforms if isinstance(t, Momentum)]
-        return StepChain((*head, *more, *tail))
-
 
 def standard_chain(weight_decay: float = 0.0, clip_norm: float | None = None, prox_mu: float = 0.0, momentum: float = 0.0, drift: Drift | None = None, offset: bool = False) -> StepChain:
     """clip → weight decay → global-momentum drift → prox → offset → local momentum."""

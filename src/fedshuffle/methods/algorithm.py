@@ -15,8 +15,8 @@ import numpy as np
 
 from fedshuffle.aggregation import Aggregator
 from fedshuffle.core.errors import ConfigError, section
-from fedshuffle.local.plan import LocalPlanner
 from fedshuffle.core.registry import Entry
+from fedshuffle.local.plan import LocalPlanner
 from fedshuffle.methods import METHODS
 from fedshuffle.methods.base import Method
 from fedshuffle.methods.momentum import GlobalMomentum

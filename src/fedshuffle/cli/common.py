@@ -1,0 +1,59 @@
+"""What every command shares: the application, the consoles, error exits and notes.
+
+Nothing here imports PyTorch: commands import what they need when they run."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from fedshuffle.core.errors import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
+console = Console(soft_wrap=True)  # lines are never cut at 80 columns in a pipe; tables: .output.print_table
+err = Console(stderr=True)
+
+DEFAULT_PRESET = "quickstart"
+
+EXIT_STATUS = """Exit status: 0 every run complete; 2 bad input (found before any folder is written); 3 a run
+    diverged or failed; 4 the results folder cannot be written (unwritable, disk full, or in use by
+    another fedshuffle process), what was written is kept; 130 interrupted (Ctrl-C), continue as the
+    message says."""
+
+
+def fail(exc: ConfigError) -> None:
+    err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def fail_results(exc: OSError, hint: str = "") -> None:
+    err.print(f"[red]error:[/red] {exc}" + (f"\n{hint}" if hint else ""), highlight=False, soft_wrap=True)
+    raise typer.Exit(4)
+
+
+def interrupted(hint: str) -> None:
+    err.print(f"interrupted; everything written is kept. {hint}", highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
+
+
+def note(text: str) -> None:
+    err.print(f"[cyan]note:[/cyan] {text}", highlight=False, soft_wrap=True)
+
+
+def load_config(config: str):
+    """The experiment of a preset name or TOML file (a folder is not one)."""
+    from fedshuffle.experiments.schema import load_experiment
+
+    return load_experiment(config)
+
+
+def resume_command(name: str, config: str, set_: list[str] | None, seeds: str | None, extend_to: int | None, folder: Path | None) -> str:
+    """The command line that continues a run: the same config and options, ``--resume FOLDER``."""
+    tokens = ["fedshuffle", name, config, *(t for item in set_ or [] for t in ("--set", item))]
+    tokens += ["--seeds", seeds] if seeds else []
+    tokens += ["--extend-to", str(extend_to)] if extend_to else []
+    tokens += ["--resume", str(folder)] if folder is not None else []
+    return " ".join(shlex.quote(t) for t in tokens)
