@@ -280,14 +280,17 @@ def folder_files(folder: Path) -> set[str]:
 
 def assert_same_run_folder(flower: Path, simulated_dir: Path) -> None:
     """The Flower run's folder holds the files of ``fedshuffle run``'s, sealed alike, with the same rows, columns and
-    numbers to rounding; ``dropped`` is 0 where the simulation (which never drops a member) leaves it empty."""
+    numbers to rounding; ``dropped`` is 0 where the simulation (which never drops a member) leaves it empty, and the
+    clients' own models (FedCDR's, FedDyn's local_* metrics) are scored only where the server holds them: in a simulation."""
     assert folder_files(flower) == folder_files(simulated_dir)
     assert intact(flower) is not None and intact(simulated_dir) is not None  # summary.json seals the files on both
     for name in ("metrics.csv", "timing.csv"):
         assert (flower / name).read_text().splitlines()[0] == (simulated_dir / name).read_text().splitlines()[0]
     ours, theirs = read_metrics(flower / "metrics.csv"), read_metrics(simulated_dir / "metrics.csv")
     assert np.all(ours["dropped"] == 0) and np.all(np.isnan(theirs["dropped"]))
-    for column in set(ours) - {"dropped", "compute_seconds", "wallclock_seconds"}:
+    local = {column for column in ours if column.startswith("local_")}
+    assert all(np.all(np.isnan(ours[column])) for column in local)
+    for column in set(ours) - local - {"dropped", "compute_seconds", "wallclock_seconds"}:
         np.testing.assert_allclose(ours[column], theirs[column], rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=column)
     assert read_metrics(flower / "timing.csv")["round"].tolist() == read_metrics(simulated_dir / "timing.csv")["round"].tolist()
     summaries = [json.loads((folder / "summary.json").read_text()) for folder in (flower, simulated_dir)]
@@ -413,10 +416,11 @@ def test_every_method_on_flowers_simulation_engine_matches_fedshuffle_run(tmp_pa
     finally:
         stop_group(process)
     assert process.returncode == 0, log.decode()[-4000:]
+    run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in federated_runs(exp, AppSettings()):
         folder = out / run.label / f"seed-{run.seed}"
         assert read_metrics(folder / "timing.csv")["round"].tolist() == list(range(ROUNDS + 1))
-        assert_equal_to_rounding(torch.from_numpy(np.load(folder / "final_params.npy")), simulated(run, ROUNDS))
+        assert_same_run_folder(folder, tmp_path / "simulated" / run.label / f"seed-{run.seed}")
     assert_only_loopback([tuple(s) for s in json.loads((out / "listening.json").read_text())])
 
 
@@ -437,8 +441,10 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
         status, _ = run_app(app_dir, connection, env, f'out="{out}" round-timeout=60.0', lambda: all(p.exists() for p in summaries), deadline, watch)
         watch()
     assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
+    run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in runs:
         assert_equal_to_rounding(torch.from_numpy(np.load(out / run.label / f"seed-{run.seed}" / "final_params.npy")), simulated(run, 2))
+        assert_same_run_folder(out / run.label / f"seed-{run.seed}", tmp_path / "simulated" / run.label / f"seed-{run.seed}")
     sim, _ = build_simulation(runs[1].spec, runs[1].seed)  # SCAFFOLD with its clients' state lost after round 1 ends elsewhere
     sim.step()
     sim.store.created[:] = False
