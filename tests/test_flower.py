@@ -240,6 +240,10 @@ def test_a_run_resumes_from_the_servers_checkpoint_with_the_nodes_state_dirs(tmp
     assert_equal_to_rounding(resumed.half.params, simulated(run, ROUNDS))
     assert read_metrics(folder / "metrics.csv")["round"].tolist() == [0, 1, 2, 3]
     assert json.loads((folder / "summary.json").read_text())["status"] == "complete"
+    grid = FakeGrid(client_app(exp), 4, **dirs)
+    again = FedShuffleStrategy(run, out=tmp_path / "out", resume=True).start(grid)  # finished: not run again
+    assert_equal_to_rounding(model(again.arrays), resumed.half.params)
+    assert train_messages(grid, 0) == []
 
 
 def test_the_server_refuses_to_resume_from_another_runs_checkpoint(tmp_path):
@@ -255,6 +259,8 @@ def test_the_server_refuses_to_resume_from_another_runs_checkpoint(tmp_path):
     assert not [m for m in grid.sent if m.metadata.message_type == TRAIN]
     with pytest.raises(ConfigError, match="already holds a run; continue it with run-config resume=true"):
         FedShuffleStrategy(run, out=tmp_path / "out")
+    with pytest.raises(ConfigError, match=r"4 rounds asked for; the run has 3 \(run.rounds\)"):
+        FedShuffleStrategy(run).start(grid, num_rounds=ROUNDS + 1)
 
 
 def test_the_node_commits_what_the_server_accepted_and_discards_the_rest(tmp_path):

@@ -1,6 +1,6 @@
 """The round loop of every run, and the callbacks that write its results folder.
 
-A run is rounds of a server (:class:`~fedshuffle.simulation.Simulation`: model, server and method state,
+A run is rounds of a server (:class:`~fedshuffle.simulation.Server`: model, server and method state,
 counters). How a round's client work is done differs — the in-process executor (``fedshuffle run``) or
 messages to Flower nodes (:mod:`fedshuffle.integrations.flower`) — and is the driver's ``step``; the rest
 is :class:`RoundLoop`, the same for both::
@@ -47,7 +47,8 @@ PAUSED = "paused"
 
 @dataclass
 class Driver:
-    """What a run's rounds are made of: the server ``sim`` (a Simulation, or Flower's server half), ``step``
+    """What a run's rounds are made of: the server ``sim`` (a :class:`~fedshuffle.simulation.Simulation`, or Flower's
+    :class:`~fedshuffle.integrations.flower.strategy.ServerHalf`), ``step``
     (one round of it), ``score`` (the current model's scores: :class:`~fedshuffle.metrics.ModelScores` and
     any local-model scores), and what ``config.json`` records of it (``executor``, ``step_sizes``)."""
 

@@ -10,7 +10,7 @@ on Flower nodes::
     aggregate_train     replies in cohort order → the method's aggregate → server optimizer → x^{r+1}
 
 The cohort, plans, broadcast, aggregation and server step are the simulation's own code
-(:class:`ServerHalf` is a :class:`~fedshuffle.simulation.Simulation` without samples or client rows),
+(:class:`ServerHalf` is the simulation's :class:`~fedshuffle.simulation.Server`, on the clients' sizes alone),
 so a federation reproduces ``fedshuffle run`` to rounding. The rounds are driven by the same
 :class:`~fedshuffle.experiments.loop.RoundLoop` as ``fedshuffle run``'s, which owns the evaluations,
 the divergence stop, the checkpoints and the results folder; a Flower round is only the loop's step.
@@ -54,7 +54,7 @@ from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, Federa
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo
 from fedshuffle.methods.fedcdr import FedCDR
-from fedshuffle.simulation import RoundRecord, Simulation
+from fedshuffle.simulation import RoundRecord, Server
 
 
 class FederationError(RuntimeError):
@@ -83,8 +83,8 @@ class ClientStateLost(FederationError):
     """A client's state (SCAFFOLD's c_i, FedCDR's y_i, …) is not on its node any more: never silently reset."""
 
 
-class ServerHalf(Simulation):
-    """A :class:`Simulation` on the population's sizes alone: cohort, plans, broadcast, aggregation and
+class ServerHalf(Server):
+    """The simulation's :class:`Server` on the population's sizes alone: cohort, plans, broadcast, aggregation and
     server step, no samples and no client rows (nodes keep their own). ``last_round[i]`` is the last
     round whose update the server accepted from client i (−1: never); it is what a client's state must
     match, and it says who takes part for the first time. The members dropped so far are the ``dropped``
@@ -101,15 +101,12 @@ class ServerHalf(Simulation):
 
     def close_round(self, rnd: RoundInfo, points: list[torch.Tensor], broadcast: dict[str, torch.Tensor], result: ClientResult | None,
                     compute_seconds: float = 0.0, dropped: int = 0) -> RoundRecord:
-        """:meth:`Simulation.close_round` of the members that finished (``dropped``: how many did not); they are accepted."""
+        """:meth:`Server.close_round` of the members that finished (``dropped``: how many did not); they are accepted."""
         before = self.dropped
         record = super().close_round(rnd, points, broadcast, result, compute_seconds)
         self.last_extras = {**record.extras, "dropped": before + dropped}
         self.last_round[np.unique(rnd.cohort)] = rnd.index
         return record
-
-    def _client_store(self) -> None:
-        return None
 
     def participated(self, clients: np.ndarray) -> np.ndarray:
         if not self.method.state_fields:
@@ -285,7 +282,7 @@ class FedShuffleStrategy(Strategy):
         (``evaluate_fn``, else :meth:`evaluate`) every ``run.eval_every`` rounds and at the last; a model or loss
         that is not finite stops the run (diverged); with ``out``, results and checkpoints are written as
         ``fedshuffle run`` writes them. ``num_rounds`` below ``run.rounds`` pauses the run after that round
-        (a checkpoint, no summary: ``resume`` continues it)."""
+        (a checkpoint, no summary: ``resume`` continues it); a finished run is not run again when resumed."""
         if initial_arrays is not None and not torch.equal(self._model_of(initial_arrays), self.half.params):
             raise FederationError("a fedshuffle run starts from its own x⁰ (run.seed); leave initial_arrays out")
         spec = self.run.spec.run
@@ -303,6 +300,9 @@ class FedShuffleStrategy(Strategy):
         else:
             outcome = self.folder.run(lambda: driver, resume=self.resume, experiment=self.run.experiment, callbacks=[rounds], until=num_rounds)
             status, message = outcome.status, outcome.message
+            if not rounds.result.arrays:  # finished before, and not run again: its final model
+                final = torch.from_numpy(np.load(self.folder.run_dir / "final_params.npy")).to(self.half.dtype)
+                rounds.result.arrays = tensors_record({"model": final})
         self._log(f"{self.run.label or self.run.spec.method.name!r} (seed {self.run.seed}): {message or status}")
         return rounds.result
 
