@@ -88,7 +88,7 @@ class RoundLoop:
         self.rows: list[dict[str, Any]] = list(rows)
         self.stop = rounds  # the last round of this call
 
-    def evaluate(self, callbacks: Sequence[Callback]) -> dict[str, Any]:
+    def _evaluate(self, callbacks: Sequence[Callback]) -> dict[str, Any]:
         """The row of the current model: the run's costs, the model's scores, the method's diagnostics."""
         sim = self.sim
         row = metrics.evaluate(metrics.Evaluation(sim.counters, sim.data.num_samples, self.bandwidth_mib_s, sim.last_extras, self.driver.score()))
@@ -106,14 +106,14 @@ class RoundLoop:
             for callback in callbacks:
                 callback.on_start(self)
             if not self.rows:
-                self.evaluate(callbacks)
+                self._evaluate(callbacks)
             while sim.counters.rounds < self.stop:
                 self.driver.step()
                 r = sim.counters.rounds
                 finite = bool(torch.isfinite(sim.params).all())
                 evaluated = not finite or r % self.eval_every == 0 or r == self.rounds
                 if evaluated:
-                    row = self.evaluate(callbacks)
+                    row = self._evaluate(callbacks)
                     if not finite or not math.isfinite(row["loss"]):
                         status, message = "diverged", f"diverged at round {r}: {'model' if not finite else 'loss'} is not finite"
                         break

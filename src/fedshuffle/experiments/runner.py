@@ -158,9 +158,14 @@ def _problem_and_data(spec: RunSpec) -> tuple[Any, Any]:
         return built
 
 
+def seeded(spec: RunSpec, seed: int) -> RunSpec:
+    """``spec`` at ``seed`` (``run.seed``)."""
+    return spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
+
+
 def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> tuple[Simulation, dict[str, Any]]:
     """The simulation a spec describes (and the step sizes it resolved), without running anything."""
-    spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
+    spec = seeded(spec, seed)
     problem, data = _problem_and_data(spec)
     check_against_data(spec, data.num_clients)
     sampler = build_sampler(spec.sampler, data)
@@ -201,11 +206,6 @@ def run_identity(spec: RunSpec) -> tuple[dict[str, Any], dict[str, str]]:
     """The spec as stored in ``config.json`` and the hashes of the data files it names."""
     dumped = spec.model_dump()
     return dumped, data_hashes(dumped)
-
-
-def seeded(spec: RunSpec, seed: int) -> RunSpec:
-    """``spec`` at ``seed`` (``run.seed``)."""
-    return spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
 
 
 class RunFolder:
