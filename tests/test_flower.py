@@ -32,9 +32,13 @@ pytest.importorskip("flwr", reason="the Flower integration needs flwr (pip insta
 
 from flwr.app import ConfigRecord, Context, RecordDict  # noqa: E402
 
+from fedshuffle.core.checkpoint import load_checkpoint  # noqa: E402
 from fedshuffle.core.errors import ConfigError  # noqa: E402
+from fedshuffle.experiments.folders import intact  # noqa: E402
+from fedshuffle.experiments.results import read_metrics  # noqa: E402
 from fedshuffle.experiments.runner import build_simulation  # noqa: E402
 from fedshuffle.experiments.schema import Experiment, validate  # noqa: E402
+from fedshuffle.experiments.session import run_experiment  # noqa: E402
 from fedshuffle.integrations.flower.app import client_app, server_app  # noqa: E402
 from fedshuffle.integrations.flower.bundle import write_app  # noqa: E402
 from fedshuffle.integrations.flower.client import FileStore, StateLost, accepted_rows  # noqa: E402
@@ -151,7 +155,8 @@ def test_configure_train_sends_the_simulations_plans_and_aggregate_train_returns
         assert metrics["dropped"] == 0 and metrics["members"] == len(rnd.cohort)
         assert (metrics["sample_gradients"], metrics["bytes_up"], metrics["bytes_down"]) == (record.sample_gradients, record.bytes_up, record.bytes_down)
         accepted.update({int(c): rnd.index for c in rnd.cohort})
-    assert strategy.half.counters == sim.counters
+    measured = strategy.half.counters.worker_compute_seconds  # the rounds' time at the server: measured, not simulated
+    assert replace(strategy.half.counters, worker_compute_seconds=0.0) == sim.counters and measured > 0
 
 
 def test_an_empty_cohort_sends_no_training_message_and_takes_the_simulations_step():
@@ -190,7 +195,7 @@ def test_a_member_that_does_not_answer_is_dropped_as_unfinished_work_and_its_sta
         assert metrics["dropped"] == (1 if r == 2 else 0)
         assert_equal_to_rounding(model(arrays), sim.params)
     assert float((sim.params - simulated(run, ROUNDS)).abs().max()) > 1e-6  # dropping a member changed the run
-    assert strategy.dropped == 1 and strategy.half.last_round.tolist() == [2, 2, 2, 2]
+    assert strategy.half.dropped == 1 and strategy.half.last_round.tolist() == [2, 2, 2, 2]
 
 
 def test_lost_client_state_stops_the_run_naming_the_client_never_resetting_it():
@@ -219,30 +224,43 @@ def test_file_backed_client_state_survives_a_node_restart(tmp_path):
 
 
 def test_a_run_resumes_from_the_servers_checkpoint_with_the_nodes_state_dirs(tmp_path):
-    """The ServerApp stops after round 2 (a new run, new node contexts); resumed, it ends at the model of an
-    uninterrupted run when the nodes kept their state in files, and refuses to go on when they did not."""
+    """The ServerApp pauses after round 2 (num_rounds=2: a checkpoint, no summary); resumed in a new run with new
+    node contexts, it refuses to go on when the nodes did not keep their state, and ends at the model of an
+    uninterrupted run, with its rows, when they kept it in files."""
     exp = experiment([{"label": "scaffold", "method": {"name": "scaffold"}, "sampler": {"name": "uniform", "cohort": 3}}])
     run = single_run(exp)
+    folder = tmp_path / "out" / "scaffold" / f"seed-{run.seed}"
     dirs = {"node_config": lambda k: {"state-dir": str(tmp_path / f"node-{k}")}}
     FedShuffleStrategy(run, out=tmp_path / "out").start(FakeGrid(client_app(exp), 4, **dirs), num_rounds=2)
+    assert not (folder / "summary.json").exists() and load_checkpoint(folder / "checkpoint.pt")["simulation"]["counters"]["rounds"] == 2
+    with pytest.raises(ClientStateLost):
+        FedShuffleStrategy(run, out=tmp_path / "out", resume=True).start(FakeGrid(client_app(exp), 4))
     resumed = FedShuffleStrategy(run, out=tmp_path / "out", resume=True)
-    assert resumed.half.counters.rounds == 2
     resumed.start(FakeGrid(client_app(exp), 4, **dirs))
     assert_equal_to_rounding(resumed.half.params, simulated(run, ROUNDS))
-    assert [row["round"] for row in resumed.rows] == [0, 1, 2, 3]
-    with pytest.raises(ClientStateLost):
-        FedShuffleStrategy(run, out=tmp_path / "out", resume=True).start(FakeGrid(client_app(exp), 4), num_rounds=ROUNDS + 1)
+    assert read_metrics(folder / "metrics.csv")["round"].tolist() == [0, 1, 2, 3]
+    assert json.loads((folder / "summary.json").read_text())["status"] == "complete"
+    grid = FakeGrid(client_app(exp), 4, **dirs)
+    again = FedShuffleStrategy(run, out=tmp_path / "out", resume=True).start(grid)  # finished: not run again
+    assert_equal_to_rounding(model(again.arrays), resumed.half.params)
+    assert train_messages(grid, 0) == []
 
 
 def test_the_server_refuses_to_resume_from_another_runs_checkpoint(tmp_path):
     exp = experiment([{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "uniform", "cohort": 2}}])
     FedShuffleStrategy(single_run(exp), out=tmp_path / "out").start(FakeGrid(client_app(exp), 4), num_rounds=2)
     run = single_run(exp)
-    other = replace(run, seed=run.seed + 1)
+    (other,) = federated_runs(exp, AppSettings(seed=run.seed + 1))
     (tmp_path / "out" / "fedavg" / f"seed-{other.seed}").mkdir()
     shutil.copy(tmp_path / "out" / "fedavg" / f"seed-{run.seed}" / "checkpoint.pt", tmp_path / "out" / "fedavg" / f"seed-{other.seed}" / "checkpoint.pt")
+    grid = FakeGrid(client_app(exp, {"seed": other.seed}), 4)
     with pytest.raises(ConfigError, match="another run"):
-        FedShuffleStrategy(other, out=tmp_path / "out", resume=True)
+        FedShuffleStrategy(other, out=tmp_path / "out", resume=True).start(grid)
+    assert not [m for m in grid.sent if m.metadata.message_type == TRAIN]
+    with pytest.raises(ConfigError, match="already holds a run; continue it with run-config resume=true"):
+        FedShuffleStrategy(run, out=tmp_path / "out")
+    with pytest.raises(ConfigError, match=r"4 rounds asked for; the run has 3 \(run.rounds\)"):
+        FedShuffleStrategy(run).start(grid, num_rounds=ROUNDS + 1)
 
 
 def test_the_node_commits_what_the_server_accepted_and_discards_the_rest(tmp_path):
@@ -256,6 +274,56 @@ def test_the_node_commits_what_the_server_accepted_and_discards_the_rest(tmp_pat
     assert store.load("pending") is None and store.load("committed")[0] == 0
     with pytest.raises(StateLost, match="round 3.*committed rows of round 0"):
         accepted_rows(store, 3)
+
+
+# -- the results folder: one loop for the simulation and Flower ------------------------------------------
+
+
+def folder_files(folder: Path) -> set[str]:
+    """The files of a run folder, the simulation's client state aside (on Flower the nodes keep it)."""
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).parts[0] != "client_state"}
+
+
+def assert_same_run_folder(flower: Path, simulated_dir: Path) -> None:
+    """The Flower run's folder holds the files of ``fedshuffle run``'s, sealed alike, with the same rows, columns and
+    numbers to rounding; ``dropped`` is 0 where the simulation (which never drops a member) leaves it empty, and the
+    clients' own models (FedCDR's, FedDyn's local_* metrics) are scored only where the server holds them: in a simulation."""
+    assert folder_files(flower) == folder_files(simulated_dir)
+    assert intact(flower) is not None and intact(simulated_dir) is not None  # summary.json seals the files on both
+    for name in ("metrics.csv", "timing.csv"):
+        assert (flower / name).read_text().splitlines()[0] == (simulated_dir / name).read_text().splitlines()[0]
+    ours, theirs = read_metrics(flower / "metrics.csv"), read_metrics(simulated_dir / "metrics.csv")
+    assert np.all(ours["dropped"] == 0) and np.all(np.isnan(theirs["dropped"]))
+    local = {column for column in ours if column.startswith("local_")}
+    assert all(np.all(np.isnan(ours[column])) for column in local)
+    for column in set(ours) - local - {"dropped", "compute_seconds", "wallclock_seconds"}:
+        np.testing.assert_allclose(ours[column], theirs[column], rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=column)
+    assert read_metrics(flower / "timing.csv")["round"].tolist() == read_metrics(simulated_dir / "timing.csv")["round"].tolist()
+    summaries = [json.loads((folder / "summary.json").read_text()) for folder in (flower, simulated_dir)]
+    assert summaries[0].keys() == summaries[1].keys()
+    for key in ("status", "message", "rounds", "label", "point", "seed"):
+        assert summaries[0][key] == summaries[1][key], key
+    configs = [json.loads((folder / "config.json").read_text()) for folder in (flower, simulated_dir)]
+    assert configs[0].keys() == configs[1].keys() and configs[0]["executor"]["name"] == "flower"
+    for key in ("spec", "config_hash", "data_hashes", "step_sizes", "label", "seed"):
+        assert configs[0][key] == configs[1][key], key
+    assert_equal_to_rounding(torch.from_numpy(np.load(flower / "final_params.npy")), torch.from_numpy(np.load(simulated_dir / "final_params.npy")))
+
+
+@pytest.mark.parametrize("lr, status", [(0.2, "complete"), (1000.0, "diverged")])
+def test_a_flower_run_writes_the_folder_of_fedshuffle_run_through_the_same_loop(tmp_path, lr, status):
+    """The ServerApp (in-process nodes) and ``fedshuffle run`` of one experiment: the same run folders, evaluated every
+    2 rounds and at the last. With a step size that blows up, both stop with the same message at the same round
+    and keep what they wrote (rows, checkpoint, final model, sealed summary)."""
+    exp = experiment([variant("fedshuffle"), variant("scaffold")], rounds=30 if status == "diverged" else 5, local={"lr": lr}, run={"eval_every": 2})
+    server_app(exp)(FakeGrid(client_app(exp), 4), server_context({"out": str(tmp_path / "flower")}))
+    run_experiment(exp, tmp_path / "simulated", show_progress=False)
+    for run in federated_runs(exp, AppSettings()):
+        where = Path(run.label) / f"seed-{run.seed}"
+        assert_same_run_folder(tmp_path / "flower" / where, tmp_path / "simulated" / where)
+        summary = json.loads((tmp_path / "flower" / where / "summary.json").read_text())
+        assert summary["status"] == status and (status == "complete" or summary["message"].startswith("diverged at round "))
+        assert summary["rounds"] == (read_metrics(tmp_path / "flower" / where / "metrics.csv")["round"][-1])
 
 
 # -- refusals ---------------------------------------------------------------------------------------------
@@ -354,10 +422,11 @@ def test_every_method_on_flowers_simulation_engine_matches_fedshuffle_run(tmp_pa
     finally:
         stop_group(process)
     assert process.returncode == 0, log.decode()[-4000:]
+    run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in federated_runs(exp, AppSettings()):
         folder = out / run.label / f"seed-{run.seed}"
-        assert len(json.loads((folder / "summary.json").read_text())["round_seconds"]) == ROUNDS
-        assert_equal_to_rounding(torch.from_numpy(np.load(folder / "final_params.npy")), simulated(run, ROUNDS))
+        assert read_metrics(folder / "timing.csv")["round"].tolist() == list(range(ROUNDS + 1))
+        assert_same_run_folder(folder, tmp_path / "simulated" / run.label / f"seed-{run.seed}")
     assert_only_loopback([tuple(s) for s in json.loads((out / "listening.json").read_text())])
 
 
@@ -378,8 +447,10 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
         status, _ = run_app(app_dir, connection, env, f'out="{out}" round-timeout=60.0', lambda: all(p.exists() for p in summaries), deadline, watch)
         watch()
     assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
+    run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in runs:
         assert_equal_to_rounding(torch.from_numpy(np.load(out / run.label / f"seed-{run.seed}" / "final_params.npy")), simulated(run, 2))
+        assert_same_run_folder(out / run.label / f"seed-{run.seed}", tmp_path / "simulated" / run.label / f"seed-{run.seed}")
     sim, _ = build_simulation(runs[1].spec, runs[1].seed)  # SCAFFOLD with its clients' state lost after round 1 ends elsewhere
     sim.step()
     sim.store.created[:] = False

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import fedshuffle.experiments.loop as loop_mod
 import fedshuffle.experiments.plots as plots_mod
 import fedshuffle.experiments.runner as runner_mod
 from fedshuffle.cli import app
@@ -359,14 +360,14 @@ def test_unwritable_folders_exit_4_at_start_mid_run_and_for_summary_and_plot(tmp
     clean(result, 4)
     assert "MiB free" in result.stderr
     monkeypatch.undo()
-    real = runner_mod.write_atomic
+    real = loop_mod.write_atomic
 
     def read_only(path, data):  # a seed folder that cannot be written
         if "seed-1" in str(path):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
         return real(path, data)
 
-    monkeypatch.setattr(runner_mod, "write_atomic", read_only)
+    monkeypatch.setattr(loop_mod, "write_atomic", read_only)
     result = cli("run", cfg, "--out", tmp_path / "ro", "--quiet")
     clean(result, 4)
     assert "Permission denied" in result.stderr and "--resume" in result.stderr
@@ -527,10 +528,10 @@ def test_a_run_killed_between_checkpoints_resumes_to_the_same_numbers_and_bytes(
 
 def test_checkpoints_fall_by_rounds_or_by_seconds_and_always_at_the_end(monkeypatch):
     clock = {"now": 100.0}
-    monkeypatch.setattr(runner_mod.time, "monotonic", lambda: clock["now"])
-    by_rounds = runner_mod.CheckpointCadence(rounds=4, seconds=30.0, total=10)
+    monkeypatch.setattr(loop_mod.time, "monotonic", lambda: clock["now"])
+    by_rounds = loop_mod.CheckpointCadence(rounds=4, seconds=30.0, total=10)
     assert [r for r in range(1, 11) if by_rounds.due(r, evaluated=r % 2 == 0)] == [4, 8, 10]
-    by_time = runner_mod.CheckpointCadence(rounds=0, seconds=30.0, total=100)
+    by_time = loop_mod.CheckpointCadence(rounds=0, seconds=30.0, total=100)
     due = []
     for r in range(1, 101):
         clock["now"] += 1.0  # one second per round
@@ -538,7 +539,7 @@ def test_checkpoints_fall_by_rounds_or_by_seconds_and_always_at_the_end(monkeypa
             by_time.saved()
             due.append(r)
     assert due == [5, 35, 65, 95, 100]  # the first evaluation, then one per 30 s, at evaluations only, and the last round
-    every = runner_mod.CheckpointCadence(rounds=0, seconds=0.0, total=10)
+    every = loop_mod.CheckpointCadence(rounds=0, seconds=0.0, total=10)
     assert [r for r in range(1, 11) if every.due(r, evaluated=r % 2 == 0)] == [2, 4, 6, 8, 10]
 
 

@@ -170,6 +170,7 @@ def test_unwritable_results_folder_fails_before_training(tmp_path):
 
 def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypatch):
     import fedshuffle.core.checkpoint as checkpoint_mod
+    import fedshuffle.experiments.loop as loop_mod
     import fedshuffle.experiments.runner as runner_mod
 
     spec = load_experiment(config(tmp_path)).runs()[0][1]
@@ -179,7 +180,7 @@ def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypat
     assert not (tmp_path / "a" / "metrics.csv").exists()
     monkeypatch.undo()
     calls = {"n": 0}
-    real = runner_mod.write_atomic
+    real = loop_mod.write_atomic
 
     def flaky(path, data):
         calls["n"] += 1
@@ -187,7 +188,7 @@ def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypat
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(path, data)
 
-    monkeypatch.setattr(runner_mod, "write_atomic", flaky)
+    monkeypatch.setattr(loop_mod, "write_atomic", flaky)
     monkeypatch.setattr(checkpoint_mod, "write_atomic", flaky)
     every_evaluation = spec.model_copy(update={"run": spec.run.model_copy(update={"checkpoint_seconds": 0.0})})  # the 5th checkpoint fails
     with pytest.raises(ResultsError, match="No space left on device.*everything written before is kept"):

@@ -78,11 +78,14 @@ def _bytes(tensors: Any) -> int:
 
 
 @dataclass
-class Simulation:
-    """Runs an :class:`~fedshuffle.methods.algorithm.Algorithm` round by round on one problem and dataset.
+class Server:
+    """The server half of an :class:`~fedshuffle.methods.algorithm.Algorithm`'s rounds: cohort and plans, broadcast,
+    aggregation, server step and the counters, on a population (``data``: its sizes and weights suffice).
 
-    All state (model, server state, client-state store, round and cost counters) is in
-    :meth:`state_dict`, so a run can be checkpointed and resumed to the same numbers.
+    It holds no client rows and does no local work: :class:`Simulation` adds both in this process, the
+    Flower server (:mod:`fedshuffle.integrations.flower.strategy`) leaves them to the nodes. Its state (model,
+    server and method state, counters) is in :meth:`state_dict`, so a run can be checkpointed and resumed to
+    the same numbers.
     """
 
     problem: Problem
@@ -91,10 +94,7 @@ class Simulation:
     sampler: Sampler
     seed: int = 0
     dtype: torch.dtype = torch.float64
-    executor: Executor = field(default_factory=SequentialExecutor)
     device: str = "cpu"
-    state_memory_limit: int = 1 << 30
-    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -114,21 +114,6 @@ class Simulation:
         self._expected_counts = self.sampler.expected_counts()
         self._planned_tau_eff = self.algorithm.planned_tau_eff(self.data.weights, self.data.sizes)
         self.last_extras: dict[str, float] = {}
-        self.store = self._client_store()
-
-    def _client_store(self) -> ClientStateStore | None:
-        """The rows of a stateful method's clients (none for stateless methods, or where clients keep their own)."""
-        fields = {name: self.params.numel() for name in self.method.state_fields}
-        state_bytes = limits.array_bytes(self.data.num_clients, sum(fields.values()), itemsize=self.params.element_size())
-        if fields and state_bytes <= self.state_memory_limit:  # held in memory; beyond the limit it is memory-mapped
-            limits.check_fits(state_bytes, "run.state_memory_mb", f"the in-memory client state of {self.data.num_clients} clients ({', '.join(fields)})")
-        return ClientStateStore(self.data.num_clients, fields, self.dtype, self.state_memory_limit, self.state_dir) if fields else None
-
-    def close(self) -> None:
-        """Release what the executor holds (the local Ray a Ray executor started); idempotent."""
-        close = getattr(self.executor, "close", None)
-        if close is not None:
-            close()
 
     @property
     def bytes_per_model(self) -> int:
@@ -144,30 +129,11 @@ class Simulation:
         return RoundInfo(r, cohort, plans, scale, self.data.weights, self._expected_counts, alg.local.lr * scale, self._planned_tau_eff, first)
 
     def participated(self, clients: np.ndarray) -> np.ndarray:
-        """Whether each client has taken part before (has state rows); always for stateless methods."""
-        return self.store.created[clients] if self.store is not None else np.ones(len(clients), dtype=bool)
+        """Whether each client has taken part before; a server that keeps no client rows takes every client as having taken part."""
+        return np.ones(len(clients), dtype=bool)
 
-    def trainer(self, rnd: RoundInfo) -> Trainer:
-        return Trainer(self.problem, self.data, self.executor, self.algorithm.local, self.seed, rnd.index, rnd.lr_scale)
-
-    def step(self) -> RoundRecord:
-        """Run one round and return its cost."""
-        started = time.perf_counter()
-        rnd, points = self.open_round()
-        trainer = self.trainer(rnd)
-        broadcast = self.broadcast(rnd, points, [trainer.gradients(p, rnd.cohort) for p in points])
-        result = None
-        if len(rnd.cohort):
-            if self.method.sums_updates:  # Σ ω_iΔ_i as the executor produces the Δ_i: one model in memory, not the cohort's
-                weights = torch.as_tensor(self.method.aggregation_weights(rnd), dtype=self.dtype, device=self.device)
-                result = self.method.client_update(broadcast, rnd.plans, {}, trainer, weights)
-            else:
-                result = self.method.client_update(broadcast, rnd.plans, self._read_rows(rnd.cohort), trainer)
-            self._write_rows(rnd.cohort, result.rows)
-        return self.close_round(rnd, points, broadcast, result, time.perf_counter() - started)
-
-    # The server half of a round, in three calls around the client halves (here :meth:`step`; on
-    # devices :mod:`fedshuffle.integrations.flower`, which may drop members that never answered).
+    # The server half of a round, in three calls around the client halves (:meth:`Simulation.step` in this
+    # process; on devices :mod:`fedshuffle.integrations.flower`, which may drop members that never answered).
 
     def open_round(self) -> tuple[RoundInfo, list[torch.Tensor]]:
         """The next round's cohort and plans, and the points where each member returns ∇f_i first (FedShuffleMVR)."""
@@ -213,6 +179,75 @@ class Simulation:
         c.worker_compute_seconds += compute_seconds / members if members else 0.0
         return record
 
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "params": self.params.clone(),
+            "server": _clone(self.server_state),
+            "method": _clone(self.method_state),
+            "counters": vars(self.counters).copy(),
+            "last_extras": dict(self.last_extras),
+        }
+
+    def commit_checkpoint(self) -> None:
+        """Called once the checkpoint holding :meth:`state_dict` is on disk."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.params = state["params"].to(self.device, self.dtype)
+        self.server_state = _clone(state["server"])
+        self.method_state = _clone(state["method"])
+        self.counters = Counters(**state["counters"])
+        self.last_extras = dict(state.get("last_extras", {}))
+
+
+@dataclass
+class Simulation(Server):
+    """Runs an :class:`~fedshuffle.methods.algorithm.Algorithm` round by round on one problem and dataset: the
+    :class:`Server` with the clients' halves in this process (local work through ``executor``, a stateful method's
+    client rows in a :class:`~fedshuffle.state.ClientStateStore`, in memory up to ``state_memory_limit`` bytes, else
+    memory-mapped in ``state_dir``). The store is part of :meth:`state_dict`.
+    """
+
+    executor: Executor = field(default_factory=SequentialExecutor)
+    state_memory_limit: int = 1 << 30
+    state_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fields = {name: self.params.numel() for name in self.method.state_fields}
+        state_bytes = limits.array_bytes(self.data.num_clients, sum(fields.values()), itemsize=self.params.element_size())
+        if fields and state_bytes <= self.state_memory_limit:  # held in memory; beyond the limit it is memory-mapped
+            limits.check_fits(state_bytes, "run.state_memory_mb", f"the in-memory client state of {self.data.num_clients} clients ({', '.join(fields)})")
+        self.store = ClientStateStore(self.data.num_clients, fields, self.dtype, self.state_memory_limit, self.state_dir) if fields else None
+
+    def close(self) -> None:
+        """Release what the executor holds (the local Ray a Ray executor started); idempotent."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
+
+    def participated(self, clients: np.ndarray) -> np.ndarray:
+        """Whether each client has taken part before (has state rows); always for stateless methods."""
+        return self.store.created[clients] if self.store is not None else super().participated(clients)
+
+    def trainer(self, rnd: RoundInfo) -> Trainer:
+        return Trainer(self.problem, self.data, self.executor, self.algorithm.local, self.seed, rnd.index, rnd.lr_scale)
+
+    def step(self) -> RoundRecord:
+        """Run one round and return its cost."""
+        started = time.perf_counter()
+        rnd, points = self.open_round()
+        trainer = self.trainer(rnd)
+        broadcast = self.broadcast(rnd, points, [trainer.gradients(p, rnd.cohort) for p in points])
+        result = None
+        if len(rnd.cohort):
+            if self.method.sums_updates:  # Σ ω_iΔ_i as the executor produces the Δ_i: one model in memory, not the cohort's
+                weights = torch.as_tensor(self.method.aggregation_weights(rnd), dtype=self.dtype, device=self.device)
+                result = self.method.client_update(broadcast, rnd.plans, {}, trainer, weights)
+            else:
+                result = self.method.client_update(broadcast, rnd.plans, self._read_rows(rnd.cohort), trainer)
+            self._write_rows(rnd.cohort, result.rows)
+        return self.close_round(rnd, points, broadcast, result, time.perf_counter() - started)
+
     def _read_rows(self, cohort: np.ndarray) -> dict[str, torch.Tensor]:
         if self.store is None:
             return {}
@@ -227,14 +262,7 @@ class Simulation:
             self.store.set(name, cohort, values)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "params": self.params.clone(),
-            "server": _clone(self.server_state),
-            "method": _clone(self.method_state),
-            "counters": vars(self.counters).copy(),
-            "client_store": self.store.state_dict() if self.store is not None else None,
-            "last_extras": dict(self.last_extras),
-        }
+        return {**super().state_dict(), "client_store": self.store.state_dict() if self.store is not None else None}
 
     def commit_checkpoint(self) -> None:
         """Called once the checkpoint holding :meth:`state_dict` is on disk (see :mod:`fedshuffle.state`)."""
@@ -242,11 +270,7 @@ class Simulation:
             self.store.commit()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.params = state["params"].to(self.device, self.dtype)
-        self.server_state = _clone(state["server"])
-        self.method_state = _clone(state["method"])
-        self.counters = Counters(**state["counters"])
-        self.last_extras = dict(state.get("last_extras", {}))
+        super().load_state_dict(state)
         if self.store is not None:
             self.store.load_state_dict(state["client_store"])
 

@@ -1,4 +1,9 @@
-"""Running experiments: seeded runs with metrics, checkpoints, divergence handling and results on disk.
+"""Running experiments: building seeded runs, and the results folder each one is written into.
+
+A run's rounds, evaluations, divergence stop, checkpoints and final files are those of
+:class:`~fedshuffle.experiments.loop.RoundLoop` and its callbacks, whoever does the clients' work:
+:func:`run_single` in this process, :mod:`fedshuffle.integrations.flower` on Flower nodes; both go
+through :class:`RunFolder`, so both write the same folder.
 
 Layout of a results folder::
 
@@ -11,23 +16,22 @@ Layout of a results folder::
         metrics.csv             one row per evaluation (fedshuffle.metrics; byte-identical across executors and resumes)
         timing.csv              measured seconds per evaluation (differ between runs)
         summary.json            status (complete | diverged), final metrics
+        metrics.parquet         the rows of metrics.csv as a Parquet table
         final_params.npy        final global model, flat float64
+        timing.json             the last row of timing.csv
         checkpoint.pt           latest checkpoint (resume with --resume)
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import math
 import os
 import platform
 import shutil
 import sys
 import tempfile
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,19 +43,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedshuffle import metrics
 from fedshuffle.analysis.theory import solution_key
-from fedshuffle.experiments.build import build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
-from fedshuffle.experiments.schema import RunSpec
-from fedshuffle.simulation import Simulation
-from fedshuffle.core.checkpoint import read_checkpoint, save_checkpoint as write_checkpoint
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.core.io import open_regular, write_atomic, write_json
+from fedshuffle.core.io import open_regular, write_json
 from fedshuffle.core.threads import operator_threads
 from fedshuffle.executors.choice import run_threads
-from fedshuffle import metrics
-from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, AppendedTable, write_parquet
+from fedshuffle.experiments.build import build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
+from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_hash, data_hashes, identity, intact, remove_leftovers, stored_run
+from fedshuffle.experiments.loop import Callback, Driver, Progress, RoundLoop, folder_callbacks, load_checkpoint
+from fedshuffle.experiments.results import METRIC_COLUMNS
+from fedshuffle.experiments.schema import RunSpec
 from fedshuffle.experiments.sinks import check_tracking_server, flatten, open_sinks
-from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_hash, data_hashes, identity, intact, remove_leftovers, sealed, stored_run
+from fedshuffle.simulation import Simulation
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -155,9 +159,14 @@ def _problem_and_data(spec: RunSpec) -> tuple[Any, Any]:
         return built
 
 
+def seeded(spec: RunSpec, seed: int) -> RunSpec:
+    """``spec`` at ``seed`` (``run.seed``)."""
+    return spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
+
+
 def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> tuple[Simulation, dict[str, Any]]:
     """The simulation a spec describes (and the step sizes it resolved), without running anything."""
-    spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
+    spec = seeded(spec, seed)
     problem, data = _problem_and_data(spec)
     check_against_data(spec, data.num_clients)
     sampler = build_sampler(spec.sampler, data)
@@ -200,6 +209,91 @@ def run_identity(spec: RunSpec) -> tuple[dict[str, Any], dict[str, str]]:
     return dumped, data_hashes(dumped)
 
 
+class RunFolder:
+    """The results folder of one run (``spec`` at its seed; ``label``: the variant, ``point``: a sweep's overrides):
+    the run it belongs to, the checks before writing it, and the writing itself, through one :class:`~fedshuffle.experiments.loop.RoundLoop`.
+
+    ``out_option`` and ``resume_option`` name the settings that chose the folder and continue a run, for the
+    messages (``--out``, ``--resume``; a Flower app's run config).
+    """
+
+    def __init__(self, run_dir: Path, spec: RunSpec, *, label: str = "", point: Mapping[str, Any] | None = None,
+                 out_option: str = "--out", resume_option: str = "--resume") -> None:
+        self.run_dir, self.spec, self.out_option, self.resume_option = Path(run_dir), spec, out_option, resume_option
+        self.dumped, self.hashes = run_identity(spec)
+        self.config_hash = config_hash(identity(self.dumped, self.hashes))
+        self.meta = {"label": label, "point": dict(point or {}), "seed": spec.run.seed}
+        self.owner = {"config_hash": self.config_hash, "label": label, "seed": spec.run.seed}  # what a checkpoint must be recorded for
+
+    @property
+    def solution_key(self) -> str:
+        """Where the problem's optimum is cached (:func:`~fedshuffle.analysis.theory.solution_key`)."""
+        return solution_key(self.dumped, self.hashes)
+
+    def check(self, *, resume: bool, extend: bool) -> dict[str, Any] | None:
+        """Refuse a folder holding a run (unless ``resume``) or another run (:func:`~fedshuffle.experiments.folders.check_run_folder`);
+        returns the summary of a finished run (complete at ``run.rounds``, or diverged) that is intact, else None."""
+        if not resume and stored_run(self.run_dir) is not None:
+            raise ConfigError(self.out_option, f"{self.run_dir} already holds a run; continue it with {self.resume_option}, or give another folder")
+        check_run_folder(self.run_dir, self.dumped, self.hashes, extend=extend)
+        done = intact(self.run_dir) if resume else None  # a finished run whose files changed is finished again from its checkpoint
+        if done is not None and (done.get("status") == "diverged" or (done.get("status") == "complete" and done.get("rounds") == self.spec.run.rounds)):
+            return done
+        return None
+
+    def run(self, build: Callable[[], Driver], *, resume: bool = False, extend: bool = False, on_round: Callable[[int], None] | None = None,
+            experiment: str = "fedshuffle", callbacks: Sequence[Callback] = (), until: int | None = None) -> RunOutcome:
+        """Check the folder (holding its lock), ``build`` the run's :class:`Driver` and run it into the folder.
+
+        With ``resume``, the run continues from its checkpoint, and a finished run is not run again; with
+        ``extend``, a run asked for fewer rounds continues to ``run.rounds``. ``callbacks`` are told what the loop
+        does after the folder's own; ``until`` pauses the run after that round (a checkpoint, no summary).
+        """
+        run_dir = self.run_dir
+        with FolderLock(run_dir):
+            done = self.check(resume=resume, extend=extend)
+            if done is not None:
+                if on_round:
+                    on_round(self.spec.run.rounds)
+                return RunOutcome(run_dir, done["status"], done["final"], str(done.get("message", "")))
+            for folder in (run_dir, run_dir / "client_state"):
+                remove_leftovers(folder)
+            driver = build()
+            sim = driver.sim
+            ensure_writable(run_dir, needed_bytes=4 * sim.bytes_per_model * (4 + len(sim.server_state)) + (1 << 20))
+            threads, reason = run_threads(sim.problem, self.spec.run.device)
+            LOGGER.info("%s: %d operator thread(s): %s", run_dir, threads, reason)
+            recorded = {"operator_threads": {"count": threads, "reason": reason}}
+            callbacks = [*callbacks, Progress(on_round)] if on_round else list(callbacks)
+            try:
+                with operator_threads(threads):
+                    return _train(self, driver, recorded, resume, experiment, callbacks, until)
+            except OSError as exc:
+                raise ResultsError(f"writing results to {run_dir} failed ({exc.strerror or exc}); everything written before is kept, "
+                                   "and the run continues from its last checkpoint when resumed") from None
+
+
+def _train(folder: RunFolder, driver: Driver, recorded: Mapping[str, Any], resume: bool, experiment: str, callbacks: Sequence[Callback], until: int | None) -> RunOutcome:
+    """The run's rounds into its folder: ``config.json``, then the loop with the folder's callbacks."""
+    spec, run_dir, sim = folder.spec, folder.run_dir, driver.sim
+    rows: list[dict[str, Any]] = []
+    checkpoint = run_dir / "checkpoint.pt"
+    if resume and checkpoint.exists():
+        rows = load_checkpoint(checkpoint, sim, folder.owner, spec.run.rounds)
+        # a run extended past its end drops the evaluation it made only because it ended there
+        rows = [row for row in rows if row["round"] % spec.run.eval_every == 0 or row["round"] == spec.run.rounds]
+    stored = {"spec": folder.dumped, "config_hash": folder.config_hash, "data_hashes": folder.hashes, **recorded}
+    write_json(run_dir / "config.json", {**stored, **folder.meta, "step_sizes": driver.step_sizes, "executor": driver.executor, "environment": environment()})
+    (run_dir / "summary.json").unlink(missing_ok=True)  # from here on the folder holds an unfinished run
+    meta = folder.meta
+    sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
+                       params=flatten(spec.model_dump()))
+    loop = RoundLoop(driver, rounds=spec.run.rounds, eval_every=spec.run.eval_every, bandwidth_mib_s=spec.run.bandwidth_mib_s, rows=rows)
+    status, message = loop.run([*folder_callbacks(run_dir, spec.run, folder.owner, meta, sinks), *callbacks], until)
+    final = {k: v for k, v in loop.rows[-1].items() if k in METRIC_COLUMNS}
+    return RunOutcome(run_dir, status, final, message)
+
+
 def run_single(
     spec: RunSpec,
     run_dir: Path,
@@ -213,7 +307,7 @@ def run_single(
     experiment: str = "fedshuffle",
     adopt: Callable[[Simulation, Callable[[Any], Any]], tuple[Simulation, Callable[[Any], Any]]] | None = None,
 ) -> RunOutcome:
-    """Run one seeded spec into ``run_dir``; with ``resume``, continue from its checkpoint.
+    """Run one seeded spec into ``run_dir`` in this process (:class:`RunFolder`); with ``resume``, continue from its checkpoint.
 
     ``label`` (the variant) and ``point`` (a sweep's overrides) are recorded for ``plot``/``table``.
     Resuming refuses a folder whose run has other settings (:func:`~fedshuffle.experiments.folders.check_run_folder`);
@@ -223,150 +317,17 @@ def run_single(
     ``adopt(sim, evaluator)`` gives the simulation the run steps and the evaluator it scores the model with (a
     replica of a batched group: :mod:`fedshuffle.replicas`).
     """
-    run_dir = Path(run_dir)
-    spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
-    dumped, hashes = run_identity(spec)
-    with FolderLock(run_dir):
-        if not resume and stored_run(run_dir) is not None:
-            raise ConfigError("--out", f"{run_dir} already holds a run; continue it with --resume, or give another folder")
-        check_run_folder(run_dir, dumped, hashes, extend=extend)
-        done = intact(run_dir) if resume else None  # a finished run whose files changed is finished again from its checkpoint
-        if done is not None and (done.get("status") == "diverged" or (done.get("status") == "complete" and done.get("rounds") == spec.run.rounds)):
-            if on_round:
-                on_round(spec.run.rounds)
-            return RunOutcome(run_dir, done["status"], done["final"], str(done.get("message", "")))
-        for folder in (run_dir, run_dir / "client_state"):
-            remove_leftovers(folder)
-        sim, step_sizes = build_simulation(spec, seed, str(run_dir / "client_state"))
-        ensure_writable(run_dir, needed_bytes=4 * sim.bytes_per_model * (4 + len(sim.server_state)) + (1 << 20))
-        evaluator = metrics.ModelScores(sim.problem, sim.data, solution_key(dumped, hashes))
+    folder = RunFolder(run_dir, seeded(spec, seed), label=label, point=point)
+
+    def build() -> Driver:
+        sim, step_sizes = build_simulation(folder.spec, seed, str(folder.run_dir / "client_state"))
+        evaluator = metrics.ModelScores(sim.problem, sim.data, folder.solution_key)
         if adopt is not None:
             sim, evaluator = adopt(sim, evaluator)
-        meta = {"label": label, "point": dict(point or {}), "seed": seed}
-        stored = {"spec": dumped, "config_hash": config_hash(identity(dumped, hashes)), "data_hashes": hashes}
-        threads, reason = run_threads(sim.problem, spec.run.device)
-        LOGGER.info("%s: %d operator thread(s): %s", run_dir, threads, reason)
-        meta_threads = {"operator_threads": {"count": threads, "reason": reason}}
-        try:
-            with operator_threads(threads):
-                return _train(spec, run_dir, sim, evaluator, meta, {**stored, **meta_threads}, step_sizes, resume, on_round, experiment)
-        except OSError as exc:
-            raise ResultsError(f"writing results to {run_dir} failed ({exc.strerror or exc}); everything written before is kept, and the run continues from its last checkpoint when resumed") from None
+        chosen = getattr(sim.executor, "chosen", None)
+        if chosen:
+            LOGGER.info("%s: executor %s", folder.run_dir, chosen)
+        executor = {"name": sim.executor.name, **({"chosen": chosen} if chosen else {})}
+        return Driver(sim, sim.step, lambda: {**evaluator(sim.params), **metrics.local_model_scores(sim)}, executor, step_sizes)
 
-
-def _load_checkpoint(path: Path, sim: Simulation, run: Mapping[str, Any], total: int) -> list[dict[str, Any]]:
-    """Restore ``sim`` from a checkpoint of ``run`` (config hash, variant, seed); returns the metric rows recorded up to it."""
-    recorded, saved = read_checkpoint(path, run)
-    try:
-        state, rows = saved["simulation"], list(saved["rows"])
-        shape, rounds = tuple(state["params"].shape), int(state["counters"]["rounds"])
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise ConfigError(str(path), f"damaged checkpoint (no {exc}); the run cannot be continued: start it again in another folder") from None
-    if recorded.get("round") != rounds or rounds > total:
-        raise ConfigError(str(path), f"damaged checkpoint (recorded for round {recorded.get('round')!r}, holds round {rounds}, the run has {total}); "
-                          "the run cannot be continued: start it again in another folder")
-    if shape != tuple(sim.params.shape):
-        raise ConfigError(str(path), f"the checkpoint's model has shape {shape}, this run's has {tuple(sim.params.shape)}")
-    sim.load_state_dict(state)
-    return rows
-
-
-class CheckpointCadence:
-    """When a run checkpoints: every ``rounds`` rounds (``run.checkpoint_every``), or, with ``rounds = 0``, at an
-    evaluation once ``seconds`` (``run.checkpoint_seconds``) have passed since the last checkpoint, the first
-    evaluation after the start included; always at the last round (a run can be extended from there).
-
-    A checkpoint rewrites the whole state and every row so far, so checkpointing at every evaluation makes a run
-    quadratic in its evaluations; between checkpoints the metric tables only grow by appended rows. Where the
-    checkpoints fall does not change a run's numbers: a run resumed from any of them gives the same files.
-    """
-
-    def __init__(self, rounds: int, seconds: float, total: int) -> None:
-        self.rounds, self.seconds, self.total = rounds, seconds, total
-        self.last: float | None = None
-
-    def due(self, round_: int, evaluated: bool) -> bool:
-        if round_ == self.total:
-            return True
-        if self.rounds:
-            return round_ % self.rounds == 0
-        return evaluated and (self.last is None or time.monotonic() - self.last >= self.seconds)
-
-    def saved(self) -> None:
-        self.last = time.monotonic()
-
-
-def _train(spec, run_dir, sim, evaluator, meta, stored, step_sizes, resume, on_round, experiment) -> RunOutcome:
-    rows: list[dict[str, Any]] = []
-    checkpoint = run_dir / "checkpoint.pt"
-    every, ckpt_every, total = spec.run.eval_every, spec.run.checkpoint_every, spec.run.rounds
-    owner = {"config_hash": stored["config_hash"], "label": meta["label"], "seed": meta["seed"]}
-    if resume and checkpoint.exists():
-        rows = _load_checkpoint(checkpoint, sim, owner, total)
-        # a run extended past its end drops the evaluation it made only because it ended there
-        rows = [row for row in rows if row["round"] % every == 0 or row["round"] == total]
-    chosen = getattr(sim.executor, "chosen", None)
-    if chosen:
-        LOGGER.info("%s: executor %s", run_dir, chosen)
-    executor = {"name": sim.executor.name, **({"chosen": chosen} if chosen else {})}
-    write_json(run_dir / "config.json", {**stored, **meta, "step_sizes": step_sizes, "executor": executor, "environment": environment()})
-    (run_dir / "summary.json").unlink(missing_ok=True)  # from here on the folder holds an unfinished run
-    sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
-                       params=flatten(spec.model_dump()))
-    total_samples = sim.data.num_samples
-    tables: list[AppendedTable] = []
-    cadence = CheckpointCadence(ckpt_every, spec.run.checkpoint_seconds, total)
-
-    def record() -> dict[str, Any]:
-        row = metrics.evaluate(metrics.Evaluation(sim.counters, total_samples, spec.run.bandwidth_mib_s, sim.last_extras, {**evaluator(sim.params), **metrics.local_model_scores(sim)}))
-        rows.append(row)
-        for table in tables:
-            table.append(row)
-        for sink in sinks:
-            sink.log(row)
-        return row
-
-    def save_checkpoint() -> None:
-        """The resume point: the simulation and every row so far (the tables past it are rewritten from these rows on resume)."""
-        write_checkpoint(checkpoint, {"simulation": sim.state_dict(), "rows": rows}, {**owner, "round": sim.counters.rounds})
-        sim.commit_checkpoint()
-        write_parquet(run_dir / "metrics.parquet", rows)
-        cadence.saved()
-
-    status, message = "complete", ""
-    try:
-        for name, columns in (("metrics.csv", METRIC_COLUMNS), ("timing.csv", TIMING_COLUMNS)):
-            tables.append(AppendedTable(run_dir / name, rows, columns))
-        if not rows:
-            record()
-        if on_round and sim.counters.rounds:
-            on_round(sim.counters.rounds)
-        while sim.counters.rounds < total:
-            sim.step()
-            r = sim.counters.rounds
-            finite = bool(torch.isfinite(sim.params).all())
-            evaluated = not finite or r % every == 0 or r == total
-            if evaluated:
-                row = record()
-                if not finite or not math.isfinite(row["loss"]):
-                    status, message = "diverged", f"diverged at round {r}: {'model' if not finite else 'loss'} is not finite"
-                    break
-            if cadence.due(r, evaluated):
-                save_checkpoint()
-            if on_round:
-                on_round(1)
-        for table in tables:  # the finished tables are what summary.json seals: on disk before it
-            table.sync()
-    finally:
-        for table in tables:
-            table.close()
-        for sink in sinks:
-            sink.close()
-    write_parquet(run_dir / "metrics.parquet", rows)
-    npy = io.BytesIO()
-    np.save(npy, sim.params.detach().double().cpu().numpy())
-    write_atomic(run_dir / "final_params.npy", npy.getvalue())
-    final = {k: v for k, v in rows[-1].items() if k in METRIC_COLUMNS}
-    write_json(run_dir / "summary.json", sealed({"status": status, "message": message, "final": final, "rounds": sim.counters.rounds, **meta}, run_dir))
-    write_json(run_dir / "timing.json", {k: rows[-1][k] for k in TIMING_COLUMNS})
-    return RunOutcome(run_dir, status, final, message)
+    return folder.run(build, resume=resume, extend=extend, on_round=on_round, experiment=experiment)

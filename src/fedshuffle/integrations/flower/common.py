@@ -23,6 +23,7 @@ import torch
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.data.federated import PopulationCounts
+from fedshuffle.experiments.runner import seeded
 from fedshuffle.experiments.schema import Experiment, RunSpec, load_experiment, parse_overrides, validate
 
 #: the experiment inside a written app (JSON: paths already resolved)
@@ -87,12 +88,14 @@ class AppSettings:
 
 @dataclass(frozen=True)
 class FederatedRun:
-    """One variant at one seed, as the federation runs it; ``index`` is its position in the app's run list."""
+    """One variant at one seed, as the federation runs it; ``index`` is its position in the app's run list,
+    ``experiment`` the experiment's name (the sinks gather its runs under it)."""
 
     index: int
     label: str
     spec: RunSpec
     seed: int
+    experiment: str = "fedshuffle"
 
     @property
     def digest(self) -> str:
@@ -126,8 +129,7 @@ def federated_runs(experiment: Experiment, settings: AppSettings) -> list[Federa
     out = []
     for k, (label, spec) in enumerate(runs):
         seed = settings.seed if settings.seed >= 0 else experiment.seeds(spec)[0]
-        spec = spec.model_copy(update={"run": spec.run.model_copy(update={"seed": seed})})
-        out.append(FederatedRun(k, label, spec, seed))
+        out.append(FederatedRun(k, label, seeded(spec, seed), seed, experiment.experiment.name))
     return out
 
 

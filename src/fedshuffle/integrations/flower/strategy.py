@@ -10,10 +10,13 @@ on Flower nodes::
     aggregate_train     replies in cohort order → the method's aggregate → server optimizer → x^{r+1}
 
 The cohort, plans, broadcast, aggregation and server step are the simulation's own code
-(:class:`ServerHalf` is a :class:`~fedshuffle.simulation.Simulation` without samples or client rows),
-so a federation reproduces ``fedshuffle run`` to rounding. A member whose reply does not come within
-the round's timeout is unfinished work: it is dropped from the round (the method's aggregation of the
-members that finished; the client's state is not advanced) and counted in the round's metrics.
+(:class:`ServerHalf` is the simulation's :class:`~fedshuffle.simulation.Server`, on the clients' sizes alone),
+so a federation reproduces ``fedshuffle run`` to rounding. The rounds are driven by the same
+:class:`~fedshuffle.experiments.loop.RoundLoop` as ``fedshuffle run``'s, which owns the evaluations,
+the divergence stop, the checkpoints and the results folder; a Flower round is only the loop's step.
+A member whose reply does not come within the round's timeout is unfinished work: it is dropped from
+the round (the method's aggregation of the members that finished; the client's state is not advanced)
+and counted in the round's metrics.
 
 No reply is trusted: each must hold exactly the method's declared payload (``Method.payload_fields``),
 one row per member, in the run's dtype and the model's size, finite, with the counts the server sent
@@ -25,7 +28,6 @@ stops with :class:`FederationError` naming the client and the entry.
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -43,20 +45,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint
-from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.io import write_atomic, write_json
-from fedshuffle.experiments.folders import sealed
-from fedshuffle.experiments.results import write_metrics
 from fedshuffle import metrics
-from fedshuffle.experiments.folders import config_hash, identity
-from fedshuffle.experiments.runner import build_simulation, environment, run_identity
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.experiments.loop import Callback, Driver, RoundLoop
+from fedshuffle.experiments.runner import RunFolder, build_simulation
 from fedshuffle.experiments.schema import slug
 from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo
 from fedshuffle.methods.fedcdr import FedCDR
-from fedshuffle.simulation import Simulation
+from fedshuffle.simulation import RoundRecord, Server
 
 
 class FederationError(RuntimeError):
@@ -85,18 +83,30 @@ class ClientStateLost(FederationError):
     """A client's state (SCAFFOLD's c_i, FedCDR's y_i, …) is not on its node any more: never silently reset."""
 
 
-class ServerHalf(Simulation):
-    """A :class:`Simulation` on the population's sizes alone: cohort, plans, broadcast, aggregation and
+class ServerHalf(Server):
+    """The simulation's :class:`Server` on the population's sizes alone: cohort, plans, broadcast, aggregation and
     server step, no samples and no client rows (nodes keep their own). ``last_round[i]`` is the last
     round whose update the server accepted from client i (−1: never); it is what a client's state must
-    match, and it says who takes part for the first time."""
+    match, and it says who takes part for the first time. The members dropped so far are the ``dropped``
+    entry of ``last_extras`` (the ``dropped`` metric)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.last_round = np.full(self.data.num_clients, -1, dtype=np.int64)
+        self.last_extras = {"dropped": 0}
 
-    def _client_store(self) -> None:
-        return None
+    @property
+    def dropped(self) -> int:
+        return int(self.last_extras.get("dropped", 0))
+
+    def close_round(self, rnd: RoundInfo, points: list[torch.Tensor], broadcast: dict[str, torch.Tensor], result: ClientResult | None,
+                    compute_seconds: float = 0.0, dropped: int = 0) -> RoundRecord:
+        """:meth:`Server.close_round` of the members that finished (``dropped``: how many did not); they are accepted."""
+        before = self.dropped
+        record = super().close_round(rnd, points, broadcast, result, compute_seconds)
+        self.last_extras = {**record.extras, "dropped": before + dropped}
+        self.last_round[np.unique(rnd.cohort)] = rnd.index
+        return record
 
     def participated(self, clients: np.ndarray) -> np.ndarray:
         if not self.method.state_fields:
@@ -156,9 +166,10 @@ class FedShuffleStrategy(Strategy):
 
     Built from a :class:`FederatedRun`: everything is validated and built here, before any message is
     sent (a bad configuration raises :class:`~fedshuffle.core.errors.ConfigError`). ``out`` receives
-    the run's results as ``fedshuffle run`` writes them (config.json, metrics.csv, summary.json,
-    final_params.npy, and checkpoint.pt with the server's state: model, server and method state,
-    counters and each client's last accepted round).
+    the run's results in ``out/<variant>/seed-<s>``, written by the loop of ``fedshuffle run``
+    (:class:`~fedshuffle.experiments.runner.RunFolder`): the same files, the checkpoint holding the server's
+    state (model, server and method state, counters, each client's last accepted round). With ``resume``,
+    :meth:`start` continues from that checkpoint; stateful methods then need the nodes' state (``state-dir``).
     """
 
     def __init__(self, run: FederatedRun, *, round_timeout: float = 600.0, connect_timeout: float = 120.0, out: str | Path | None = None,
@@ -171,30 +182,17 @@ class FedShuffleStrategy(Strategy):
         self.half = ServerHalf(sim.problem, Population(sim.data.sizes, sim.data.weights), sim.algorithm, sim.sampler, seed=run.seed, dtype=sim.dtype, device=sim.device)
         self.evaluator = metrics.ModelScores(sim.problem, sim.data)
         self.round_timeout, self.connect_timeout, self.poll_interval = round_timeout, connect_timeout, poll_interval
-        self.out = Path(out) / (slug(run.label) if run.label else "") / f"seed-{run.seed}" if out else None
+        self.resume = resume
+        self.folder = None
+        if out:
+            run_dir = Path(out) / (slug(run.label) if run.label else "") / f"seed-{run.seed}"
+            self.folder = RunFolder(run_dir, run.spec, label=run.label, out_option="run-config.out", resume_option="run-config resume=true")
+            self.folder.check(resume=resume, extend=False)  # refused before any message
         self.nodes: dict[int, int] = {}  # client → node id
-        self.rows: list[dict[str, Any]] = []  # the evaluations, as metrics.csv holds them
-        self.dropped = 0
         self.rejected = 0  # clients dropped from a round for an invalid reply
         self._rejected_now: list[int] = []  # … in the open round
-        self.round_seconds: list[float] = []  # wall time of each round, configure to aggregate
         self._open: _OpenRound | None = None
         self._log = log or (lambda text: None)
-        if resume:
-            self.restore()
-
-    def restore(self) -> bool:
-        """Continue from ``out``'s checkpoint, if there is one: model, server and method state, counters, each
-        client's last accepted round, metrics. Stateful methods then need the nodes' state (``state-dir``)."""
-        checkpoint = self.out / "checkpoint.pt" if self.out is not None else None
-        if checkpoint is None or not checkpoint.exists():
-            return False
-        saved = load_checkpoint(checkpoint, self._owner())
-        self.half.load_state_dict(saved["simulation"])
-        self.rows, self.round_seconds = saved["rows"], saved.get("round_seconds", [])
-        self.dropped = self.rows[-1]["dropped"] if self.rows else 0
-        self._log(f"resumed {self.run.label or self.run.spec.method.name!r} at round {self.half.counters.rounds}")
-        return True
 
     # -- Flower's strategy interface --------------------------------------------------------------
 
@@ -256,11 +254,9 @@ class FedShuffleStrategy(Strategy):
         dropped = state.dropped + sorted({int(i) for i in rnd.cohort[~keep]})
         rnd = keep_members(rnd, keep)
         result = self._result(rnd, decoded) if len(rnd.cohort) else None
-        record = self.half.close_round(rnd, state.points, state.broadcast, result)
-        self.half.last_round[np.unique(rnd.cohort)] = rnd.index
-        self.dropped += len(dropped)
-        self.round_seconds.append(time.monotonic() - state.started)
-        reported = {"members": len(rnd.cohort), "dropped": len(dropped), "rejected": len(self._rejected_now), "seconds": self.round_seconds[-1],
+        seconds = time.monotonic() - state.started  # the members worked in parallel: each for at most the round's time
+        record = self.half.close_round(rnd, state.points, state.broadcast, result, compute_seconds=len(rnd.cohort) * seconds, dropped=len(dropped))
+        reported = {"members": len(rnd.cohort), "dropped": len(dropped), "rejected": len(self._rejected_now), "seconds": seconds,
                     "sample_gradients": record.sample_gradients, "bytes_up": record.bytes_up, "bytes_down": record.bytes_down, **record.extras}
         if unanswered:
             self._log(f"round {server_round}: no answer from client(s) {', '.join(map(str, unanswered))}: dropped as unfinished work")
@@ -281,37 +277,34 @@ class FedShuffleStrategy(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None, timeout: float | None = None,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
-        """Handshake, then the run's rounds (``run.rounds`` unless ``num_rounds``), each waiting up to the round
-        timeout (``timeout`` overrides it) for its replies; the server evaluates the model every ``run.eval_every``
-        rounds and writes results and checkpoints as ``fedshuffle run`` does."""
+        """Handshake, then the run's rounds through :class:`~fedshuffle.experiments.loop.RoundLoop`, each waiting up
+        to the round timeout (``timeout`` overrides it) for its replies. The server evaluates the model
+        (``evaluate_fn``, else :meth:`evaluate`) every ``run.eval_every`` rounds and at the last; a model or loss
+        that is not finite stops the run (diverged); with ``out``, results and checkpoints are written as
+        ``fedshuffle run`` writes them. ``num_rounds`` below ``run.rounds`` pauses the run after that round
+        (a checkpoint, no summary: ``resume`` continues it); a finished run is not run again when resumed."""
         if initial_arrays is not None and not torch.equal(self._model_of(initial_arrays), self.half.params):
             raise FederationError("a fedshuffle run starts from its own x⁰ (run.seed); leave initial_arrays out")
+        spec = self.run.spec.run
+        if num_rounds is not None and not 0 < num_rounds <= spec.rounds:
+            raise ConfigError("num_rounds", f"{num_rounds} rounds asked for; the run has {spec.rounds} (run.rounds): give 1..{spec.rounds} (fewer pause it)")
         if timeout is not None:
             self.round_timeout = timeout
-        rounds = num_rounds if num_rounds is not None else self.run.spec.run.rounds
-        evaluate = evaluate_fn or self.evaluate
         self.summary()
-        result = Result(arrays=self.initial_arrays())
         self.handshake(grid)
-        self._write_config()
-        if not self.rows:
-            self._record(evaluate(0, result.arrays))
-        spec = self.run.spec.run
-        while self.half.counters.rounds < rounds:
-            r = self.half.counters.rounds + 1
-            messages = list(self.configure_train(r, result.arrays, train_config or ConfigRecord(), grid))
-            arrays, metrics = self.aggregate_train(r, self.exchange(grid, messages, self.round_timeout))
-            result.arrays, result.train_metrics_clientapp[r] = arrays, metrics
-            self._log(f"round {r}/{rounds}: {int(metrics['members'])} member(s), {int(metrics['dropped'])} dropped, {metrics['seconds']:.2f} s")
-            if r % spec.eval_every == 0 or r == rounds:
-                result.evaluate_metrics_serverapp[r] = evaluated = evaluate(r, arrays)
-                self._record(evaluated)
-                if spec.checkpoint_every == 0:
-                    self._save()
-            if spec.checkpoint_every and r % spec.checkpoint_every == 0:
-                self._save()
-        self._finish()
-        return result
+        rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)
+        executor = {"name": "flower", "digest": self.run.digest, "nodes": {str(k): v for k, v in sorted(self.nodes.items())}}
+        driver = Driver(self.half, rounds.step, rounds.score, executor, self.step_sizes)
+        if self.folder is None:
+            status, message = RoundLoop(driver, rounds=spec.rounds, eval_every=spec.eval_every, bandwidth_mib_s=spec.bandwidth_mib_s).run([rounds], num_rounds)
+        else:
+            outcome = self.folder.run(lambda: driver, resume=self.resume, experiment=self.run.experiment, callbacks=[rounds], until=num_rounds)
+            status, message = outcome.status, outcome.message
+            if not rounds.result.arrays:  # finished before, and not run again: its final model
+                final = torch.from_numpy(np.load(self.folder.run_dir / "final_params.npy")).to(self.half.dtype)
+                rounds.result.arrays = tensors_record({"model": final})
+        self._log(f"{self.run.label or self.run.spec.method.name!r} (seed {self.run.seed}): {message or status}")
+        return rounds.result
 
     # -- exchanges ---------------------------------------------------------------------------------
 
@@ -428,44 +421,32 @@ class FedShuffleStrategy(Strategy):
     def _model_of(self, arrays: ArrayRecord) -> torch.Tensor:
         return record_tensors(arrays, self.half.dtype, self.half.device)["model"]
 
-    def _record(self, evaluation: MetricRecord | None) -> None:
-        """A metrics row: the run's cost so far, the evaluation, the method's diagnostics, members dropped so far."""
-        extras = {**self.half.last_extras, "dropped": self.dropped}
-        evaluated = metrics.Evaluation(self.half.counters, self.half.data.num_samples, self.run.spec.run.bandwidth_mib_s, extras, dict(evaluation or {}))
-        row = metrics.evaluate(evaluated)
-        self.rows.append(row)
-        if self.out is not None:
-            write_metrics(self.out / "metrics.csv", self.rows)
 
-    def _write_config(self) -> None:
-        if self.out is None:
-            return
-        write_json(self.out / "config.json", {
-            "spec": self.run.spec.model_dump(), "label": self.run.label, "point": {}, "seed": self.run.seed, "step_sizes": self.step_sizes,
-            "environment": environment(), "flower": {"nodes": {str(k): v for k, v in sorted(self.nodes.items())}, "digest": self.run.digest},
-        })
+class _FlowerRounds(Callback):
+    """The loop's step and scores on Flower: a round is :meth:`~FedShuffleStrategy.configure_train`, the messages'
+    exchange and :meth:`~FedShuffleStrategy.aggregate_train`; Flower's :class:`Result` follows the run."""
 
-    def _save(self) -> None:
-        """The server's checkpoint: model, server and method state, counters, each client's last accepted round, metrics."""
-        if self.out is None:
-            return
-        save_checkpoint(self.out / "checkpoint.pt", {"simulation": self.half.state_dict(), "rows": self.rows, "round_seconds": self.round_seconds, "nodes": dict(self.nodes)},
-                        {**self._owner(), "round": self.half.counters.rounds})
+    def __init__(self, strategy: FedShuffleStrategy, grid: Grid, train_config: ConfigRecord, evaluate: Callable[[int, ArrayRecord], MetricRecord | None]) -> None:
+        self.strategy, self.grid, self.train_config, self.evaluate = strategy, grid, train_config, evaluate
+        self.result = Result()
 
-    def _owner(self) -> dict[str, Any]:
-        """The run a checkpoint belongs to (as :func:`fedshuffle.experiments.runner.run_single` records it): resuming refuses another's."""
-        spec = self.run.spec.model_copy(update={"run": self.run.spec.run.model_copy(update={"seed": self.run.seed})})
-        return {"config_hash": config_hash(identity(*run_identity(spec))), "label": self.run.label, "seed": self.run.seed}
+    def on_start(self, loop: RoundLoop) -> None:
+        s = self.strategy
+        self.result.arrays = s.initial_arrays()  # a resumed run's model
+        if loop.sim.counters.rounds:
+            s._log(f"resumed {s.run.label or s.run.spec.method.name!r} at round {loop.sim.counters.rounds}")
 
-    def _finish(self) -> None:
-        if self.out is None:
-            return
-        self._save()
-        npy = io.BytesIO()
-        np.save(npy, self.half.params.detach().double().cpu().numpy())
-        write_atomic(self.out / "final_params.npy", npy.getvalue())
-        write_json(self.out / "summary.json", sealed({"status": "complete", "message": "", "final": self.rows[-1], "rounds": self.half.counters.rounds,
-                                                     "label": self.run.label, "point": {}, "seed": self.run.seed, "round_seconds": self.round_seconds}, self.out))
+    def step(self) -> None:
+        s, r = self.strategy, self.strategy.half.counters.rounds + 1
+        messages = list(s.configure_train(r, self.result.arrays, self.train_config, self.grid))
+        arrays, reported = s.aggregate_train(r, s.exchange(self.grid, messages, s.round_timeout))
+        self.result.arrays, self.result.train_metrics_clientapp[r] = arrays, reported
+        s._log(f"round {r}/{s.run.spec.run.rounds}: {int(reported['members'])} member(s), {int(reported['dropped'])} dropped, {reported['seconds']:.2f} s")
+
+    def score(self) -> dict[str, float]:
+        r = self.strategy.half.counters.rounds
+        evaluated = self.result.evaluate_metrics_serverapp[r] = self.evaluate(r, self.result.arrays)
+        return dict(evaluated or {})
 
 
 def exchange(grid: Grid, messages: Sequence[Message], timeout: float, poll_interval: float = 0.5) -> list[Message]:
