@@ -270,3 +270,20 @@ def test_warnings_are_not_raised_by_a_clean_run(small_run):
 def test_metric_columns_include_the_methods_diagnostics_whatever_is_imported_first():
     code = "from fedshuffle.experiments.results import METRIC_COLUMNS; print('prox_residual' in METRIC_COLUMNS)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"
+
+
+def test_a_sweep_from_python_runs_every_point_and_picks_the_best(tmp_path):
+    """Experiment.sweep: the grid's every combination × seed, the best point per variant by the final metric,
+    the edge of the grid flagged, and bad grids refused naming the argument."""
+    exp = fs.experiment({"data": {"client_sizes": [1, 2, 3]}, "local": {"lr": 0.1}, "run": {"rounds": 6, "eval_every": 3},
+                         "variants": [{"label": "FedAvgRR", "method": {"name": "fedavg_rr"}}]})
+    results = exp.sweep({"local.lr": [0.01, 0.1, 0.5]}, tmp_path / "sweep", seeds=[0, 1], pick="f_gap", progress=False)
+    assert len(results.runs) == 6 and set(results.runs["status"]) == {"complete"}
+    final = results.final().merge(results.runs[["point", "seed", "local.lr"]], on=["point", "seed"]).groupby("local.lr")["f_gap"].mean()
+    best = results.best["FedAvgRR"]
+    assert best["point"] == {"local": {"lr": float(final.idxmin())}} and best["mean"] == pytest.approx(final.min()) and best["candidates"] == 3
+    assert best["at_edge"] == (["local.lr"] if final.idxmin() in (0.01, 0.5) else [])
+    for bad, argument in (({}, "grid"), ({"lr": [1]}, "grid"), ({"local.lr": []}, "grid"), ({"local.lr": "0.1"}, "grid")):
+        with pytest.raises(fs.ConfigError) as err:
+            exp.sweep(bad, tmp_path / "bad", progress=False)
+        assert err.value.field == argument

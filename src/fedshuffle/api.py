@@ -17,6 +17,7 @@ argument (or the configuration setting) and what is accepted.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import warnings
@@ -38,7 +39,7 @@ from fedshuffle.experiments.report import point_text
 from fedshuffle.experiments.reproduce import reproduce as run_all
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
 from fedshuffle.experiments.runner import build_simulation, ensure_writable
-from fedshuffle.experiments.schema import RunSpec, load_experiment, preset_names, slug, validate
+from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, preset_names, slug, validate
 from fedshuffle.experiments.session import check_out, merge_overrides, normalize_overrides, pick_folder, requested_seeds, resume_folder, run_experiment
 
 if TYPE_CHECKING:
@@ -233,12 +234,68 @@ class Experiment:
                 print(f"note: {moved}", file=sys.stderr)
         ensure_writable(target)
         run_experiment(config, target, overrides=self.overrides, resume=resume, show_progress=bool(progress), workers=workers)  # the seeds are config's
-        results = load_results(target)
-        problems = results.runs[results.runs["status"] != "complete"]
-        if len(problems):
-            names = ", ".join(f"{r.variant} seed {r.seed}: {r.status}" for r in problems.itertuples())
-            warnings.warn(f"not every run completed ({names}); see Results.runs", RuntimeWarning, stacklevel=2)
+        return _read_back(target)
+
+    def sweep(
+        self, grid: Mapping[str, Sequence[Any]], out: str | os.PathLike | None = None, *, seeds: Sequence[int] | None = None,
+        variants: Sequence[str] | None = None, pick: str | None = None, workers: int = 1, progress: bool = True,
+    ) -> Results:
+        """Every combination of ``grid`` (``"section.setting"`` → values) × variant × seed, as ``fedshuffle sweep``.
+
+        ``out`` defaults to ``results/<name>-sweep``; a sweep started again keeps its finished runs and
+        resumes the others. ``pick`` (a metric) chooses the best point per variant by its final mean over
+        the seeds, in :attr:`Results.best` (with the settings at the edge of the grid, where the optimum may
+        lie beyond). Runs of grid points and seeds that differ only in step sizes or seed share one
+        simulation (:mod:`fedshuffle.replicas`).
+        """
+        from fedshuffle.experiments.results import check_metrics
+        from fedshuffle.experiments.session import run_sweep
+
+        points = _grid_points(grid)
+        if pick is not None:
+            check_metrics([pick], "pick")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError("workers", f"expected an integer >= 1, got {workers!r}")
+        if variants is not None and (isinstance(variants, str) or not isinstance(variants, Sequence) or any(v not in self.variants for v in variants)):
+            raise ConfigError("variants", f"expected a list of variant labels among: {', '.join(self.variants) or '(none)'}; got {variants!r}")
+        target = check_out(out, "out") or Path("results") / f"{slug(self.name)}-sweep"
+        config = _with_seeds(self.config, seeds, {})
+        record, _ = run_sweep(config, target, points, seeds=None, overrides=self.overrides, variants=variants, pick=pick, extend=False, workers=workers,
+                              show_progress=bool(progress), record={"grid": {k: list(v) for k, v in grid.items()}})
+        results = _read_back(target)
+        results.best = record.get("best", {})
         return results
+
+
+def _read_back(target: Path) -> Results:
+    """The results in ``target``, with a warning naming the runs that did not complete."""
+    results = load_results(target)
+    problems = results.runs[results.runs["status"] != "complete"]
+    if len(problems):
+        names = ", ".join(f"{r.variant} seed {r.seed}: {r.status}" for r in problems.itertuples())
+        warnings.warn(f"not every run completed ({names}); see Results.runs", RuntimeWarning, stacklevel=2)
+    return results
+
+
+def _grid_points(grid: Any) -> list[dict[str, dict[str, Any]]]:
+    """``{"local.lr": [0.1, 0.01], "local.epochs": [1, 2]}`` → every combination as override sections."""
+    if not isinstance(grid, Mapping) or not grid:
+        raise ConfigError("grid", f'expected {{"section.setting": [values, ...], ...}}, got {grid!r}')
+    axes = []
+    for key, values in grid.items():
+        section, _, setting = str(key).partition(".")
+        if section not in SECTIONS or not setting or "." in setting:
+            raise ConfigError("grid", f"{key!r} is not section.setting with section one of {', '.join(SECTIONS)}")
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise ConfigError("grid", f"{key}: expected a non-empty list of values, got {values!r}")
+        axes.append([(section, setting, v) for v in values])
+    points = []
+    for combo in itertools.product(*axes):
+        point: dict[str, dict[str, Any]] = {}
+        for section, setting, value in combo:
+            point.setdefault(section, {})[setting] = value
+        points.append(point)
+    return points
 
 
 def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Results:
@@ -309,6 +366,8 @@ class Results:
     def __init__(self, runs: pd.DataFrame, curves: pd.DataFrame) -> None:
         self.runs = runs
         self.curves = curves
+        #: a sweep's best point per variant when it was asked to pick one (:meth:`Experiment.sweep`)
+        self.best: dict[str, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"Results({len(self.runs)} runs: {', '.join(self.runs['variant'].unique())})"
