@@ -81,7 +81,7 @@ def test_scores_without_the_gradient_skip_it():
 
 
 def test_the_solution_key_follows_the_settings_that_make_the_data_and_the_problem():
-    from fedshuffle.analysis.theory import solution_key
+    from fedshuffle.problems.solution import solution_key
 
     spec = {"problem": {"name": "logistic", "l2": 0.1}, "data": {"source": "libsvm", "dataset": "a3a", "seed": 0, "data_dirs": []}, "run": {"dtype": "float64", "seed": 3}}
 
@@ -97,13 +97,13 @@ def test_the_solution_key_follows_the_settings_that_make_the_data_and_the_proble
 
 
 def test_a_cached_solution_is_found_by_its_key_without_reading_the_data(monkeypatch):
-    from fedshuffle.analysis import theory
+    from fedshuffle.problems import solution as cache
 
     problem = LogisticRegression(6, 0.3)
     data = next(case[2] for case in cases() if case[0] == "logistic")
-    solved = theory.solution(problem, data, "config-test")
+    solved = cache.solution(problem, data, "config-test")
     assert float(problem.weighted_gradient(solved[0], data.features, data.labels, data.sample_weights()).norm()) < 1e-12
-    theory._SOLUTIONS.clear()
+    cache._SOLUTIONS.clear()
     monkeypatch.setattr(FederatedDataset, "to", lambda *a: pytest.fail("the dataset was copied although x* is cached"))
-    again = theory.solution(problem, data, "config-test")  # from <cache>/solutions/config-test.npz
+    again = cache.solution(problem, data, "config-test")  # from <cache>/solutions/config-test.npz
     assert torch.equal(again[0], solved[0]) and again[1] == solved[1]

@@ -71,3 +71,19 @@ def test_nothing_below_the_experiments_imports_them():
 def test_imports_inside_functions_are_edges_too():
     graph = import_graph()
     assert "fedshuffle.executors.ray" in graph["fedshuffle.executors.choice"]  # imported where Ray is asked for
+
+
+def test_the_subpackages_form_layers_without_a_cycle():
+    """Grouped by top-level unit (fedshuffle.methods.*, fedshuffle.metrics, ...), the graph is still acyclic:
+    each unit sits on the ones below it (analysis above methods above metrics above problems ...)."""
+    units: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        unit = ".".join(module.split(".")[:2])
+        units.setdefault(unit, set()).update(".".join(t.split(".")[:2]) for t in targets if ".".join(t.split(".")[:2]) != unit)
+    units.pop("fedshuffle", None)
+    for targets in units.values():
+        targets.discard("fedshuffle")  # the package's __init__ re-exports; it is not a layer
+    try:
+        tuple(graphlib.TopologicalSorter(units).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"a cycle between subpackages: {' → '.join(exc.args[1])}") from None

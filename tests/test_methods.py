@@ -6,7 +6,7 @@ import torch
 
 from conftest import build_flat, params_trajectory
 from fedshuffle import FullParticipation, LogisticRegression, Simulation, UniformWithoutReplacement
-from fedshuffle.analysis.theory import solution
+from fedshuffle.problems.solution import solution
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
 from fedshuffle.experiments.schema import RunSpec, validate

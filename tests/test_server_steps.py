@@ -13,7 +13,8 @@ from fedshuffle.experiments.build import build_algorithm_from, build_problem_and
 from fedshuffle.data import FederatedDataset, equal_partition, objective_weights
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.schedules import SCHEDULES, Schedule
-from fedshuffle.analysis.theory import smoothness, solution
+from fedshuffle.analysis.theory import smoothness
+from fedshuffle.problems.solution import solution
 
 from conftest import assert_relative_close, params_trajectory, quadratic_dataset, build_flat, nested
 

@@ -11,7 +11,7 @@ from fedshuffle.data import FederatedDataset, contiguous_partition, objective_we
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.executors.local import VectorizedExecutor
 from fedshuffle.state import JOURNAL, ClientStateStore
-from fedshuffle.analysis.theory import solution
+from fedshuffle.problems.solution import solution
 
 from conftest import params_trajectory, build_flat
 

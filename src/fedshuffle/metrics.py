@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fedshuffle.analysis.theory import solution
+from fedshuffle.problems.solution import solution
 from fedshuffle.core.registry import Registry
 
 #: bytes per element on the wire (fp32 payloads, as Yang, Fang & Liu, ICLR 2021, Table 2 counts them)
@@ -80,8 +80,8 @@ class ModelScores:
     """Scores of the global model: f(x), f − f*, ‖x − x*‖², ‖∇f(x)‖², accuracies, test loss.
 
     f is the training objective Σ_j s_j f_j(x) with the dataset's sample weights (Σ_i w_i f_i);
-    x* and f* come from :func:`fedshuffle.analysis.theory.solution` where the problem has them (cached under
-    ``solution_key``, :func:`~fedshuffle.analysis.theory.solution_key` of the run's settings, when given).
+    x* and f* come from :func:`fedshuffle.problems.solution.solution` where the problem has them (cached under
+    ``solution_key``, :func:`~fedshuffle.problems.solution.solution_key` of the run's settings, when given).
     """
 
     def __init__(self, problem, data, solution_key: str | None = None) -> None:

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from fedshuffle import metrics
-from fedshuffle.analysis.theory import solution_key
+from fedshuffle.problems.solution import solution_key
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import open_regular, write_json
 from fedshuffle.core.threads import operator_threads
@@ -227,7 +227,7 @@ class RunFolder:
 
     @property
     def solution_key(self) -> str:
-        """Where the problem's optimum is cached (:func:`~fedshuffle.analysis.theory.solution_key`)."""
+        """Where the problem's optimum is cached (:func:`~fedshuffle.problems.solution.solution_key`)."""
         return solution_key(self.dumped, self.hashes)
 
     def check(self, *, resume: bool, extend: bool) -> dict[str, Any] | None:
