@@ -140,7 +140,7 @@ POOLS: dict[str, dict[str, list[Any]]] = {
     "local": {
         "lr": [0.01, 0.1, 0.5, 1e3, "theory", 0, -0.1, float("nan"), float("inf"), "x", [0.1], True, 1e-300],
         "lr_multiplier": [1.0, 2.0, 0.0, -1.0, float("inf")], "epochs": [1, 2, [1, 2], [2, 1], [1], 0, -1, 10**10, 1.5, "a", [0, 1]],
-        "steps": [1, 3, "min", "mean", 0, -2, "x", 10**10], "order": ["rr", "so", "with_replacement", "random", 1],
+        "steps": [1, 3, "min", "mean", 0, -2, "x", 10**10], "order": ["reshuffle", "shuffle_once", "with_replacement", "random", 1],
         "batch_size": [1, 2, 3, 10**9, 0, -3, 1.5, 2**70], "step_normalization": ["none", "local_work", "max_local_work", [1.0], [1.0, 2.0], [0.0], [], [-1.0], [float("nan")], "x"],
         "weight_decay": [0.0, 0.01, -1.0, float("inf")], "clip_norm": [0.1, 10.0, 0.0, -1.0, float("nan")], "momentum": [0.0, 0.5, 1.0, -0.5],
         "prox_mu": [0.0, 0.1, -1.0], "drop_last_steps": [0, 1, 5, -1], "straggler_probability": [0.0, 0.5, 1.0, 1.5, -0.1],

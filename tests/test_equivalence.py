@@ -31,7 +31,7 @@ def gen_parameters(method, lr, epochs, tau, sampler_counts):
     raise ValueError(method)
 
 
-@pytest.mark.parametrize("method, order", [("fedavg", "with_replacement"), ("fedavg_rr", "rr"), ("fednova", "with_replacement"), ("fednova_rr", "rr"), ("fedshuffle", "rr")])
+@pytest.mark.parametrize("method, order", [("fedavg", "with_replacement"), ("fedavg_rr", "reshuffle"), ("fednova", "with_replacement"), ("fednova_rr", "reshuffle"), ("fedshuffle", "reshuffle")])
 @pytest.mark.parametrize("sampler", [FullParticipation(4), UniformWithoutReplacement(4, 2)], ids=["full", "uniform2"])
 def test_named_method_equals_fedshuffle_gen_with_its_parameters(method, order, sampler):
     lr, epochs = 0.03, 2
@@ -47,7 +47,7 @@ def test_fednova_with_sum_one_is_the_fedshuffle_reference_codes_normalization(sa
     lr, epochs = 0.03, 2
     tau = epochs * np.array(SIZES)
     direct = trajectory("fednova_rr", {"lr": lr, "epochs": epochs, "normalization": "sum_one"}, sampler)
-    general = trajectory("fedshuffle_gen", {**gen_parameters("fednova_reference", lr, epochs, tau, None), "epochs": epochs, "order": "rr"}, sampler)
+    general = trajectory("fedshuffle_gen", {**gen_parameters("fednova_reference", lr, epochs, tau, None), "epochs": epochs, "order": "reshuffle"}, sampler)
     assert torch.allclose(direct, general, rtol=1e-12, atol=1e-14)
     assert not torch.allclose(direct, trajectory("fednova_rr", {"lr": lr, "epochs": epochs}, sampler))
 
@@ -64,8 +64,8 @@ def test_fixed_steps_equal_to_epoch_work_reproduce_the_epoch_run_for_equal_sizes
     rng = np.random.default_rng(1)
     data = quadratic_dataset([3, 3, 3], rng.normal(size=(9, 2)))
     runs = {}
-    for name, settings in {"epochs": {"lr": 0.05, "epochs": 2, "order": "rr"}, "min": {"lr": 0.05, "epochs": 2, "order": "rr", "steps": "min"},
-                           "mean": {"lr": 0.05, "epochs": 2, "order": "rr", "steps": "mean"}, "fixed": {"lr": 0.05, "epochs": 2, "order": "rr", "steps": 6}}.items():
+    for name, settings in {"epochs": {"lr": 0.05, "epochs": 2, "order": "reshuffle"}, "min": {"lr": 0.05, "epochs": 2, "order": "reshuffle", "steps": "min"},
+                           "mean": {"lr": 0.05, "epochs": 2, "order": "reshuffle", "steps": "mean"}, "fixed": {"lr": 0.05, "epochs": 2, "order": "reshuffle", "steps": 6}}.items():
         sim = Simulation(Quadratic(2), data, build_flat("fedavg", settings), FullParticipation(3), seed=4)
         for _ in range(10):
             sim.step()

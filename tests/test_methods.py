@@ -30,7 +30,7 @@ def test_feddyn_reaches_the_exact_minimizer_where_fedavg_with_the_same_local_wor
     """Acar et al., ICLR 2021: under full participation FedDyn's fixed point is x* = argmin Σ w_i f_i."""
     problem, data = heterogeneous_logistic(weights)
     x_star, _ = solution(problem, data)
-    local = {"lr": 0.3, "steps": 5, "batch_size": 30, "order": "rr"}  # 5 full-batch steps: deterministic local work
+    local = {"lr": 0.3, "steps": 5, "batch_size": 30, "order": "reshuffle"}  # 5 full-batch steps: deterministic local work
     feddyn = Simulation(problem, data, build_flat("feddyn", {**local, "alpha": 0.3}), FullParticipation(4), seed=0)
     fedavg = Simulation(problem, data, build_flat("fedavg", {**local, "normalization": "unbiased"}), FullParticipation(4), seed=0)
     for _ in range(300):

@@ -72,17 +72,17 @@ def test_cyclic_requires_divisible_cohort():
 
 def test_rr_epochs_are_permutations_and_so_repeats_one():
     clients = [np.arange(0, 5), np.arange(5, 12)]
-    for order in ("rr", "so"):
+    for order in ("reshuffle", "shuffle_once"):
         plan = LocalPlanner(lr=0.1, epochs=3, order=order, batch_size=2).plan(clients, np.array([1]), 0, seed=2)[0]
         assert plan.steps == 3 * 4 and plan.batches.shape == (12, 2)
         epochs = plan.batches.reshape(3, 8)
         for e in epochs:
             assert sorted(e[e >= 0]) == list(range(5, 12))
         same = all(np.array_equal(epochs[0], e) for e in epochs)
-        assert same == (order == "so")
+        assert same == (order == "shuffle_once")
 
 
-@pytest.mark.parametrize("size, order", [(921, "so"), (409, "rr"), (265, "so")])
+@pytest.mark.parametrize("size, order", [(921, "shuffle_once"), (409, "reshuffle"), (265, "shuffle_once")])
 def test_epoch_batches_give_exactly_k_steps_that_cover_one_pass(size, order):
     """RR-CLI §4.5: 100 local steps on ≈1 % of the local data, every sample once per pass (phishing, w3a, a3a splits)."""
     clients = [np.arange(size) + 7]
@@ -155,7 +155,7 @@ def test_local_solver_rejects_bad_settings(kwargs, field):
 def test_executor_independence_of_streams():
     """Plans depend only on (seed, round, client): planning a client alone or within a cohort gives the same batches."""
     clients = [np.arange(0, 4), np.arange(4, 10), np.arange(10, 13)]
-    solver = LocalPlanner(lr=0.1, epochs=(1, 3), order="rr")
+    solver = LocalPlanner(lr=0.1, epochs=(1, 3), order="reshuffle")
     together = solver.plan(clients, np.array([0, 1, 2]), 7, seed=3)
     for i, plan in enumerate(together):
         alone = solver.plan(clients, np.array([i]), 7, seed=3)[0]

@@ -45,7 +45,7 @@ def assert_same(a, b, rtol=1e-12):
 GAMMA, BATCH = 0.05, 4  # 5 local steps of 4 samples per pass
 
 
-@pytest.mark.parametrize("order", ["rr", "so"])
+@pytest.mark.parametrize("order", ["reshuffle", "shuffle_once"])
 def test_nastya_with_server_step_gamma_n_is_fedavg(order):
     """Nastya §5.1: with η = γN, x − η·(1/C)Σ(x − y_i)/(γN) is the cohort's model average."""
     steps = PER_CLIENT // BATCH
@@ -58,7 +58,7 @@ def test_nastya_with_server_step_gamma_n_is_fedavg(order):
 
 
 @pytest.mark.parametrize("client_order", ["reshuffle", "shuffle_once", "fixed"])
-@pytest.mark.parametrize("data_order", ["rr", "so"])
+@pytest.mark.parametrize("data_order", ["reshuffle", "shuffle_once"])
 def test_rr_cli_with_theorem_steps_is_cyclic_fedavg(client_order, data_order):
     """RR-CLI §3: η = γN and θ = ηR make every round a model average and the meta-epoch step the identity."""
     steps, rounds = PER_CLIENT // BATCH, CLIENTS // 3
@@ -268,7 +268,7 @@ def test_nastya_server_step_on_unequal_clients_matches_a_hand_computation(weight
     parts = np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1])
     data = FederatedDataset(torch.tensor(targets), torch.zeros(sum(sizes)), parts, objective_weights(np.array(sizes), "size"))
     gamma, eta = 0.1, 0.7
-    alg = build_flat("nastya", {"lr": gamma, "batch_size": 1, "order": "rr", "server_lr": eta, "weighting": weighting})
+    alg = build_flat("nastya", {"lr": gamma, "batch_size": 1, "order": "reshuffle", "server_lr": eta, "weighting": weighting})
     sim = Simulation(Quadratic(2), data, alg, UniformWithoutReplacement(4, 2), seed=1)
     for _ in range(3):
         x = sim.params.clone()
@@ -319,7 +319,7 @@ def test_tuned_rr_cli_with_following_steps_averages_the_cohort_and_differs_from_
     for follows in ("local", "fixed"):
         resolved, _ = resolve_step_sizes(theory_spec("rr_cli", 3, theory_follows=follows), problem, data, Cyclic(CLIENTS, 3))
         runs[follows] = params_trajectory(Simulation(problem, data, build_algorithm_from(resolved), Cyclic(CLIENTS, 3), seed=3), 8)
-    averaging = params_trajectory(Simulation(problem, data, build_flat("fedavg_rr", {"lr": 3 / L, "batch_size": BATCH, "order": "so", "weighting": "uniform"}), Cyclic(CLIENTS, 3), seed=3), 8)
+    averaging = params_trajectory(Simulation(problem, data, build_flat("fedavg_rr", {"lr": 3 / L, "batch_size": BATCH, "order": "shuffle_once", "weighting": "uniform"}), Cyclic(CLIENTS, 3), seed=3), 8)
     assert_same(runs["local"], averaging, rtol=1e-10)
     assert float((runs["fixed"] - averaging).abs().max()) > 1e-3
 

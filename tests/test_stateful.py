@@ -90,7 +90,7 @@ def test_scaffold_reaches_x_star_where_fedavg_does_not(option):
     data = FederatedDataset(torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), "uniform"))
     problem = LogisticRegression(4, 0.05)
     x_star, _ = solution(problem, data)
-    local = {"lr": 0.3, "steps": 5, "batch_size": 30, "order": "rr"}
+    local = {"lr": 0.3, "steps": 5, "batch_size": 30, "order": "reshuffle"}
     scaffold = Simulation(problem, data, build_flat("scaffold", {**local, "option": option}), FullParticipation(4), seed=0)
     fedavg = Simulation(problem, data, build_flat("fedavg", {**local, "normalization": "unbiased"}), FullParticipation(4), seed=0)
     for _ in range(400):

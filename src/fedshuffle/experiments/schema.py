@@ -141,7 +141,7 @@ class LocalConfig(_Section):
     lr_multiplier: float = Field(1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)")
     epochs: int | list[int] = Field(1, description="E local epochs, or [a, b] drawn uniformly per client and round")
     steps: int | Literal[STEP_MODES] | None = Field(None, description="K local steps instead of epochs; 'min'/'mean' over the cohort")
-    order: Literal[ORDERS] = "rr"
+    order: Literal[ORDERS] = "reshuffle"
     batch_size: int = Field(1, ge=1)
     epoch_batches: int | None = Field(None, ge=1, description="instead of batch_size: exactly K nearly equal minibatches per epoch")
     step_normalization: Literal[STEP_NORMALIZATIONS] | list[float] = Field("none", description="c_i in η_i = η_l/c_i")

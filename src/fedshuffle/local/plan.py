@@ -26,7 +26,7 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.local.steps import StepChain, standard_chain
 from fedshuffle.core.streams import Stream, generator, generators
 
-ORDERS = ("rr", "so", "with_replacement")
+ORDERS = ("reshuffle", "shuffle_once", "with_replacement")
 STEP_NORMALIZATIONS = ("none", "local_work", "max_local_work")
 STEP_MODES = ("min", "mean")
 
@@ -73,8 +73,9 @@ class LocalPlanner:
         Instead of epochs: a fixed number K of steps, ``"min"`` (FedAvgMin: K = min over the cohort
         of the epoch-based step counts) or ``"mean"`` (FedAvgMean: K = their rounded mean).
     order:
-        ``"rr"`` fresh permutation every epoch, ``"so"`` one permutation per client for the whole
-        run, ``"with_replacement"`` an independent minibatch every step.
+        ``"reshuffle"`` (random reshuffling, RR) a fresh permutation every epoch, ``"shuffle_once"`` (SO) one
+        permutation per client for the whole run, ``"with_replacement"`` an independent minibatch every step —
+        the words the cyclic sampler uses for its cohorts too.
     batch_size:
         B; an epoch is ⌈|D_i|/B⌉ steps, the last batch possibly smaller.
     epoch_batches:
@@ -98,7 +99,7 @@ class LocalPlanner:
     lr: float
     epochs: int | tuple[int, int] = 1
     steps: int | str | None = None
-    order: str = "rr"
+    order: str = "reshuffle"
     batch_size: int = 1
     step_normalization: str | tuple[float, ...] = "none"
     weight_decay: float = 0.0
@@ -256,7 +257,7 @@ class LocalPlanner:
             return rows[picks]
         per_epoch = self.epoch_steps(n)
         padded = per_epoch * b
-        fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "so" else None
+        fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "shuffle_once" else None
         epochs = []
         for _ in range(-(-steps // per_epoch)):
             perm = fixed if fixed is not None else rng.permutation(n)

@@ -138,4 +138,4 @@ class FedCDR(Method):
 
 METHODS.add("fedcdr", FedCDR, "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
             "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML submission), Algorithm 1",
-            local={"order": "rr", "epochs": 20, "batch_size": 10})
+            local={"order": "reshuffle", "epochs": 20, "batch_size": 10})

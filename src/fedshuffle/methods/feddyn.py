@@ -61,4 +61,4 @@ class FedDyn(Method):
 
 METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic terms in the local objective, server state h",
             "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR 2021, Algorithm 1",
-            local={"order": "rr"})
+            local={"order": "reshuffle"})
