@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from fedshuffle.core.errors import ConfigError
 
 #: the names pydantic gives the members of a union in an error's location (not settings)
-_UNION_TAG = re.compile(r"^(int|float|str|bool|none|function-\w+\[.*|literal\[.*|list\[.*|tuple\[.*|dict\[.*|json-or-python\[.*)$")
+_UNION_TAG = re.compile(r"^(int|float|str|bool|none|constrained-\w+|function-\w+\[.*|literal\[.*|list\[.*|tuple\[.*|dict\[.*|sequence\[.*|json-or-python\[.*)$")
 
 
 def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str) -> str:

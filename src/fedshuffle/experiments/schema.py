@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from fedshuffle import metrics, plugins
 from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTINGS
@@ -32,7 +32,7 @@ from fedshuffle.core.validation import validate
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.experiments.claims import parse_claims
 from fedshuffle.experiments.readings import valid_at, valid_metric
-from fedshuffle.local.plan import ORDERS, STEP_MODES, STEP_NORMALIZATIONS
+from fedshuffle.local.plan import local_settings
 from fedshuffle.methods.momentum import ESTIMATORS
 from fedshuffle.samplers import SAMPLERS
 from fedshuffle.schedules import SCHEDULES
@@ -134,28 +134,25 @@ class MethodConfig(_PartSection):
         return _registered(METHODS, v, "method")
 
 
-class LocalConfig(_Section):
-    """What a client does (:class:`fedshuffle.local.plan.LocalPlanner`, :mod:`fedshuffle.local.steps`)."""
+class _LocalStepSize(_Section):
+    """The step-size settings of ``[local]`` that are the configuration's, not the planner's: ``'theory'`` and
+    the multiplier (resolved into the planner's ``lr`` before building)."""
 
     lr: float | Theory | None = Field(None, description="local step size η_l, or 'theory' (fedshuffle.analysis.theory)")
     lr_multiplier: float = Field(1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)")
-    epochs: int | list[int] = Field(1, description="E local epochs, or [a, b] drawn uniformly per client and round")
-    steps: int | Literal[STEP_MODES] | None = Field(None, description="K local steps instead of epochs; 'min'/'mean' over the cohort")
-    order: Literal[ORDERS] = "reshuffle"
-    batch_size: int = Field(1, ge=1)
-    epoch_batches: int | None = Field(None, ge=1, description="instead of batch_size: exactly K nearly equal minibatches per epoch")
-    step_normalization: Literal[STEP_NORMALIZATIONS] | list[float] = Field("none", description="c_i in η_i = η_l/c_i")
-    weight_decay: float = Field(0.0, ge=0)
-    clip_norm: float | None = Field(None, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1, description="local heavy-ball ρ")
-    prox_mu: float = Field(0.0, ge=0, description="FedProx's μ")
-    drop_last_steps: int = Field(0, ge=0, description="every client leaves its last k steps undone")
-    straggler_probability: float = Field(0.0, ge=0, le=1, description="a client completes only U{1..τ_i} steps with this probability")
 
     @field_validator("lr")
     @classmethod
     def _positive_step(cls, v: Any) -> Any:
         return _positive_or_theory(v)
+
+
+#: What a client does: the settings of :class:`fedshuffle.local.plan.LocalPlanner`, declared once on its fields
+#: (constraints and help), plus ``lr = 'theory'`` and ``lr_multiplier``.
+LocalConfig = create_model(
+    "LocalConfig", __base__=_LocalStepSize, __doc__="What a client does: :class:`fedshuffle.local.plan.LocalPlanner`'s settings (declared on its fields).",
+    **{name: (info.annotation, info) for name, info in local_settings().settings.model_fields.items() if name != "lr"},
+)
 
 
 class AggregationConfig(_Section):

@@ -15,20 +15,41 @@ that the server step x ← x − η_g Σ ω_iΔ_i reduces to FedAvg for η_g = 1
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import AfterValidator, Field, PositiveFloat, PositiveInt
 
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.registry import Entry, settings_model
 from fedshuffle.local.steps import StepChain, standard_chain
 from fedshuffle.core.streams import Stream, generator, generators
 
 ORDERS = ("reshuffle", "shuffle_once", "with_replacement")
 STEP_NORMALIZATIONS = ("none", "local_work", "max_local_work")
 STEP_MODES = ("min", "mean")
+
+
+def _epoch_range(epochs: int | Sequence[int]) -> int | Sequence[int]:
+    if not isinstance(epochs, int) and epochs[1] < epochs[0]:
+        raise ValueError(f"a range [a, b] needs a <= b, got {list(epochs)}")
+    return epochs
+
+
+def local_settings() -> Entry:
+    """The local settings as a part's settings model (:mod:`fedshuffle.core.registry`), derived once from
+    :class:`LocalPlanner`'s annotated fields: the configuration's ``[local]`` section and the planner
+    check them with the same declarations."""
+    global _SETTINGS
+    if _SETTINGS is None:
+        _SETTINGS = Entry("local", LocalPlanner, "plans the clients' local work", settings=settings_model("local", LocalPlanner, runtime=()), noun="local planner")
+    return _SETTINGS
+
+
+_SETTINGS: Entry | None = None
 
 
 @dataclass(frozen=True)
@@ -96,56 +117,29 @@ class LocalPlanner:
         With this probability a client completes only U{1..τ_i} of its steps (random drop-off, §4.3).
     """
 
-    lr: float
-    epochs: int | tuple[int, int] = 1
-    steps: int | str | None = None
-    order: str = "reshuffle"
-    batch_size: int = 1
-    step_normalization: str | tuple[float, ...] = "none"
-    weight_decay: float = 0.0
-    clip_norm: float | None = None
-    momentum: float = 0.0
-    prox_mu: float = 0.0
-    drop_last_steps: int = 0
-    straggler_probability: float = 0.0
-    epoch_batches: int | None = None
+    lr: Annotated[float, Field(gt=0, description="local step size η_l")]
+    epochs: Annotated[PositiveInt | Annotated[Sequence[PositiveInt], Field(min_length=2, max_length=2)], AfterValidator(_epoch_range), Field(description="E local epochs, or [a, b] drawn uniformly per client and round")] = 1
+    steps: Annotated[PositiveInt | Literal[STEP_MODES] | None, Field(description="K local steps instead of epochs; 'min'/'mean' over the cohort")] = None
+    order: Annotated[Literal[ORDERS], Field(description="minibatch order: reshuffle (RR), shuffle_once (SO) or with_replacement")] = "reshuffle"
+    batch_size: Annotated[int, Field(ge=1, description="B; an epoch is ⌈|D_i|/B⌉ steps")] = 1
+    step_normalization: Annotated[Literal[STEP_NORMALIZATIONS] | Sequence[PositiveFloat], Field(description="c_i in η_i = η_l/c_i, or one value per client")] = "none"
+    weight_decay: Annotated[float, Field(ge=0, description="λ of the weight decay step")] = 0.0
+    clip_norm: Annotated[PositiveFloat | None, Field(description="the clipping norm of every local step (none: no clipping)")] = None
+    momentum: Annotated[float, Field(ge=0, lt=1, description="local heavy-ball ρ")] = 0.0
+    prox_mu: Annotated[float, Field(ge=0, description="FedProx's μ")] = 0.0
+    drop_last_steps: Annotated[int, Field(ge=0, description="every client leaves its last k steps undone")] = 0
+    straggler_probability: Annotated[float, Field(ge=0, le=1, description="a client completes only U{1..τ_i} steps with this probability")] = 0.0
+    epoch_batches: Annotated[PositiveInt | None, Field(description="instead of batch_size: exactly K nearly equal minibatches per epoch")] = None
     _epoch_range: tuple[int, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        rng = (self.epochs, self.epochs) if isinstance(self.epochs, int) else tuple(self.epochs)
-        if len(rng) != 2 or rng[0] < 1 or rng[1] < rng[0]:
-            raise ConfigError("epochs", f"must be a positive integer or a range [a, b] with 1 <= a <= b, got {self.epochs}")
-        object.__setattr__(self, "_epoch_range", (int(rng[0]), int(rng[1])))
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError("lr", f"local step size must be a positive number, got {self.lr}")
-        if self.order not in ORDERS:
-            raise ConfigError("order", f"unknown data order {self.order!r}; accepted: {', '.join(ORDERS)}")
-        if isinstance(self.steps, str) and self.steps not in STEP_MODES:
-            raise ConfigError("steps", f"accepted: a positive integer, 'min' or 'mean'; got {self.steps!r}")
-        if isinstance(self.steps, int) and self.steps < 1:
-            raise ConfigError("steps", f"must be >= 1, got {self.steps}")
-        if self.batch_size < 1:
-            raise ConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
-        if self.epoch_batches is not None and self.epoch_batches < 1:
-            raise ConfigError("epoch_batches", f"must be >= 1, got {self.epoch_batches}")
-        if isinstance(self.step_normalization, str) and self.step_normalization not in STEP_NORMALIZATIONS:
-            raise ConfigError("step_normalization", f"unknown {self.step_normalization!r}; accepted: {', '.join(STEP_NORMALIZATIONS)} or a list of per-client values")
-        if not isinstance(self.step_normalization, str) and any(not (c > 0 and math.isfinite(c)) for c in self.step_normalization):
-            raise ConfigError("step_normalization", "per-client values c_i must be positive numbers")
-        if self.weight_decay < 0:
-            raise ConfigError("weight_decay", f"must be >= 0, got {self.weight_decay}")
-        if self.clip_norm is not None and self.clip_norm <= 0:
-            raise ConfigError("clip_norm", f"must be > 0 (or omitted for no clipping), got {self.clip_norm}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError("momentum", f"must be in [0, 1), got {self.momentum}")
-        if self.prox_mu < 0:
-            raise ConfigError("prox_mu", f"must be >= 0, got {self.prox_mu}")
+        checked = local_settings().check({f: getattr(self, f) for f in local_settings().setting_names()})  # the declarations above, once
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
         if self.momentum and self.prox_mu:
             raise ConfigError("momentum", "local momentum together with a proximal term is not supported (no FedNova normalizer)")
-        if self.drop_last_steps < 0:
-            raise ConfigError("drop_last_steps", f"must be >= 0, got {self.drop_last_steps}")
-        if not 0 <= self.straggler_probability <= 1:
-            raise ConfigError("straggler_probability", f"must be in [0, 1], got {self.straggler_probability}")
+        rng = (self.epochs, self.epochs) if isinstance(self.epochs, int) else tuple(self.epochs)
+        object.__setattr__(self, "_epoch_range", (int(rng[0]), int(rng[1])))
 
     # -- local work ------------------------------------------------------------------------------
 
