@@ -91,6 +91,19 @@ class _PartSection(_Section):
     #: settings that may be 'theory' (a step size resolved from the problem and data before building)
     _theory: ClassVar[tuple[str, ...]] = ()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_parts(cls, raw: Any) -> Any:
+        """Each chooser names a part registered now (parts registered after import included)."""
+        if isinstance(raw, Mapping):
+            for chooser, registry in cls._choosers.items():
+                if chooser in raw:
+                    try:
+                        _registered(registry, raw[chooser], registry.noun)
+                    except ValueError as exc:
+                        raise ConfigError(chooser, str(exc)) from None
+        return raw
+
     @model_validator(mode="after")
     def _chosen_parts_settings(self) -> Any:
         given = {k: v for k, v in (self.__pydantic_extra__ or {}).items() if v is not None}  # None: the part's default
@@ -127,11 +140,6 @@ class MethodConfig(_PartSection):
 
     _choosers: ClassVar[dict[str, Registry]] = {"name": METHODS}
     name: str = "fedshuffle"
-
-    @field_validator("name", mode="plain")
-    @classmethod
-    def _known_method(cls, v: Any) -> str:
-        return _registered(METHODS, v, "method")
 
 
 class _LocalStepSize(_Section):
@@ -185,11 +193,6 @@ class ServerConfig(_PartSection):
             return {**raw, "optimizer": "heavy_ball" if raw.get("momentum") is not None else "sgd"}
         return raw
 
-    @field_validator("optimizer", mode="plain")
-    @classmethod
-    def _known_optimizer(cls, v: Any) -> str:
-        return _registered(SERVER_OPTIMIZERS, v, "server optimizer")
-
     @field_validator("global_lr")
     @classmethod
     def _positive_step(cls, v: Any) -> Any:
@@ -202,22 +205,12 @@ class ScheduleConfig(_PartSection):
     _choosers: ClassVar[dict[str, Registry]] = {"name": SCHEDULES}
     name: str = "constant"
 
-    @field_validator("name", mode="plain")
-    @classmethod
-    def _known_schedule(cls, v: Any) -> str:
-        return _registered(SCHEDULES, v, "schedule")
-
 
 class ProblemConfig(_PartSection):
     """The problem or model (:data:`fedshuffle.problems.PROBLEMS`) and its own settings."""
 
     _choosers: ClassVar[dict[str, Registry]] = {"name": PROBLEMS}
     name: str = "quadratic"
-
-    @field_validator("name", mode="plain")
-    @classmethod
-    def _known_problem(cls, v: Any) -> str:
-        return _registered(PROBLEMS, v, "problem")
 
 
 class DataConfig(_PartSection):
@@ -236,27 +229,12 @@ class DataConfig(_PartSection):
     weights: Annotated[Literal["size", "uniform"] | list[float], Summable] = Field("size", description="objective weights w_i: ∝ client size, uniform, or one per client")
     test_fraction: float = Field(0.0, ge=0, lt=1, description="share of pooled samples held out for testing (sources without a test split)")
 
-    @field_validator("source", mode="plain")
-    @classmethod
-    def _known_source(cls, v: Any) -> str:
-        return _registered(SOURCES, v, "data source")
-
-    @field_validator("partition", mode="plain")
-    @classmethod
-    def _known_partition(cls, v: Any) -> str:
-        return _registered(PARTITIONS, v, "partition")
-
 
 class SamplerConfig(_PartSection):
     """Which clients take part in a round (:data:`fedshuffle.samplers.SAMPLERS`) and the sampler's own settings."""
 
     _choosers: ClassVar[dict[str, Registry]] = {"name": SAMPLERS}
     name: str = "full"
-
-    @field_validator("name", mode="plain")
-    @classmethod
-    def _known_sampler(cls, v: Any) -> str:
-        return _registered(SAMPLERS, v, "sampler")
 
 
 class RunConfig(_Section):
