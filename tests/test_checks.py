@@ -232,3 +232,19 @@ def test_runs_that_are_the_same_have_one_config_hash_whether_defaults_are_writte
     assert a == b and config_hash(a) == config_hash(b)
     other = identity(validate(RunSpec, {**spelled, "server": {"optimizer": "sgd", "lr": 0.5}}).model_dump())
     assert config_hash(other) != config_hash(a)
+
+
+def test_the_cli_refuses_an_override_of_what_variants_set_and_takes_it_for_one_variant(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedshuffle.cli import app
+
+    runner = CliRunner()
+    refused = runner.invoke(app, ["run", "quickstart", "--set", "method.name=fedavg_rr", "--out", str(tmp_path / "all")])
+    assert refused.exit_code == 2 and "method.name: the variants set it themselves" in refused.output and "--variant" in refused.output
+    one = runner.invoke(app, ["run", "quickstart", "--variant", "FedAvg", "--set", "method.name=fedavg_rr", "--set", "run.rounds=4", "--out", str(tmp_path / "one"), "--quiet"])
+    assert one.exit_code == 0, one.output
+    configs = [json.loads(p.read_text())["spec"]["method"]["name"] for p in (tmp_path / "one").rglob("config.json")]
+    assert configs and set(configs) == {"fedavg_rr"}
+    unknown = runner.invoke(app, ["run", "quickstart", "--variant", "Nope", "--out", str(tmp_path / "x")])
+    assert unknown.exit_code == 2 and "no variant 'Nope'" in unknown.output

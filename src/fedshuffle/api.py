@@ -40,7 +40,7 @@ from fedshuffle.experiments.reproduce import reproduce as run_all
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
 from fedshuffle.experiments.runner import build_simulation, ensure_writable
 from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, preset_names, slug, validate
-from fedshuffle.experiments.session import check_out, merge_overrides, normalize_overrides, pick_folder, requested_seeds, resume_folder, run_experiment
+from fedshuffle.experiments.session import check_out, merge_overrides, normalize_overrides, only_variants, pick_folder, requested_seeds, resume_folder, run_experiment
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -213,14 +213,7 @@ class Experiment:
         that diverges or fails does not raise: its status is in :attr:`Results.runs` and a warning
         names it.
         """
-        config = _with_seeds(self.config, seeds, {})
-        if variants is not None:
-            if isinstance(variants, str) or not isinstance(variants, Sequence) or not variants:
-                raise ConfigError("variants", f"expected a list of variant labels, got {variants!r}")
-            unknown = [v for v in variants if v not in self.variants]
-            if unknown:
-                raise ConfigError("variants", f"no variant {unknown[0]!r}; the variants are: {', '.join(self.variants) or '(none)'}")
-            config = config.model_copy(update={"variants": [v for v in config.variants if v.label in variants]})
+        config = only_variants(_with_seeds(self.config, seeds, {}), variants, "variants")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError("workers", f"expected an integer >= 1, got {workers!r}")
         folder = check_out(out, "out")

@@ -26,12 +26,15 @@ def _print_summary(summary: dict, title: str) -> None:
     print_table(title, ("variant", *(f"final {m}" for m in metrics), "status"), rows, right={f"final {m}" for m in metrics})
 
 
-def _arguments(config: str, out: str | None, set_: list[str] | None, seeds: str | None, extend_to: int | None) -> tuple[Any, Path | None, dict, list[int] | None]:
-    """What ``run`` and ``sweep`` read alike: the experiment, the ``--out`` folder (None: the default), the overrides and the seeds."""
-    from fedshuffle.experiments.session import check_out, extend_rounds, normalize_overrides, requested_seeds
+def _arguments(
+    config: str, out: str | None, set_: list[str] | None, seeds: str | None, extend_to: int | None, variants: list[str] | None = None,
+) -> tuple[Any, Path | None, dict, list[int] | None]:
+    """What ``run`` and ``sweep`` read alike: the experiment (only ``variants`` when given), the ``--out`` folder (None: the
+    default), the overrides and the seeds."""
+    from fedshuffle.experiments.session import check_out, extend_rounds, normalize_overrides, only_variants, requested_seeds
 
     out_dir = check_out(out)
-    experiment = load_config(config)
+    experiment = only_variants(load_config(config), variants)
     overrides = normalize_overrides(set_ or [])
     seed_list = requested_seeds(seeds, overrides)
     extend_rounds(extend_to, overrides)
@@ -67,13 +70,14 @@ def run(
     seeds: Annotated[Optional[str], typer.Option(help="seeds: a..b or a,b,c (default: the config's)")] = None,
     extend_to: Annotated[Optional[int], typer.Option("--extend-to", help="with --resume: continue the runs to this many rounds")] = None,
     workers: Annotated[int, typer.Option(help="runs in parallel worker processes")] = 1,
+    variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all), e.g. to --set what the variants set themselves")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     from fedshuffle.experiments.session import pick_folder, resume_folder, run_experiment
 
     target: Path | None = None
     try:
-        experiment, out_dir, overrides, seed_list = _arguments(config, out, set_, seeds, extend_to)
+        experiment, out_dir, overrides, seed_list = _arguments(config, out, set_, seeds, extend_to, variant)
         if extend_to is not None and resume is None:
             raise ConfigError("--extend-to", "extends the runs of a results folder: give the folder with --resume DIR")
         if resume is not None:

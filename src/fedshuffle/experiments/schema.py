@@ -482,7 +482,7 @@ class Experiment(_PartialSections):
                 differing = [v.label for v in self.variants if key in (getattr(v, section, None) or {}) and getattr(v, section)[key] != value]
                 if len(differing) > 0 and len(self.variants) > 1:
                     raise ConfigError(f"{section}.{key}", f"the variants set it themselves ({', '.join(repr(d) for d in differing[:4])}{' ...' if len(differing) > 4 else ''}); "
-                                                          "an override would give every variant the same value under its own label: edit the variants, or run one variant")
+                                                          "an override would give every variant the same value under its own label: edit the variants, or run one (--variant LABEL)")
 
     def seeds(self, spec: RunSpec) -> list[int]:
         return self.experiment.seeds or [spec.run.seed]

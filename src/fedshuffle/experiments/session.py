@@ -106,6 +106,19 @@ def requested_seeds(seeds: Any, overrides: Mapping[str, Mapping[str, Any]], argu
     return None if values is None else [int(s) for s in values]
 
 
+def only_variants(experiment: Experiment, labels: Any, argument: str = "--variant") -> Experiment:
+    """``experiment`` with only the variants labelled ``labels`` (all when None); an unknown label names the variants."""
+    if labels is None:
+        return experiment
+    if isinstance(labels, str) or not isinstance(labels, Sequence) or not labels:
+        raise ConfigError(argument, f"expected a list of variant labels, got {labels!r}")
+    known = [v.label for v in experiment.variants]
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        raise ConfigError(argument, f"no variant {unknown[0]!r}; the variants are: {', '.join(known) or '(none)'}")
+    return experiment.model_copy(update={"variants": [v for v in experiment.variants if v.label in labels]})
+
+
 def normalize_overrides(value: Any, argument: str = "--set") -> dict[str, dict[str, Any]]:
     """``["run.rounds=50"]`` (what ``--set`` gives), ``{"run.rounds": 50}`` or ``{"run": {"rounds": 50}}`` → ``{"run": {"rounds": 50}}``."""
     if value is None:
