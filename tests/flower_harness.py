@@ -33,19 +33,27 @@ FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
 class FakeGrid:
     """A Grid whose nodes are ClientApps called in this process, one Context (state) per node.
 
-    ``lose(client)`` drops every reply of that node (a node that never answers); ``forget(node)`` wipes
+    ``hosts[k]`` names node k's clients (node config ``clients``; default: node k is ``partition-id=k``).
+    ``lose(client)`` drops every reply of that client's node (a node that never answers); ``forget(node)`` wipes
     a node's state (a SuperNode restarted); ``sent`` keeps every message pushed. An exception of the
     ClientApp becomes an error reply, as a SuperNode sends it.
     """
 
-    def __init__(self, client_app, num_nodes: int, run_config: dict | None = None, node_config: Callable[[int], dict] | None = None) -> None:
+    def __init__(self, client_app, num_nodes: int, run_config: dict | None = None, node_config: Callable[[int], dict] | None = None,
+                 hosts: list[str] | None = None) -> None:
         from flwr.app import Context, RecordDict
         from flwr.supercore.task_identity import TaskIdentity
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp process is told by its runtime
         self.app = client_app
+        self.hosts = hosts
+
+        def config(k: int) -> dict:
+            own = {"clients": hosts[k]} if hosts else {"partition-id": k, "num-partitions": num_nodes}
+            return {**own, **(node_config(k) if node_config else {})}
+
         self.contexts = {
-            1000 + k: Context(run_id=1, node_id=1000 + k, node_config={"partition-id": k, "num-partitions": num_nodes, **(node_config(k) if node_config else {})}, state=RecordDict(), run_config=dict(run_config or {}))
+            1000 + k: Context(run_id=1, node_id=1000 + k, node_config=config(k), state=RecordDict(), run_config=dict(run_config or {}))
             for k in range(num_nodes)
         }
         self.sent: list = []
@@ -53,8 +61,13 @@ class FakeGrid:
         self._replies: dict[str, object] = {}
         self._count = 0
 
-    def node_of(self, partition: int) -> int:
-        return 1000 + partition
+    def node_of(self, client: int) -> int:
+        """The node hosting ``client`` (``hosts``: node k hosts the clients its entry names; else node k hosts client k)."""
+        if not self.hosts:
+            return 1000 + client
+        from fedshuffle.integrations.flower.common import parse_clients
+
+        return next(1000 + k for k, named in enumerate(self.hosts) if client in parse_clients(named))
 
     def lose(self, partition: int) -> None:
         self.silent.add(self.node_of(partition))

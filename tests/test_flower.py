@@ -41,8 +41,8 @@ from fedshuffle.experiments.schema import Experiment, validate  # noqa: E402
 from fedshuffle.experiments.session import run_experiment  # noqa: E402
 from fedshuffle.integrations.flower.app import client_app, server_app  # noqa: E402
 from fedshuffle.integrations.flower.bundle import write_app  # noqa: E402
-from fedshuffle.integrations.flower.client import FileStore, StateLost, accepted_rows  # noqa: E402
-from fedshuffle.integrations.flower.common import AppSettings, federated_runs  # noqa: E402
+from fedshuffle.integrations.flower.client import FileStore, StateLost, accepted_rows, hosted_clients  # noqa: E402
+from fedshuffle.integrations.flower.common import AppSettings, federated_runs, format_clients, parse_clients  # noqa: E402
 from fedshuffle.integrations.flower.messages import TRAIN, record_tensors, records_plans  # noqa: E402
 from fedshuffle.integrations.flower.strategy import ClientStateLost, FederationError, FedShuffleStrategy, keep_members  # noqa: E402
 from fedshuffle.methods import METHODS  # noqa: E402
@@ -209,6 +209,43 @@ def test_lost_client_state_stops_the_run_naming_the_client_never_resetting_it():
         strategy.aggregate_train(2, grid.send_and_receive(messages))
 
 
+@pytest.mark.parametrize("name, sampler", [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
+def test_six_clients_on_two_nodes_run_the_simulations_cohorts_and_reach_its_model(name, sampler):
+    """Node 1000 hosts clients 0-2, node 1001 clients 3-5: the server samples clients (not nodes) with the simulation's
+    streams, each sampled client's message goes to its node, and the run ends at the simulation's model
+    (SCAFFOLD: each node keeps the control variates of its three clients; with replacement, a client may be sampled twice)."""
+    exp = experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4)
+    run = single_run(exp)
+    grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"])
+    result = FedShuffleStrategy(run).start(grid)
+    sim, _ = build_simulation(run.spec, run.seed)
+    repeated = False
+    for r in range(1, 5):
+        rnd = sim.round_info()
+        sent = [m for m in train_messages(grid, 0) if m.metadata.group_id == str(r)]
+        assert sorted(int(m.content["instructions"]["client"]) for m in sent) == sorted(set(rnd.cohort.tolist()))
+        assert all(m.metadata.dst_node_id == 1000 + int(m.content["instructions"]["client"]) // 3 for m in sent)
+        repeated |= len(set(rnd.cohort.tolist())) < len(rnd.cohort)
+        sim.step()
+    assert {m.metadata.dst_node_id for m in train_messages(grid, 0)} == {1000, 1001}
+    assert_equal_to_rounding(model(result.arrays), sim.params)
+    assert float((sim.params - simulated(single_run(experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, seed=6)), 4)).abs().max()) > 1e-6
+    if name == "scaffold":
+        assert repeated  # the case of one client's plans twice in one message is exercised
+        assert sum(key.startswith("fedshuffle.") for key in grid.contexts[1000].state.keys()) >= 2  # state of several clients on one node
+
+
+def test_node_config_clients_ranges_and_lists():
+    assert parse_clients("0-2,5") == (0, 1, 2, 5) and parse_clients("7,3") == (3, 7) and parse_clients(4) == (4,)
+    assert format_clients([5, 0, 1, 2]) == "0-2,5"
+    for bad, why in (("2-1", "expected client ids"), ("a", "expected client ids"), ("1,1", "names a client twice"), ("", "names no client"), ("-1", "expected client ids")):
+        with pytest.raises(ConfigError, match=f"node-config.clients: {why}"):
+            parse_clients(bad)
+    ctx = Context(run_id=1, node_id=1, node_config={"clients": "0-1", "partition-id": 0}, state=RecordDict(), run_config={})
+    with pytest.raises(ConfigError, match="either clients or partition-id"):
+        hosted_clients(ctx)
+
+
 def test_file_backed_client_state_survives_a_node_restart(tmp_path):
     """With node-config state-dir the rows outlive the node's context: the run goes on and matches the simulation."""
     exp = experiment([{"label": "feddyn", "method": {"name": "feddyn"}, "sampler": {"name": "full"}}])
@@ -350,10 +387,10 @@ def test_a_bad_setting_is_refused_before_any_message_naming_it(variants, run_con
 
 def test_missing_nodes_and_nodes_running_other_settings_are_refused_before_training():
     exp = experiment([variant("fedavg")])
-    too_few = FakeGrid(client_app(exp), 3)
-    with pytest.raises(FederationError, match=r"3 node\(s\) connected .* 4 clients"):
+    too_few = FakeGrid(client_app(exp), 3, hosts=["0", "1", "2"])
+    with pytest.raises(FederationError, match=r"no node hosts client\(s\) 3 \(3 node\(s\) connected within 0\.3 s\)"):
         server_app(exp)(too_few, server_context({"connect-timeout": 0.3}))
-    assert too_few.sent == []
+    assert {m.metadata.message_type for m in too_few.sent} == {"query.fedshuffle"}
     other = experiment([variant("fedavg")], local={"lr": 0.3})
     mismatched = FakeGrid(client_app(other), 4)
     with pytest.raises(FederationError, match="would run other settings"):

@@ -68,7 +68,7 @@ seed = {settings.seed}                 # -1: the experiment's first seed
 set = {_toml_string(settings.overrides)}              # overrides as in `fedshuffle run --set`, separated by ";"
 out = {_toml_string(settings.out)}              # results folder on the server's machine ("" = none)
 round-timeout = {settings.round_timeout!r}   # seconds a round waits; members later than that are dropped (unfinished work)
-connect-timeout = {settings.connect_timeout!r} # seconds to wait for one node per partition
+connect-timeout = {settings.connect_timeout!r} # seconds to wait for nodes hosting every client
 resume = {str(settings.resume).lower()}          # continue each run from its checkpoint in `out`
 invalid-reply = {_toml_string(settings.invalid_reply)}   # a reply that fails the server's checks: "drop" its member for the round, or "stop" the run
 """

@@ -2,8 +2,8 @@
 
 Three exchanges, each its own message type:
 
-* ``query.fedshuffle`` (handshake): the server asks every node for its partition id, the number of
-  partitions it was told, its dataset size and the fingerprint of the run it would execute.
+* ``query.fedshuffle`` (handshake): the server asks every node for the clients it hosts, the number of
+  partitions it was told, each client's dataset size and the fingerprint of the run it would execute.
 * ``train.gradients`` (FedShuffleMVR's extra exchange): points x^r, x^{r−1}; the node returns ∇f_i there.
 * ``train`` (a round): the broadcast (model, control variate, momentum, …), the member's exact plans
   (minibatch rows in its own numbering, η_i, τ_i, ‖a_i‖₁), the round's step-size factor and the last

@@ -4,7 +4,7 @@
 round by round exactly as :class:`fedshuffle.simulation.Simulation` does, with the clients' halves
 on Flower nodes::
 
-    handshake (once)    partition id, num-partitions, |D_i| and run fingerprint of every node
+    handshake (once)    the clients each node hosts, their |D_i| and the run's fingerprint
     configure_train     S ~ sampler (fedshuffle's seeded streams), plans, [FedShuffleMVR: ∇f_i(x^r), ∇f_i(x^{r−1})
                         from each member], broadcast; one message per distinct member with its exact plans
     aggregate_train     replies in cohort order → the method's aggregate → server optimizer → x^{r+1}
@@ -50,7 +50,7 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.experiments.loop import Callback, Driver, RoundLoop
 from fedshuffle.experiments.runner import RunFolder, build_simulation
 from fedshuffle.experiments.schema import slug
-from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population
+from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population, format_clients
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo
 from fedshuffle.methods.fedcdr import FedCDR
@@ -312,7 +312,7 @@ class FedShuffleStrategy(Strategy):
         return exchange(grid, messages, timeout, self.poll_interval)
 
     def handshake(self, grid: Grid) -> None:
-        """Learn which node holds which partition, checking sizes and settings (before any training message)."""
+        """Learn which node hosts which client, checking sizes and settings (before any training message)."""
         if not self.nodes:
             self.nodes = handshake(grid, [self], self.connect_timeout, self.poll_interval)
 
@@ -469,47 +469,66 @@ def exchange(grid: Grid, messages: Sequence[Message], timeout: float, poll_inter
 
 
 def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_timeout: float, poll_interval: float = 0.5) -> dict[int, int]:
-    """One exchange for all runs of an app: partition → node id, every node's sizes and fingerprints checked.
+    """One exchange for all runs of an app: client → node id, every node's clients, sizes and fingerprints checked.
 
-    Waits up to ``connect_timeout`` s for one node per partition (the largest run's number of clients),
-    then asks each node for its ``partition-id``, ``num-partitions`` and, per run, its dataset size and the
-    fingerprint of the settings it would run. Any mismatch raises :class:`FederationError` naming the node.
+    For up to ``connect_timeout`` s, asks every node that connects (once each) for the clients it hosts and,
+    per run, each one's dataset size and the fingerprint of the settings it would run, until every client of
+    the largest run is hosted. Two nodes hosting one client, a client no node hosts, a size or fingerprint
+    other than the server's: :class:`FederationError` naming the node and client, before any training message.
     """
     n = max(s.half.data.num_clients for s in strategies)
-    deadline = time.monotonic() + connect_timeout
-    while len(ids := sorted(grid.get_node_ids())) < n and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if len(ids) < n:
-        raise FederationError(f"{len(ids)} node(s) connected within {connect_timeout:g} s; the run has {n} clients (one node per partition, partition-id 0..{n - 1})")
     ask = ConfigRecord({"runs": [s.run.index for s in strategies]})
-    messages = [Message(RecordDict({"fedshuffle": ask}), node, HANDSHAKE, ttl=connect_timeout + 60.0) for node in ids]
+    deadline = time.monotonic() + connect_timeout
     nodes: dict[int, int] = {}
-    for reply in exchange(grid, messages, max(1.0, deadline - time.monotonic()), poll_interval):
-        node = reply.metadata.src_node_id
-        if reply.has_error():
-            raise FederationError(f"node {node} failed the handshake: {reply.error.reason}")
-        try:
-            info = _content(reply, "node")
-            part, parts = checked_int(info, "partition-id", -2**63, 2**63 - 1, "node"), checked_int(info, "num-partitions", -2**63, 2**63 - 1, "node")
-            listed = [info.get(key) for key in ("sizes", "digests")]
-            if not all(isinstance(values, list) and len(values) == len(strategies) for values in listed):
-                raise InvalidReply(f"node: expected 'sizes' and 'digests' with one entry per run ({len(strategies)})")
-        except (InvalidReply, AttributeError) as exc:
-            raise FederationError(f"node {node} sent a malformed handshake reply: {exc}") from None
-        if parts not in (-1, n) or not 0 <= part < n:
-            raise FederationError(f"node {node} has partition-id={part} num-partitions={parts}; the federation has {n} clients (partition-id 0..{n - 1}, num-partitions={n})")
-        if part in nodes:
-            raise FederationError(f"nodes {nodes[part]} and {node} both hold partition {part}")
-        for s, size, digest in zip(strategies, info["sizes"], info["digests"]):
-            if part >= s.half.data.num_clients:
-                continue
-            if digest != s.run.digest:
-                raise FederationError(f"node {node} (partition {part}) would run other settings for {s.run.label or 'the run'!r} (fingerprint {digest}, the server's {s.run.digest}): "
-                                      "start every node from the same app and run config")
-            if size != int(s.half.data.sizes[part]):
-                raise FederationError(f"node {node} holds {size!r} samples for partition {part}, the config's partition has {int(s.half.data.sizes[part])}")
-        nodes[part] = node
+    asked: set[int] = set()
+    waiting: dict[str, int] = {}  # message id → node
+    while len(nodes) < n and time.monotonic() < deadline:
+        new = [node for node in sorted(grid.get_node_ids()) if node not in asked]
+        asked.update(new)
+        messages = [Message(RecordDict({"fedshuffle": ask}), node, HANDSHAKE, ttl=connect_timeout + 60.0) for node in new]
+        if messages:
+            waiting.update({i: node for i, node in zip(grid.push_messages(messages), new) if i})
+        for reply in grid.pull_messages(list(waiting)) if waiting else []:
+            node = waiting.pop(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            for client in _handshake_clients(reply, node, strategies, n):
+                if client in nodes:
+                    raise FederationError(f"nodes {nodes[client]} and {node} both host client {client}")
+                nodes[client] = node
+        if len(nodes) < n:
+            time.sleep(min(0.05 if waiting else 0.2, poll_interval, max(0.0, deadline - time.monotonic())))
     missing = sorted(set(range(n)) - set(nodes))
     if missing:
-        raise FederationError(f"no node answered the handshake for partition(s) {', '.join(map(str, missing))} within {connect_timeout:g} s")
+        raise FederationError(f"no node hosts client(s) {format_clients(missing)} ({len(asked)} node(s) connected within {connect_timeout:g} s); "
+                              f"the run has clients 0..{n - 1}: start nodes with --node-config 'clients=…' covering them")
     return nodes
+
+
+def _handshake_clients(reply: Message, node: int, strategies: Sequence[FedShuffleStrategy], n: int) -> tuple[int, ...]:
+    """The clients a node's handshake reply says it hosts, after checking its sizes and fingerprints against every run's."""
+    if reply.has_error():
+        raise FederationError(f"node {node} failed the handshake: {reply.error.reason}")
+    try:
+        info = _content(reply, "node")
+        clients = info.get("clients")
+        if not isinstance(clients, list) or not clients or not all(isinstance(c, int) and not isinstance(c, bool) for c in clients):
+            raise InvalidReply(f"node.clients: expected a list of client ids, got {clients!r}"[:300])
+        parts = checked_int(info, "num-partitions", -2**63, 2**63 - 1, "node")
+        digests = info.get("digests")
+        sizes = [info.get(f"sizes.{s.run.index}") for s in strategies]
+        if not isinstance(digests, list) or len(digests) != len(strategies) or not all(isinstance(v, list) and len(v) == len(clients) for v in sizes):
+            raise InvalidReply(f"node: expected 'digests' with one entry per run ({len(strategies)}) and per run 'sizes.<run>' with one entry per client")
+    except (InvalidReply, AttributeError) as exc:
+        raise FederationError(f"node {node} sent a malformed handshake reply: {exc}") from None
+    outside = [c for c in clients if not 0 <= c < n]
+    if parts not in (-1, n) or outside:
+        raise FederationError(f"node {node} hosts clients {format_clients(clients) if all(c >= 0 for c in clients) else clients} (num-partitions={parts}); "
+                              f"the federation has {n} clients (ids 0..{n - 1}, num-partitions={n})")
+    for s, run_sizes, digest in zip(strategies, sizes, digests):
+        ours = [(c, size) for c, size in zip(clients, run_sizes) if c < s.half.data.num_clients]
+        if ours and digest != s.run.digest:
+            raise FederationError(f"node {node} (clients {format_clients(clients)}) would run other settings for {s.run.label or 'the run'!r} (fingerprint {digest}, "
+                                  f"the server's {s.run.digest}): start every node from the same app and run config")
+        for client, size in ours:
+            if size != int(s.half.data.sizes[client]):
+                raise FederationError(f"node {node} holds {size!r} samples for client {client}, the config's client {client} has {int(s.half.data.sizes[client])}")
+    return tuple(clients)
