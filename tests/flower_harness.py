@@ -33,7 +33,8 @@ FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
 class FakeGrid:
     """A Grid whose nodes are ClientApps called in this process, one Context (state) per node.
 
-    ``hosts[k]`` names node k's clients (node config ``clients``; default: node k is ``partition-id=k``).
+    ``hosts[k]`` names node k's clients (node config ``clients``; None: the clients of its ``data-path`` folder;
+    default: node k is ``partition-id=k``).
     ``lose(client)`` drops every reply of that client's node (a node that never answers); ``forget(node)`` wipes
     a node's state (a SuperNode restarted); ``sent`` keeps every message pushed. An exception of the
     ClientApp becomes an error reply, as a SuperNode sends it.
@@ -49,7 +50,7 @@ class FakeGrid:
         self.hosts = hosts
 
         def config(k: int) -> dict:
-            own = {"clients": hosts[k]} if hosts else {"partition-id": k, "num-partitions": num_nodes}
+            own = ({"clients": hosts[k]} if hosts[k] is not None else {}) if hosts else {"partition-id": k, "num-partitions": num_nodes}
             return {**own, **(node_config(k) if node_config else {})}
 
         self.contexts = {
@@ -63,7 +64,7 @@ class FakeGrid:
 
     def node_of(self, client: int) -> int:
         """The node hosting ``client`` (``hosts``: node k hosts the clients its entry names; else node k hosts client k)."""
-        if not self.hosts:
+        if not self.hosts or None in self.hosts:
             return 1000 + client
         from fedshuffle.integrations.flower.common import parse_clients
 

@@ -37,13 +37,14 @@ from fedshuffle.core.errors import ConfigError  # noqa: E402
 from fedshuffle.experiments.folders import intact  # noqa: E402
 from fedshuffle.experiments.results import read_metrics  # noqa: E402
 from fedshuffle.experiments.runner import build_simulation  # noqa: E402
-from fedshuffle.experiments.schema import Experiment, validate  # noqa: E402
+from fedshuffle.experiments.schema import Experiment, load_experiment, validate  # noqa: E402
 from fedshuffle.experiments.session import run_experiment  # noqa: E402
 from fedshuffle.integrations.flower.app import client_app, server_app  # noqa: E402
 from fedshuffle.integrations.flower.bundle import write_app  # noqa: E402
 from fedshuffle.integrations.flower.client import FileStore, StateLost, accepted_rows, hosted_clients  # noqa: E402
 from fedshuffle.integrations.flower.common import AppSettings, federated_runs, format_clients, parse_clients  # noqa: E402
 from fedshuffle.integrations.flower.messages import TRAIN, record_tensors, records_plans  # noqa: E402
+from fedshuffle.integrations.flower.nodedata import write_node_folders  # noqa: E402
 from fedshuffle.integrations.flower.strategy import ClientStateLost, FederationError, FedShuffleStrategy, keep_members  # noqa: E402
 from fedshuffle.methods import METHODS  # noqa: E402
 
@@ -233,6 +234,64 @@ def test_six_clients_on_two_nodes_run_the_simulations_cohorts_and_reach_its_mode
     if name == "scaffold":
         assert repeated  # the case of one client's plans twice in one message is exercised
         assert sum(key.startswith("fedshuffle.") for key in grid.contexts[1000].state.keys()) >= 2  # state of several clients on one node
+
+
+@pytest.mark.parametrize("name, sampler", [("fedavg", {"name": "uniform", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
+def test_nodes_bringing_their_own_data_reach_the_simulations_model(tmp_path, monkeypatch, name, sampler):
+    """Each node reads only its own folder (written by write_node_folders; no node sees another's files) and never
+    builds the federation's data; the run equals the simulation built from all the data."""
+    exp = experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, problem={"name": "softmax", "l2": 0.05},
+                     data={"classes": 3})
+    run = single_run(exp)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    assert [clients for _, clients in folders] == [(0, 1, 2), (3, 4, 5)]
+    assert sorted(p.name for p in folders[1][0].iterdir()) == ["client-3.npz", "client-4.npz", "client-5.npz"]
+    server = FedShuffleStrategy(run)  # the server has the data: it checks each client's rows' digest
+    monkeypatch.setattr("fedshuffle.integrations.flower.client.build_simulation", lambda *a, **k: pytest.fail("a node built the federation's data"))
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
+    result = server.start(grid)
+    assert server.nodes == {0: 1000, 1: 1000, 2: 1000, 3: 1001, 4: 1001, 5: 1001}
+    assert_equal_to_rounding(model(result.arrays), simulated(run, 4))
+
+
+def test_a_node_holding_other_rows_or_missing_a_file_is_refused_before_training(tmp_path):
+    exp = experiment([variant("fedavg")], clients=4)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    other = folders[1][0] / "client-3.npz"
+    with np.load(other) as saved:
+        x, y = saved["x"].copy(), saved["y"]
+    x[0, 0] += 1.0
+    np.savez(other, x=x, y=y)
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
+    with pytest.raises(FederationError, match="node 1001 holds other samples for client 3 than the server's data"):
+        FedShuffleStrategy(single_run(exp)).start(grid)
+    assert train_messages(grid, 0) == []
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=["0-1", "1-2"])
+    with pytest.raises(FederationError, match=r"node 1001 failed the handshake: .*client-1\.npz not found: the node hosts client 1 but its folder has no file for it"):
+        FedShuffleStrategy(single_run(exp)).start(grid)
+
+
+def test_flower_split_command_writes_each_nodes_clients_as_fedshuffle_run_splits_them(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedshuffle.cli import app as cli
+
+    config = tmp_path / "exp.toml"
+    config.write_text('[experiment]\nname = "split"\nseeds = [2]\n[problem]\nname = "logistic"\n'
+                      '[data]\nsource = "synthetic"\nsamples = 30\nfeatures = 3\nclients = 5\npartition = "dirichlet"\n[local]\nlr = 0.1\n')
+    result = CliRunner().invoke(cli, ["flower-split", str(config), "--nodes", "2", "--out", str(tmp_path / "nodes")])
+    assert result.exit_code == 0, result.output
+    assert "clients 0-2" in result.output and "clients 3-4" in result.output and "data-path=" in result.output
+    sim, _ = build_simulation(single_run(load_experiment(config)).spec, 2)
+    for k, clients in enumerate([(0, 1, 2), (3, 4)]):
+        assert sorted(p.name for p in (tmp_path / "nodes" / f"node-{k}").iterdir()) == [f"client-{c}.npz" for c in clients]
+        for c in clients:
+            with np.load(tmp_path / "nodes" / f"node-{k}" / f"client-{c}.npz") as saved:
+                rows = sim.data.client_indices[c]
+                assert np.array_equal(saved["x"], sim.data.features[rows].numpy())  # the simulation's rows, in its order
+                assert np.array_equal(np.where(saved["y"] > 0, 1.0, -1.0), sim.data.labels[rows].numpy())  # labels as the source gives them (0/1; the problem's ±1)
+    bad = CliRunner().invoke(cli, ["flower-split", str(config), "--nodes", "9", "--out", str(tmp_path / "more")])
+    assert bad.exit_code != 0 and "--nodes: must be 1..5 (the number of clients), got 9" in bad.output and "Traceback" not in bad.output
 
 
 def test_node_config_clients_ranges_and_lists():

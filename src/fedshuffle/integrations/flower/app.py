@@ -36,7 +36,7 @@ LOGGER = logging.getLogger("flwr")
 
 #: per process: the runs of an experiment under a run config, and the node runtimes built (Ray actors keep them between messages)
 _RUNS: dict[tuple[str, tuple], list[FederatedRun]] = {}
-_RUNTIMES: dict[tuple[str, tuple[int, ...]], NodeRuntime] = {}
+_RUNTIMES: dict[tuple[str, tuple[int, ...], str], NodeRuntime] = {}
 
 
 #: errors that say what to change: logged as one line, without a traceback
@@ -104,7 +104,8 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
 
 
 def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> ClientApp:
-    """The ClientApp: this node's clients (``clients``, or ``partition-id``) of whichever run a message names (``run_config`` as for :func:`server_app`)."""
+    """The ClientApp: this node's clients (``clients``, or ``partition-id``) of whichever run a message names, built from the
+    node's own files where its node config has a ``data-path`` (``run_config`` as for :func:`server_app`)."""
 
     _one_line_errors()
 
@@ -112,10 +113,10 @@ def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> C
         runs = runs_for(source, _run_config(run_config, context))
         if not 0 <= index < len(runs):
             raise IndexError(f"run {index} asked for; this app's run config selects {len(runs)} run(s)")
-        run, clients = runs[index], hosted_clients(context)
-        key = (run.digest, clients)
+        run, clients, folder = runs[index], hosted_clients(context), context.node_config.get("data-path")
+        key = (run.digest, clients, str(folder or ""))
         if key not in _RUNTIMES:
-            _RUNTIMES[key] = NodeRuntime.build(run, clients)
+            _RUNTIMES[key] = NodeRuntime.from_folder(run, clients, str(folder)) if folder else NodeRuntime.build(run, clients)
         return _RUNTIMES[key]
 
     return make_client_app(runtime)

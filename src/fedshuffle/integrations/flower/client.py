@@ -18,6 +18,9 @@ client (L); the node then
 
 The slots live in ``context.state`` (the SuperNode keeps it for the run), or in files under the
 node-config directory ``state-dir`` (they outlive the SuperNode process).
+
+With ``data-path=FOLDER`` in its node config, a node reads its clients from its own files
+(:mod:`.nodedata`) instead of building the federation's data.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from flwr.clientapp import ClientApp
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import write_atomic
 from fedshuffle.executors import SequentialExecutor
-from fedshuffle.experiments.runner import build_simulation
+from fedshuffle.experiments.build import build_algorithm_from
+from fedshuffle.experiments.runner import DTYPES, build_simulation
 from fedshuffle.integrations.flower.common import FederatedRun, NodeData, format_clients, parse_clients
+from fedshuffle.integrations.flower.nodedata import OwnClients, folder_clients, rows_digest
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.algorithm import Algorithm
 from fedshuffle.methods.base import Trainer
@@ -74,6 +79,26 @@ class NodeRuntime:
         if not ours:
             raise ConfigError("node-config.clients", f"none of this node's clients ({format_clients(clients)}) is in the run: it has clients 0..{sim.data.num_clients - 1}")
         return cls(run, sim.problem, NodeData.of(sim.data, ours), sim.algorithm, sim.dtype, sim.device, sim.params.numel())
+
+    @classmethod
+    def from_folder(cls, run: FederatedRun, clients: Sequence[int], folder: str | Path) -> NodeRuntime:
+        """The run's problem and client half, and ``clients``' rows from the node's own ``folder``
+        (:mod:`.nodedata`), without building the federation's data."""
+        spec = run.spec
+        theory = [name for name, value in (("local.lr", spec.local.lr), ("server.lr", spec.server.lr), ("server.global_lr", spec.server.global_lr)) if value == "theory"]
+        if theory:
+            raise ConfigError(theory[0], "'theory' step sizes need the whole federation's data; with nodes that bring their own data (data-path), give a number")
+        own = OwnClients.read(folder, clients, spec)
+        sizes = np.zeros(max(own.clients) + 1, dtype=np.int64)
+        sizes[list(own.clients)] = [own.sizes[c] for c in own.clients]
+        dtype, device = DTYPES[spec.run.dtype], spec.run.device
+        data = NodeData(own.features.to(device), own.labels.to(device), own.clients, sizes, np.zeros(len(sizes)))
+        return cls(run, own.problem, data, build_algorithm_from(spec), dtype, device, own.problem.dim)
+
+    def rows_digest(self, client: int) -> str:
+        """:func:`~.nodedata.rows_digest` of ``client``'s rows on this node."""
+        index = torch.from_numpy(self.data.client_indices[client]).to(self.data.features.device)
+        return rows_digest(self.data.features[index], self.data.labels[index])
 
     @property
     def clients(self) -> tuple[int, ...]:
@@ -171,7 +196,8 @@ def node_store(context: Context, runtime: NodeRuntime, client: int) -> Store:
 
 def handshake_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
     """The clients this node hosts, and per run asked for: each hosted client's dataset size (−1 for a client the
-    run does not have) and the run's fingerprint as this node would run it ("" for a run with none of its clients)."""
+    run does not have) and rows' digest (:func:`~.nodedata.rows_digest`), the model's size, and the run's
+    fingerprint as this node would run it ("" for a run with none of its clients)."""
     clients = hosted_clients(context)
     info: dict[str, object] = {"clients": list(clients), "num-partitions": node_integer(context, "num-partitions", -1)}
     digests = []
@@ -183,9 +209,13 @@ def handshake_reply(message: Message, context: Context, runtime: Callable[[Conte
             if exc.field != "node-config.clients":
                 raise
             info[f"sizes.{index}"] = [-1] * len(clients)
+            info[f"rows.{index}"] = [""] * len(clients)
+            info[f"dim.{index}"] = -1
             digests.append("")
             continue
         info[f"sizes.{index}"] = [int(node.data.sizes[c]) if c in node.clients else -1 for c in clients]
+        info[f"rows.{index}"] = [node.rows_digest(c) if c in node.clients else "" for c in clients]
+        info[f"dim.{index}"] = node.dim
         digests.append(node.run.digest)
     info["digests"] = digests
     return Message(RecordDict({"node": ConfigRecord(info)}), reply_to=message)
@@ -251,12 +281,18 @@ def node_integer(context: Context, key: str, default: int) -> int:
 
 
 def hosted_clients(context: Context) -> tuple[int, ...]:
-    """The clients this node hosts: its ``clients`` (``0-4``, ``0,3,7``), or its ``partition-id`` (one client)."""
+    """The clients this node hosts: its ``clients`` (``0-4``, ``0,3,7``), or its ``partition-id`` (one client), or
+    with neither, every client whose file its ``data-path`` folder holds."""
     config = context.node_config
     if config.get("clients") is not None:
         if config.get("partition-id") is not None:
             raise ConfigError("node-config.clients", "give either clients or partition-id, not both")
         return parse_clients(config["clients"])
+    if config.get("partition-id") is None and config.get("data-path"):
+        clients = folder_clients(Path(str(config["data-path"])))
+        if not clients:
+            raise ConfigError("node-config.data-path", f"{config['data-path']} holds no client-<id>.npz file")
+        return clients
     if config.get("partition-id") is None:
         raise ConfigError("node-config.clients", "this node hosts no client; start it with --node-config 'clients=0-4' (or 'partition-id=K')")
     partition = node_integer(context, "partition-id", -1)

@@ -50,7 +50,9 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.experiments.loop import Callback, Driver, RoundLoop
 from fedshuffle.experiments.runner import RunFolder, build_simulation
 from fedshuffle.experiments.schema import slug
+from fedshuffle.data import FederatedDataset
 from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population, format_clients
+from fedshuffle.integrations.flower.nodedata import rows_digest
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo
 from fedshuffle.methods.fedcdr import FedCDR
@@ -180,6 +182,7 @@ class FedShuffleStrategy(Strategy):
         sim, self.step_sizes = build_simulation(run.spec, run.seed)
         self.run = run
         self.half = ServerHalf(sim.problem, Population(sim.data.sizes, sim.data.weights), sim.algorithm, sim.sampler, seed=run.seed, dtype=sim.dtype, device=sim.device)
+        self.data = sim.data
         self.evaluator = metrics.ModelScores(sim.problem, sim.data)
         self.round_timeout, self.connect_timeout, self.poll_interval = round_timeout, connect_timeout, poll_interval
         self.resume = resume
@@ -305,6 +308,13 @@ class FedShuffleStrategy(Strategy):
                 rounds.result.arrays = tensors_record({"model": final})
         self._log(f"{self.run.label or self.run.spec.method.name!r} (seed {self.run.seed}): {message or status}")
         return rounds.result
+
+    def rows_digest(self, client: int) -> str | None:
+        """:func:`~.nodedata.rows_digest` of ``client``'s rows in the server's data (None for data generated on demand: not checked)."""
+        if not isinstance(self.data, FederatedDataset):
+            return None
+        index = torch.from_numpy(np.asarray(self.data.client_indices[client], dtype=np.int64)).to(self.data.features.device)
+        return rows_digest(self.data.features[index], self.data.labels[index])
 
     # -- exchanges ---------------------------------------------------------------------------------
 
@@ -472,9 +482,9 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
     """One exchange for all runs of an app: client → node id, every node's clients, sizes and fingerprints checked.
 
     For up to ``connect_timeout`` s, asks every node that connects (once each) for the clients it hosts and,
-    per run, each one's dataset size and the fingerprint of the settings it would run, until every client of
-    the largest run is hosted. Two nodes hosting one client, a client no node hosts, a size or fingerprint
-    other than the server's: :class:`FederationError` naming the node and client, before any training message.
+    per run, each one's dataset size and rows' digest, the model's size and the fingerprint of the settings it
+    would run, until every client of the largest run is hosted. Two nodes hosting one client, a client no node
+    hosts, a size, digest, model size or fingerprint other than the server's: :class:`FederationError` naming the node and client, before any training message.
     """
     n = max(s.half.data.num_clients for s in strategies)
     ask = ConfigRecord({"runs": [s.run.index for s in strategies]})
@@ -515,20 +525,30 @@ def _handshake_clients(reply: Message, node: int, strategies: Sequence[FedShuffl
         parts = checked_int(info, "num-partitions", -2**63, 2**63 - 1, "node")
         digests = info.get("digests")
         sizes = [info.get(f"sizes.{s.run.index}") for s in strategies]
-        if not isinstance(digests, list) or len(digests) != len(strategies) or not all(isinstance(v, list) and len(v) == len(clients) for v in sizes):
-            raise InvalidReply(f"node: expected 'digests' with one entry per run ({len(strategies)}) and per run 'sizes.<run>' with one entry per client")
+        rows = [info.get(f"rows.{s.run.index}") for s in strategies]
+        dims = [checked_int(info, f"dim.{s.run.index}", -1, 2**63 - 1, "node") for s in strategies]
+        if not isinstance(digests, list) or len(digests) != len(strategies) or not all(isinstance(v, list) and len(v) == len(clients) for v in sizes + rows):
+            raise InvalidReply(f"node: expected 'digests' with one entry per run ({len(strategies)}) and per run 'sizes.<run>' and 'rows.<run>' with one entry per client")
     except (InvalidReply, AttributeError) as exc:
         raise FederationError(f"node {node} sent a malformed handshake reply: {exc}") from None
     outside = [c for c in clients if not 0 <= c < n]
     if parts not in (-1, n) or outside:
         raise FederationError(f"node {node} hosts clients {format_clients(clients) if all(c >= 0 for c in clients) else clients} (num-partitions={parts}); "
                               f"the federation has {n} clients (ids 0..{n - 1}, num-partitions={n})")
-    for s, run_sizes, digest in zip(strategies, sizes, digests):
-        ours = [(c, size) for c, size in zip(clients, run_sizes) if c < s.half.data.num_clients]
-        if ours and digest != s.run.digest:
+    for s, run_sizes, run_rows, dim, digest in zip(strategies, sizes, rows, dims, digests):
+        ours = [(c, size, held) for c, size, held in zip(clients, run_sizes, run_rows) if c < s.half.data.num_clients]
+        if not ours:
+            continue
+        if digest != s.run.digest:
             raise FederationError(f"node {node} (clients {format_clients(clients)}) would run other settings for {s.run.label or 'the run'!r} (fingerprint {digest}, "
                                   f"the server's {s.run.digest}): start every node from the same app and run config")
-        for client, size in ours:
+        if dim != s.half.params.numel():
+            raise FederationError(f"node {node} (clients {format_clients(clients)}) builds a model of {dim} parameters, the server's has {s.half.params.numel()} "
+                                  "(its data has another sample shape or number of classes: give each client file 'classes')")
+        for client, size, held in ours:
             if size != int(s.half.data.sizes[client]):
                 raise FederationError(f"node {node} holds {size!r} samples for client {client}, the config's client {client} has {int(s.half.data.sizes[client])}")
+            expected = s.rows_digest(client)
+            if expected is not None and held != expected:
+                raise FederationError(f"node {node} holds other samples for client {client} than the server's data (digest {str(held)[:16]!r}, the server's {expected!r})")
     return tuple(clients)
