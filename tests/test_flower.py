@@ -36,7 +36,7 @@ from fedshuffle.core.checkpoint import load_checkpoint  # noqa: E402
 from fedshuffle.core.errors import ConfigError  # noqa: E402
 from fedshuffle.experiments.folders import intact  # noqa: E402
 from fedshuffle.experiments.results import read_metrics  # noqa: E402
-from fedshuffle.experiments.runner import build_simulation  # noqa: E402
+from fedshuffle.experiments.runner import build_simulation, run_single  # noqa: E402
 from fedshuffle.experiments.schema import Experiment, load_experiment, validate  # noqa: E402
 from fedshuffle.experiments.session import run_experiment  # noqa: E402
 from fedshuffle.integrations.flower.app import client_app, server_app  # noqa: E402
@@ -252,6 +252,42 @@ def test_nodes_bringing_their_own_data_reach_the_simulations_model(tmp_path, mon
     result = server.start(grid)
     assert server.nodes == {0: 1000, 1: 1000, 2: 1000, 3: 1001, 4: 1001, 5: 1001}
     assert_equal_to_rounding(model(result.arrays), simulated(run, 4))
+
+
+@pytest.mark.parametrize("name, sampler", [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
+def test_a_server_without_the_data_plans_on_the_nodes_sizes_and_evaluates_federatedly(tmp_path, monkeypatch, name, sampler):
+    """run-config node-data = true: neither the server nor a node builds the federation's data. The server learns
+    |D_i| and the kind of samples from the handshake; each node scores its own clients and the server adds
+    Σ_i w_i f_i(x): the model and f(x), ‖∇f(x)‖², accuracy equal ``fedshuffle run`` on the pooled data to rounding."""
+    exp = experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, problem={"name": "softmax", "l2": 0.05},
+                     data={"classes": 3})
+    run = single_run(exp)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    run_single(run.spec, tmp_path / "simulated", run.seed, label=name)
+    for module in ("strategy", "client"):
+        monkeypatch.setattr(f"fedshuffle.integrations.flower.{module}.build_simulation", lambda *a, **k: pytest.fail("the federation's data was built"))
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
+    server_app(exp)(grid, server_context({"out": str(tmp_path / "flower"), "node-data": True}))
+    flower, simulated_dir = tmp_path / "flower" / name / f"seed-{run.seed}", tmp_path / "simulated"
+    np.testing.assert_allclose(np.load(flower / "final_params.npy"), np.load(simulated_dir / "final_params.npy"), rtol=0, atol=1e-12)
+    ours, theirs = read_metrics(flower / "metrics.csv"), read_metrics(simulated_dir / "metrics.csv")
+    for column in ("round", "loss", "grad_norm_sq", "train_accuracy", "sample_gradients", "bytes_up"):
+        np.testing.assert_allclose(ours[column], theirs[column], rtol=1e-10, atol=1e-14, err_msg=column)
+    assert np.all(np.isnan(ours["f_gap"])) and np.all(np.isfinite(theirs["f_gap"]))  # f* needs the data at the server
+    assert json.loads((flower / "config.json").read_text())["executor"]["evaluation"] == "federated"
+    assert {m.metadata.message_type for m in grid.sent} == {"query.fedshuffle", "query.evaluate", "train"}
+
+
+def test_a_server_without_the_data_refuses_a_node_without_its_own_data_and_theory_step_sizes(tmp_path):
+    exp = experiment([variant("fedavg")], clients=4)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[0][0])} if k == 0 else {}, hosts=[None, "2-3"])
+    with pytest.raises(FederationError, match="node 1001 brings no data of its own .* node-data = true every node must"):
+        server_app(exp)(grid, server_context({"node-data": True}))
+    assert train_messages(grid, 0) == []
+    theory = experiment([variant("fedavg")], clients=4, local={"lr": "theory"})
+    with pytest.raises(ConfigError, match="local.lr: 'theory' step sizes need the whole federation's data, and the server builds no data"):
+        FedShuffleStrategy(single_run(theory), node_data=True)
 
 
 def test_a_node_holding_other_rows_or_missing_a_file_is_refused_before_training(tmp_path):

@@ -17,13 +17,14 @@ def flower_app(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="folder to write the Flower App into")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, kept in the app's run config (flwr run -c 'set=\"...\"' changes it)")] = None,
     variant: Annotated[Optional[str], typer.Option(help="run only this variant (default: every variant in turn)")] = None,
+    node_data: Annotated[bool, typer.Option("--node-data", help="the nodes bring their own data (data-path); the server builds none and the app carries no data path")] = False,
 ) -> None:
     """Write the experiment as a Flower App: `flwr run DIR <connection>` runs it on a SuperLink (README, "Flower")."""
     from fedshuffle.integrations.flower.bundle import write_app
     from fedshuffle.integrations.flower.common import AppSettings
 
     try:
-        target = write_app(config, directory, AppSettings(variant=variant or "", overrides="; ".join(set_ or [])))
+        target = write_app(config, directory, AppSettings(variant=variant or "", overrides="; ".join(set_ or []), node_data=node_data))
     except ConfigError as exc:
         fail(exc)
     except OSError as exc:

@@ -26,6 +26,7 @@ With ``data-path=FOLDER`` in its node config, a node reads its clients from its 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -45,7 +46,7 @@ from fedshuffle.executors import SequentialExecutor
 from fedshuffle.experiments.build import build_algorithm_from
 from fedshuffle.experiments.runner import DTYPES, build_simulation
 from fedshuffle.integrations.flower.common import FederatedRun, NodeData, format_clients, parse_clients
-from fedshuffle.integrations.flower.nodedata import OwnClients, folder_clients, rows_digest
+from fedshuffle.integrations.flower.nodedata import OwnClients, SampleKind, folder_clients, refuse_theory, rows_digest
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.algorithm import Algorithm
 from fedshuffle.methods.base import Trainer
@@ -69,6 +70,7 @@ class NodeRuntime:
     dtype: torch.dtype
     device: str
     dim: int
+    sample: SampleKind | None = None  # of a node's own data (data-path): what a server without the data builds the problem from
 
     @classmethod
     def build(cls, run: FederatedRun, clients: Sequence[int]) -> NodeRuntime:
@@ -85,15 +87,13 @@ class NodeRuntime:
         """The run's problem and client half, and ``clients``' rows from the node's own ``folder``
         (:mod:`.nodedata`), without building the federation's data."""
         spec = run.spec
-        theory = [name for name, value in (("local.lr", spec.local.lr), ("server.lr", spec.server.lr), ("server.global_lr", spec.server.global_lr)) if value == "theory"]
-        if theory:
-            raise ConfigError(theory[0], "'theory' step sizes need the whole federation's data; with nodes that bring their own data (data-path), give a number")
+        refuse_theory(spec, "this node brings only its own (data-path)")
         own = OwnClients.read(folder, clients, spec)
         sizes = np.zeros(max(own.clients) + 1, dtype=np.int64)
         sizes[list(own.clients)] = [own.sizes[c] for c in own.clients]
         dtype, device = DTYPES[spec.run.dtype], spec.run.device
         data = NodeData(own.features.to(device), own.labels.to(device), own.clients, sizes, np.zeros(len(sizes)))
-        return cls(run, own.problem, data, build_algorithm_from(spec), dtype, device, own.problem.dim)
+        return cls(run, own.problem, data, build_algorithm_from(spec), dtype, device, own.problem.dim, own.sample)
 
     def rows_digest(self, client: int) -> str:
         """:func:`~.nodedata.rows_digest` of ``client``'s rows on this node."""
@@ -216,6 +216,8 @@ def handshake_reply(message: Message, context: Context, runtime: Callable[[Conte
         info[f"sizes.{index}"] = [int(node.data.sizes[c]) if c in node.clients else -1 for c in clients]
         info[f"rows.{index}"] = [node.rows_digest(c) if c in node.clients else "" for c in clients]
         info[f"dim.{index}"] = node.dim
+        if node.sample is not None:
+            info[f"sample.{index}"] = json.dumps({"shape": list(node.sample.shape), "classes": node.sample.classes, "dtype": node.sample.dtype})
         digests.append(node.run.digest)
     info["digests"] = digests
     return Message(RecordDict({"node": ConfigRecord(info)}), reply_to=message)
@@ -262,10 +264,36 @@ def train_reply(message: Message, context: Context, runtime: Callable[[Context, 
     return Message(RecordDict({"payload": tensors_record(result.payload), "result": info}), reply_to=message)
 
 
+def evaluate_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
+    """Federated evaluation: for the clients the message lists, with their objective weights w_i, this node's share of
+    f(x) = Σ_i w_i f_i(x) and of ∇f(x), and its correct predictions (each client's rows weighted s_j = w_i/|D_i|)."""
+    ins = message.content["instructions"]
+    node = runtime(context, int(ins["run"]))
+    clients, weights = [int(c) for c in ins["clients"]], [float(w) for w in ins["weights"]]
+    for client in clients:
+        if (why := node.missing(client)) is not None:
+            return Message(Error(WRONG_RUN, why), reply_to=message)
+    params = record_tensors(message.content["model"], node.dtype, node.device)["model"]
+    problem, data = node.problem, node.data
+    loss, gradient, correct = 0.0, torch.zeros_like(params), 0.0
+    for client, weight in zip(clients, weights):
+        index = torch.from_numpy(data.client_indices[client]).to(data.features.device)
+        features, labels = data.features[index], data.labels[index]
+        dtype = features.dtype if features.is_floating_point() else node.dtype
+        s = torch.full((len(index),), weight / len(index), dtype=dtype, device=features.device)
+        loss += float(problem.weighted_loss(params, features, labels, s))
+        gradient += problem.weighted_gradient(params, features, labels, s)
+        accuracy = problem.accuracy(params, features, labels)
+        correct = -1.0 if accuracy is None or correct < 0 else correct + accuracy * len(index)
+    info = ConfigRecord({"loss": loss, "correct": correct, "samples": int(sum(int(data.sizes[c]) for c in clients))})
+    return Message(RecordDict({"scores": info, "gradient": tensors_record({"gradient": gradient})}), reply_to=message)
+
+
 def make_client_app(runtime: Callable[[Context, int], NodeRuntime]) -> ClientApp:
-    """A ClientApp answering fedshuffle's three message types with the node runtimes ``runtime(context, run index)`` gives."""
+    """A ClientApp answering fedshuffle's four message types with the node runtimes ``runtime(context, run index)`` gives."""
     app = ClientApp()
     app.query("fedshuffle")(lambda message, context: handshake_reply(message, context, runtime))
+    app.query("evaluate")(lambda message, context: evaluate_reply(message, context, runtime))
     app.train("gradients")(lambda message, context: gradients_reply(message, context, runtime))
     app.train()(lambda message, context: train_reply(message, context, runtime))
     return app

@@ -43,7 +43,9 @@ class AppSettings:
     ``connect-timeout``: seconds the server waits for nodes hosting every client to connect; ``resume``:
     continue each run from the checkpoint in ``out`` (stateful methods need nodes with a ``state-dir``);
     ``invalid-reply``: what an invalid reply (wrong dtype, shape, non-finite entries, implausible counts)
-    does: ``"drop"`` its member from the round, with the reason logged, or ``"stop"`` the run.
+    does: ``"drop"`` its member from the round, with the reason logged, or ``"stop"`` the run; ``node-data``: the
+    nodes bring their own data (node config ``data-path``) and the server builds none: it plans on the clients'
+    sizes and kind of samples the handshake reports, and evaluates federatedly (each node scores its clients).
     """
 
     variant: str = ""
@@ -54,10 +56,11 @@ class AppSettings:
     connect_timeout: float = 120.0
     resume: bool = False
     invalid_reply: str = "drop"
+    node_data: bool = False
 
     KEYS = {"variant": ("variant", str), "seed": ("seed", int), "set": ("overrides", str), "out": ("out", str),
             "round-timeout": ("round_timeout", float), "connect-timeout": ("connect_timeout", float), "resume": ("resume", bool),
-            "invalid-reply": ("invalid_reply", str)}
+            "invalid-reply": ("invalid_reply", str), "node-data": ("node_data", bool)}
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedshuffle.core.errors import ConfigError, DataError
+from fedshuffle.core.errors import ConfigError, DataError, section
 from fedshuffle.core.io import write_atomic
 from fedshuffle.data.catalog import Samples, federate, load_samples
 from fedshuffle.experiments.runner import DTYPES, seeded
@@ -49,6 +49,13 @@ def rows_digest(features: torch.Tensor, labels: torch.Tensor) -> str:
     return digest.hexdigest()[:16]
 
 
+def refuse_theory(spec: RunSpec, why: str) -> None:
+    """'theory' step sizes need the smoothness of the whole federation's data: refused where ``why`` says it is not there."""
+    for name, value in (("local.lr", spec.local.lr), ("server.lr", spec.server.lr), ("server.global_lr", spec.server.global_lr)):
+        if value == "theory":
+            raise ConfigError(name, f"'theory' step sizes need the whole federation's data, and {why}; give a number")
+
+
 def folder_clients(folder: Path) -> tuple[int, ...]:
     """The clients whose files a node's folder holds (``client-<id>.npz``)."""
     clients = []
@@ -57,6 +64,22 @@ def folder_clients(folder: Path) -> tuple[int, ...]:
         if tail.isdigit():
             clients.append(int(tail))
     return tuple(sorted(clients))
+
+
+@dataclass(frozen=True)
+class SampleKind:
+    """What a problem is built from besides its settings: one sample's shape, the number of classes, the samples' dtype
+    (NumPy's ``dtype.str``). A server without the data builds the run's problem from the nodes' report of it."""
+
+    shape: tuple[int, ...]
+    classes: int
+    dtype: str
+
+    def problem(self, spec: RunSpec) -> Problem:
+        """``spec``'s problem for samples of this kind (a model's shape depends on nothing else)."""
+        stand_in = Samples(np.zeros((1, *self.shape), dtype=np.dtype(self.dtype)), np.zeros(1, dtype=np.int64), self.classes)
+        with section("problem"):
+            return PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=stand_in)
 
 
 @dataclass
@@ -68,6 +91,7 @@ class OwnClients:
     labels: torch.Tensor
     clients: tuple[int, ...]
     sizes: dict[int, int]
+    sample: SampleKind
 
     @classmethod
     def read(cls, folder: str | Path, clients: Sequence[int] | None, spec: RunSpec) -> OwnClients:
@@ -108,7 +132,7 @@ class OwnClients:
         features, labels = torch.as_tensor(x.reshape(len(x), -1)), problem.encode_labels(y)
         features = features.to(dtype) if features.is_floating_point() else features
         labels = labels.to(dtype) if labels.is_floating_point() else labels
-        return cls(problem, features, labels, clients, {c: len(part) for c, part in zip(clients, xs)})
+        return cls(problem, features, labels, clients, {c: len(part) for c, part in zip(clients, xs)}, SampleKind(tuple(x.shape[1:]), num_classes, x.dtype.str))
 
 
 def raw_federation(spec: RunSpec):
