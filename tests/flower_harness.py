@@ -218,9 +218,10 @@ def scripts_dir() -> Path:
 
 
 @contextmanager
-def local_federation(work: Path, num_nodes: int, deadline: float):
+def local_federation(work: Path, num_nodes: int, deadline: float, node_configs: list[str] | None = None):
     """A ``flower-superlink`` and ``num_nodes`` ``flower-supernode`` on free 127.0.0.1 ports, each in its own
-    process group, stopped on exit; yields (connection name, env, watch callable, processes)."""
+    process group, stopped on exit; node k's ``--node-config`` is ``node_configs[k]`` (default: ``partition-id=k``);
+    yields (connection name, env, watch callable, processes)."""
     bin_dir = scripts_dir()
     home = work / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
@@ -236,7 +237,7 @@ def local_federation(work: Path, num_nodes: int, deadline: float):
         _wait_port(port, deadline, link, work / "superlink.log")
         for k in range(num_nodes):
             node = start([str(bin_dir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}", "--host", "127.0.0.1", "--port", str(free_port()),
-                          "--node-config", f"partition-id={k} num-partitions={num_nodes}"], work / f"supernode-{k}.log", env)
+                          "--node-config", node_configs[k] if node_configs else f"partition-id={k} num-partitions={num_nodes}"], work / f"supernode-{k}.log", env)
             processes.append(node)
         watches = [SocketWatch(p.pid) for p in processes]
 

@@ -590,3 +590,32 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
     sim.step()
     assert float((sim.params - simulated(runs[1], 2)).abs().max()) > 1e-6
     assert_only_loopback(set().union(*(w.seen for w in watches)))
+
+
+def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulation(tmp_path):
+    """The deployment of the issue's "done means": a SuperLink and two SuperNode processes on 127.0.0.1, each hosting
+    two clients read from its own folder only (``data-path``), a server that builds no data (``node-data = true``):
+    FedShuffle and SCAFFOLD reach ``fedshuffle run``'s models, and the federated evaluation its central scores."""
+    deadline = time.monotonic() + DEPLOYMENT_SECONDS
+    exp = experiment([{"label": "fedshuffle", "method": {"name": "fedshuffle"}}, {"label": "scaffold", "method": {"name": "scaffold"}}],
+                     clients=4, rounds=2, seed=7, sampler={"name": "uniform", "cohort": 2}, run={"eval_every": 2})  # each message costs a ClientApp process
+    config = tmp_path / "exp.json"
+    config.write_text(exp.model_dump_json())
+    app_dir = write_app(config, tmp_path / "app", AppSettings(node_data=True))
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    out = tmp_path / "out"
+    runs = federated_runs(exp, AppSettings())
+    summaries = [out / run.label / f"seed-{run.seed}" / "summary.json" for run in runs]
+    node_configs = [f'data-path="{folder}"' for folder, _ in folders]
+    with local_federation(tmp_path / "federation", 2, deadline, node_configs) as (connection, env, watch, watches):
+        status, _ = run_app(app_dir, connection, env, f'out="{out}" round-timeout=60.0', lambda: all(p.exists() for p in summaries), deadline, watch)
+        watch()
+    assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
+    run_experiment(exp, tmp_path / "simulated", show_progress=False)
+    for run in runs:
+        ours, theirs = out / run.label / f"seed-{run.seed}", tmp_path / "simulated" / run.label / f"seed-{run.seed}"
+        assert_equal_to_rounding(torch.from_numpy(np.load(ours / "final_params.npy")), simulated(run, 2))
+        for column in ("loss", "grad_norm_sq", "train_accuracy"):
+            np.testing.assert_allclose(read_metrics(ours / "metrics.csv")[column], read_metrics(theirs / "metrics.csv")[column], rtol=1e-10, err_msg=column)
+        assert json.loads((ours / "config.json").read_text())["executor"]["evaluation"] == "federated"
+    assert_only_loopback(set().union(*(w.seen for w in watches)))
