@@ -52,4 +52,4 @@ def flower_split(
     except OSError as exc:
         fail_results(ResultsError(f"cannot write the node folders into {out} ({exc.strerror or exc})"))
     for folder, clients in written:
-        console.print(f"{folder}: clients {format_clients(clients)} (--node-config 'data-path={folder.resolve()}')")
+        console.print(f"{folder}: clients {format_clients(clients)} (--node-config 'data-path=\"{folder.resolve()}\"')")

@@ -1,7 +1,7 @@
 """The client half of any fedshuffle method as a Flower ClientApp, on the node's own partition.
 
-A node hosts one or many clients (``node-config``: ``clients=0-4`` or ``clients=0,3,7``; ``partition-id=K``
-is one client). It builds the run's problem and data as ``fedshuffle run`` would and keeps only its
+A node hosts one or many clients (``node-config``: ``clients="0-4"`` or ``clients="0,3,7"``, TOML strings;
+``partition-id=K`` is one client). It builds the run's problem and data as ``fedshuffle run`` would and keeps only its
 clients' partitions (:class:`NodeData`), then answers three message types (:mod:`.messages`): the
 handshake, FedShuffleMVR's gradient exchange, and the rounds: one message per sampled client, for
 which it runs the method's ``client_update`` on the plans the server sent.
@@ -322,7 +322,7 @@ def hosted_clients(context: Context) -> tuple[int, ...]:
             raise ConfigError("node-config.data-path", f"{config['data-path']} holds no client-<id>.npz file")
         return clients
     if config.get("partition-id") is None:
-        raise ConfigError("node-config.clients", "this node hosts no client; start it with --node-config 'clients=0-4' (or 'partition-id=K')")
+        raise ConfigError("node-config.clients", "this node hosts no client; start it with --node-config 'clients=\"0-4\"' (or 'partition-id=K')")
     partition = node_integer(context, "partition-id", -1)
     if partition < 0:
         raise ConfigError("node-config.partition-id", f"must be a client id >= 0, got {partition}")

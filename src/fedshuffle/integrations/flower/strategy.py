@@ -575,7 +575,7 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
     missing = sorted(set(range(n)) - set(nodes))
     if missing or not n:
         raise FederationError(f"no node hosts client(s) {format_clients(missing) if missing else 'at all'} ({len(asked)} node(s) connected within {connect_timeout:g} s); "
-                              f"the run has clients 0..{n - 1}: start nodes with --node-config 'clients=…' covering them")
+                              f"the run has clients 0..{n - 1}: start nodes with --node-config 'clients=\"…\"' covering them")
     for k, s in enumerate(strategies):
         if s.node_data:
             _adopt(s, n if s.num_clients is None else s.num_clients, nodes, {node: r[k] for node, r in reports.items()})
