@@ -64,11 +64,16 @@ class FakeGrid:
 
     def node_of(self, client: int) -> int:
         """The node hosting ``client`` (``hosts``: node k hosts the clients its entry names; else node k hosts client k)."""
-        if not self.hosts or None in self.hosts:
+        if not self.hosts:
             return 1000 + client
         from fedshuffle.integrations.flower.common import parse_clients
+        from fedshuffle.integrations.flower.nodedata import folder_clients
 
-        return next(1000 + k for k, named in enumerate(self.hosts) if client in parse_clients(named))
+        def hosted(k: int) -> tuple[int, ...]:
+            named = self.hosts[k]
+            return parse_clients(named) if named is not None else folder_clients(Path(self.contexts[1000 + k].node_config["data-path"]))
+
+        return next(1000 + k for k in range(len(self.hosts)) if client in hosted(k))
 
     def lose(self, partition: int) -> None:
         self.silent.add(self.node_of(partition))

@@ -250,7 +250,7 @@ def test_nodes_bringing_their_own_data_reach_the_simulations_model(tmp_path, mon
     monkeypatch.setattr("fedshuffle.integrations.flower.client.build_simulation", lambda *a, **k: pytest.fail("a node built the federation's data"))
     grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
     result = server.start(grid)
-    assert server.nodes == {0: 1000, 1: 1000, 2: 1000, 3: 1001, 4: 1001, 5: 1001}
+    assert server.nodes == {c: grid.node_of(c) for c in range(6)} == {0: 1000, 1: 1000, 2: 1000, 3: 1001, 4: 1001, 5: 1001}
     assert_equal_to_rounding(model(result.arrays), simulated(run, 4))
 
 
@@ -331,7 +331,7 @@ def test_flower_split_command_writes_each_nodes_clients_as_fedshuffle_run_splits
 
 
 def test_node_config_clients_ranges_and_lists():
-    assert parse_clients("0-2,5") == (0, 1, 2, 5) and parse_clients("7,3") == (3, 7) and parse_clients(4) == (4,)
+    assert parse_clients("0-2,5") == (0, 1, 2, 5) and parse_clients("7,3") == (3, 7) and parse_clients(4) == (4,) and parse_clients([7, 0]) == (0, 7)
     assert format_clients([5, 0, 1, 2]) == "0-2,5"
     for bad, why in (("2-1", "expected client ids"), ("a", "expected client ids"), ("1,1", "names a client twice"), ("", "names no client"), ("-1", "expected client ids")):
         with pytest.raises(ConfigError, match=f"node-config.clients: {why}"):

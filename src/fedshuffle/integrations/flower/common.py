@@ -225,8 +225,8 @@ class NodeData(PopulationCounts):
 
 
 def parse_clients(value: object, key: str = "clients") -> tuple[int, ...]:
-    """The clients a node config names: ``"0-4"``, ``"0,3,7"``, ``"0-2,5"`` or one integer (sorted, each once)."""
-    text = str(value).strip()
+    """The clients a node config names: ``"0-4"``, ``"0,3,7"``, ``"0-2,5"``, one integer or a list of integers (sorted, each once)."""
+    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value).strip()
     clients: list[int] = []
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
