@@ -33,19 +33,28 @@ FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
 class FakeGrid:
     """A Grid whose nodes are ClientApps called in this process, one Context (state) per node.
 
-    ``lose(client)`` drops every reply of that node (a node that never answers); ``forget(node)`` wipes
+    ``hosts[k]`` names node k's clients (node config ``clients``; None: the clients of its ``data-path`` folder;
+    default: node k is ``partition-id=k``).
+    ``lose(client)`` drops every reply of that client's node (a node that never answers); ``forget(node)`` wipes
     a node's state (a SuperNode restarted); ``sent`` keeps every message pushed. An exception of the
     ClientApp becomes an error reply, as a SuperNode sends it.
     """
 
-    def __init__(self, client_app, num_nodes: int, run_config: dict | None = None, node_config: Callable[[int], dict] | None = None) -> None:
+    def __init__(self, client_app, num_nodes: int, run_config: dict | None = None, node_config: Callable[[int], dict] | None = None,
+                 hosts: list[str] | None = None) -> None:
         from flwr.app import Context, RecordDict
         from flwr.supercore.task_identity import TaskIdentity
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp process is told by its runtime
         self.app = client_app
+        self.hosts = hosts
+
+        def config(k: int) -> dict:
+            own = ({"clients": hosts[k]} if hosts[k] is not None else {}) if hosts else {"partition-id": k, "num-partitions": num_nodes}
+            return {**own, **(node_config(k) if node_config else {})}
+
         self.contexts = {
-            1000 + k: Context(run_id=1, node_id=1000 + k, node_config={"partition-id": k, "num-partitions": num_nodes, **(node_config(k) if node_config else {})}, state=RecordDict(), run_config=dict(run_config or {}))
+            1000 + k: Context(run_id=1, node_id=1000 + k, node_config=config(k), state=RecordDict(), run_config=dict(run_config or {}))
             for k in range(num_nodes)
         }
         self.sent: list = []
@@ -53,8 +62,18 @@ class FakeGrid:
         self._replies: dict[str, object] = {}
         self._count = 0
 
-    def node_of(self, partition: int) -> int:
-        return 1000 + partition
+    def node_of(self, client: int) -> int:
+        """The node hosting ``client`` (``hosts``: node k hosts the clients its entry names; else node k hosts client k)."""
+        if not self.hosts:
+            return 1000 + client
+        from fedshuffle.integrations.flower.common import parse_clients
+        from fedshuffle.integrations.flower.nodedata import folder_clients
+
+        def hosted(k: int) -> tuple[int, ...]:
+            named = self.hosts[k]
+            return parse_clients(named) if named is not None else folder_clients(Path(self.contexts[1000 + k].node_config["data-path"]))
+
+        return next(1000 + k for k in range(len(self.hosts)) if client in hosted(k))
 
     def lose(self, partition: int) -> None:
         self.silent.add(self.node_of(partition))
@@ -204,9 +223,10 @@ def scripts_dir() -> Path:
 
 
 @contextmanager
-def local_federation(work: Path, num_nodes: int, deadline: float):
+def local_federation(work: Path, num_nodes: int, deadline: float, node_configs: list[str] | None = None):
     """A ``flower-superlink`` and ``num_nodes`` ``flower-supernode`` on free 127.0.0.1 ports, each in its own
-    process group, stopped on exit; yields (connection name, env, watch callable, processes)."""
+    process group, stopped on exit; node k's ``--node-config`` is ``node_configs[k]`` (default: ``partition-id=k``);
+    yields (connection name, env, watch callable, processes)."""
     bin_dir = scripts_dir()
     home = work / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
@@ -222,7 +242,7 @@ def local_federation(work: Path, num_nodes: int, deadline: float):
         _wait_port(port, deadline, link, work / "superlink.log")
         for k in range(num_nodes):
             node = start([str(bin_dir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}", "--host", "127.0.0.1", "--port", str(free_port()),
-                          "--node-config", f"partition-id={k} num-partitions={num_nodes}"], work / f"supernode-{k}.log", env)
+                          "--node-config", node_configs[k] if node_configs else f"partition-id={k} num-partitions={num_nodes}"], work / f"supernode-{k}.log", env)
             processes.append(node)
         watches = [SocketWatch(p.pid) for p in processes]
 

@@ -36,14 +36,15 @@ from fedshuffle.core.checkpoint import load_checkpoint  # noqa: E402
 from fedshuffle.core.errors import ConfigError  # noqa: E402
 from fedshuffle.experiments.folders import intact  # noqa: E402
 from fedshuffle.experiments.results import read_metrics  # noqa: E402
-from fedshuffle.experiments.runner import build_simulation  # noqa: E402
-from fedshuffle.experiments.schema import Experiment, validate  # noqa: E402
+from fedshuffle.experiments.runner import build_simulation, run_single  # noqa: E402
+from fedshuffle.experiments.schema import Experiment, load_experiment, validate  # noqa: E402
 from fedshuffle.experiments.session import run_experiment  # noqa: E402
 from fedshuffle.integrations.flower.app import client_app, server_app  # noqa: E402
 from fedshuffle.integrations.flower.bundle import write_app  # noqa: E402
-from fedshuffle.integrations.flower.client import FileStore, StateLost, accepted_rows  # noqa: E402
-from fedshuffle.integrations.flower.common import AppSettings, federated_runs  # noqa: E402
+from fedshuffle.integrations.flower.client import FileStore, StateLost, accepted_rows, hosted_clients  # noqa: E402
+from fedshuffle.integrations.flower.common import AppSettings, federated_runs, format_clients, parse_clients  # noqa: E402
 from fedshuffle.integrations.flower.messages import TRAIN, record_tensors, records_plans  # noqa: E402
+from fedshuffle.integrations.flower.nodedata import write_node_folders  # noqa: E402
 from fedshuffle.integrations.flower.strategy import ClientStateLost, FederationError, FedShuffleStrategy, keep_members  # noqa: E402
 from fedshuffle.methods import METHODS  # noqa: E402
 
@@ -209,6 +210,137 @@ def test_lost_client_state_stops_the_run_naming_the_client_never_resetting_it():
         strategy.aggregate_train(2, grid.send_and_receive(messages))
 
 
+@pytest.mark.parametrize("name, sampler", [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
+def test_six_clients_on_two_nodes_run_the_simulations_cohorts_and_reach_its_model(name, sampler):
+    """Node 1000 hosts clients 0-2, node 1001 clients 3-5: the server samples clients (not nodes) with the simulation's
+    streams, each sampled client's message goes to its node, and the run ends at the simulation's model
+    (SCAFFOLD: each node keeps the control variates of its three clients; with replacement, a client may be sampled twice)."""
+    exp = experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4)
+    run = single_run(exp)
+    grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"])
+    result = FedShuffleStrategy(run).start(grid)
+    sim, _ = build_simulation(run.spec, run.seed)
+    repeated = False
+    for r in range(1, 5):
+        rnd = sim.round_info()
+        sent = [m for m in train_messages(grid, 0) if m.metadata.group_id == str(r)]
+        assert sorted(int(m.content["instructions"]["client"]) for m in sent) == sorted(set(rnd.cohort.tolist()))
+        assert all(m.metadata.dst_node_id == 1000 + int(m.content["instructions"]["client"]) // 3 for m in sent)
+        repeated |= len(set(rnd.cohort.tolist())) < len(rnd.cohort)
+        sim.step()
+    assert {m.metadata.dst_node_id for m in train_messages(grid, 0)} == {1000, 1001}
+    assert_equal_to_rounding(model(result.arrays), sim.params)
+    assert float((sim.params - simulated(single_run(experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, seed=6)), 4)).abs().max()) > 1e-6
+    if name == "scaffold":
+        assert repeated  # the case of one client's plans twice in one message is exercised
+        assert sum(key.startswith("fedshuffle.") for key in grid.contexts[1000].state.keys()) >= 2  # state of several clients on one node
+
+
+@pytest.mark.parametrize("name, sampler", [("fedavg", {"name": "uniform", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
+def test_nodes_bringing_their_own_data_reach_the_simulations_model(tmp_path, monkeypatch, name, sampler):
+    """Each node reads only its own folder (written by write_node_folders; no node sees another's files) and never
+    builds the federation's data; the run equals the simulation built from all the data."""
+    exp = experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, problem={"name": "softmax", "l2": 0.05},
+                     data={"classes": 3})
+    run = single_run(exp)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    assert [clients for _, clients in folders] == [(0, 1, 2), (3, 4, 5)]
+    assert sorted(p.name for p in folders[1][0].iterdir()) == ["client-3.npz", "client-4.npz", "client-5.npz"]
+    server = FedShuffleStrategy(run)  # the server has the data: it checks each client's rows' digest
+    monkeypatch.setattr("fedshuffle.integrations.flower.client.build_simulation", lambda *a, **k: pytest.fail("a node built the federation's data"))
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
+    result = server.start(grid)
+    assert server.nodes == {c: grid.node_of(c) for c in range(6)} == {0: 1000, 1: 1000, 2: 1000, 3: 1001, 4: 1001, 5: 1001}
+    assert_equal_to_rounding(model(result.arrays), simulated(run, 4))
+
+
+@pytest.mark.parametrize("name, sampler", [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
+def test_a_server_without_the_data_plans_on_the_nodes_sizes_and_evaluates_federatedly(tmp_path, monkeypatch, name, sampler):
+    """run-config node-data = true: neither the server nor a node builds the federation's data. The server learns
+    |D_i| and the kind of samples from the handshake; each node scores its own clients and the server adds
+    Σ_i w_i f_i(x): the model and f(x), ‖∇f(x)‖², accuracy equal ``fedshuffle run`` on the pooled data to rounding."""
+    exp = experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, problem={"name": "softmax", "l2": 0.05},
+                     data={"classes": 3})
+    run = single_run(exp)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    run_single(run.spec, tmp_path / "simulated", run.seed, label=name)
+    for module in ("strategy", "client"):
+        monkeypatch.setattr(f"fedshuffle.integrations.flower.{module}.build_simulation", lambda *a, **k: pytest.fail("the federation's data was built"))
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
+    server_app(exp)(grid, server_context({"out": str(tmp_path / "flower"), "node-data": True}))
+    flower, simulated_dir = tmp_path / "flower" / name / f"seed-{run.seed}", tmp_path / "simulated"
+    np.testing.assert_allclose(np.load(flower / "final_params.npy"), np.load(simulated_dir / "final_params.npy"), rtol=0, atol=1e-12)
+    ours, theirs = read_metrics(flower / "metrics.csv"), read_metrics(simulated_dir / "metrics.csv")
+    for column in ("round", "loss", "grad_norm_sq", "train_accuracy", "sample_gradients", "bytes_up"):
+        np.testing.assert_allclose(ours[column], theirs[column], rtol=1e-10, atol=1e-14, err_msg=column)
+    assert np.all(np.isnan(ours["f_gap"])) and np.all(np.isfinite(theirs["f_gap"]))  # f* needs the data at the server
+    assert json.loads((flower / "config.json").read_text())["executor"]["evaluation"] == "federated"
+    assert {m.metadata.message_type for m in grid.sent} == {"query.fedshuffle", "query.evaluate", "train"}
+
+
+def test_a_server_without_the_data_refuses_a_node_without_its_own_data_and_theory_step_sizes(tmp_path):
+    exp = experiment([variant("fedavg")], clients=4)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[0][0])} if k == 0 else {}, hosts=[None, "2-3"])
+    with pytest.raises(FederationError, match="node 1001 brings no data of its own .* node-data = true every node must"):
+        server_app(exp)(grid, server_context({"node-data": True}))
+    assert train_messages(grid, 0) == []
+    theory = experiment([variant("fedavg")], clients=4, local={"lr": "theory"})
+    with pytest.raises(ConfigError, match="local.lr: 'theory' step sizes need the whole federation's data, and the server builds no data"):
+        FedShuffleStrategy(single_run(theory), node_data=True)
+
+
+def test_a_node_holding_other_rows_or_missing_a_file_is_refused_before_training(tmp_path):
+    exp = experiment([variant("fedavg")], clients=4)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    other = folders[1][0] / "client-3.npz"
+    with np.load(other) as saved:
+        x, y = saved["x"].copy(), saved["y"]
+    x[0, 0] += 1.0
+    np.savez(other, x=x, y=y)
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
+    with pytest.raises(FederationError, match="node 1001 holds other samples for client 3 than the server's data"):
+        FedShuffleStrategy(single_run(exp)).start(grid)
+    assert train_messages(grid, 0) == []
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=["0-1", "1-2"])
+    with pytest.raises(FederationError, match=r"node 1001 failed the handshake: .*client-1\.npz not found: the node hosts client 1 but its folder has no file for it"):
+        FedShuffleStrategy(single_run(exp)).start(grid)
+
+
+def test_flower_split_command_writes_each_nodes_clients_as_fedshuffle_run_splits_them(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedshuffle.cli import app as cli
+
+    config = tmp_path / "exp.toml"
+    config.write_text('[experiment]\nname = "split"\nseeds = [2]\n[problem]\nname = "logistic"\n'
+                      '[data]\nsource = "synthetic"\nsamples = 30\nfeatures = 3\nclients = 5\npartition = "dirichlet"\n[local]\nlr = 0.1\n')
+    result = CliRunner().invoke(cli, ["flower-split", str(config), "--nodes", "2", "--out", str(tmp_path / "nodes")])
+    assert result.exit_code == 0, result.output
+    assert "clients 0-2" in result.output and "clients 3-4" in result.output and "data-path=" in result.output
+    sim, _ = build_simulation(single_run(load_experiment(config)).spec, 2)
+    for k, clients in enumerate([(0, 1, 2), (3, 4)]):
+        assert sorted(p.name for p in (tmp_path / "nodes" / f"node-{k}").iterdir()) == [f"client-{c}.npz" for c in clients]
+        for c in clients:
+            with np.load(tmp_path / "nodes" / f"node-{k}" / f"client-{c}.npz") as saved:
+                rows = sim.data.client_indices[c]
+                assert np.array_equal(saved["x"], sim.data.features[rows].numpy())  # the simulation's rows, in its order
+                assert np.array_equal(np.where(saved["y"] > 0, 1.0, -1.0), sim.data.labels[rows].numpy())  # labels as the source gives them (0/1; the problem's ±1)
+    bad = CliRunner().invoke(cli, ["flower-split", str(config), "--nodes", "9", "--out", str(tmp_path / "more")])
+    assert bad.exit_code != 0 and "--nodes: must be 1..5 (the number of clients), got 9" in bad.output and "Traceback" not in bad.output
+
+
+def test_node_config_clients_ranges_and_lists():
+    assert parse_clients("0-2,5") == (0, 1, 2, 5) and parse_clients("7,3") == (3, 7) and parse_clients(4) == (4,) and parse_clients([7, 0]) == (0, 7)
+    assert format_clients([5, 0, 1, 2]) == "0-2,5"
+    for bad, why in (("2-1", "expected client ids"), ("a", "expected client ids"), ("1,1", "names a client twice"), ("", "names no client"), ("-1", "expected client ids")):
+        with pytest.raises(ConfigError, match=f"node-config.clients: {why}"):
+            parse_clients(bad)
+    ctx = Context(run_id=1, node_id=1, node_config={"clients": "0-1", "partition-id": 0}, state=RecordDict(), run_config={})
+    with pytest.raises(ConfigError, match="either clients or partition-id"):
+        hosted_clients(ctx)
+
+
 def test_file_backed_client_state_survives_a_node_restart(tmp_path):
     """With node-config state-dir the rows outlive the node's context: the run goes on and matches the simulation."""
     exp = experiment([{"label": "feddyn", "method": {"name": "feddyn"}, "sampler": {"name": "full"}}])
@@ -350,10 +482,10 @@ def test_a_bad_setting_is_refused_before_any_message_naming_it(variants, run_con
 
 def test_missing_nodes_and_nodes_running_other_settings_are_refused_before_training():
     exp = experiment([variant("fedavg")])
-    too_few = FakeGrid(client_app(exp), 3)
-    with pytest.raises(FederationError, match=r"3 node\(s\) connected .* 4 clients"):
+    too_few = FakeGrid(client_app(exp), 3, hosts=["0", "1", "2"])
+    with pytest.raises(FederationError, match=r"no node hosts client\(s\) 3 \(3 node\(s\) connected within 0\.3 s\)"):
         server_app(exp)(too_few, server_context({"connect-timeout": 0.3}))
-    assert too_few.sent == []
+    assert {m.metadata.message_type for m in too_few.sent} == {"query.fedshuffle"}
     other = experiment([variant("fedavg")], local={"lr": 0.3})
     mismatched = FakeGrid(client_app(other), 4)
     with pytest.raises(FederationError, match="would run other settings"):
@@ -457,4 +589,33 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
     sim.store.arrays["control"][:] = 0
     sim.step()
     assert float((sim.params - simulated(runs[1], 2)).abs().max()) > 1e-6
+    assert_only_loopback(set().union(*(w.seen for w in watches)))
+
+
+def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulation(tmp_path):
+    """The deployment of the issue's "done means": a SuperLink and two SuperNode processes on 127.0.0.1, each hosting
+    two clients read from its own folder only (``data-path``), a server that builds no data (``node-data = true``):
+    FedShuffle and SCAFFOLD reach ``fedshuffle run``'s models, and the federated evaluation its central scores."""
+    deadline = time.monotonic() + DEPLOYMENT_SECONDS
+    exp = experiment([{"label": "fedshuffle", "method": {"name": "fedshuffle"}}, {"label": "scaffold", "method": {"name": "scaffold"}}],
+                     clients=4, rounds=2, seed=7, sampler={"name": "uniform", "cohort": 2}, run={"eval_every": 2})  # each message costs a ClientApp process
+    config = tmp_path / "exp.json"
+    config.write_text(exp.model_dump_json())
+    app_dir = write_app(config, tmp_path / "app", AppSettings(node_data=True))
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    out = tmp_path / "out"
+    runs = federated_runs(exp, AppSettings())
+    summaries = [out / run.label / f"seed-{run.seed}" / "summary.json" for run in runs]
+    node_configs = [f'data-path="{folder}"' for folder, _ in folders]
+    with local_federation(tmp_path / "federation", 2, deadline, node_configs) as (connection, env, watch, watches):
+        status, _ = run_app(app_dir, connection, env, f'out="{out}" round-timeout=60.0', lambda: all(p.exists() for p in summaries), deadline, watch)
+        watch()
+    assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
+    run_experiment(exp, tmp_path / "simulated", show_progress=False)
+    for run in runs:
+        ours, theirs = out / run.label / f"seed-{run.seed}", tmp_path / "simulated" / run.label / f"seed-{run.seed}"
+        assert_equal_to_rounding(torch.from_numpy(np.load(ours / "final_params.npy")), simulated(run, 2))
+        for column in ("loss", "grad_norm_sq", "train_accuracy"):
+            np.testing.assert_allclose(read_metrics(ours / "metrics.csv")[column], read_metrics(theirs / "metrics.csv")[column], rtol=1e-10, err_msg=column)
+        assert json.loads((ours / "config.json").read_text())["executor"]["evaluation"] == "federated"
     assert_only_loopback(set().union(*(w.seen for w in watches)))

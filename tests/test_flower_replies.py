@@ -212,7 +212,7 @@ def one_line_log(error: BaseException) -> str:
 
 
 class DuplicateGrid(FakeGrid):
-    """Five nodes, two of them told partition-id 0."""
+    """Five nodes, two of them told partition-id 0 (one client each)."""
 
     def __init__(self, app):
         super().__init__(app, 5, node_config=lambda k: {"partition-id": max(k - 1, 0), "num-partitions": 4})
@@ -235,9 +235,13 @@ class MalformedHandshakeGrid(FakeGrid):
 
 
 @pytest.mark.parametrize("grid, run_config, error, text", [
-    (lambda app: FakeGrid(app, 3), {"connect-timeout": 0.3}, FederationError, r"3 node\(s\) connected within 0\.3 s; the run has 4 clients"),
-    (DuplicateGrid, {}, FederationError, r"nodes \d+ and \d+ both hold partition 0"),
-    (MalformedHandshakeGrid, {}, FederationError, r"node 1001 sent a malformed handshake reply: node\.partition-id: expected an integer"),
+    (lambda app: FakeGrid(app, 3), {"connect-timeout": 0.3}, FederationError, r"node 1000 hosts clients 0 \(num-partitions=3\); the federation has 4 clients"),
+    (lambda app: FakeGrid(app, 2, hosts=["0-1", "3"]), {"connect-timeout": 0.3}, FederationError, r"no node hosts client\(s\) 2 \(2 node\(s\) connected within 0\.3 s\); the run has clients 0\.\.3"),
+    (DuplicateGrid, {}, FederationError, r"nodes \d+ and \d+ both host client 0"),
+    (lambda app: FakeGrid(app, 2, hosts=["0-2", "2-3"]), {}, FederationError, r"nodes 1000 and 1001 both host client 2"),
+    (lambda app: FakeGrid(app, 2, hosts=["0-1", "2-9"]), {}, FederationError, r"node 1001 hosts clients 2-9 \(num-partitions=-1\); the federation has 4 clients"),
+    (lambda app: FakeGrid(app, 2, hosts=["0-1", "3-2"]), {}, FederationError, r"node 1001 failed the handshake: .*node-config\.clients: expected client ids and ranges such as '0-4' or '0,3,7', got '3-2'"),
+    (MalformedHandshakeGrid, {}, FederationError, r"node 1001 sent a malformed handshake reply: node\.clients: expected a list of client ids, got None"),
     (lambda app: FakeGrid(app, 4), {"invalid-reply": "ignore"}, ConfigError, r"run-config\.invalid-reply: unknown policy 'ignore'; accepted: drop, stop"),
     (lambda app: FakeGrid(app, 4), {"round-timeout": "long"}, ConfigError, r"run-config\.round-timeout: expected float"),
     (lambda app: FakeGrid(app, 4), {"resume": 1}, ConfigError, r"run-config\.resume: expected bool"),

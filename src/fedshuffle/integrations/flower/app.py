@@ -8,7 +8,7 @@ all of them are built before the first message, so a bad configuration stops the
 
 :func:`simulate` runs both on Flower's simulation engine with a Ray that listens on 127.0.0.1 only.
 
-A run that cannot go on (a bad run config, a missing node, two nodes holding one partition, lost client
+A run that cannot go on (a bad run config, a missing node, two nodes hosting one client, a client no node hosts, lost client
 state, an invalid reply under ``invalid-reply = "stop"``) ends with fedshuffle's error: Flower logs it
 as one line naming the setting or node (:class:`OneLineErrors`), not as a traceback.
 """
@@ -27,7 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.experiments.schema import Experiment
-from fedshuffle.integrations.flower.client import NodeRuntime, make_client_app, partition_of
+from fedshuffle.integrations.flower.client import NodeRuntime, hosted_clients, make_client_app
 from fedshuffle.integrations.flower.common import AppSettings, FederatedRun, federated_runs, read_experiment
 from fedshuffle.integrations.flower.strategy import FederationError, FedShuffleStrategy, handshake
 
@@ -36,7 +36,7 @@ LOGGER = logging.getLogger("flwr")
 
 #: per process: the runs of an experiment under a run config, and the node runtimes built (Ray actors keep them between messages)
 _RUNS: dict[tuple[str, tuple], list[FederatedRun]] = {}
-_RUNTIMES: dict[tuple[str, int], NodeRuntime] = {}
+_RUNTIMES: dict[tuple[str, tuple[int, ...], str], NodeRuntime] = {}
 
 
 #: errors that say what to change: logged as one line, without a traceback
@@ -94,7 +94,7 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
         settings = AppSettings.from_run_config(config)
         runs = runs_for(source, config)
         strategies = [FedShuffleStrategy(run, round_timeout=settings.round_timeout, connect_timeout=settings.connect_timeout, out=settings.out or None, resume=settings.resume, log=LOGGER.info,
-                                         invalid_reply=settings.invalid_reply) for run in runs]
+                                         invalid_reply=settings.invalid_reply, node_data=settings.node_data) for run in runs]
         nodes = handshake(grid, strategies, settings.connect_timeout)
         for strategy in strategies:
             strategy.nodes = dict(nodes)
@@ -104,7 +104,8 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
 
 
 def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> ClientApp:
-    """The ClientApp: this node's client (``partition-id``) of whichever run a message names (``run_config`` as for :func:`server_app`)."""
+    """The ClientApp: this node's clients (``clients``, or ``partition-id``) of whichever run a message names, built from the
+    node's own files where its node config has a ``data-path`` (``run_config`` as for :func:`server_app`)."""
 
     _one_line_errors()
 
@@ -112,10 +113,10 @@ def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> C
         runs = runs_for(source, _run_config(run_config, context))
         if not 0 <= index < len(runs):
             raise IndexError(f"run {index} asked for; this app's run config selects {len(runs)} run(s)")
-        run, partition = runs[index], partition_of(context)
-        key = (run.digest, partition)
+        run, clients, folder = runs[index], hosted_clients(context), context.node_config.get("data-path")
+        key = (run.digest, clients, str(folder or ""))
         if key not in _RUNTIMES:
-            _RUNTIMES[key] = NodeRuntime.build(run, partition)
+            _RUNTIMES[key] = NodeRuntime.from_folder(run, clients, str(folder)) if folder else NodeRuntime.build(run, clients)
         return _RUNTIMES[key]
 
     return make_client_app(runtime)

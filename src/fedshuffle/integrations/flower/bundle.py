@@ -68,20 +68,23 @@ seed = {settings.seed}                 # -1: the experiment's first seed
 set = {_toml_string(settings.overrides)}              # overrides as in `fedshuffle run --set`, separated by ";"
 out = {_toml_string(settings.out)}              # results folder on the server's machine ("" = none)
 round-timeout = {settings.round_timeout!r}   # seconds a round waits; members later than that are dropped (unfinished work)
-connect-timeout = {settings.connect_timeout!r} # seconds to wait for one node per partition
+connect-timeout = {settings.connect_timeout!r} # seconds to wait for nodes hosting every client
 resume = {str(settings.resume).lower()}          # continue each run from its checkpoint in `out`
 invalid-reply = {_toml_string(settings.invalid_reply)}   # a reply that fails the server's checks: "drop" its member for the round, or "stop" the run
+node-data = {str(settings.node_data).lower()}       # the nodes bring their own data (node config data-path); the server builds none
 """
 
 
-def _absolute(sections: Mapping[str, Any], base: Path) -> dict[str, Any]:
-    """Sections with ``data.path``, ``data.data_dirs`` and ``problem.targets`` made absolute (as ``fedshuffle run`` reads them from ``base``)."""
+def _absolute(sections: Mapping[str, Any], base: Path, data_paths: bool = True) -> dict[str, Any]:
+    """Sections with ``problem.targets`` and (``data_paths``) ``data.path`` and ``data.data_dirs`` made absolute (as
+    ``fedshuffle run`` reads them from ``base``); with nodes that bring their own data, no machine reads the data
+    settings' files, and the app keeps them as the config gives them."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in sections.items()}
     problem = out.get("problem")
     if isinstance(problem, dict) and isinstance(problem.get("targets"), str) and problem["targets"] != "identity":
         problem["targets"] = str((base / problem["targets"]).resolve())
     data = out.get("data")
-    if isinstance(data, dict):
+    if isinstance(data, dict) and data_paths:
         if isinstance(data.get("path"), str):
             data["path"] = str((base / data["path"]).resolve())
         if isinstance(data.get("data_dirs"), list):
@@ -100,8 +103,8 @@ def write_app(config: str | Path, directory: str | Path, settings: AppSettings |
     runs = federated_runs(experiment, settings)  # every variant validated, the selection checked
     cwd = Path.cwd()
     raw = experiment.model_dump(mode="json")
-    raw.update(_absolute({"data": raw["data"], "problem": raw["problem"]}, cwd))
-    raw["variants"] = [_absolute(v, cwd) for v in raw["variants"]]
+    raw.update(_absolute({"data": raw["data"], "problem": raw["problem"]}, cwd, not settings.node_data))
+    raw["variants"] = [_absolute(v, cwd, not settings.node_data) for v in raw["variants"]]
     Experiment.model_validate(raw)  # what the app will read back
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():

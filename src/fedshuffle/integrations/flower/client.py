@@ -1,9 +1,10 @@
 """The client half of any fedshuffle method as a Flower ClientApp, on the node's own partition.
 
-A node is one client (``node-config``: ``partition-id``, ``num-partitions``). It builds the run's
-problem and data as ``fedshuffle run`` would and keeps only its partition (:class:`NodeData`), then
-answers three message types (:mod:`.messages`): the handshake, FedShuffleMVR's gradient exchange, and
-the rounds, where it runs the method's ``client_update`` on the plans the server sent.
+A node hosts one or many clients (``node-config``: ``clients="0-4"`` or ``clients="0,3,7"``, TOML strings;
+``partition-id=K`` is one client). It builds the run's problem and data as ``fedshuffle run`` would and keeps only its
+clients' partitions (:class:`NodeData`), then answers three message types (:mod:`.messages`): the
+handshake, FedShuffleMVR's gradient exchange, and the rounds: one message per sampled client, for
+which it runs the method's ``client_update`` on the plans the server sent.
 
 Client state (SCAFFOLD's c_i, FedCDR's y_i, x_i, x̂_i, FedDyn's ∇L_i) is kept in two slots: the rows
 the server has accepted (``committed``) and the rows of the node's last update (``pending``), each
@@ -17,13 +18,18 @@ client (L); the node then
 
 The slots live in ``context.state`` (the SuperNode keeps it for the run), or in files under the
 node-config directory ``state-dir`` (they outlive the SuperNode process).
+
+With ``data-path=FOLDER`` in its node config, a node reads its clients from its own files
+(:mod:`.nodedata`) instead of building the federation's data.
 """
 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +43,11 @@ from flwr.clientapp import ClientApp
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import write_atomic
 from fedshuffle.executors import SequentialExecutor
-from fedshuffle.experiments.runner import build_simulation
-from fedshuffle.integrations.flower.common import FederatedRun, NodeData
+from fedshuffle.experiments.build import build_algorithm_from
+from fedshuffle.experiments.runner import DTYPES, build_simulation
+from fedshuffle.integrations.flower.common import FederatedRun, NodeData, format_clients, parse_clients
+from fedshuffle.integrations.flower.nodedata import OwnClients, SampleKind, folder_clients, refuse_theory, rows_digest
+from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.algorithm import Algorithm
 from fedshuffle.methods.base import Trainer
 from fedshuffle.problems import Problem
@@ -52,7 +61,7 @@ class StateLost(RuntimeError):
 
 @dataclass
 class NodeRuntime:
-    """What a node needs for one run: the problem, its own partition, the algorithm's client half."""
+    """What a node needs for one run: the problem, its clients' partitions, the algorithm's client half."""
 
     run: FederatedRun
     problem: Problem
@@ -61,20 +70,55 @@ class NodeRuntime:
     dtype: torch.dtype
     device: str
     dim: int
+    sample: SampleKind | None = None  # of a node's own data (data-path): what a server without the data builds the problem from
 
     @classmethod
-    def build(cls, run: FederatedRun, partition: int) -> NodeRuntime:
-        """The run's parts as ``fedshuffle run`` builds them, then partition ``partition``'s samples only."""
+    def build(cls, run: FederatedRun, clients: Sequence[int]) -> NodeRuntime:
+        """The run's parts as ``fedshuffle run`` builds them, then the samples of those of ``clients`` the run has only
+        (a node may host more clients than a smaller run of the same app has)."""
         sim, _ = build_simulation(run.spec, run.seed)
-        return cls(run, sim.problem, NodeData.of(sim.data, partition), sim.algorithm, sim.dtype, sim.device, sim.params.numel())
+        ours = [c for c in clients if c < sim.data.num_clients]
+        if not ours:
+            raise ConfigError("node-config.clients", f"none of this node's clients ({format_clients(clients)}) is in the run: it has clients 0..{sim.data.num_clients - 1}")
+        return cls(run, sim.problem, NodeData.of(sim.data, ours), sim.algorithm, sim.dtype, sim.device, sim.params.numel())
+
+    @classmethod
+    def from_folder(cls, run: FederatedRun, clients: Sequence[int], folder: str | Path) -> NodeRuntime:
+        """The run's problem and client half, and ``clients``' rows from the node's own ``folder``
+        (:mod:`.nodedata`), without building the federation's data."""
+        spec = run.spec
+        refuse_theory(spec, "this node brings only its own (data-path)")
+        own = OwnClients.read(folder, clients, spec)
+        sizes = np.zeros(max(own.clients) + 1, dtype=np.int64)
+        sizes[list(own.clients)] = [own.sizes[c] for c in own.clients]
+        dtype, device = DTYPES[spec.run.dtype], spec.run.device
+        data = NodeData(own.features.to(device), own.labels.to(device), own.clients, sizes, np.zeros(len(sizes)))
+        return cls(run, own.problem, data, build_algorithm_from(spec), dtype, device, own.problem.dim, own.sample)
+
+    def rows_digest(self, client: int) -> str:
+        """:func:`~.nodedata.rows_digest` of ``client``'s rows on this node."""
+        index = torch.from_numpy(self.data.client_indices[client]).to(self.data.features.device)
+        return rows_digest(self.data.features[index], self.data.labels[index])
 
     @property
-    def client(self) -> int:
-        return self.data.client
+    def clients(self) -> tuple[int, ...]:
+        return self.data.clients
 
     def trainer(self, round_index: int, lr_scale: float) -> Trainer:
-        """The client half's compute on this node's partition (one client: the sequential reference)."""
+        """The client half's compute on this node's clients (one client at a time: the sequential reference)."""
         return Trainer(self.problem, self.data, SequentialExecutor(), self.algorithm.local, self.run.seed, round_index, lr_scale)
+
+    def own_plans(self, plans: Sequence[ClientPlan]) -> list[ClientPlan]:
+        """Plans whose rows (the client's own numbering 0..|D_i|−1, −1 for padding) index the node's tensors."""
+        out = []
+        for plan in plans:
+            offset = self.data.offset(plan.client)
+            out.append(replace(plan, batches=np.where(plan.batches >= 0, plan.batches + offset, plan.batches)))
+        return out
+
+    def missing(self, client: int) -> str | None:
+        """Why ``client``'s work cannot be done here (None: it is one of this node's clients)."""
+        return None if client in self.clients else f"asked for client {client}, this node hosts clients {format_clients(self.clients)}"
 
 
 class ContextStore:
@@ -144,55 +188,65 @@ def accepted_rows(store: Store, last_round: int) -> dict[str, np.ndarray] | None
     raise StateLost(f"the server accepted this client's state of round {last_round}, the node holds {held} (node restarted without its state-dir?)")
 
 
-def node_store(context: Context, runtime: NodeRuntime) -> Store:
-    key = f"{runtime.run.digest}-{runtime.client}"
+def node_store(context: Context, runtime: NodeRuntime, client: int) -> Store:
+    key = f"{runtime.run.digest}-{client}"
     directory = context.node_config.get("state-dir")
     return FileStore(Path(str(directory)), key) if directory else ContextStore(context.state, key)
 
 
 def handshake_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
-    """Partition id and num-partitions, and per run asked for: this node's dataset size and the run's fingerprint
-    as this node would run it (size −1 and no fingerprint for a run with fewer clients than this partition)."""
-    sizes, digests = [], []
+    """The clients this node hosts, and per run asked for: each hosted client's dataset size (−1 for a client the
+    run does not have) and rows' digest (:func:`~.nodedata.rows_digest`), the model's size, and the run's
+    fingerprint as this node would run it ("" for a run with none of its clients)."""
+    clients = hosted_clients(context)
+    info: dict[str, object] = {"clients": list(clients), "num-partitions": node_integer(context, "num-partitions", -1)}
+    digests = []
     for index in message.content["fedshuffle"]["runs"]:
+        index = int(index)
         try:
-            node = runtime(context, int(index))
+            node = runtime(context, index)
         except ConfigError as exc:
-            if exc.field != "node-config.partition-id":
+            if exc.field != "node-config.clients":
                 raise
-            sizes.append(-1)
+            info[f"sizes.{index}"] = [-1] * len(clients)
+            info[f"rows.{index}"] = [""] * len(clients)
+            info[f"dim.{index}"] = -1
             digests.append("")
             continue
-        sizes.append(int(node.data.sizes[node.client]))
+        info[f"sizes.{index}"] = [int(node.data.sizes[c]) if c in node.clients else -1 for c in clients]
+        info[f"rows.{index}"] = [node.rows_digest(c) if c in node.clients else "" for c in clients]
+        info[f"dim.{index}"] = node.dim
+        if node.sample is not None:
+            info[f"sample.{index}"] = json.dumps({"shape": list(node.sample.shape), "classes": node.sample.classes, "dtype": node.sample.dtype})
         digests.append(node.run.digest)
-    info = ConfigRecord({"partition-id": partition_of(context), "num-partitions": node_integer(context, "num-partitions", -1), "sizes": sizes, "digests": digests})
-    return Message(RecordDict({"node": info}), reply_to=message)
+    info["digests"] = digests
+    return Message(RecordDict({"node": ConfigRecord(info)}), reply_to=message)
 
 
 def gradients_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
     """∇f_i at each point of FedShuffleMVR's exchange."""
     ins = message.content["instructions"]
-    node = runtime(context, int(ins["run"]))
-    if int(ins["client"]) != node.client:
-        return Message(Error(WRONG_RUN, f"asked for client {int(ins['client'])}, this node holds client {node.client}"), reply_to=message)
+    node, client = runtime(context, int(ins["run"])), int(ins["client"])
+    if (why := node.missing(client)) is not None:
+        return Message(Error(WRONG_RUN, why), reply_to=message)
     points = record_tensors(message.content["points"], node.dtype, node.device)
     trainer = node.trainer(int(ins["round"]), 1.0)
-    clients = np.array([node.client], dtype=np.int64)
+    clients = np.array([client], dtype=np.int64)
     return Message(RecordDict({"gradients": tensors_record({k: trainer.gradients(p, clients)[0] for k, p in points.items()})}), reply_to=message)
 
 
 def train_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
-    """One round of the method's client half on this node's plans and state."""
+    """One round of the method's client half for one of this node's clients, on its plans and state."""
     ins = message.content["instructions"]
     node = runtime(context, int(ins["run"]))
     client, round_index = int(ins["client"]), int(ins["round"])
-    if client != node.client:
-        return Message(Error(WRONG_RUN, f"asked for client {client}, this node holds client {node.client}"), reply_to=message)
-    plans = records_plans(client, ins, message.content["plans"])
+    if (why := node.missing(client)) is not None:
+        return Message(Error(WRONG_RUN, why), reply_to=message)
+    plans = node.own_plans(records_plans(client, ins, message.content["plans"]))
     broadcast = record_tensors(message.content["broadcast"], node.dtype, node.device)
     method, members = node.algorithm.method, len(plans)
     rows: dict[str, torch.Tensor] = {}
-    store = node_store(context, node) if method.state_fields else None
+    store = node_store(context, node, client) if method.state_fields else None
     if store is not None:
         try:
             own = accepted_rows(store, int(ins["last-round"]))
@@ -210,10 +264,36 @@ def train_reply(message: Message, context: Context, runtime: Callable[[Context, 
     return Message(RecordDict({"payload": tensors_record(result.payload), "result": info}), reply_to=message)
 
 
+def evaluate_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
+    """Federated evaluation: for the clients the message lists, with their objective weights w_i, this node's share of
+    f(x) = Σ_i w_i f_i(x) and of ∇f(x), and its correct predictions (each client's rows weighted s_j = w_i/|D_i|)."""
+    ins = message.content["instructions"]
+    node = runtime(context, int(ins["run"]))
+    clients, weights = [int(c) for c in ins["clients"]], [float(w) for w in ins["weights"]]
+    for client in clients:
+        if (why := node.missing(client)) is not None:
+            return Message(Error(WRONG_RUN, why), reply_to=message)
+    params = record_tensors(message.content["model"], node.dtype, node.device)["model"]
+    problem, data = node.problem, node.data
+    loss, gradient, correct = 0.0, torch.zeros_like(params), 0.0
+    for client, weight in zip(clients, weights):
+        index = torch.from_numpy(data.client_indices[client]).to(data.features.device)
+        features, labels = data.features[index], data.labels[index]
+        dtype = features.dtype if features.is_floating_point() else node.dtype
+        s = torch.full((len(index),), weight / len(index), dtype=dtype, device=features.device)
+        loss += float(problem.weighted_loss(params, features, labels, s))
+        gradient += problem.weighted_gradient(params, features, labels, s)
+        accuracy = problem.accuracy(params, features, labels)
+        correct = -1.0 if accuracy is None or correct < 0 else correct + accuracy * len(index)
+    info = ConfigRecord({"loss": loss, "correct": correct, "samples": int(sum(int(data.sizes[c]) for c in clients))})
+    return Message(RecordDict({"scores": info, "gradient": tensors_record({"gradient": gradient})}), reply_to=message)
+
+
 def make_client_app(runtime: Callable[[Context, int], NodeRuntime]) -> ClientApp:
-    """A ClientApp answering fedshuffle's three message types with the node runtimes ``runtime(context, run index)`` gives."""
+    """A ClientApp answering fedshuffle's four message types with the node runtimes ``runtime(context, run index)`` gives."""
     app = ClientApp()
     app.query("fedshuffle")(lambda message, context: handshake_reply(message, context, runtime))
+    app.query("evaluate")(lambda message, context: evaluate_reply(message, context, runtime))
     app.train("gradients")(lambda message, context: gradients_reply(message, context, runtime))
     app.train()(lambda message, context: train_reply(message, context, runtime))
     return app
@@ -228,8 +308,22 @@ def node_integer(context: Context, key: str, default: int) -> int:
         raise ConfigError(f"node-config.{key}", f"expected an integer, got {value!r}") from None
 
 
-def partition_of(context: Context) -> int:
-    """The node's ``partition-id`` (its fedshuffle client)."""
-    if context.node_config.get("partition-id") is None:
-        raise ConfigError("node-config.partition-id", "this node has no partition-id; start it with --node-config 'partition-id=K num-partitions=N'")
-    return node_integer(context, "partition-id", -1)
+def hosted_clients(context: Context) -> tuple[int, ...]:
+    """The clients this node hosts: its ``clients`` (``0-4``, ``0,3,7``), or its ``partition-id`` (one client), or
+    with neither, every client whose file its ``data-path`` folder holds."""
+    config = context.node_config
+    if config.get("clients") is not None:
+        if config.get("partition-id") is not None:
+            raise ConfigError("node-config.clients", "give either clients or partition-id, not both")
+        return parse_clients(config["clients"])
+    if config.get("partition-id") is None and config.get("data-path"):
+        clients = folder_clients(Path(str(config["data-path"])))
+        if not clients:
+            raise ConfigError("node-config.data-path", f"{config['data-path']} holds no client-<id>.npz file")
+        return clients
+    if config.get("partition-id") is None:
+        raise ConfigError("node-config.clients", "this node hosts no client; start it with --node-config 'clients=\"0-4\"' (or 'partition-id=K')")
+    partition = node_integer(context, "partition-id", -1)
+    if partition < 0:
+        raise ConfigError("node-config.partition-id", f"must be a client id >= 0, got {partition}")
+    return (partition,)

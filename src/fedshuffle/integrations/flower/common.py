@@ -3,9 +3,9 @@
 Both sides read the same experiment (embedded in the app) and the same run configuration, so they
 build the same list of :class:`FederatedRun` (one per selected variant) and, for each, the same
 problem, data, sampler and algorithm as ``fedshuffle run`` (:func:`fedshuffle.experiments.runner.build_simulation`).
-A node then keeps only its own partition (:class:`NodeData`); the server plans on the population's
-sizes alone (:class:`Population`), with each client's rows numbered 0..|D_i|−1, which are the
-positions in the node's partition of the rows the simulation's plans name.
+A node then keeps only the partitions of the clients it hosts (:class:`NodeData`); the server plans on
+the population's sizes alone (:class:`Population`), with each client's rows numbered 0..|D_i|−1, which
+are the positions in the client's partition of the rows the simulation's plans name.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +40,12 @@ class AppSettings:
     experiment's first seed; ``set``: overrides as in ``fedshuffle run --set``, separated by ";"
     (e.g. "run.rounds=5; local.lr=0.1"); ``out``: a results folder on the server's machine ("" = none);
     ``round-timeout``: seconds a round waits for its members (later ones are dropped as unfinished work);
-    ``connect-timeout``: seconds the server waits for every partition's node to connect; ``resume``:
+    ``connect-timeout``: seconds the server waits for nodes hosting every client to connect; ``resume``:
     continue each run from the checkpoint in ``out`` (stateful methods need nodes with a ``state-dir``);
     ``invalid-reply``: what an invalid reply (wrong dtype, shape, non-finite entries, implausible counts)
-    does: ``"drop"`` its member from the round, with the reason logged, or ``"stop"`` the run.
+    does: ``"drop"`` its member from the round, with the reason logged, or ``"stop"`` the run; ``node-data``: the
+    nodes bring their own data (node config ``data-path``) and the server builds none: it plans on the clients'
+    sizes and kind of samples the handshake reports, and evaluates federatedly (each node scores its clients).
     """
 
     variant: str = ""
@@ -54,10 +56,11 @@ class AppSettings:
     connect_timeout: float = 120.0
     resume: bool = False
     invalid_reply: str = "drop"
+    node_data: bool = False
 
     KEYS = {"variant": ("variant", str), "seed": ("seed", int), "set": ("overrides", str), "out": ("out", str),
             "round-timeout": ("round_timeout", float), "connect-timeout": ("connect_timeout", float), "resume": ("resume", bool),
-            "invalid-reply": ("invalid_reply", str)}
+            "invalid-reply": ("invalid_reply", str), "node-data": ("node_data", bool)}
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:
@@ -163,50 +166,90 @@ class Population(PopulationCounts):
         return self
 
 
-class OwnRows(Sequence):
-    """``client_indices`` of a node: its own client's rows 0..|D_i|−1; any other client is not here."""
+class HostedRows(Sequence):
+    """``client_indices`` of a node: client i's rows ``offset_i + 0..|D_i|−1`` of the node's tensors, for each client it hosts;
+    any other client is not here."""
 
-    def __init__(self, client: int, size: int, num_clients: int) -> None:
-        self.client, self.size, self.num_clients = client, size, num_clients
+    def __init__(self, offsets: Mapping[int, int], sizes: np.ndarray) -> None:
+        self.offsets, self.sizes = dict(offsets), sizes
 
     def __len__(self) -> int:
-        return self.num_clients
+        return len(self.sizes)
 
     def __getitem__(self, i):
-        if int(i) != self.client:
-            raise KeyError(f"client {int(i)}'s data is not on this node (it holds client {self.client})")
-        return np.arange(self.size, dtype=np.int64)
+        i = int(i)
+        if i not in self.offsets:
+            raise KeyError(f"client {i}'s data is not on this node (it hosts clients {format_clients(self.offsets)})")
+        return self.offsets[i] + np.arange(self.sizes[i], dtype=np.int64)
 
 
 @dataclass
 class NodeData(PopulationCounts):
-    """One client's partition, numbered 0..|D_i|−1, with the population's sizes and weights (for planning)."""
+    """The partitions of the clients a node hosts, stacked in the order of ``clients`` (client i's rows
+    numbered 0..|D_i|−1 from its offset), with the population's sizes and weights (for planning)."""
 
     features: torch.Tensor
     labels: torch.Tensor
-    client: int
+    clients: tuple[int, ...]
     sizes: np.ndarray
     weights: np.ndarray
-    client_indices: OwnRows = field(init=False)
+    client_indices: HostedRows = field(init=False)
 
     def __post_init__(self) -> None:
-        self.client_indices = OwnRows(self.client, int(self.sizes[self.client]), len(self.sizes))
+        offsets = np.concatenate([[0], np.cumsum(self.sizes[list(self.clients)])[:-1]]).astype(np.int64)
+        self.client_indices = HostedRows(dict(zip(self.clients, offsets.tolist())), self.sizes)
 
     def to(self, dtype: torch.dtype, device: str | torch.device | None = None) -> NodeData:
         return self
 
+    def offset(self, client: int) -> int:
+        """Where client ``client``'s rows start in the node's tensors (a plan's rows are numbered from there)."""
+        return self.client_indices.offsets[client]
+
     @classmethod
-    def of(cls, data: Any, client: int) -> NodeData:
-        """Client ``client``'s rows of a federated dataset, in the order of its index set."""
-        if not 0 <= client < data.num_clients:
-            raise ConfigError("node-config.partition-id", f"must be in 0..{data.num_clients - 1} (the config has {data.num_clients} clients), got {client}")
-        rows = data.client_indices[client]
-        if hasattr(data, "gather"):  # generated on demand: generate this client only
+    def of(cls, data: Any, clients: Sequence[int]) -> NodeData:
+        """Clients ``clients``' rows of a federated dataset, each in the order of its index set."""
+        for client in clients:
+            if not 0 <= client < data.num_clients:
+                raise ConfigError("node-config.clients", f"client {client} is not in the run: it has clients 0..{data.num_clients - 1}")
+        rows = np.concatenate([np.asarray(data.client_indices[c], dtype=np.int64) for c in clients])
+        if hasattr(data, "gather"):  # generated on demand: generate these clients only
             order = np.argsort(rows, kind="stable")
             features, labels = data.gather(rows[order])
             back = torch.from_numpy(np.argsort(order, kind="stable"))
             features, labels = features[back], labels[back]
         else:
-            index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(data.features.device)
+            index = torch.from_numpy(rows).to(data.features.device)
             features, labels = data.features[index], data.labels[index]
-        return cls(features, labels, client, np.asarray(data.sizes, dtype=np.int64), np.asarray(data.weights, dtype=np.float64))
+        return cls(features, labels, tuple(clients), np.asarray(data.sizes, dtype=np.int64), np.asarray(data.weights, dtype=np.float64))
+
+
+def parse_clients(value: object, key: str = "clients") -> tuple[int, ...]:
+    """The clients a node config names: ``"0-4"``, ``"0,3,7"``, ``"0-2,5"``, one integer or a list of integers (sorted, each once)."""
+    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value).strip()
+    clients: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            first, _, last = part.partition("-")
+            low, high = int(first), int(last) if last else int(first)
+            if low < 0 or high < low:
+                raise ValueError(part)
+            clients.extend(range(low, high + 1))
+    except ValueError:
+        raise ConfigError(f"node-config.{key}", f"expected client ids and ranges such as '0-4' or '0,3,7', got {value!r}") from None
+    if not clients:
+        raise ConfigError(f"node-config.{key}", f"names no client; give ids and ranges such as '0-4' or '0,3,7', got {value!r}")
+    if len(set(clients)) != len(clients):
+        raise ConfigError(f"node-config.{key}", f"names a client twice: {value!r}")
+    return tuple(sorted(clients))
+
+
+def format_clients(clients: Iterable[int]) -> str:
+    """Client ids as ranges: ``0-2,5``."""
+    ordered, parts = sorted(clients), []
+    for client in ordered:
+        if parts and parts[-1][1] == client - 1:
+            parts[-1][1] = client
+        else:
+            parts.append([client, client])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)

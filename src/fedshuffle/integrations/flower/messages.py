@@ -1,9 +1,11 @@
 """The messages between the fedshuffle strategy and its ClientApps (Flower's Message API).
 
-Three exchanges, each its own message type:
+Four exchanges, each its own message type:
 
-* ``query.fedshuffle`` (handshake): the server asks every node for its partition id, the number of
-  partitions it was told, its dataset size and the fingerprint of the run it would execute.
+* ``query.fedshuffle`` (handshake): the server asks every node for the clients it hosts, the number of
+  partitions it was told, each client's dataset size and the fingerprint of the run it would execute.
+* ``query.evaluate`` (federated evaluation, when the nodes bring their data): the model, the clients and their
+  weights w_i; the node returns its share of Σ_i w_i f_i(x), of ∇f(x), and its correct predictions.
 * ``train.gradients`` (FedShuffleMVR's extra exchange): points x^r, x^{r−1}; the node returns ∇f_i there.
 * ``train`` (a round): the broadcast (model, control variate, momentum, …), the member's exact plans
   (minibatch rows in its own numbering, η_i, τ_i, ‖a_i‖₁), the round's step-size factor and the last
@@ -31,6 +33,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from fedshuffle.local.plan import ClientPlan
 
 HANDSHAKE = f"{MessageType.QUERY}.fedshuffle"
+EVALUATE = f"{MessageType.QUERY}.evaluate"
 GRADIENTS = f"{MessageType.TRAIN}.gradients"
 TRAIN = MessageType.TRAIN
 

@@ -4,7 +4,7 @@
 round by round exactly as :class:`fedshuffle.simulation.Simulation` does, with the clients' halves
 on Flower nodes::
 
-    handshake (once)    partition id, num-partitions, |D_i| and run fingerprint of every node
+    handshake (once)    the clients each node hosts, their |D_i| and the run's fingerprint
     configure_train     S ~ sampler (fedshuffle's seeded streams), plans, [FedShuffleMVR: ∇f_i(x^r), ∇f_i(x^{r−1})
                         from each member], broadcast; one message per distinct member with its exact plans
     aggregate_train     replies in cohort order → the method's aggregate → server optimizer → x^{r+1}
@@ -28,6 +28,7 @@ stops with :class:`FederationError` naming the client and the entry.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -39,7 +40,7 @@ import torch
 
 # first: a clear message where Flower is not installed
 from fedshuffle.integrations.flower.messages import (  # isort: skip
-    GRADIENTS, HANDSHAKE, STATE_LOST, TRAIN, UNANSWERED, InvalidReply, checked_float, checked_int, checked_tensors, plans_records, record_tensors, tensors_record,
+    EVALUATE, GRADIENTS, HANDSHAKE, STATE_LOST, TRAIN, UNANSWERED, InvalidReply, checked_float, checked_int, checked_tensors, plans_records, record_tensors, tensors_record,
 )
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -48,9 +49,13 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.experiments.loop import Callback, Driver, RoundLoop
-from fedshuffle.experiments.runner import RunFolder, build_simulation
+from fedshuffle.data.federated import objective_weights
+from fedshuffle.experiments.build import build_algorithm_from, build_sampler
+from fedshuffle.experiments.runner import DTYPES, RunFolder, build_simulation, check_against_data
 from fedshuffle.experiments.schema import slug
-from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population
+from fedshuffle.data import FederatedDataset
+from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population, format_clients
+from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, rows_digest
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo
 from fedshuffle.methods.fedcdr import FedCDR
@@ -173,14 +178,24 @@ class FedShuffleStrategy(Strategy):
     """
 
     def __init__(self, run: FederatedRun, *, round_timeout: float = 600.0, connect_timeout: float = 120.0, out: str | Path | None = None,
-                 resume: bool = False, poll_interval: float = 0.5, log: Callable[[str], None] | None = None, invalid_reply: str = "drop") -> None:
+                 resume: bool = False, poll_interval: float = 0.5, log: Callable[[str], None] | None = None, invalid_reply: str = "drop",
+                 node_data: bool = False) -> None:
         if invalid_reply not in INVALID_REPLY_POLICIES:
             raise ConfigError("run-config.invalid-reply", f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
         self.invalid_reply = invalid_reply
-        sim, self.step_sizes = build_simulation(run.spec, run.seed)
-        self.run = run
-        self.half = ServerHalf(sim.problem, Population(sim.data.sizes, sim.data.weights), sim.algorithm, sim.sampler, seed=run.seed, dtype=sim.dtype, device=sim.device)
-        self.evaluator = metrics.ModelScores(sim.problem, sim.data)
+        self.run, self.node_data = run, node_data
+        self.half: ServerHalf | None = None
+        self.data, self.evaluator, self.step_sizes = None, None, {}
+        if node_data:  # the population comes with the handshake (:meth:`adopt_population`)
+            refuse_theory(run.spec, "the server builds no data (run-config node-data = true)")
+            build_algorithm_from(run.spec)  # its settings are checked before any message
+            self.num_clients = run.spec.data.model_dump().get("clients")
+        else:
+            sim, self.step_sizes = build_simulation(run.spec, run.seed)
+            self.half = ServerHalf(sim.problem, Population(sim.data.sizes, sim.data.weights), sim.algorithm, sim.sampler, seed=run.seed, dtype=sim.dtype, device=sim.device)
+            self.data, self.num_clients = sim.data, sim.data.num_clients
+            self.evaluator = metrics.ModelScores(sim.problem, sim.data)
+        self._grid: Grid | None = None
         self.round_timeout, self.connect_timeout, self.poll_interval = round_timeout, connect_timeout, poll_interval
         self.resume = resume
         self.folder = None
@@ -195,6 +210,17 @@ class FedShuffleStrategy(Strategy):
         self._log = log or (lambda text: None)
 
     # -- Flower's strategy interface --------------------------------------------------------------
+
+    def adopt_population(self, sizes: np.ndarray, sample: SampleKind) -> None:
+        """The server half of a run whose data only the nodes hold: the problem built for the nodes' kind of samples,
+        the objective weights w_i (``data.weights``) and the sampler on the clients' sizes |D_i| the handshake reported."""
+        spec = self.run.spec
+        problem = sample.problem(spec)
+        check_against_data(spec, len(sizes))
+        population = Population(sizes, objective_weights(sizes, spec.data.weights))
+        sampler = build_sampler(spec.sampler, population)
+        self.half = ServerHalf(problem, population, build_algorithm_from(spec), sampler, seed=self.run.seed, dtype=DTYPES[spec.run.dtype], device=spec.run.device)
+        self.num_clients = len(sizes)
 
     def summary(self) -> None:
         self._log(f"fedshuffle run {self.run.label or self.run.spec.method.name!r} (seed {self.run.seed}): {self.half.method.describe()}, "
@@ -270,9 +296,40 @@ class FedShuffleStrategy(Strategy):
         return None
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        """Centralized evaluation: f(x), f − f*, ‖x − x*‖², ‖∇f(x)‖², accuracies, as ``fedshuffle run`` records them."""
-        values = self.evaluator(self._model_of(arrays))
+        """Centralized evaluation: f(x), f − f*, ‖x − x*‖², ‖∇f(x)‖², accuracies, as ``fedshuffle run`` records them;
+        with ``node_data``, federated evaluation (:meth:`federated_scores`)."""
+        values = self.evaluator(self._model_of(arrays)) if self.evaluator is not None else self.federated_scores(self._model_of(arrays))
         return MetricRecord({k: float(v) for k, v in values.items() if v is not None})
+
+    def federated_scores(self, params: torch.Tensor) -> dict[str, float | None]:
+        """f(x) = Σ_i w_i f_i(x), ‖∇f(x)‖² and the training accuracy from every node's share of its clients (one
+        ``query.evaluate`` message per node): equal to the central scores on the pooled data to rounding. f − f*,
+        ‖x − x*‖² and test scores need the data at the server and are left empty."""
+        half, by_node = self.half, {}
+        for client, node in sorted(self.nodes.items()):
+            by_node.setdefault(node, []).append(client)
+        model = tensors_record({"model": params})
+        messages = [Message(RecordDict({"model": model, "instructions": ConfigRecord({"run": self.run.index, "clients": clients,
+                                                                                    "weights": [float(half.data.weights[c]) for c in clients]})}),
+                            node, EVALUATE, ttl=self._ttl()) for node, clients in by_node.items()]
+        replies = {m.metadata.reply_to_message_id: m for m in self.exchange(self._grid, messages, self.round_timeout)}
+        loss, gradient, correct = 0.0, torch.zeros_like(params), 0.0
+        for message in messages:
+            node = message.metadata.dst_node_id
+            reply = replies.get(message.metadata.message_id)
+            if reply is None or reply.has_error():
+                raise FederationError(f"node {node} did not score its clients in the federated evaluation" + (f": {reply.error.reason}" if reply is not None else f" within {self.round_timeout:g} s"))
+            try:
+                info = _content(reply, "scores")
+                part = checked_tensors(_content(reply, "gradient"), ["gradient"], (params.numel(),), half.dtype, "gradient")["gradient"]
+                loss += checked_float(info, "loss", "scores")
+                got = checked_float(info, "correct", "scores")
+            except (InvalidReply, AttributeError) as exc:
+                raise FederationError(f"node {node} sent an invalid federated evaluation: {exc}") from None
+            gradient += part.to(params.device)
+            correct = -1.0 if got < 0 or correct < 0 else correct + got
+        accuracy = correct / half.data.num_samples if correct >= 0 else None
+        return {"loss": loss, "grad_norm_sq": float(gradient.pow(2).sum()), "train_accuracy": accuracy, "f_gap": None, "dist_sq": None}
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None, timeout: float | None = None,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
@@ -283,17 +340,21 @@ class FedShuffleStrategy(Strategy):
         that is not finite stops the run (diverged); with ``out``, results and checkpoints are written as
         ``fedshuffle run`` writes them. ``num_rounds`` below ``run.rounds`` pauses the run after that round
         (a checkpoint, no summary: ``resume`` continues it); a finished run is not run again when resumed."""
-        if initial_arrays is not None and not torch.equal(self._model_of(initial_arrays), self.half.params):
-            raise FederationError("a fedshuffle run starts from its own x⁰ (run.seed); leave initial_arrays out")
         spec = self.run.spec.run
         if num_rounds is not None and not 0 < num_rounds <= spec.rounds:
             raise ConfigError("num_rounds", f"{num_rounds} rounds asked for; the run has {spec.rounds} (run.rounds): give 1..{spec.rounds} (fewer pause it)")
         if timeout is not None:
             self.round_timeout = timeout
-        self.summary()
+        if initial_arrays is not None:
+            self.handshake(grid)
+            if not torch.equal(self._model_of(initial_arrays), self.half.params):
+                raise FederationError("a fedshuffle run starts from its own x⁰ (run.seed); leave initial_arrays out")
         self.handshake(grid)
+        self._grid = grid
+        self.summary()
         rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)
-        executor = {"name": "flower", "digest": self.run.digest, "nodes": {str(k): v for k, v in sorted(self.nodes.items())}}
+        executor = {"name": "flower", "digest": self.run.digest, "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
+                    "evaluation": "federated" if self.evaluator is None else "central"}
         driver = Driver(self.half, rounds.step, rounds.score, executor, self.step_sizes)
         if self.folder is None:
             status, message = RoundLoop(driver, rounds=spec.rounds, eval_every=spec.eval_every, bandwidth_mib_s=spec.bandwidth_mib_s).run([rounds], num_rounds)
@@ -306,13 +367,20 @@ class FedShuffleStrategy(Strategy):
         self._log(f"{self.run.label or self.run.spec.method.name!r} (seed {self.run.seed}): {message or status}")
         return rounds.result
 
+    def rows_digest(self, client: int) -> str | None:
+        """:func:`~.nodedata.rows_digest` of ``client``'s rows in the server's data (None for data generated on demand: not checked)."""
+        if not isinstance(self.data, FederatedDataset):
+            return None
+        index = torch.from_numpy(np.asarray(self.data.client_indices[client], dtype=np.int64)).to(self.data.features.device)
+        return rows_digest(self.data.features[index], self.data.labels[index])
+
     # -- exchanges ---------------------------------------------------------------------------------
 
     def exchange(self, grid: Grid, messages: Sequence[Message], timeout: float) -> list[Message]:
         return exchange(grid, messages, timeout, self.poll_interval)
 
     def handshake(self, grid: Grid) -> None:
-        """Learn which node holds which partition, checking sizes and settings (before any training message)."""
+        """Learn which node hosts which client, checking sizes and settings (before any training message)."""
         if not self.nodes:
             self.nodes = handshake(grid, [self], self.connect_timeout, self.poll_interval)
 
@@ -469,47 +537,129 @@ def exchange(grid: Grid, messages: Sequence[Message], timeout: float, poll_inter
 
 
 def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_timeout: float, poll_interval: float = 0.5) -> dict[int, int]:
-    """One exchange for all runs of an app: partition → node id, every node's sizes and fingerprints checked.
+    """One exchange for all runs of an app: client → node id, every node's clients, sizes and fingerprints checked.
 
-    Waits up to ``connect_timeout`` s for one node per partition (the largest run's number of clients),
-    then asks each node for its ``partition-id``, ``num-partitions`` and, per run, its dataset size and the
-    fingerprint of the settings it would run. Any mismatch raises :class:`FederationError` naming the node.
+    For up to ``connect_timeout`` s, asks every node that connects (once each) for the clients it hosts and,
+    per run, each one's dataset size and rows' digest, the model's size and the fingerprint of the settings it
+    would run, until every client of the largest run is hosted. Two nodes hosting one client, a client no node
+    hosts, a size, digest, model size or fingerprint other than the server's: :class:`FederationError` naming
+    the node and client, before any training message. A run whose data only the nodes hold (``node_data``)
+    takes its clients' sizes and kind of samples from the replies (:meth:`FedShuffleStrategy.adopt_population`);
+    where its number of clients is not in its settings (``data.clients``), the handshake waits the whole
+    ``connect_timeout`` and the clients are those the nodes host, which must be 0..n−1.
     """
-    n = max(s.half.data.num_clients for s in strategies)
-    deadline = time.monotonic() + connect_timeout
-    while len(ids := sorted(grid.get_node_ids())) < n and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if len(ids) < n:
-        raise FederationError(f"{len(ids)} node(s) connected within {connect_timeout:g} s; the run has {n} clients (one node per partition, partition-id 0..{n - 1})")
+    counts = [s.num_clients for s in strategies]
+    wanted = max(counts) if all(c is not None for c in counts) else None
     ask = ConfigRecord({"runs": [s.run.index for s in strategies]})
-    messages = [Message(RecordDict({"fedshuffle": ask}), node, HANDSHAKE, ttl=connect_timeout + 60.0) for node in ids]
+    deadline = time.monotonic() + connect_timeout
     nodes: dict[int, int] = {}
-    for reply in exchange(grid, messages, max(1.0, deadline - time.monotonic()), poll_interval):
-        node = reply.metadata.src_node_id
-        if reply.has_error():
-            raise FederationError(f"node {node} failed the handshake: {reply.error.reason}")
-        try:
-            info = _content(reply, "node")
-            part, parts = checked_int(info, "partition-id", -2**63, 2**63 - 1, "node"), checked_int(info, "num-partitions", -2**63, 2**63 - 1, "node")
-            listed = [info.get(key) for key in ("sizes", "digests")]
-            if not all(isinstance(values, list) and len(values) == len(strategies) for values in listed):
-                raise InvalidReply(f"node: expected 'sizes' and 'digests' with one entry per run ({len(strategies)})")
-        except (InvalidReply, AttributeError) as exc:
-            raise FederationError(f"node {node} sent a malformed handshake reply: {exc}") from None
-        if parts not in (-1, n) or not 0 <= part < n:
-            raise FederationError(f"node {node} has partition-id={part} num-partitions={parts}; the federation has {n} clients (partition-id 0..{n - 1}, num-partitions={n})")
-        if part in nodes:
-            raise FederationError(f"nodes {nodes[part]} and {node} both hold partition {part}")
-        for s, size, digest in zip(strategies, info["sizes"], info["digests"]):
-            if part >= s.half.data.num_clients:
-                continue
-            if digest != s.run.digest:
-                raise FederationError(f"node {node} (partition {part}) would run other settings for {s.run.label or 'the run'!r} (fingerprint {digest}, the server's {s.run.digest}): "
-                                      "start every node from the same app and run config")
-            if size != int(s.half.data.sizes[part]):
-                raise FederationError(f"node {node} holds {size!r} samples for partition {part}, the config's partition has {int(s.half.data.sizes[part])}")
-        nodes[part] = node
+    reports: dict[int, list[_NodeReport]] = {}  # node → its report per run
+    asked: set[int] = set()
+    waiting: dict[str, int] = {}  # message id → node
+    while (wanted is None or len(nodes) < wanted) and time.monotonic() < deadline:
+        new = [node for node in sorted(grid.get_node_ids()) if node not in asked]
+        asked.update(new)
+        messages = [Message(RecordDict({"fedshuffle": ask}), node, HANDSHAKE, ttl=connect_timeout + 60.0) for node in new]
+        if messages:
+            waiting.update({i: node for i, node in zip(grid.push_messages(messages), new) if i})
+        for reply in grid.pull_messages(list(waiting)) if waiting else []:
+            node = waiting.pop(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            clients, reports[node] = _handshake_report(reply, node, strategies, wanted)
+            for client in clients:
+                if client in nodes:
+                    raise FederationError(f"nodes {nodes[client]} and {node} both host client {client}")
+                nodes[client] = node
+        if wanted is None or len(nodes) < wanted:
+            time.sleep(min(0.05 if waiting else 0.2, poll_interval, max(0.0, deadline - time.monotonic())))
+    n = wanted if wanted is not None else max(nodes, default=-1) + 1
     missing = sorted(set(range(n)) - set(nodes))
-    if missing:
-        raise FederationError(f"no node answered the handshake for partition(s) {', '.join(map(str, missing))} within {connect_timeout:g} s")
+    if missing or not n:
+        raise FederationError(f"no node hosts client(s) {format_clients(missing) if missing else 'at all'} ({len(asked)} node(s) connected within {connect_timeout:g} s); "
+                              f"the run has clients 0..{n - 1}: start nodes with --node-config 'clients=\"…\"' covering them")
+    for k, s in enumerate(strategies):
+        if s.node_data:
+            _adopt(s, n if s.num_clients is None else s.num_clients, nodes, {node: r[k] for node, r in reports.items()})
+        for node, report in reports.items():
+            _check_report(s, node, report[k])
     return nodes
+
+
+@dataclass
+class _NodeReport:
+    """What a node's handshake said about one run: its clients, their sizes and rows' digests, the model's size,
+    the fingerprint of its settings and (with its own data) its kind of samples."""
+
+    clients: list[int]
+    sizes: list[int]
+    rows: list[str]
+    dim: int
+    digest: str
+    sample: str | None
+
+
+def _handshake_report(reply: Message, node: int, strategies: Sequence[FedShuffleStrategy], n: int | None) -> tuple[tuple[int, ...], list[_NodeReport]]:
+    """The clients a node's handshake reply says it hosts, and its report per run (the form checked, not the values)."""
+    if reply.has_error():
+        raise FederationError(f"node {node} failed the handshake: {reply.error.reason}")
+    try:
+        info = _content(reply, "node")
+        clients = info.get("clients")
+        if not isinstance(clients, list) or not clients or not all(isinstance(c, int) and not isinstance(c, bool) for c in clients):
+            raise InvalidReply(f"node.clients: expected a list of client ids, got {clients!r}"[:300])
+        parts = checked_int(info, "num-partitions", -2**63, 2**63 - 1, "node")
+        digests = info.get("digests")
+        reports = []
+        for k, s in enumerate(strategies):
+            sizes, rows, sample = info.get(f"sizes.{s.run.index}"), info.get(f"rows.{s.run.index}"), info.get(f"sample.{s.run.index}")
+            dim = checked_int(info, f"dim.{s.run.index}", -1, 2**63 - 1, "node")
+            if not isinstance(digests, list) or len(digests) != len(strategies) or not all(isinstance(v, list) and len(v) == len(clients) for v in (sizes, rows)):
+                raise InvalidReply(f"node: expected 'digests' with one entry per run ({len(strategies)}) and per run 'sizes.<run>' and 'rows.<run>' with one entry per client")
+            reports.append(_NodeReport(clients, sizes, rows, dim, str(digests[k]), sample if isinstance(sample, str) else None))
+    except (InvalidReply, AttributeError) as exc:
+        raise FederationError(f"node {node} sent a malformed handshake reply: {exc}") from None
+    outside = [c for c in clients if c < 0 or (n is not None and c >= n)]
+    if (n is not None and parts not in (-1, n)) or outside:
+        raise FederationError(f"node {node} hosts clients {format_clients(clients) if all(c >= 0 for c in clients) else clients} (num-partitions={parts}); "
+                              f"the federation has {n} clients (ids 0..{n - 1}, num-partitions={n})")
+    return tuple(clients), reports
+
+
+def _adopt(s: FedShuffleStrategy, n: int, nodes: dict[int, int], reports: dict[int, _NodeReport]) -> None:
+    """A ``node_data`` run's population from the nodes' reports: every client's size, one kind of samples."""
+    sizes = np.zeros(n, dtype=np.int64)
+    kinds: dict[str, int] = {}
+    for node, report in reports.items():
+        if report.sample is None:
+            raise FederationError(f"node {node} brings no data of its own (no data-path in its node config); with run-config node-data = true every node must")
+        kinds.setdefault(report.sample, node)
+        for client, size in zip(report.clients, report.sizes):
+            if client < n:
+                sizes[client] = size
+    if len(kinds) > 1:
+        (a, first), (b, second) = list(kinds.items())[:2]
+        raise FederationError(f"nodes {first} and {second} hold different kinds of samples ({a} and {b}): every node's data must have one sample shape, classes and dtype")
+    empty = np.flatnonzero(sizes < 1)
+    if empty.size:
+        raise FederationError(f"node {nodes.get(int(empty[0]))} reports {int(sizes[empty[0]])} samples for client {int(empty[0])}; every client needs at least one")
+    raw = json.loads(next(iter(kinds)))
+    s.adopt_population(sizes, SampleKind(tuple(raw["shape"]), int(raw["classes"]), str(raw["dtype"])))
+
+
+def _check_report(s: FedShuffleStrategy, node: int, report: _NodeReport) -> None:
+    """A node's report on run ``s`` against the server's: fingerprint, model size, each client's size and rows."""
+    ours = [(c, size, held) for c, size, held in zip(report.clients, report.sizes, report.rows) if c < s.num_clients]
+    if not ours:
+        return
+    clients = format_clients(report.clients)
+    if report.digest != s.run.digest:
+        raise FederationError(f"node {node} (clients {clients}) would run other settings for {s.run.label or 'the run'!r} (fingerprint {report.digest}, "
+                              f"the server's {s.run.digest}): start every node from the same app and run config")
+    if report.dim != s.half.params.numel():
+        raise FederationError(f"node {node} (clients {clients}) builds a model of {report.dim} parameters, the server's has {s.half.params.numel()} "
+                              "(its data has another sample shape or number of classes: give each client file 'classes')")
+    for client, size, held in ours:
+        if size != int(s.half.data.sizes[client]):
+            raise FederationError(f"node {node} holds {size!r} samples for client {client}, the config's client {client} has {int(s.half.data.sizes[client])}")
+        expected = s.rows_digest(client)
+        if expected is not None and held != expected:
+            raise FederationError(f"node {node} holds other samples for client {client} than the server's data (digest {str(held)[:16]!r}, the server's {expected!r})")

@@ -1,0 +1,176 @@
+"""A node's own data: the files of the clients it hosts, and the helper that writes them from any experiment.
+
+A node given ``--node-config 'data-path=FOLDER'`` builds its clients from ``FOLDER`` alone, never the
+federation's whole dataset. The format, one NumPy ``.npz`` file per client::
+
+    FOLDER/client-<id>.npz     x        the client's samples, shape (|D_i|, ...): features (float) or token ids
+                               y        their labels, shape (|D_i|,) (integer classes; per-position targets (|D_i|, L))
+                               classes  (optional, a 0-d integer) the federation's number of classes; default:
+                                        the largest label in the node's files + 1
+
+The rows are in the order the client's minibatch plans number them (0..|D_i|−1). The node builds the
+run's problem from its samples' shape and ``classes``, then each client's rows as ``fedshuffle run``
+holds them (features flattened per sample, labels encoded by the problem, floats in the run's dtype).
+In the handshake it reports each client's size and :func:`rows_digest`; a server that has the data too
+compares them with its own, so a node holding other rows is refused before round 1.
+
+:func:`write_node_folders` (``fedshuffle flower-split CONFIG --nodes K --out DIR``) writes an
+experiment's clients into ``DIR/node-<k>/`` this way, the split ``fedshuffle run`` makes at the seed.
+Nothing here needs Flower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedshuffle.core.errors import ConfigError, DataError, section
+from fedshuffle.core.io import write_atomic
+from fedshuffle.data.catalog import Samples, federate, load_samples
+from fedshuffle.experiments.runner import DTYPES, seeded
+from fedshuffle.experiments.schema import Experiment, RunSpec
+from fedshuffle.problems import PROBLEMS, Problem
+
+#: a client's file in a node's folder
+CLIENT_FILE = "client-{}.npz"
+
+
+def rows_digest(features: torch.Tensor, labels: torch.Tensor) -> str:
+    """SHA-256 (first 16 hex digits) of a client's rows as the run holds them: features then labels, their bytes."""
+    digest = hashlib.sha256()
+    for tensor in (features, labels):
+        digest.update(np.ascontiguousarray(tensor.detach().cpu().numpy()).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def refuse_theory(spec: RunSpec, why: str) -> None:
+    """'theory' step sizes need the smoothness of the whole federation's data: refused where ``why`` says it is not there."""
+    for name, value in (("local.lr", spec.local.lr), ("server.lr", spec.server.lr), ("server.global_lr", spec.server.global_lr)):
+        if value == "theory":
+            raise ConfigError(name, f"'theory' step sizes need the whole federation's data, and {why}; give a number")
+
+
+def folder_clients(folder: Path) -> tuple[int, ...]:
+    """The clients whose files a node's folder holds (``client-<id>.npz``)."""
+    clients = []
+    for path in Path(folder).glob("client-*.npz"):
+        tail = path.name[len("client-"):-len(".npz")]
+        if tail.isdigit():
+            clients.append(int(tail))
+    return tuple(sorted(clients))
+
+
+@dataclass(frozen=True)
+class SampleKind:
+    """What a problem is built from besides its settings: one sample's shape, the number of classes, the samples' dtype
+    (NumPy's ``dtype.str``). A server without the data builds the run's problem from the nodes' report of it."""
+
+    shape: tuple[int, ...]
+    classes: int
+    dtype: str
+
+    def problem(self, spec: RunSpec) -> Problem:
+        """``spec``'s problem for samples of this kind (a model's shape depends on nothing else)."""
+        stand_in = Samples(np.zeros((1, *self.shape), dtype=np.dtype(self.dtype)), np.zeros(1, dtype=np.int64), self.classes)
+        with section("problem"):
+            return PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=stand_in)
+
+
+@dataclass
+class OwnClients:
+    """A node's clients built from its own files: the run's problem, and the clients' rows stacked in ``clients`` order."""
+
+    problem: Problem
+    features: torch.Tensor
+    labels: torch.Tensor
+    clients: tuple[int, ...]
+    sizes: dict[int, int]
+    sample: SampleKind
+
+    @classmethod
+    def read(cls, folder: str | Path, clients: Sequence[int] | None, spec: RunSpec) -> OwnClients:
+        """``clients``' files (None: every client file in ``folder``), built for ``spec``'s problem and dtype."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise ConfigError("node-config.data-path", f"{folder} is not a folder (it must hold client-<id>.npz files)")
+        clients = tuple(clients) if clients is not None else folder_clients(folder)
+        if not clients:
+            raise ConfigError("node-config.data-path", f"{folder} holds no client-<id>.npz file")
+        xs, ys, classes = [], [], set()
+        for client in clients:
+            path = folder / CLIENT_FILE.format(client)
+            try:
+                with np.load(path, allow_pickle=False) as saved:
+                    arrays = {name: saved[name] for name in saved.files}
+            except FileNotFoundError:
+                raise ConfigError("node-config.data-path", f"{path} not found: the node hosts client {client} but its folder has no file for it") from None
+            except (OSError, ValueError, EOFError) as exc:
+                raise DataError(str(path), f"not a readable .npz file ({exc})") from None
+            if "x" not in arrays or "y" not in arrays:
+                raise DataError(str(path), f"expected arrays 'x' (samples) and 'y' (labels), got {sorted(arrays)}")
+            x, y = arrays["x"], arrays["y"]
+            if "classes" in arrays:
+                classes.add(int(arrays["classes"]))
+            if x.ndim < 1 or len(x) == 0 or len(y) != len(x):
+                raise DataError(str(path), f"expected x with one row per sample and y with one label per row, got shapes {x.shape} and {y.shape}")
+            if xs and x.shape[1:] != xs[0].shape[1:]:
+                raise DataError(str(path), f"samples of shape {x.shape[1:]}, the node's other clients have {xs[0].shape[1:]}")
+            xs.append(x)
+            ys.append(y)
+        if len(classes) > 1:
+            raise DataError(str(folder), f"the client files disagree on 'classes' ({sorted(classes)})")
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        num_classes = classes.pop() if classes else int(y.max(initial=0)) + 1 if np.issubdtype(y.dtype, np.integer) else 0
+        problem = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=Samples(x, y, num_classes))
+        dtype = DTYPES[spec.run.dtype]
+        features, labels = torch.as_tensor(x.reshape(len(x), -1)), problem.encode_labels(y)
+        features = features.to(dtype) if features.is_floating_point() else features
+        labels = labels.to(dtype) if labels.is_floating_point() else labels
+        return cls(problem, features, labels, clients, {c: len(part) for c, part in zip(clients, xs)}, SampleKind(tuple(x.shape[1:]), num_classes, x.dtype.str))
+
+
+def raw_federation(spec: RunSpec):
+    """The federated dataset of ``spec`` as ``fedshuffle run`` splits it, with each sample's features in the source's
+    shape (not flattened) and its labels as the source gives them (not encoded), and that shape."""
+    settings = spec.data.model_dump()
+    samples, rng = load_samples(settings, spec.run.seed)
+    data = federate(samples, settings, rng)  # the same split: the stream does not depend on the labels' encoding
+    return data, tuple(samples.features.shape[1:]), samples.num_classes
+
+
+def write_node_folders(experiment: Experiment, nodes: int, out: str | Path, seed: int | None = None, overrides: dict | None = None) -> list[tuple[Path, tuple[int, ...]]]:
+    """Write the clients of ``experiment``'s first variant (its split at ``seed``, default its first seed) into
+    ``out/node-<k>/client-<id>.npz`` (the format of this module), ``nodes`` folders of consecutive clients;
+    returns each folder with its clients. Every variant of an experiment splits the data alike unless it
+    changes ``[data]``; the split is the first variant's."""
+    (label, spec), *_ = experiment.runs(overrides or {})
+    seed = experiment.seeds(spec)[0] if seed is None else seed
+    spec = seeded(spec, seed)
+    data, shape, classes = raw_federation(spec)
+    if not 1 <= nodes <= data.num_clients:
+        raise ConfigError("--nodes", f"must be 1..{data.num_clients} (the number of clients), got {nodes}")
+    out = Path(out)
+    written = []
+    for k, clients in enumerate(np.array_split(np.arange(data.num_clients), nodes)):
+        folder = out / f"node-{k}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for client in clients.tolist():
+            rows = torch.from_numpy(np.asarray(data.client_indices[client], dtype=np.int64))
+            x = data.features[rows].numpy().reshape(len(rows), *shape)
+            y = data.labels[rows].numpy()
+            buffer = _npz(x=x, y=y, classes=np.array(classes, dtype=np.int64))
+            write_atomic(folder / CLIENT_FILE.format(client), buffer)
+        written.append((folder, tuple(clients.tolist())))
+    return written
+
+
+def _npz(**arrays: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
