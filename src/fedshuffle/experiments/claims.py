@@ -373,13 +373,23 @@ class ValueClaim(Claim):
         measured = f"{self.variant}: {stat.text()}"
         t_lo, t_hi = (math.log10(lo) if lo > 0 else -math.inf, math.log10(hi) if hi > 0 else -math.inf) if stat.log else (lo, hi)
         shown = 10 ** stat.mean if stat.log else stat.mean
-        if not t_lo <= stat.mean <= t_hi:
-            return Verdict(measured, "does not hold", f"mean {shown:.4g} outside [{lo:.4g}, {hi:.4g}]")
-        if stat.se is None:
-            return Verdict(measured, "holds", f"{SINGLE}; inside [{lo:.4g}, {hi:.4g}]")
-        if t_lo <= stat.mean - self.k * stat.se and stat.mean + self.k * stat.se <= t_hi:
-            return Verdict(measured, "holds", f"mean ± {self.k:g} standard errors inside [{lo:.4g}, {hi:.4g}]")
-        return Verdict(measured, "partly", f"mean inside [{lo:.4g}, {hi:.4g}], but not {self.k:g} standard errors from its edge")
+        return _inside(measured, stat, self.k, (t_lo, t_hi), shown, (lo, hi))
+
+
+def _inside(measured: str, stat: Stat, k: float, bounds: tuple[float, float], shown: float, shown_bounds: tuple[float, float], missed: str = "") -> Verdict:
+    """The verdict on a mean that should lie in ``bounds`` (on the statistic's scale; ``shown`` and ``shown_bounds``
+    are the same as printed): holds when mean ± k standard errors is inside, partly when only the mean is (or when
+    ``missed`` says some seeds gave no value), does not hold otherwise."""
+    (t_lo, t_hi), (lo, hi) = bounds, shown_bounds
+    if not t_lo <= stat.mean <= t_hi:
+        return Verdict(measured, "does not hold", f"mean {shown:.4g} outside [{lo:.4g}, {hi:.4g}]{missed}")
+    if missed:
+        return Verdict(measured, "partly", f"mean inside [{lo:.4g}, {hi:.4g}]{missed}")
+    if stat.se is None:
+        return Verdict(measured, "holds", f"{SINGLE}; inside [{lo:.4g}, {hi:.4g}]")
+    if t_lo <= stat.mean - k * stat.se and stat.mean + k * stat.se <= t_hi:
+        return Verdict(measured, "holds", f"mean ± {k:g} standard errors inside [{lo:.4g}, {hi:.4g}]")
+    return Verdict(measured, "partly", f"mean inside [{lo:.4g}, {hi:.4g}], but not {k:g} standard errors from its edge")
 
 
 class ReachesFirstClaim(Claim):
@@ -484,15 +494,7 @@ class ReachesClaim(Claim):
         lo, hi = self.interval()
         stat = Stat(tuple(costs))
         missed = f"; only {len(costs)} of {len(files)} seeds reached it" if len(costs) < len(files) else ""
-        if not lo <= stat.mean <= hi:
-            return Verdict(measured, "does not hold", f"mean {stat.mean:.4g} outside [{lo:.4g}, {hi:.4g}]{missed}")
-        if missed:
-            return Verdict(measured, "partly", f"mean inside [{lo:.4g}, {hi:.4g}]{missed}")
-        if stat.se is None:
-            return Verdict(measured, "holds", f"{SINGLE}; inside [{lo:.4g}, {hi:.4g}]")
-        if lo <= stat.mean - self.k * stat.se and stat.mean + self.k * stat.se <= hi:
-            return Verdict(measured, "holds", f"mean ± {self.k:g} standard errors inside [{lo:.4g}, {hi:.4g}]")
-        return Verdict(measured, "partly", f"mean inside [{lo:.4g}, {hi:.4g}], but not {self.k:g} standard errors from its edge")
+        return _inside(measured, stat, self.k, (lo, hi), stat.mean, (lo, hi), missed)
 
 
 CLAIMS.add("ordering", OrderingClaim, "variants ordered on a metric: final, best, or at a budget of rounds, epochs or MiB")
