@@ -192,6 +192,12 @@ class Method:
         cls = type(self)
         return cls.client_update is Method.client_update and cls.aggregate is Method.aggregate
 
+    @property
+    def server_needs_only_sum(self) -> bool:
+        """Whether the server half needs only d = Σ_S ω_iΔ_i of the members' ``delta``, with ω_i fixed by the plans, never a member's
+        own Δ_i, so that a secure sum (Flower's SecAgg+) can stand in for the updates: true for the default halves."""
+        return self.sums_updates
+
     def describe(self) -> str:
         return self.name
 
