@@ -6,18 +6,23 @@
 * Dropouts are SecAgg+'s: a node lost after training is left out of the sum (its members dropped, the weights
   rescaled), too many lost halt the round; a node whose input would be clipped stops the run naming the setting.
 * A method that needs each member's update, a federation of one node and bad settings are refused before any message.
+* On Flower's simulation engine (Ray on 127.0.0.1, a child process), a SecAgg+ run of FedShuffle ends within the
+  bound of ``fedshuffle run``'s model.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from flower_harness import FLOWER_ENV, FakeGrid
+from flower_harness import FLOWER_ENV, FakeGrid, stop_group
 
 for _key in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):  # before Flower reads them
     os.environ.setdefault(_key, FLOWER_ENV[_key])
@@ -202,3 +207,34 @@ def test_settings_default_to_flowers_and_a_federation_of_one_node_is_refused_bef
     with pytest.raises(ConfigError, match="at least 2 nodes; the federation has 1"):
         server_app(exp)(grid, server_context({"secure-aggregation": True}))
     assert not [m for m in grid.sent if m.metadata.message_type == TRAIN]
+
+
+#: a SecAgg+ run on Flower's simulation engine (``fedshuffle.integrations.flower.simulate``: Ray bound to 127.0.0.1)
+ENGINE = """
+import os, sys
+from flower_harness import FLOWER_ENV
+os.environ.update(FLOWER_ENV)
+from fedshuffle.integrations.flower import simulate
+simulate(sys.argv[1], 4, {"out": sys.argv[2], "round-timeout": 120.0, "secure-aggregation": True}, cpus=2)
+"""
+
+
+def test_a_secure_fedshuffle_run_on_flowers_simulation_engine_ends_within_the_bound_of_fedshuffle_run(tmp_path):
+    """Four virtual SuperNodes (one client each), three sampled per round, three rounds: the final model is ``fedshuffle run``'s
+    to within Σ_rounds 3·2c/Q (every round sums three nodes' inputs), and the model moved far more than that."""
+    exp = experiment([variant("fedshuffle", sampler={"name": "uniform", "cohort": 3})], clients=4, rounds=3)
+    (tmp_path / "experiment.json").write_text(exp.model_dump_json())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    process = subprocess.Popen([sys.executable, "-c", ENGINE, str(tmp_path / "experiment.json"), str(tmp_path / "out")], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        log, _ = process.communicate(timeout=300)
+    finally:
+        stop_group(process)
+    assert process.returncode == 0, log.decode()[-4000:]
+    assert log.decode().count("Secure aggregation completed") == 3
+    run = single_run(exp)
+    final = torch.from_numpy(np.load(tmp_path / "out" / run.label / f"seed-{run.seed}" / "final_params.npy"))
+    plain, bound = simulated(run, 3), 3 * SECURE.tolerance(3)
+    assert float((final - plain).abs().max()) <= bound
+    assert float((plain - simulated(run, 0)).abs().max()) > 1e3 * bound
