@@ -7,8 +7,9 @@ its vector with pairwise masks (agreed with its neighbours) and a private mask, 
 :class:`flwr.server.workflow.SecAggPlusWorkflow` (server) and :func:`flwr.client.mod.secaggplus_mod` (node);
 this module uses both as they are and writes no cryptography of its own.
 
-It serves every method whose server half needs only d = Σ_S ω_iΔ_i with ω_i fixed by the plans
-(:attr:`fedshuffle.methods.base.Method.server_needs_only_sum`). A round, with ``secure-aggregation = true``::
+It serves every method whose server half needs only d = Σ_S ν_iΔ_i with ν_i fixed by the plans
+(:attr:`fedshuffle.methods.base.Method.server_needs_only_sum`; ν_i = :meth:`~fedshuffle.methods.base.Method.sum_weights`, the aggregation
+weights ω_i for the default halves, FedCDR's w_i). A round, with ``secure-aggregation = true``::
 
     train (one message per sampled client)   plans, broadcast and the member's ω_i; the node trains, keeps
                                              ω_iΔ_i (summed over the client's members) and replies with counts only
@@ -127,10 +128,11 @@ class SecureAggregation:
 
 
 def refuse_individual_updates(method: Method, label: str) -> None:
-    """Secure aggregation serves only a method whose server half needs only Σ_S ω_iΔ_i: else one line naming both."""
+    """Secure aggregation serves only a method whose server half needs only Σ_S ν_iΔ_i: else one line naming both."""
     if not method.server_needs_only_sum or tuple(method.payload_fields) != ("delta",):
-        raise ConfigError(SETTING, f"{label} ({method.describe()}) needs each member's own update at the server ({', '.join(method.payload_fields)}"
-                          f"{', state' if method.state_fields else ''}), not only the weighted sum Σ ω_iΔ_i: run it with secure-aggregation = false")
+        raise ConfigError(SETTING, f"{label!r} runs {method.describe()}, whose server half needs each member's own upload ({', '.join(method.payload_fields)}"
+                          f"{', gradients' if type(method).gradient_requests is not Method.gradient_requests else ''}), not only one weighted sum Σ ν_iΔ_i: "
+                          "set secure-aggregation = false for it")
 
 
 # -- the node's half --------------------------------------------------------------------------------------

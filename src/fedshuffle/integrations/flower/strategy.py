@@ -256,7 +256,7 @@ class FedShuffleStrategy(Strategy):
         broadcast = half.broadcast(rnd, points, gradients)
         shared = tensors_record(broadcast)
         messages, clients = [], np.unique(rnd.cohort).tolist()
-        weights = half.method.aggregation_weights(rnd) if self.secure is not None else None
+        weights = half.method.sum_weights(rnd) if self.secure is not None else None
         for client in clients:
             plans_config, batches = plans_records([plan for plan in rnd.plans if plan.client == client])
             plans_config.update({"run": self.run.index, "round": rnd.index, "client": client, "lr-scale": float(rnd.lr_scale), "last-round": int(half.last_round[client])})
@@ -498,7 +498,7 @@ class FedShuffleStrategy(Strategy):
             return np.zeros_like(keep), None, extras
         keep = keep & np.array([self.nodes[int(i)] in summed.nodes for i in rnd.cohort], dtype=bool)
         kept = keep_members(rnd, keep)
-        rho = rescaling(state.weights[keep], half.method.aggregation_weights(kept))
+        rho = rescaling(state.weights[keep], half.method.sum_weights(kept))
         if rho is None:
             raise FederationError(f"round {server_round}: the method's weights of the members that remain are not one multiple of those they were sent; the secure sum cannot be rescaled")
         result = self._result(kept, {c: decoded[c] for c in np.unique(kept.cohort).tolist()})
@@ -551,7 +551,8 @@ class _FlowerRounds(Callback):
         messages = list(s.configure_train(r, self.result.arrays, self.train_config, self.grid))
         arrays, reported = s.aggregate_train(r, s.exchange(self.grid, messages, s.round_timeout))
         self.result.arrays, self.result.train_metrics_clientapp[r] = arrays, reported
-        s._log(f"round {r}/{s.run.spec.run.rounds}: {int(reported['members'])} member(s), {int(reported['dropped'])} dropped, {reported['seconds']:.2f} s")
+        secured = f", SecAgg+ sum of {int(reported['secagg_nodes'])} node(s), {int(reported['secagg_bytes_up'])} B up" if "secagg_nodes" in reported else ""
+        s._log(f"round {r}/{s.run.spec.run.rounds}: {int(reported['members'])} member(s), {int(reported['dropped'])} dropped, {reported['seconds']:.2f} s{secured}")
 
     def score(self) -> dict[str, float]:
         r = self.strategy.half.counters.rounds
