@@ -240,3 +240,16 @@ def test_a_secure_fedshuffle_run_on_flowers_simulation_engine_ends_within_the_bo
     plain, bound = simulated(run, 3), 3 * SECURE.tolerance(3)
     assert float((final - plain).abs().max()) <= bound
     assert float((plain - simulated(run, 0)).abs().max()) > 1e3 * bound
+
+
+def test_the_written_app_carries_the_secagg_settings_off_by_default(tmp_path):
+    """``fedshuffle flower-app``'s pyproject.toml lists every key (Flower refuses ``--run-config`` keys an app does not declare)."""
+    import tomllib
+
+    from fedshuffle.integrations.flower.bundle import write_app
+
+    exp = experiment([variant("fedshuffle")])
+    (tmp_path / "exp.json").write_text(exp.model_dump_json())
+    config = tomllib.loads((write_app(tmp_path / "exp.json", tmp_path / "app") / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert SecureAggregation.from_settings(AppSettings.from_run_config(config)) is None
+    assert SecureAggregation.from_settings(AppSettings.from_run_config({**config, "secure-aggregation": True})) == SECURE

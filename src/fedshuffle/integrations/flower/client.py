@@ -263,7 +263,7 @@ def train_reply(message: Message, context: Context, runtime: Callable[[Context, 
     info = ConfigRecord({"client": client, "round": round_index, "members": members, "sample-gradients": int(result.sample_gradients),
                          **{f"extra.{k}": float(v) for k, v in result.extras.items()}})
     payload = result.payload
-    if "weights" in ins:  # secure aggregation: Σ ω_iΔ_i stays here until the round's SecAgg+ exchange (:mod:`.secagg`)
+    if "weights" in ins:  # secure aggregation: Σ ν_iΔ_i stays here until the round's SecAgg+ exchange (:mod:`.secagg`)
         keep_weighted_update(context.state, node.run.index, client, round_index, torch.tensor(list(ins["weights"]), dtype=node.dtype, device=node.device) @ payload["delta"])
         payload = {}
     return Message(RecordDict({"payload": tensors_record(payload), "result": info}), reply_to=message)

@@ -11,9 +11,9 @@ It serves every method whose server half needs only d = Σ_S ν_iΔ_i with ν_i 
 (:attr:`fedshuffle.methods.base.Method.server_needs_only_sum`; ν_i = :meth:`~fedshuffle.methods.base.Method.sum_weights`, the aggregation
 weights ω_i for the default halves, FedCDR's w_i). A round, with ``secure-aggregation = true``::
 
-    train (one message per sampled client)   plans, broadcast and the member's ω_i; the node trains, keeps
-                                             ω_iΔ_i (summed over the client's members) and replies with counts only
-    SecAgg+ (one exchange per node)           each node hosting an answered client inputs s_k = Σ_{i on k} ω_iΔ_i
+    train (one message per sampled client)   plans, broadcast and the member's ν_i; the node trains, keeps
+                                             ν_iΔ_i (summed over the client's members) and replies with counts only
+    SecAgg+ (one exchange per node)           each node hosting an answered client inputs s_k = Σ_{i on k} ν_iΔ_i
                                              (a node with none inputs 0, so that at least two nodes take part);
                                              the server gets Σ_k s_k and which nodes' inputs it holds
 
@@ -28,7 +28,7 @@ The sum of K inputs must stay below the modulus 2³²: K·Q < 2³² (K < 1024 no
 Dropouts are SecAgg+'s: a node that does not answer a stage is left out and its masks are removed with its
 neighbours' shares, as long as each remaining node keeps ``reconstruction-threshold`` neighbours; otherwise
 SecAgg+ halts and the round aggregates nothing (every member dropped, the model unchanged). When members drop,
-the server rescales the sum to the weights the method gives the members that remain, ω_i(S') = ρ·ω_i(S):
+the server rescales the sum to the weights the method gives the members that remain, ν_i(S') = ρ·ν_i(S):
 every :class:`~fedshuffle.aggregation.Aggregator` has one factor ρ for all members (sum-one normalization,
 FedNova's cohort τ_eff), which the server checks.
 """
@@ -143,7 +143,8 @@ def _key(run: int, client: int) -> str:
 
 
 def keep_weighted_update(state: RecordDict, run: int, client: int, round_index: int, weighted: torch.Tensor) -> None:
-    """Keep a client's Σ_{its members} ω_iΔ_i on its node (``context.state``) until the round's SecAgg+ exchange."""
+    """Keep a client's Σ_{its members} ν_iΔ_i on its node (``context.state``) until the round's SecAgg+ exchange asks for it
+    (:func:`node_input`); one the exchange never asks for (the client's node left out) is replaced at the client's next round."""
     state[_key(run, client)] = ArrayRecord({"sum": Array(np.ascontiguousarray(weighted.detach().cpu().numpy(), dtype=np.float64)),
                                             "round": Array(np.array(round_index, dtype=np.int64))})
 
@@ -270,7 +271,7 @@ def secure_sum(grid: object, settings: SecureAggregation, inputs: Mapping[int, S
 
 
 def rescaling(sent: np.ndarray, kept: np.ndarray) -> float | None:
-    """ρ with ``kept`` = ρ·``sent`` (the ω_i the method gives the members that remain, against those they were sent), or None
+    """ρ with ``kept`` = ρ·``sent`` (the ν_i the method gives the members that remain, against those they were sent), or None
     where no single factor fits (then the secure sum cannot be turned into the method's aggregate)."""
     rho = float(kept.sum() / sent.sum()) if sent.sum() else 1.0
     return rho if np.allclose(kept, rho * sent, rtol=1e-12, atol=0.0) else None

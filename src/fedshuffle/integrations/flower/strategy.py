@@ -24,6 +24,10 @@ one row per member, in the run's dtype and the model's size, finite, with the co
 that is not is *invalid*: with ``invalid_reply="drop"`` (the default) its member is dropped from the
 round as unfinished work, with the reason logged and counted (``rejected``); with ``"stop"`` the run
 stops with :class:`FederationError` naming the client and the entry.
+
+With ``secure`` (run-config ``secure-aggregation = true``), a method whose server half needs only Σ_S ν_iΔ_i gets that sum
+through Flower's SecAgg+ instead of the members' payloads: training replies carry counts only, and the server never
+holds a member's update (:mod:`~fedshuffle.integrations.flower.secagg`).
 """
 
 from __future__ import annotations
@@ -166,7 +170,7 @@ class _OpenRound:
     dropped: list[int]  # members dropped in the gradient exchange
     started: float
     grid: Grid | None = None
-    weights: np.ndarray | None = None  # ω_i of the cohort's members, sent with their plans (secure aggregation)
+    weights: np.ndarray | None = None  # ν_i of the cohort's members, sent with their plans (secure aggregation)
 
 
 class FedShuffleStrategy(Strategy):
@@ -178,6 +182,7 @@ class FedShuffleStrategy(Strategy):
     (:class:`~fedshuffle.experiments.runner.RunFolder`): the same files, the checkpoint holding the server's
     state (model, server and method state, counters, each client's last accepted round). With ``resume``,
     :meth:`start` continues from that checkpoint; stateful methods then need the nodes' state (``state-dir``).
+    With ``secure`` (SecAgg+'s settings), the server gets only each round's weighted sum (:mod:`~fedshuffle.integrations.flower.secagg`).
     """
 
     def __init__(self, run: FederatedRun, *, round_timeout: float = 600.0, connect_timeout: float = 120.0, out: str | Path | None = None,
@@ -187,8 +192,6 @@ class FedShuffleStrategy(Strategy):
             raise ConfigError("run-config.invalid-reply", f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
         self.invalid_reply = invalid_reply
         self.run, self.node_data, self.secure = run, node_data, secure
-        if secure is not None:  # refused before any message
-            refuse_individual_updates(build_algorithm_from(run.spec).method, run.label or run.spec.method.name)
         self.half: ServerHalf | None = None
         self.data, self.evaluator, self.step_sizes = None, None, {}
         if node_data:  # the population comes with the handshake (:meth:`adopt_population`)
@@ -200,6 +203,8 @@ class FedShuffleStrategy(Strategy):
             self.half = ServerHalf(sim.problem, Population(sim.data.sizes, sim.data.weights), sim.algorithm, sim.sampler, seed=run.seed, dtype=sim.dtype, device=sim.device)
             self.data, self.num_clients = sim.data, sim.data.num_clients
             self.evaluator = metrics.ModelScores(sim.problem, sim.data)
+        if secure is not None:  # refused before any message
+            refuse_individual_updates(self.half.method if self.half is not None else build_algorithm_from(run.spec).method, run.label or run.spec.method.name)
         self._grid: Grid | None = None
         self.round_timeout, self.connect_timeout, self.poll_interval = round_timeout, connect_timeout, poll_interval
         self.resume = resume
@@ -260,7 +265,7 @@ class FedShuffleStrategy(Strategy):
         for client in clients:
             plans_config, batches = plans_records([plan for plan in rnd.plans if plan.client == client])
             plans_config.update({"run": self.run.index, "round": rnd.index, "client": client, "lr-scale": float(rnd.lr_scale), "last-round": int(half.last_round[client])})
-            if weights is not None:  # the node keeps Σ ω_iΔ_i of the client's members for the SecAgg+ exchange
+            if weights is not None:  # the node keeps Σ ν_iΔ_i of the client's members for the SecAgg+ exchange
                 plans_config["weights"] = [float(w) for w, plan in zip(weights, rnd.plans) if plan.client == client]
             content = RecordDict({"broadcast": shared, "plans": batches, "instructions": plans_config})
             messages.append(Message(content, self.nodes[client], TRAIN, group_id=str(server_round), ttl=self._ttl()))
@@ -481,7 +486,7 @@ class FedShuffleStrategy(Strategy):
     def _secure_result(self, server_round: int, state: _OpenRound, keep: np.ndarray, decoded: dict[int, _Reply]) -> tuple[np.ndarray, ClientResult | None, dict[str, float]]:
         """The round's aggregate through SecAgg+ (:func:`~.secagg.secure_sum`) over the nodes of the members that answered (``keep``),
         with a node without members where only one node has any: the members whose node's input is in the sum stay, and
-        their aggregate is d = ρ·Σ_k s_k (ρ: their weights ω_i over the ω_i they were sent, :func:`~.secagg.rescaling`)."""
+        their aggregate is d = ρ·Σ_k s_k (ρ: their weights ν_i over the ν_i they were sent, :func:`~.secagg.rescaling`)."""
         rnd, half = state.rnd, self.half
         inputs: dict[int, list[int]] = {}
         for client in sorted({int(i) for i in rnd.cohort[keep]}):
