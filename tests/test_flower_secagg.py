@@ -114,6 +114,19 @@ def test_a_secure_run_takes_the_simulations_step_in_every_round_within_the_quant
     assert float((plain - start).abs().max()) > 1e3 * bound
 
 
+def test_a_round_whose_members_sit_on_one_node_sums_it_with_a_zero_input_from_another():
+    """One member per round: SecAgg+ never sums a single node, so a second node inputs zeros; the round is the simulation's."""
+    exp, run, grid = federation("fedavg", {"name": "uniform", "cohort": 1}, rounds=2)
+    strategy = FedShuffleStrategy(run, secure=SECURE)
+    strategy.handshake(grid)
+    arrays = strategy.initial_arrays()
+    for r in (1, 2):
+        arrays, metrics = secure_round(strategy, grid, r, arrays)
+        assert (metrics["members"], metrics["secagg_nodes"]) == (1, 2)
+        assert len({m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == TRAIN and m.metadata.group_id == str(r) and "plans" in m.content}) == 1
+    assert float((model(arrays) - simulated(run, 2)).abs().max()) <= 2 * SECURE.tolerance(2)
+
+
 def test_the_server_never_holds_a_members_update():
     """Every reply the server receives: training replies carry an empty payload (counts only); SecAgg+'s masked inputs
     have entries beyond Q (an unmasked quantized input lies in 0..Q), and no reply holds a float array of the model's size."""

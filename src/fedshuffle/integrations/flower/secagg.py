@@ -53,6 +53,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.integrations.flower.common import AppSettings
 from fedshuffle.methods.base import Method
 
 #: SecAgg+'s masks are drawn modulo 2³² (Flower's default ``modulus_range``)
@@ -90,10 +91,10 @@ class SecureAggregation:
             raise ConfigError("run-config.secagg-quantization-range", f"must be an integer in 2..2^32 − 1, got {self.quantization_range}")
 
     @classmethod
-    def from_settings(cls, settings: object) -> SecureAggregation | None:
+    def from_settings(cls, settings: AppSettings) -> SecureAggregation | None:
         """The settings of an :class:`~fedshuffle.integrations.flower.common.AppSettings` (None: secure aggregation is off).
         Shares given as a whole number > 1 count shares; in (0, 1] they are a fraction (Flower's float form)."""
-        if not getattr(settings, "secure_aggregation", False):
+        if not settings.secure_aggregation:
             return None
 
         def shares(key: str, value: float) -> int | float:

@@ -368,7 +368,7 @@ class FedShuffleStrategy(Strategy):
                 raise FederationError("a fedshuffle run starts from its own x⁰ (run.seed); leave initial_arrays out")
         self.handshake(grid)
         if self.secure is not None:
-            self.secure.check_federation(len(set(self.nodes.values())))
+            self.secure.check_federation(len(self._run_nodes()))
         self._grid = grid
         self.summary()
         rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)
@@ -491,7 +491,7 @@ class FedShuffleStrategy(Strategy):
         inputs: dict[int, list[int]] = {}
         for client in sorted({int(i) for i in rnd.cohort[keep]}):
             inputs.setdefault(self.nodes[client], []).append(client)
-        for node in sorted(set(self.nodes.values()) - set(inputs))[:max(0, 2 - len(inputs))]:
+        for node in sorted(self._run_nodes() - set(inputs))[:max(0, 2 - len(inputs))]:
             inputs[node] = []
         summed = secure_sum(state.grid, self.secure, inputs, self.run.index, rnd.index, self.round_timeout)
         for node, error in summed.errors:
@@ -509,6 +509,10 @@ class FedShuffleStrategy(Strategy):
         result = self._result(kept, {c: decoded[c] for c in np.unique(kept.cohort).tolist()})
         result.payload = {"delta_sum": torch.from_numpy(rho * summed.total).to(half.device, half.dtype)}
         return keep, result, extras
+
+    def _run_nodes(self) -> set[int]:
+        """The nodes hosting clients of this run (a node of the app may host only clients of a larger run)."""
+        return {node for client, node in self.nodes.items() if client < self.half.data.num_clients}
 
     def _result(self, rnd: RoundInfo, decoded: dict[int, _Reply]) -> ClientResult:
         """The members' payload rows in cohort order, their work, and their diagnostics (member-weighted means)."""
