@@ -204,7 +204,7 @@ def test_which_methods_qualify_follows_their_server_half():
     ({"secure-aggregation": True, "secagg-num-shares": 3.5}, "run-config.secagg-num-shares"),
     ({"secure-aggregation": True, "secagg-reconstruction-threshold": 3}, "run-config.secagg-reconstruction-threshold"),
     ({"secure-aggregation": True, "secagg-clipping-range": 0.0}, "run-config.secagg-clipping-range"),
-    ({"secure-aggregation": True, "secagg-quantization-range": 1 << 32}, "run-config.secagg-quantization-range"),
+    ({"secure-aggregation": True, "secagg-quantization-range": 1 << 31}, "run-config.secagg-quantization-range"),
     ({"secure-aggregation": 1}, "run-config.secure-aggregation"),
 ])
 def test_bad_secagg_settings_are_refused_naming_them(run_config, field):

@@ -58,7 +58,9 @@ from fedshuffle.methods.base import Method
 
 #: SecAgg+'s masks are drawn modulo 2³² (Flower's default ``modulus_range``)
 MODULUS = 1 << 32
-#: the ``run-config`` switch and SecAgg+'s settings (Flower's ``SecAggPlusWorkflow`` parameters)
+#: Flower's quantizer rounds into int32: Q must stay below 2³¹
+MAX_QUANTIZATION = (1 << 31) - 1
+#: the ``run-config`` switch
 SETTING = "run-config.secure-aggregation"
 
 
@@ -87,8 +89,12 @@ class SecureAggregation:
             raise ConfigError("run-config.secagg-reconstruction-threshold", f"must be >= 2 and below secagg-num-shares ({self.num_shares}), got {self.reconstruction_threshold}")
         if not (self.clipping_range > 0 and math.isfinite(self.clipping_range)):
             raise ConfigError("run-config.secagg-clipping-range", f"must be a positive number, got {self.clipping_range}")
-        if not 2 <= self.quantization_range < MODULUS:
-            raise ConfigError("run-config.secagg-quantization-range", f"must be an integer in 2..2^32 − 1, got {self.quantization_range}")
+        if not 2 <= self.quantization_range <= MAX_QUANTIZATION:
+            raise ConfigError("run-config.secagg-quantization-range", f"must be an integer in 2..2^31 − 1 (Flower quantizes into int32), got {self.quantization_range}")
+        try:  # and Flower's own checks
+            self.workflow(None)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(SETTING, f"Flower's SecAgg+ refuses these settings: {exc}") from None
 
     @classmethod
     def from_settings(cls, settings: AppSettings) -> SecureAggregation | None:
@@ -122,8 +128,9 @@ class SecureAggregation:
             raise ConfigError("run-config.secagg-quantization-range", f"{nodes} nodes × Q = {self.quantization_range} would overflow the modulus 2^32: "
                               f"give Q below {MODULUS // nodes}")
 
-    def workflow(self, timeout: float) -> SecAggPlusWorkflow:
-        """Flower's SecAgg+ workflow with these settings; a node's weight is 1 (``max_weight`` 1: inputs are summed, not averaged)."""
+    def workflow(self, timeout: float | None) -> SecAggPlusWorkflow:
+        """Flower's SecAgg+ workflow with these settings, waiting ``timeout`` s per stage; a node's weight is 1 (``max_weight`` 1:
+        the workflow returns the inputs' mean)."""
         return SecAggPlusWorkflow(self.num_shares, self.reconstruction_threshold, max_weight=1.0, clipping_range=self.clipping_range,
                                   quantization_range=self.quantization_range, modulus_range=MODULUS, timeout=timeout)
 
