@@ -29,7 +29,7 @@ for _key in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):  # before F
 pytest.importorskip("flwr", reason="the Flower integration needs flwr (pip install 'fedshuffle[flower]', Python >= 3.11)")
 
 from flwr.app import ArrayRecord, ConfigRecord  # noqa: E402
-from flwr.common import bytes_to_ndarray  # noqa: E402
+from flwr.common import bytes_to_ndarray, ndarray_to_bytes  # noqa: E402
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage  # noqa: E402
 
 from fedshuffle.core.errors import ConfigError  # noqa: E402
@@ -49,11 +49,12 @@ HOSTS = ["0-1", "2-3", "4-5"]
 class Transport(FakeGrid):
     """The in-process grid with a network's semantics SecAgg+ relies on: each node gets its own copy of a message
     (Flower's workflow sends one content object to every node, and ``secaggplus_mod`` edits what it receives);
-    ``lost`` = {(node, SecAgg+ stage)}: that node's replies in that stage never arrive; ``received`` keeps every reply."""
+    ``lost`` = {(node, SecAgg+ stage)}: that node's replies in that stage never arrive; ``tampered``: these nodes' masked
+    inputs arrive with 2³¹ added to every entry; ``received`` keeps every reply."""
 
-    def __init__(self, *args, lost: set[tuple[int, str]] = frozenset(), **kwargs) -> None:
+    def __init__(self, *args, lost: set[tuple[int, str]] = frozenset(), tampered: set[int] = frozenset(), **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.lost, self.received = set(lost), []
+        self.lost, self.tampered, self.received = set(lost), set(tampered), []
         app = self.app
         self.app = lambda message, context: app(copy.deepcopy(message), context)
 
@@ -64,6 +65,10 @@ class Transport(FakeGrid):
             configs = message.content.config_records.get(RECORD_KEY_CONFIGS)
             if configs is not None and (message.metadata.dst_node_id, configs.get(Key.STAGE)) in self.lost:
                 self._replies.pop(message.metadata.message_id, None)
+            reply = self._replies.get(message.metadata.message_id)
+            if configs is not None and message.metadata.dst_node_id in self.tampered and configs.get(Key.STAGE) == Stage.COLLECT_MASKED_VECTORS:
+                masked = reply.content.config_records[RECORD_KEY_CONFIGS]
+                masked[Key.MASKED_PARAMETERS] = [ndarray_to_bytes((bytes_to_ndarray(b) + (1 << 31)) % (1 << 32)) for b in masked[Key.MASKED_PARAMETERS]]
         return ids
 
     def pull_messages(self, message_ids) -> list:
@@ -169,6 +174,14 @@ def test_a_node_lost_during_secagg_is_left_out_of_the_sum_and_its_members_droppe
     arrays, metrics = secure_round(strategy, grid, 2, arrays)
     assert (metrics["members"], metrics["dropped"]) == (0, 6) and torch.equal(model(arrays), before)
     assert strategy.half.dropped == 8
+
+
+def test_a_malformed_masked_input_stops_the_run_instead_of_moving_the_model():
+    """SecAgg+ checks no input: a masked input shifted by 2³¹ (mod 2³²) unmasks to a sum far beyond K·c, which the server refuses."""
+    exp, run, grid = federation("fedshuffle", rounds=1)
+    grid.tampered = {1001}
+    with pytest.raises(FederationError, match=r"round 1: the SecAgg\+ sum of \d node\(s\) has entries beyond ±.*a node sent a malformed masked input"):
+        FedShuffleStrategy(run, secure=SECURE).start(grid)
 
 
 def test_an_input_beyond_the_clipping_range_stops_the_run_naming_the_setting():

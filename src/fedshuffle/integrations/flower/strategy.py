@@ -501,6 +501,9 @@ class FedShuffleStrategy(Strategy):
         if summed.total is None:
             self._log(f"round {server_round}: SecAgg+ halted (too few nodes answered for reconstruction-threshold): every member dropped, the model is not changed")
             return np.zeros_like(keep), None, extras
+        bound = len(summed.nodes) * self.secure.clipping_range + self.secure.tolerance(len(summed.nodes))
+        if not np.all(np.abs(summed.total) <= bound):  # inputs in [−c, c] cannot sum beyond this: a masked input was malformed
+            raise FederationError(f"round {server_round}: the SecAgg+ sum of {len(summed.nodes)} node(s) has entries beyond ±{bound:g}: a node sent a malformed masked input")
         keep = keep & np.array([self.nodes[int(i)] in summed.nodes for i in rnd.cohort], dtype=bool)
         kept = keep_members(rnd, keep)
         rho = rescaling(state.weights[keep], half.method.sum_weights(kept))
