@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 
+import listening
 from flower_harness import FLOWER_ENV, FakeGrid, SocketWatch, outside_loopback, run_app, stop_group
 
 for _key in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):  # before Flower reads them
@@ -183,17 +184,22 @@ def test_a_node_running_another_fedshuffle_version_is_refused_at_the_handshake_n
 # -- Flower's default local simulation, offline -------------------------------------------------------------
 
 
+#: the namespace's network: loopback, plus a host address (TEST-NET-2) and a default route on it, which is what makes
+#: Ray listen on every interface; nothing beyond the namespace is reachable (offline), and nothing in it from outside
+NAMESPACE_SETUP = "ip link set lo up && ip addr add 198.51.100.7/32 dev lo && ip route add default dev lo src 198.51.100.7"
+
+
 def namespace_command(command: list[str]) -> list[str]:
-    """``command`` as the first process of a network namespace (only loopback: offline) and a PID namespace (all
+    """``command`` as the first process of a network namespace (:data:`NAMESPACE_SETUP`) and a PID namespace (all
     its processes end with it), with /proc of its own."""
-    return ["unshare", "--net", "--pid", "--fork", "--mount-proc", *command]
+    return ["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", NAMESPACE_SETUP + ' && exec "$@"', "offline", *command]
 
 
 def can_isolate() -> bool:
     if not (shutil.which("unshare") and shutil.which("ip")):
         return False
     try:
-        return subprocess.run(namespace_command(["ip", "link", "set", "lo", "up"]), capture_output=True, timeout=30).returncode == 0
+        return subprocess.run(namespace_command(["true"]), capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -201,30 +207,39 @@ def can_isolate() -> bool:
 def test_flowers_default_local_simulation_runs_the_app_offline_from_its_bundled_wheel(tmp_path):
     """``flwr run APP`` with no connection named: Flower's default ``local`` connection, whose SuperLink (simulation
     runtime, runtime dependency installation on, as ``flwr`` starts it) installs the app's dependencies with
-    ``uv sync`` into a fresh environment. Without an index the bundled wheel is all it installs."""
-    if not can_isolate():
-        pytest.skip("needs unshare --net --pid (namespaces of its own) to run Flower offline")
+    ``uv sync`` into a fresh environment. Without an index the bundled wheel is all it installs. With
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (as the docs say) every socket of the namespace listens on loopback."""
+    if not (can_isolate() and listening.available()):
+        pytest.skip("needs unshare --net --pid (namespaces of its own) to run Flower offline, and /proc to read its sockets")
     exp = experiment()
     app_dir = write_app(config_file(tmp_path, exp), tmp_path / "app", bundle_wheel=True)
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FLWR_"))}
     env.update(FLOWER_ENV, FLWR_HOME=str(tmp_path / "flwr-home"), PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE)]),
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # Ray's services on 127.0.0.1 (fedshuffle.executors.ray)
-    started = time.monotonic()
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    started, seen = time.monotonic(), set()
     command = namespace_command([sys.executable, str(HERE / "deploy_harness.py"), "local-run", str(DEPLOYMENT_SECONDS - 20), str(app_dir),
                                  "--run-config", f'out="{out}"'])
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    with open(tmp_path / "result.json", "wb") as stdout, open(tmp_path / "stderr.txt", "wb") as stderr:
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
     try:
-        stdout, stderr = process.communicate(timeout=DEPLOYMENT_SECONDS)
+        while process.poll() is None and time.monotonic() - started < DEPLOYMENT_SECONDS:
+            try:
+                seen.update(listening.listening(listening.process_tree(process.pid), namespace_of=process.pid))
+            except (OSError, ValueError):
+                pass  # a process of the tree ended while it was read
+            time.sleep(0.3)
     finally:
         stop_group(process)
     print(f"flwr run on the default local simulation, offline: {time.monotonic() - started:.1f} s")
-    assert process.returncode == 0, stderr[-3000:]
-    result = json.loads(stdout.strip().splitlines()[-1])
+    assert process.returncode == 0, (tmp_path / "stderr.txt").read_text()[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text().strip().splitlines()[-1])
     assert result["status"] == "finished:completed", result["details"][-3000:]
     wheel = app_dir.resolve() / "wheels" / f"fedshuffle-{installed_version()}-py3-none-any.whl"
     assert f"Installed: [fedshuffle=={installed_version()} (from {wheel.as_uri()})]" in result["log"], result["log"][-3000:]
     assert_reaches_the_simulations_model(out, exp)
+    assert seen, "no listening socket was seen: the check did not run"
+    assert [s for s in seen if not listening.is_loopback(s[0])] == [], seen
 
 
 # -- TLS and SuperNode authentication --------------------------------------------------------------------------
