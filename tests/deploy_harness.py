@@ -60,7 +60,8 @@ def make_certificates(folder: Path, days: int = 2) -> dict[str, Path]:
     server = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])).issuer_name(ca_name)
               .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-              .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
+              .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+                             critical=False)
               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
@@ -100,17 +101,19 @@ class SecureFederation:
         self.connection = "secure"
 
     def flwr(self, args: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
-        return subprocess.run([str(scripts_dir() / "flwr"), *args], capture_output=True, text=True, env=self.env, timeout=timeout, start_new_session=True)
+        return subprocess.run([str(scripts_dir() / "flwr"), *args], capture_output=True, text=True, env=self.env, timeout=timeout,
+                              start_new_session=True)
 
     def register(self, public_key: Path) -> subprocess.CompletedProcess:
         """``flwr supernode register PUBLIC_KEY secure``: the SuperLink accepts the node holding its private key."""
         return self.flwr(["supernode", "register", str(public_key), self.connection, "--format", "json"])
 
-    def node(self, name: str, node_config: str, private_key: Path | None, root_certificates: Path | None, retries: int | None = None) -> subprocess.Popen:
+    def node(self, name: str, node_config: str, private_key: Path | None, root_certificates: Path | None,
+             retries: int | None = None) -> subprocess.Popen:
         """A ``flower-supernode`` connecting over TLS (trusting ``root_certificates``; None: the system's CAs)
         and signing its requests with ``private_key`` (None: no key)."""
-        command = [str(scripts_dir() / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1", "--port", str(free_port()),
-                   "--node-config", node_config]
+        command = [str(scripts_dir() / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
+                   "--port", str(free_port()), "--node-config", node_config]
         if root_certificates is not None:
             command += ["--root-certificates", str(root_certificates)]
         if private_key is not None:
@@ -134,8 +137,9 @@ def secure_federation(work: Path, deadline: float):
                                       f'root-certificates = "{certificates["ca"]}"\n')
     federation = SecureFederation(work, certificates, flower_env(home), port)
     try:
-        link = start([str(scripts_dir() / "flower-superlink"), "--ssl-ca-certfile", str(certificates["ca"]), "--ssl-certfile", str(certificates["cert"]),
-                      "--ssl-keyfile", str(certificates["key"]), "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(port),
+        link = start([str(scripts_dir() / "flower-superlink"), "--ssl-ca-certfile", str(certificates["ca"]),
+                      "--ssl-certfile", str(certificates["cert"]), "--ssl-keyfile", str(certificates["key"]), "--enable-supernode-auth",
+                      "--host", "127.0.0.1", "--port", str(port),
                       "--disable-runtime-dependency-installation", "--database", str(work / "state.db")], work / "superlink.log", federation.env)
         federation.processes.append(link)
         _wait_port(port, deadline, link, work / "superlink.log")

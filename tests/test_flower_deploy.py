@@ -103,7 +103,7 @@ def load_app_module(app_dir: Path, name: str):
 # -- the pin, the bundled wheel, the version checks ----------------------------------------------------------
 
 
-def test_the_app_pins_the_installed_fedshuffle_and_can_bundle_its_wheel(tmp_path):
+def test_the_app_pins_the_installed_fedshuffle_and_can_bundle_its_wheel(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from fedshuffle.cli import app as cli
@@ -141,6 +141,11 @@ def test_the_app_pins_the_installed_fedshuffle_and_can_bundle_its_wheel(tmp_path
     assert refused.exit_code == 2 and "--wheel" in refused.output and "0.0.1" in refused.output and version in refused.output
     assert "Traceback" not in refused.output and not (tmp_path / "other").exists()
 
+    monkeypatch.setattr(bundle, "installed_version", lambda: bundle.NOT_INSTALLED)  # imported from a source tree, no metadata
+    with pytest.raises(ConfigError, match="no fedshuffle distribution is installed") as err:
+        write_app(config, tmp_path / "unpinned")
+    assert err.value.field == "fedshuffle" and not (tmp_path / "unpinned").exists()
+
 
 def test_the_apps_module_refuses_to_load_under_another_fedshuffle_version_naming_both(tmp_path, monkeypatch):
     app_dir = write_app(config_file(tmp_path, experiment()), tmp_path / "app")
@@ -174,7 +179,8 @@ def test_a_node_running_another_fedshuffle_version_is_refused_at_the_handshake_n
         return reply
 
     silent.app = without_version
-    with pytest.raises(FederationError, match=rf"node 1000 runs fedshuffle unknown \(its reply does not say\), the server fedshuffle {installed_version()}"):
+    expected = rf"node 1000 runs fedshuffle unknown \(its reply does not say\), the server fedshuffle {installed_version()}:"
+    with pytest.raises(FederationError, match=expected):
         server_app(exp)(silent, server_context({}))
     same = FakeGrid(client_app(exp), 2)
     server_app(exp)(same, server_context({}))
@@ -267,7 +273,8 @@ def test_a_superlink_with_tls_and_node_authentication_serves_registered_nodes_an
         keys = [make_node_keys(work / "keys", name) for name in ("node-0", "node-1", "stranger")]
         for _, public in keys[:2]:
             registered = federation.register(public)
-            assert registered.returncode == 0 and json.loads(registered.stdout[registered.stdout.find("{"):])["success"], registered.stdout + registered.stderr
+            answer = registered.stdout[registered.stdout.find("{"):]
+            assert registered.returncode == 0 and json.loads(answer)["success"], registered.stdout + registered.stderr
         stranger = federation.node("stranger", 'clients="1"', keys[2][0], federation.certificates["ca"], retries=1)
         untrusting = federation.node("no-ca", 'clients="1"', keys[1][0], None, retries=1)
         nodes = [federation.node(str(k), f'clients="{k}"', keys[k][0], federation.certificates["ca"]) for k in range(2)]

@@ -18,8 +18,10 @@ def flower_app(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, kept in the app's run config (flwr run -c 'set=\"...\"' changes it)")] = None,
     variant: Annotated[Optional[str], typer.Option(help="run only this variant (default: every variant in turn)")] = None,
     node_data: Annotated[bool, typer.Option("--node-data", help="the nodes bring their own data (data-path); the server builds none and the app carries no data path")] = False,
-    bundle_wheel: Annotated[bool, typer.Option("--bundle-wheel", help="build this fedshuffle's wheel into DIR/wheels and install the app's fedshuffle from it (no index needed)")] = False,
-    wheel: Annotated[Optional[Path], typer.Option("--wheel", metavar="FILE", help="bundle this fedshuffle wheel (of the installed version) instead of building one")] = None,
+    bundle_wheel: Annotated[bool, typer.Option("--bundle-wheel",
+                                               help="build this fedshuffle's wheel into DIR/wheels and install the app's fedshuffle from it (no index)")] = False,
+    wheel: Annotated[Optional[Path], typer.Option("--wheel", metavar="FILE",
+                                                  help="bundle this fedshuffle wheel (of the installed version) instead of building one")] = None,
 ) -> None:
     """Write the experiment as a Flower App pinned to this fedshuffle: `flwr run DIR <connection>` runs it (README, "Flower")."""
     from fedshuffle.integrations.flower.bundle import write_app

@@ -34,11 +34,14 @@ from fedshuffle.integrations.flower.common import EXPERIMENT_FILE, AppSettings, 
 MODULE = "fedshuffle_app"
 #: the folder of the app that holds the bundled wheel
 WHEELS = "wheels"
+#: :func:`installed_version` where no fedshuffle distribution is installed (the package imported from a source tree)
+NOT_INSTALLED = "unknown (not installed)"
 
 
 def app_module(version: str) -> str:
     """The app's module: the version check, then the ServerApp and the ClientApp of the experiment."""
-    return f'''"""A fedshuffle experiment as a Flower App (written by ``fedshuffle flower-app`` with fedshuffle {version}; the experiment is {EXPERIMENT_FILE})."""
+    return f'''"""A fedshuffle experiment as a Flower App (written by ``fedshuffle flower-app`` with fedshuffle {version};
+the experiment is {EXPERIMENT_FILE})."""
 
 from pathlib import Path
 
@@ -59,7 +62,7 @@ def installed_version() -> str:
     try:
         return metadata.version("fedshuffle")
     except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+        return NOT_INSTALLED
 
 
 def require_version(made_with: str) -> None:
@@ -174,7 +177,8 @@ def _checked_wheel(wheel: Path, version: str, field: str) -> Path:
     if not wheel.is_file() or wheel.suffix != ".whl" or len(parts) < 5 or parts[0] != "fedshuffle":
         raise ConfigError(field, f"{wheel} is not a fedshuffle wheel file (fedshuffle-<version>-py3-none-any.whl)")
     if parts[1] != version:
-        raise ConfigError(field, f"{wheel.name} is fedshuffle {parts[1]}, the installed fedshuffle that writes the app is {version}: bundle that version's wheel")
+        raise ConfigError(field, f"{wheel.name} is fedshuffle {parts[1]}, the installed fedshuffle that writes the app is {version}: "
+                                 "bundle that version's wheel")
     return wheel
 
 
@@ -202,6 +206,9 @@ def write_app(config: str | Path, directory: str | Path, settings: AppSettings |
     if directory.is_dir() and any(directory.iterdir()):
         raise ConfigError("DIR", f"{directory} is not empty: the app's files would replace what is there; give a new or empty folder")
     version = installed_version()
+    if version == NOT_INSTALLED:
+        raise ConfigError("fedshuffle", "no fedshuffle distribution is installed (is it imported from a source tree on PYTHONPATH?): "
+                                        "install it (pip install -e .) so that the app can pin its version")
     name = experiment.experiment.name
     description = experiment.experiment.title or f"fedshuffle experiment {name} ({len(runs)} run(s))"
     with tempfile.TemporaryDirectory() as tmp:
