@@ -135,6 +135,12 @@ def test_the_app_pins_the_installed_fedshuffle_and_can_bundle_its_wheel(tmp_path
     assert "fedshuffle/presets/quickstart.toml" in names and f"\nVersion: {version}\n" in metadata
     assert [(ROOT / "build").exists(), (ROOT / "src" / "fedshuffle.egg-info").exists()] == build_files  # built from a copy of the tree
 
+    given = CliRunner().invoke(cli, ["flower-app", str(config), str(tmp_path / "given"), "--wheel", str(wheel)])  # a wheel one has
+    assert given.exit_code == 0, given.output
+    copied = tmp_path / "given" / "wheels" / wheel.name
+    assert copied.read_bytes() == wheel.read_bytes()
+    assert tomllib.loads((tmp_path / "given" / "pyproject.toml").read_text())["tool"]["uv"]["sources"]["fedshuffle"] == {"path": str(copied.resolve())}
+
     other = tmp_path / "fedshuffle-0.0.1-py3-none-any.whl"
     other.write_bytes(wheel.read_bytes())
     refused = CliRunner().invoke(cli, ["flower-app", str(config), str(tmp_path / "other"), "--wheel", str(other)])
