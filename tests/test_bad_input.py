@@ -327,6 +327,14 @@ def test_huge_and_deeply_nested_set_and_grid_values_are_one_line(small, value, r
     assert not (small / "out").exists()
 
 
+def test_every_problem_of_a_config_is_on_one_line_and_a_union_lists_its_alternatives(small):
+    result = cli("run", str(small / "c.toml"), "--set", "local.lr=fast", "--set", "server.lr=-1", "--out", str(small / "out"))
+    line = refused(result, "variants[0] (A).local.lr")
+    assert len([x for x in result.output.splitlines() if x.strip()]) == 1, result.output
+    assert "Input should be 'theory' or a valid number" in line and line.count("(got 'fast')") == 1
+    assert "server.lr: Input should be greater than 0 (got -1)" in line
+
+
 def test_a_huge_worker_count_is_refused_before_any_folder_is_written(small):
     assert "from 1 to" in refused(cli("run", str(small / "c.toml"), "--workers", "9999999999999999999999", "--out", str(small / "out")), "--workers")
     assert not (small / "out").exists()

@@ -18,13 +18,18 @@ def flower_app(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, kept in the app's run config (flwr run -c 'set=\"...\"' changes it)")] = None,
     variant: Annotated[Optional[str], typer.Option(help="run only this variant (default: every variant in turn)")] = None,
     node_data: Annotated[bool, typer.Option("--node-data", help="the nodes bring their own data (data-path); the server builds none and the app carries no data path")] = False,
+    bundle_wheel: Annotated[bool, typer.Option("--bundle-wheel",
+                                               help="build this fedshuffle's wheel into DIR/wheels and install the app's fedshuffle from it (no index)")] = False,
+    wheel: Annotated[Optional[Path], typer.Option("--wheel", metavar="FILE",
+                                                  help="bundle this fedshuffle wheel (of the installed version) instead of building one")] = None,
 ) -> None:
-    """Write the experiment as a Flower App: `flwr run DIR <connection>` runs it on a SuperLink (README, "Flower")."""
+    """Write the experiment as a Flower App pinned to this fedshuffle: `flwr run DIR <connection>` runs it (README, "Flower")."""
     from fedshuffle.integrations.flower.bundle import write_app
     from fedshuffle.integrations.flower.common import AppSettings
 
     try:
-        target = write_app(config, directory, AppSettings(variant=variant or "", overrides="; ".join(set_ or []), node_data=node_data))
+        settings = AppSettings(variant=variant or "", overrides="; ".join(set_ or []), node_data=node_data)
+        target = write_app(config, directory, settings, bundle_wheel=bundle_wheel, wheel=wheel)
     except ConfigError as exc:
         fail(exc)
     except OSError as exc:

@@ -20,12 +20,13 @@ from fedshuffle.core.errors import ConfigError
 _UNION_TAG = re.compile(r"^(int|float|str|bool|none|constrained-\w+|function-\w+\[.*|literal\[.*|list\[.*|tuple\[.*|dict\[.*|sequence\[.*|json-or-python\[.*)$")
 
 
-def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str) -> str:
+def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str) -> tuple[str, str]:
+    """(the setting, what is wrong with it) of one pydantic error."""
     loc = [str(p) for p in error["loc"] if not _UNION_TAG.match(str(p))]
     field = prefix + ".".join(loc)
     raised = (error.get("ctx") or {}).get("error")
     if isinstance(raised, ConfigError):  # raised by a validator that names its own setting (a part's settings, experiments.schema)
-        return f"{field + '.' if field else ''}{raised.field}: {raised.message}"
+        return f"{field + '.' if field else ''}{raised.field}", raised.message
     if error["type"] == "extra_forbidden":
         parent: Any = model
         for part in loc[:-1]:
@@ -38,16 +39,31 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str)
                 break
         known = list(parent.model_fields) if parent is not None else []
         hint = difflib.get_close_matches(loc[-1], known, n=1)
-        return f"{field}: unknown setting{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(known)}"
-    value = error.get("input")
-    return f"{field}: {error['msg'].removeprefix('Value error, ')} (got {value!r})"
+        return field, f"unknown setting{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(known)}"
+    return field, f"{error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})"
+
+
+def _one_line(problems: Mapping[str, list[str]]) -> str:
+    """Every problem on one line: a setting that fails each member of a union reads ``Input should be A or B (got v)``."""
+    parts = []
+    for field, messages in problems.items():
+        got = {m.rpartition(" (got ")[2] for m in messages}
+        if len(messages) > 1 and len(got) == 1 and all(" (got " in m for m in messages):
+            wants = [m.rpartition(" (got ")[0].removeprefix("Input should be ") for m in messages]
+            parts.append(f"{field}: Input should be {' or '.join(wants)} (got {got.pop()}")
+        else:
+            parts.append(f"{field}: {'; '.join(messages)}")
+    return "; ".join(parts)
 
 
 def validate(model: type[BaseModel], raw: Mapping[str, Any], prefix: str = "") -> Any:
-    """``model.model_validate(raw)`` with one readable line per problem, raised as :class:`ConfigError`."""
+    """``model.model_validate(raw)`` with every problem on one readable line, raised as :class:`ConfigError`
+    naming the first setting."""
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        lines = sorted({_format_error(e, model, prefix) for e in exc.errors()})
-        field = lines[0].split(":", 1)[0]
-        raise ConfigError(field, "\n".join(lines)[len(field) + 2 :]) from None
+        problems: dict[str, list[str]] = {}
+        for field, message in sorted({_format_error(e, model, prefix) for e in exc.errors()}):
+            problems.setdefault(field, []).append(message)
+        field = next(iter(problems))
+        raise ConfigError(field, _one_line(problems)[len(field) + 2 :]) from None

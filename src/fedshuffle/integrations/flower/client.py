@@ -45,6 +45,7 @@ from fedshuffle.core.io import write_atomic
 from fedshuffle.executors import SequentialExecutor
 from fedshuffle.experiments.build import build_algorithm_from
 from fedshuffle.experiments.runner import DTYPES, build_simulation
+from fedshuffle.integrations.flower.bundle import installed_version
 from fedshuffle.integrations.flower.common import FederatedRun, NodeData, format_clients, parse_clients
 from fedshuffle.integrations.flower.nodedata import OwnClients, SampleKind, folder_clients, refuse_theory, rows_digest
 from fedshuffle.integrations.flower.secagg import keep_weighted_update, node_mod
@@ -198,9 +199,10 @@ def node_store(context: Context, runtime: NodeRuntime, client: int) -> Store:
 def handshake_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
     """The clients this node hosts, and per run asked for: each hosted client's dataset size (−1 for a client the
     run does not have) and rows' digest (:func:`~.nodedata.rows_digest`), the model's size, and the run's
-    fingerprint as this node would run it ("" for a run with none of its clients)."""
+    fingerprint as this node would run it ("" for a run with none of its clients); and the fedshuffle version it runs."""
     clients = hosted_clients(context)
-    info: dict[str, object] = {"clients": list(clients), "num-partitions": node_integer(context, "num-partitions", -1)}
+    info: dict[str, object] = {"clients": list(clients), "num-partitions": node_integer(context, "num-partitions", -1),
+                               "fedshuffle-version": installed_version()}
     digests = []
     for index in message.content["fedshuffle"]["runs"]:
         index = int(index)

@@ -58,6 +58,7 @@ from fedshuffle.experiments.build import build_algorithm_from, build_sampler
 from fedshuffle.experiments.runner import DTYPES, RunFolder, build_simulation, check_against_data
 from fedshuffle.experiments.schema import slug
 from fedshuffle.data import FederatedDataset
+from fedshuffle.integrations.flower.bundle import installed_version
 from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population, format_clients
 from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, rows_digest
 from fedshuffle.integrations.flower.secagg import SecureAggregation, refuse_individual_updates, rescaling, secure_sum, sum_metrics
@@ -653,11 +654,15 @@ class _NodeReport:
 
 
 def _handshake_report(reply: Message, node: int, strategies: Sequence[FedShuffleStrategy], n: int | None) -> tuple[tuple[int, ...], list[_NodeReport]]:
-    """The clients a node's handshake reply says it hosts, and its report per run (the form checked, not the values)."""
+    """The clients a node's handshake reply says it hosts, and its report per run (the form checked, not the values).
+    A node stating another fedshuffle version than the server's is refused first; one stating none (a version
+    before the check), once its reply's form is checked."""
     if reply.has_error():
         raise FederationError(f"node {node} failed the handshake: {reply.error.reason}")
     try:
         info = _content(reply, "node")
+        if (version := info.get("fedshuffle-version")) is not None and version != installed_version():
+            raise _other_version(node, version)
         clients = info.get("clients")
         if not isinstance(clients, list) or not clients or not all(isinstance(c, int) and not isinstance(c, bool) for c in clients):
             raise InvalidReply(f"node.clients: expected a list of client ids, got {clients!r}"[:300])
@@ -672,11 +677,18 @@ def _handshake_report(reply: Message, node: int, strategies: Sequence[FedShuffle
             reports.append(_NodeReport(clients, sizes, rows, dim, str(digests[k]), sample if isinstance(sample, str) else None))
     except (InvalidReply, AttributeError) as exc:
         raise FederationError(f"node {node} sent a malformed handshake reply: {exc}") from None
+    if version is None:
+        raise _other_version(node, "unknown (its reply does not say)")
     outside = [c for c in clients if c < 0 or (n is not None and c >= n)]
     if (n is not None and parts not in (-1, n)) or outside:
         raise FederationError(f"node {node} hosts clients {format_clients(clients) if all(c >= 0 for c in clients) else clients} (num-partitions={parts}); "
                               f"the federation has {n} clients (ids 0..{n - 1}, num-partitions={n})")
     return tuple(clients), reports
+
+
+def _other_version(node: int, version: object) -> FederationError:
+    return FederationError(f"node {node} runs fedshuffle {version}, the server fedshuffle {installed_version()}: "
+                           f"every node must run the server's version (pip install fedshuffle=={installed_version()}, or the app's wheel)")
 
 
 def _adopt(s: FedShuffleStrategy, n: int, nodes: dict[int, int], reports: dict[int, _NodeReport]) -> None:
