@@ -85,12 +85,14 @@ class SecureAggregation:
                 raise ConfigError(f"run-config.{key}", f"a fraction must be in (0, 1], got {value}; or give a whole number of shares")
         if isinstance(self.num_shares, int) and self.num_shares <= 2:
             raise ConfigError("run-config.secagg-num-shares", f"a number of shares must be > 2, got {self.num_shares}")
-        if isinstance(self.reconstruction_threshold, int) and (self.reconstruction_threshold < 2 or (isinstance(self.num_shares, int) and self.reconstruction_threshold >= self.num_shares)):
-            raise ConfigError("run-config.secagg-reconstruction-threshold", f"must be >= 2 and below secagg-num-shares ({self.num_shares}), got {self.reconstruction_threshold}")
+        threshold = self.reconstruction_threshold
+        if isinstance(threshold, int) and (threshold < 2 or (isinstance(self.num_shares, int) and threshold >= self.num_shares)):
+            raise ConfigError("run-config.secagg-reconstruction-threshold", f"must be >= 2 and below secagg-num-shares ({self.num_shares}), got {threshold}")
         if not (self.clipping_range > 0 and math.isfinite(self.clipping_range)):
             raise ConfigError("run-config.secagg-clipping-range", f"must be a positive number, got {self.clipping_range}")
         if not 2 <= self.quantization_range <= MAX_QUANTIZATION:
-            raise ConfigError("run-config.secagg-quantization-range", f"must be an integer in 2..2^31 − 1 (Flower quantizes into int32), got {self.quantization_range}")
+            raise ConfigError("run-config.secagg-quantization-range",
+                              f"must be an integer in 2..2^31 − 1 (Flower quantizes into int32), got {self.quantization_range}")
         try:  # and Flower's own checks
             self.workflow(None)
         except (TypeError, ValueError) as exc:
@@ -265,8 +267,10 @@ def secure_sum(grid: object, settings: SecureAggregation, inputs: Mapping[int, S
     whose kept weighted updates it adds (none: it adds zeros). The workflow returns the mean of the inputs it holds
     (every weight 1); times their number, that is the sum."""
     observed = _Observed(grid)
-    instructions = {node: FitIns(Parameters([], ""), {"run": run, "round": round_index, "clients": ",".join(map(str, clients)), "clipping-range": settings.clipping_range})
-                    for node, clients in inputs.items()}
+    instructions = {
+        node: FitIns(Parameters([], ""), {"run": run, "round": round_index, "clients": ",".join(map(str, clients)), "clipping-range": settings.clipping_range})
+        for node, clients in inputs.items()
+    }
     strategy = _Inputs(instructions, observed)
     state = RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: round_index + 1}), MAIN_PARAMS_RECORD: ArrayRecord()})
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=state, run_config={}), strategy=strategy)
