@@ -14,7 +14,7 @@ weights ω_i for the default halves, FedCDR's w_i). A round, with ``secure-aggre
     train (one message per sampled client)   plans, broadcast and the member's ν_i; the node trains, keeps
                                              ν_iΔ_i (summed over the client's members) and replies with counts only
     SecAgg+ (one exchange per node)           each node hosting an answered client inputs s_k = Σ_{i on k} ν_iΔ_i
-                                             (a node with none inputs 0, so that at least two nodes take part);
+                                             (where they sit on one node, one other node inputs 0: two take part);
                                              the server gets Σ_k s_k and which nodes' inputs it holds
 
 Quantization. A node clips its input to [−c, c] and rounds it stochastically onto Q levels (``clipping-range``
@@ -25,8 +25,8 @@ c, ``quantization-range`` Q): each entry moves by less than one level 2c/Q, so w
 A node whose input has an entry outside [−c, c] refuses (its input would be clipped): the run stops naming the setting.
 The sum of K inputs must stay below the modulus 2³²: K·Q < 2³² (K < 1024 nodes at the default Q).
 
-Dropouts are SecAgg+'s: a node that does not answer a stage is left out and its masks are removed with its
-neighbours' shares, as long as each remaining node keeps ``reconstruction-threshold`` neighbours; otherwise
+Dropouts are SecAgg+'s: a node whose masked input does not arrive is left out of the sum and its masks are removed
+with its neighbours' shares (one that drops later stays in), as long as each node keeps ``reconstruction-threshold`` neighbours; otherwise
 SecAgg+ halts and the round aggregates nothing (every member dropped, the model unchanged). When members drop,
 the server rescales the sum to the weights the method gives the members that remain, ν_i(S') = ρ·ν_i(S):
 every :class:`~fedshuffle.aggregation.Aggregator` has one factor ρ for all members (sum-one normalization,
