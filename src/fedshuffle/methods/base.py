@@ -192,6 +192,16 @@ class Method:
         cls = type(self)
         return cls.client_update is Method.client_update and cls.aggregate is Method.aggregate
 
+    @property
+    def server_needs_only_sum(self) -> bool:
+        """Whether the server half needs only d = Σ_S ν_iΔ_i of the members' ``delta``, with ν_i = :meth:`sum_weights` fixed by the
+        plans, never a member's own Δ_i, so that a secure sum (Flower's SecAgg+) can stand in for the updates: true for the default halves."""
+        return self.sums_updates
+
+    def sum_weights(self, rnd: RoundInfo) -> np.ndarray:
+        """ν_i of the members in d = Σ_S ν_iΔ_i, for a method whose server half needs only that sum: the aggregation weights ω_i."""
+        return self.aggregation_weights(rnd)
+
     def describe(self) -> str:
         return self.name
 

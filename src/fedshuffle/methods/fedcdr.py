@@ -123,6 +123,11 @@ class FedCDR(Method):
         extras = {"prox_residual": float(residual.norm(dim=1).mean())}
         return ClientResult({"delta": xhat - xhat_new}, {"y": y_new, "x": x_new, "xhat": xhat_new}, spent + cost, extras)
 
+    server_needs_only_sum = True  # d = Σ_S w_iΔ_i (:meth:`aggregate`): a secure sum may stand in for the Δ_i
+
+    def sum_weights(self, rnd):
+        return rnd.objective_weights[rnd.cohort]
+
     def aggregate(self, rnd, params, state, payload):
         """x ← x + Σ_S w_i g_i, sent as d = Σ_S w_i(x̂_i^old − x̂_i^new) to the server optimizer.
 
@@ -130,6 +135,8 @@ class FedCDR(Method):
         (momentum, Adam) runs, but gives up that invariant."""
         if len(rnd.cohort) == 0:
             return torch.zeros_like(params), state, {}
+        if "delta_sum" in payload:  # the sum, already formed (a secure aggregation's)
+            return payload["delta_sum"], state, {}
         return rnd.member_weights(params) @ payload["delta"], state, {}
 
     def describe(self):

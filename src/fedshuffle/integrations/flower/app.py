@@ -29,6 +29,7 @@ from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.experiments.schema import Experiment
 from fedshuffle.integrations.flower.client import NodeRuntime, hosted_clients, make_client_app
 from fedshuffle.integrations.flower.common import AppSettings, FederatedRun, federated_runs, read_experiment
+from fedshuffle.integrations.flower.secagg import SecureAggregation
 from fedshuffle.integrations.flower.strategy import FederationError, FedShuffleStrategy, handshake
 
 Source = str | Path | Experiment
@@ -94,7 +95,7 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
         settings = AppSettings.from_run_config(config)
         runs = runs_for(source, config)
         strategies = [FedShuffleStrategy(run, round_timeout=settings.round_timeout, connect_timeout=settings.connect_timeout, out=settings.out or None, resume=settings.resume, log=LOGGER.info,
-                                         invalid_reply=settings.invalid_reply, node_data=settings.node_data) for run in runs]
+                                         invalid_reply=settings.invalid_reply, node_data=settings.node_data, secure=SecureAggregation.from_settings(settings)) for run in runs]
         nodes = handshake(grid, strategies, settings.connect_timeout)
         for strategy in strategies:
             strategy.nodes = dict(nodes)

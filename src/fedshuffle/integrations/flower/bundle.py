@@ -125,6 +125,11 @@ connect-timeout = {settings.connect_timeout!r} # seconds to wait for nodes hosti
 resume = {str(settings.resume).lower()}          # continue each run from its checkpoint in `out`
 invalid-reply = {_toml_string(settings.invalid_reply)}   # a reply that fails the server's checks: "drop" its member for the round, or "stop" the run
 node-data = {str(settings.node_data).lower()}       # the nodes bring their own data (node config data-path); the server builds none
+secure-aggregation = {str(settings.secure_aggregation).lower()}   # the server sees only each round's weighted sum (Flower's SecAgg+)
+secagg-num-shares = {settings.secagg_num_shares!r}    # SecAgg+: shares of each node's secrets (> 2, or a fraction of the nodes)
+secagg-reconstruction-threshold = {settings.secagg_reconstruction_threshold!r}   # SecAgg+: shares that rebuild a secret
+secagg-clipping-range = {settings.secagg_clipping_range!r}   # SecAgg+: a node's input must lie in [-c, c]
+secagg-quantization-range = {settings.secagg_quantization_range}   # SecAgg+: levels of [-c, c]; the sum is within nodes·2c/Q
 """
 
 

@@ -48,6 +48,7 @@ from fedshuffle.experiments.runner import DTYPES, build_simulation
 from fedshuffle.integrations.flower.bundle import installed_version
 from fedshuffle.integrations.flower.common import FederatedRun, NodeData, format_clients, parse_clients
 from fedshuffle.integrations.flower.nodedata import OwnClients, SampleKind, folder_clients, refuse_theory, rows_digest
+from fedshuffle.integrations.flower.secagg import keep_weighted_update, node_mod
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.algorithm import Algorithm
 from fedshuffle.methods.base import Trainer
@@ -263,7 +264,11 @@ def train_reply(message: Message, context: Context, runtime: Callable[[Context, 
         store.save("pending", round_index, {name: result.rows[name][-1].detach().cpu().numpy() for name in method.state_fields})
     info = ConfigRecord({"client": client, "round": round_index, "members": members, "sample-gradients": int(result.sample_gradients),
                          **{f"extra.{k}": float(v) for k, v in result.extras.items()}})
-    return Message(RecordDict({"payload": tensors_record(result.payload), "result": info}), reply_to=message)
+    payload = result.payload
+    if "weights" in ins:  # secure aggregation: Σ ν_iΔ_i stays here until the round's SecAgg+ exchange (:mod:`.secagg`)
+        keep_weighted_update(context.state, node.run.index, client, round_index, torch.tensor(list(ins["weights"]), dtype=node.dtype, device=node.device) @ payload["delta"])
+        payload = {}
+    return Message(RecordDict({"payload": tensors_record(payload), "result": info}), reply_to=message)
 
 
 def evaluate_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
@@ -297,7 +302,7 @@ def make_client_app(runtime: Callable[[Context, int], NodeRuntime]) -> ClientApp
     app.query("fedshuffle")(lambda message, context: handshake_reply(message, context, runtime))
     app.query("evaluate")(lambda message, context: evaluate_reply(message, context, runtime))
     app.train("gradients")(lambda message, context: gradients_reply(message, context, runtime))
-    app.train()(lambda message, context: train_reply(message, context, runtime))
+    app.train(mods=[node_mod(lambda context, run: runtime(context, run).dim)])(lambda message, context: train_reply(message, context, runtime))
     return app
 
 

@@ -45,7 +45,10 @@ class AppSettings:
     ``invalid-reply``: what an invalid reply (wrong dtype, shape, non-finite entries, implausible counts)
     does: ``"drop"`` its member from the round, with the reason logged, or ``"stop"`` the run; ``node-data``: the
     nodes bring their own data (node config ``data-path``) and the server builds none: it plans on the clients'
-    sizes and kind of samples the handshake reports, and evaluates federatedly (each node scores its clients).
+    sizes and kind of samples the handshake reports, and evaluates federatedly (each node scores its clients);
+    ``secure-aggregation``: the server sees only the round's weighted sum, through Flower's SecAgg+, with its settings
+    ``secagg-num-shares``, ``secagg-reconstruction-threshold``, ``secagg-clipping-range``, ``secagg-quantization-range``
+    (:mod:`~fedshuffle.integrations.flower.secagg`).
     """
 
     variant: str = ""
@@ -57,10 +60,17 @@ class AppSettings:
     resume: bool = False
     invalid_reply: str = "drop"
     node_data: bool = False
+    secure_aggregation: bool = False
+    secagg_num_shares: float = 3.0
+    secagg_reconstruction_threshold: float = 2.0
+    secagg_clipping_range: float = 8.0
+    secagg_quantization_range: int = 1 << 22
 
     KEYS = {"variant": ("variant", str), "seed": ("seed", int), "set": ("overrides", str), "out": ("out", str),
             "round-timeout": ("round_timeout", float), "connect-timeout": ("connect_timeout", float), "resume": ("resume", bool),
-            "invalid-reply": ("invalid_reply", str), "node-data": ("node_data", bool)}
+            "invalid-reply": ("invalid_reply", str), "node-data": ("node_data", bool), "secure-aggregation": ("secure_aggregation", bool),
+            "secagg-num-shares": ("secagg_num_shares", float), "secagg-reconstruction-threshold": ("secagg_reconstruction_threshold", float),
+            "secagg-clipping-range": ("secagg_clipping_range", float), "secagg-quantization-range": ("secagg_quantization_range", int)}
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:

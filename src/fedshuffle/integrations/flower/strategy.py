@@ -24,6 +24,10 @@ one row per member, in the run's dtype and the model's size, finite, with the co
 that is not is *invalid*: with ``invalid_reply="drop"`` (the default) its member is dropped from the
 round as unfinished work, with the reason logged and counted (``rejected``); with ``"stop"`` the run
 stops with :class:`FederationError` naming the client and the entry.
+
+With ``secure`` (run-config ``secure-aggregation = true``), a method whose server half needs only Σ_S ν_iΔ_i gets that sum
+through Flower's SecAgg+ instead of the members' payloads: training replies carry counts only, and the server never
+holds a member's update (:mod:`~fedshuffle.integrations.flower.secagg`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from fedshuffle.data import FederatedDataset
 from fedshuffle.integrations.flower.bundle import installed_version
 from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population, format_clients
 from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, rows_digest
+from fedshuffle.integrations.flower.secagg import SecureAggregation, refuse_individual_updates, rescaling, secure_sum, sum_metrics
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo
 from fedshuffle.methods.fedcdr import FedCDR
@@ -165,6 +170,8 @@ class _OpenRound:
     clients: list[int]  # the client of each message
     dropped: list[int]  # members dropped in the gradient exchange
     started: float
+    grid: Grid | None = None
+    weights: np.ndarray | None = None  # ν_i of the cohort's members, sent with their plans (secure aggregation)
 
 
 class FedShuffleStrategy(Strategy):
@@ -176,15 +183,16 @@ class FedShuffleStrategy(Strategy):
     (:class:`~fedshuffle.experiments.runner.RunFolder`): the same files, the checkpoint holding the server's
     state (model, server and method state, counters, each client's last accepted round). With ``resume``,
     :meth:`start` continues from that checkpoint; stateful methods then need the nodes' state (``state-dir``).
+    With ``secure`` (SecAgg+'s settings), the server gets only each round's weighted sum (:mod:`~fedshuffle.integrations.flower.secagg`).
     """
 
     def __init__(self, run: FederatedRun, *, round_timeout: float = 600.0, connect_timeout: float = 120.0, out: str | Path | None = None,
                  resume: bool = False, poll_interval: float = 0.5, log: Callable[[str], None] | None = None, invalid_reply: str = "drop",
-                 node_data: bool = False) -> None:
+                 node_data: bool = False, secure: SecureAggregation | None = None) -> None:
         if invalid_reply not in INVALID_REPLY_POLICIES:
             raise ConfigError("run-config.invalid-reply", f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
         self.invalid_reply = invalid_reply
-        self.run, self.node_data = run, node_data
+        self.run, self.node_data, self.secure = run, node_data, secure
         self.half: ServerHalf | None = None
         self.data, self.evaluator, self.step_sizes = None, None, {}
         if node_data:  # the population comes with the handshake (:meth:`adopt_population`)
@@ -196,6 +204,8 @@ class FedShuffleStrategy(Strategy):
             self.half = ServerHalf(sim.problem, Population(sim.data.sizes, sim.data.weights), sim.algorithm, sim.sampler, seed=run.seed, dtype=sim.dtype, device=sim.device)
             self.data, self.num_clients = sim.data, sim.data.num_clients
             self.evaluator = metrics.ModelScores(sim.problem, sim.data)
+        if secure is not None:  # refused before any message
+            refuse_individual_updates(self.half.method if self.half is not None else build_algorithm_from(run.spec).method, run.label or run.spec.method.name)
         self._grid: Grid | None = None
         self.round_timeout, self.connect_timeout, self.poll_interval = round_timeout, connect_timeout, poll_interval
         self.resume = resume
@@ -252,12 +262,15 @@ class FedShuffleStrategy(Strategy):
         broadcast = half.broadcast(rnd, points, gradients)
         shared = tensors_record(broadcast)
         messages, clients = [], np.unique(rnd.cohort).tolist()
+        weights = half.method.sum_weights(rnd) if self.secure is not None else None
         for client in clients:
             plans_config, batches = plans_records([plan for plan in rnd.plans if plan.client == client])
             plans_config.update({"run": self.run.index, "round": rnd.index, "client": client, "lr-scale": float(rnd.lr_scale), "last-round": int(half.last_round[client])})
+            if weights is not None:  # the node keeps Σ ν_iΔ_i of the client's members for the SecAgg+ exchange
+                plans_config["weights"] = [float(w) for w, plan in zip(weights, rnd.plans) if plan.client == client]
             content = RecordDict({"broadcast": shared, "plans": batches, "instructions": plans_config})
             messages.append(Message(content, self.nodes[client], TRAIN, group_id=str(server_round), ttl=self._ttl()))
-        self._open = _OpenRound(rnd, points, broadcast, messages, clients, dropped, started)
+        self._open = _OpenRound(rnd, points, broadcast, messages, clients, dropped, started, grid, weights)
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -278,13 +291,17 @@ class FedShuffleStrategy(Strategy):
                 self._reject(server_round, client, exc)
         keep = np.array([int(i) in decoded for i in rnd.cohort], dtype=bool)
         unanswered = sorted({int(i) for i in rnd.cohort[~keep]} - set(self._rejected_now))
+        result, secured = None, sum_metrics(None) if self.secure is not None else {}
+        if self.secure is not None and keep.any():
+            keep, result, secured = self._secure_result(server_round, state, keep, decoded)
         dropped = state.dropped + sorted({int(i) for i in rnd.cohort[~keep]})
         rnd = keep_members(rnd, keep)
-        result = self._result(rnd, decoded) if len(rnd.cohort) else None
+        if self.secure is None and len(rnd.cohort):
+            result = self._result(rnd, decoded)
         seconds = time.monotonic() - state.started  # the members worked in parallel: each for at most the round's time
         record = self.half.close_round(rnd, state.points, state.broadcast, result, compute_seconds=len(rnd.cohort) * seconds, dropped=len(dropped))
         reported = {"members": len(rnd.cohort), "dropped": len(dropped), "rejected": len(self._rejected_now), "seconds": seconds,
-                    "sample_gradients": record.sample_gradients, "bytes_up": record.bytes_up, "bytes_down": record.bytes_down, **record.extras}
+                    "sample_gradients": record.sample_gradients, "bytes_up": record.bytes_up, "bytes_down": record.bytes_down, **record.extras, **secured}
         if unanswered:
             self._log(f"round {server_round}: no answer from client(s) {', '.join(map(str, unanswered))}: dropped as unfinished work")
         return tensors_record({"model": self.half.params}), MetricRecord({k: float(v) for k, v in reported.items()})
@@ -351,6 +368,8 @@ class FedShuffleStrategy(Strategy):
             if not torch.equal(self._model_of(initial_arrays), self.half.params):
                 raise FederationError("a fedshuffle run starts from its own x⁰ (run.seed); leave initial_arrays out")
         self.handshake(grid)
+        if self.secure is not None:
+            self.secure.check_federation(len(self._run_nodes()))
         self._grid = grid
         self.summary()
         rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)
@@ -452,7 +471,8 @@ class FedShuffleStrategy(Strategy):
         if unknown:
             raise InvalidReply(f"result: unexpected entries {unknown[:5]}")
         extras = {key[6:]: checked_float(info, key, "result") for key in info if key.startswith("extra.")}
-        payload = checked_tensors(_content(reply, "payload"), self.half.method.payload_fields, (members, self.half.params.numel()), self.half.dtype, "payload")
+        fields = () if self.secure is not None else self.half.method.payload_fields  # secure: the update stays on the node
+        payload = checked_tensors(_content(reply, "payload"), fields, (members, self.half.params.numel()), self.half.dtype, "payload")
         return _Reply({name: value.to(self.half.device) for name, value in payload.items()}, work, extras, members)
 
     def _reject(self, server_round: int, client: int, error: InvalidReply) -> None:
@@ -463,6 +483,40 @@ class FedShuffleStrategy(Strategy):
         self.rejected += 1
         self._rejected_now.append(client)
         self._log(f"{where}; dropped from the round, the model is not changed by it")
+
+    def _secure_result(self, server_round: int, state: _OpenRound, keep: np.ndarray, decoded: dict[int, _Reply]) -> tuple[np.ndarray, ClientResult | None, dict[str, float]]:
+        """The round's aggregate through SecAgg+ (:func:`~.secagg.secure_sum`) over the nodes of the members that answered (``keep``),
+        with a node without members where only one node has any: the members whose node's input is in the sum stay, and
+        their aggregate is d = ρ·Σ_k s_k (ρ: their weights ν_i over the ν_i they were sent, :func:`~.secagg.rescaling`)."""
+        rnd, half = state.rnd, self.half
+        inputs: dict[int, list[int]] = {}
+        for client in sorted({int(i) for i in rnd.cohort[keep]}):
+            inputs.setdefault(self.nodes[client], []).append(client)
+        for node in sorted(self._run_nodes() - set(inputs))[:max(0, 2 - len(inputs))]:
+            inputs[node] = []
+        summed = secure_sum(state.grid, self.secure, inputs, self.run.index, rnd.index, self.round_timeout)
+        for node, error in summed.errors:
+            if int(error.code) not in UNANSWERED:
+                raise FederationError(f"node {node} failed the secure aggregation of round {server_round}: {error.reason}")
+        extras = sum_metrics(summed)
+        if summed.total is None:
+            self._log(f"round {server_round}: SecAgg+ halted (too few nodes answered for reconstruction-threshold): every member dropped, the model is not changed")
+            return np.zeros_like(keep), None, extras
+        bound = len(summed.nodes) * self.secure.clipping_range + self.secure.tolerance(len(summed.nodes))
+        if not np.all(np.abs(summed.total) <= bound):  # inputs in [−c, c] cannot sum beyond this: a masked input was malformed
+            raise FederationError(f"round {server_round}: the SecAgg+ sum of {len(summed.nodes)} node(s) has entries beyond ±{bound:g}: a node sent a malformed masked input")
+        keep = keep & np.array([self.nodes[int(i)] in summed.nodes for i in rnd.cohort], dtype=bool)
+        kept = keep_members(rnd, keep)
+        rho = rescaling(state.weights[keep], half.method.sum_weights(kept))
+        if rho is None:
+            raise FederationError(f"round {server_round}: the method's weights of the members that remain are not one multiple of those they were sent; the secure sum cannot be rescaled")
+        result = self._result(kept, {c: decoded[c] for c in np.unique(kept.cohort).tolist()})
+        result.payload = {"delta_sum": torch.from_numpy(rho * summed.total).to(half.device, half.dtype)}
+        return keep, result, extras
+
+    def _run_nodes(self) -> set[int]:
+        """The nodes hosting clients of this run (a node of the app may host only clients of a larger run)."""
+        return {node for client, node in self.nodes.items() if client < self.half.data.num_clients}
 
     def _result(self, rnd: RoundInfo, decoded: dict[int, _Reply]) -> ClientResult:
         """The members' payload rows in cohort order, their work, and their diagnostics (member-weighted means)."""
@@ -510,7 +564,8 @@ class _FlowerRounds(Callback):
         messages = list(s.configure_train(r, self.result.arrays, self.train_config, self.grid))
         arrays, reported = s.aggregate_train(r, s.exchange(self.grid, messages, s.round_timeout))
         self.result.arrays, self.result.train_metrics_clientapp[r] = arrays, reported
-        s._log(f"round {r}/{s.run.spec.run.rounds}: {int(reported['members'])} member(s), {int(reported['dropped'])} dropped, {reported['seconds']:.2f} s")
+        secured = f", SecAgg+ sum of {int(reported['secagg_nodes'])} node(s), {int(reported['secagg_bytes_up'])} B up" if "secagg_nodes" in reported else ""
+        s._log(f"round {r}/{s.run.spec.run.rounds}: {int(reported['members'])} member(s), {int(reported['dropped'])} dropped, {reported['seconds']:.2f} s{secured}")
 
     def score(self) -> dict[str, float]:
         r = self.strategy.half.counters.rounds
