@@ -210,6 +210,119 @@ def test_lost_client_state_stops_the_run_naming_the_client_never_resetting_it():
         strategy.aggregate_train(2, grid.send_and_receive(messages))
 
 
+def dropped_in_simulation(run, rounds: int, leaves: dict[int, set[int]]):
+    """The simulation with, in round r, the members ``leaves[r]`` left out (unfinished work; their state not advanced)."""
+    sim, _ = build_simulation(run.spec, run.seed)
+    for r in range(1, rounds + 1):
+        rnd, points = sim.open_round()
+        kept = keep_members(rnd, ~np.isin(rnd.cohort, sorted(leaves.get(r, set()))))
+        broadcast = sim.broadcast(kept, points, [])
+        result = sim.method.client_update(broadcast, kept.plans, sim._read_rows(kept.cohort), sim.trainer(kept))
+        sim._write_rows(kept.cohort, result.rows)
+        sim.close_round(kept, points, broadcast, result)
+    return sim
+
+
+def test_a_restarted_node_is_asked_again_and_serves_its_clients_with_the_state_it_kept(tmp_path):
+    """SCAFFOLD, clients 0-2 on node 1000 and 3-5 on node 1001 (state-dir), full participation. Node 1001 goes offline
+    before round 3: its clients get no message and are dropped as unfinished work; before round 4 it comes back as
+    node 1002 (a restarted SuperNode, fresh context): the server asks it for its clients, it serves them from round 4
+    with the control variates its files kept, and the run is the simulation's with clients 3-5 left out of round 3."""
+    exp = experiment([{"label": "scaffold", "method": {"name": "scaffold"}, "sampler": {"name": "full"}}], clients=6, rounds=5)
+    run = single_run(exp)
+    grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"], node_config=lambda k: {"state-dir": str(tmp_path / f"node-{k}")})
+    logged: list[str] = []
+    strategy = FedShuffleStrategy(run, log=logged.append)
+    strategy.handshake(grid)
+    arrays, dropped = strategy.initial_arrays(), []
+    for r in range(1, 6):
+        if r == 3:
+            config = grid.leave(1001)
+        if r == 4:
+            assert grid.join(config) == 1002
+        since = len(grid.sent)
+        messages = list(strategy.configure_train(r, arrays, ConfigRecord(), grid))
+        arrays, metrics = strategy.aggregate_train(r, grid.send_and_receive(messages))
+        dropped.append(int(metrics["dropped"]))
+        served = {int(m.content["instructions"]["client"]): m.metadata.dst_node_id for m in train_messages(grid, since)}
+        assert served == {0: 1000, 1: 1000, 2: 1000, **({} if r == 3 else {c: 1001 if r < 3 else 1002 for c in (3, 4, 5)})}
+    assert dropped == [0, 0, 3, 0, 0]
+    assert_equal_to_rounding(model(arrays), dropped_in_simulation(run, 5, {3: {3, 4, 5}}).params)
+    assert float((model(arrays) - simulated(run, 5)).abs().max()) > 1e-6  # leaving one round out changed the run
+    assert strategy.nodes == {0: 1000, 1: 1000, 2: 1000, 3: 1002, 4: 1002, 5: 1002}
+    assert any("client(s) 3-5 on offline node(s) 1001" in line for line in logged)
+    assert any("node 1002 joined: it serves client(s) 3-5 from now on (node(s) 1001 before)" in line for line in logged)
+
+
+def test_a_joining_node_with_other_rows_is_not_used_and_one_with_the_same_rows_takes_over(tmp_path):
+    """A server without the data (node-data): the rows' digests the first nodes reported are what a re-joining node
+    must hold. Node 1001 leaves; a node whose client 4 has other rows joins and is not used (clients 3-5 stay
+    dropped); a node with node 1001's folder joins and serves them. Federated evaluation scores every client again."""
+    exp = experiment([{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "full"}}], clients=6, rounds=4)
+    run = single_run(exp)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    other = tmp_path / "other"
+    shutil.copytree(folders[1][0], other)
+    with np.load(other / "client-4.npz") as saved:
+        np.savez(other / "client-4.npz", x=saved["x"] + 1.0, y=saved["y"])
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
+    logged: list[str] = []
+    strategy = FedShuffleStrategy(run, node_data=True, log=logged.append)
+    strategy.handshake(grid)
+    strategy._grid = grid
+    arrays, dropped = strategy.initial_arrays(), []
+    for r in range(1, 5):
+        if r == 2:
+            config = grid.leave(1001)
+            grid.join({"data-path": str(other)})
+        if r == 3:
+            grid.join(config)
+        arrays, metrics = strategy.aggregate_train(r, grid.send_and_receive(strategy.configure_train(r, arrays, ConfigRecord(), grid)))
+        dropped.append(int(metrics["dropped"]))
+    assert dropped == [0, 3, 0, 0] and strategy.half.dropped == 3  # per round; metrics.csv's dropped: so far
+    assert any("node 1002 joined and is not used: node 1002 holds other samples for client 4 than its node at the start" in line for line in logged)
+    assert strategy.nodes == {0: 1000, 1: 1000, 2: 1000, 3: 1003, 4: 1003, 5: 1003}
+    assert_equal_to_rounding(model(arrays), dropped_in_simulation(run, 4, {2: {3, 4, 5}}).params)
+    sim, _ = build_simulation(run.spec, run.seed)
+    central = metrics_of(sim, model(arrays))
+    federated = strategy.federated_scores(model(arrays))
+    for key in ("loss", "grad_norm_sq", "train_accuracy"):
+        assert federated[key] == pytest.approx(central[key], rel=1e-12, abs=1e-15), key
+
+
+def metrics_of(sim, params: torch.Tensor) -> dict:
+    from fedshuffle import metrics
+
+    return metrics.ModelScores(sim.problem, sim.data)(params)
+
+
+def test_federated_evaluation_on_a_server_with_the_data_equals_the_central_one_and_waits_for_a_restarted_node():
+    """run-config evaluation = "federated" where the server has the data: each node scores its clients and the sum
+    equals the server's central scores. A node that left is re-joined for the evaluation (its successor scores its
+    clients); with no successor, the run stops naming the clients that could not be scored."""
+    exp = experiment([{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "full"}}], clients=6, problem={"name": "softmax", "l2": 0.05},
+                     data={"classes": 3})
+    run = single_run(exp)
+    grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"])
+    strategy = FedShuffleStrategy(run, evaluation="federated", connect_timeout=0.2, round_timeout=0.2)
+    strategy.handshake(grid)
+    strategy._grid = grid
+    params = strategy.half.params + 0.3
+    central = strategy.evaluator(params)
+    for key in ("loss", "grad_norm_sq", "train_accuracy"):
+        assert strategy.federated_scores(params)[key] == pytest.approx(central[key], rel=1e-12, abs=1e-15), key
+    grid.join(grid.leave(1001))
+    assert strategy.federated_scores(params)["loss"] == pytest.approx(central["loss"], rel=1e-12)
+    assert strategy.nodes[4] == 1002
+    grid.leave(1002)
+    with pytest.raises(FederationError, match=r"client\(s\) 3-5 could not be scored in the federated evaluation \(node 1002: offline\)"):
+        strategy.federated_scores(params)
+    with pytest.raises(ConfigError, match="run-config.evaluation"):
+        FedShuffleStrategy(run, evaluation="central", node_data=True)
+    with pytest.raises(ConfigError, match="run-config.evaluation: unknown evaluation 'nodes'; accepted: auto, central, federated"):
+        AppSettings.from_run_config({"evaluation": "nodes"})
+
+
 @pytest.mark.parametrize("name, sampler", [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
 def test_six_clients_on_two_nodes_run_the_simulations_cohorts_and_reach_its_model(name, sampler):
     """Node 1000 hosts clients 0-2, node 1001 clients 3-5: the server samples clients (not nodes) with the simulation's

@@ -30,6 +30,9 @@ from fedshuffle.experiments.schema import Experiment, RunSpec, load_experiment, 
 EXPERIMENT_FILE = "experiment.json"
 #: what the server does with an invalid reply: drop its member from the round, or stop the run
 INVALID_REPLY_POLICIES = ("drop", "stop")
+#: who scores the model: the server on its data (central), each node its own clients (federated), or auto: central
+#: where the server has the data, federated where only the nodes have it (node-data = true)
+EVALUATIONS = ("auto", "central", "federated")
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,9 @@ class AppSettings:
     ``invalid-reply``: what an invalid reply (wrong dtype, shape, non-finite entries, implausible counts)
     does: ``"drop"`` its member from the round, with the reason logged, or ``"stop"`` the run; ``node-data``: the
     nodes bring their own data (node config ``data-path``) and the server builds none: it plans on the clients'
-    sizes and kind of samples the handshake reports, and evaluates federatedly (each node scores its clients).
+    sizes and kind of samples the handshake reports, and evaluates federatedly (each node scores its clients);
+    ``evaluation``: ``"central"`` (the server scores the model on its data), ``"federated"`` (each node scores its own
+    clients, the server adds their shares) or ``"auto"``: federated with ``node-data``, central otherwise.
     """
 
     variant: str = ""
@@ -57,10 +62,12 @@ class AppSettings:
     resume: bool = False
     invalid_reply: str = "drop"
     node_data: bool = False
+    evaluation: str = "auto"
 
     KEYS = {"variant": ("variant", str), "seed": ("seed", int), "set": ("overrides", str), "out": ("out", str),
             "round-timeout": ("round_timeout", float), "connect-timeout": ("connect_timeout", float), "resume": ("resume", bool),
-            "invalid-reply": ("invalid_reply", str), "node-data": ("node_data", bool)}
+            "invalid-reply": ("invalid_reply", str), "node-data": ("node_data", bool),
+            "evaluation": ("evaluation", str)}
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:
@@ -82,6 +89,10 @@ class AppSettings:
                 raise ConfigError(f"run-config.{key}", f"must be a positive number of seconds, got {seconds}")
         if settings.invalid_reply not in INVALID_REPLY_POLICIES:
             raise ConfigError("run-config.invalid-reply", f"unknown policy {settings.invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
+        if settings.evaluation not in EVALUATIONS:
+            raise ConfigError("run-config.evaluation", f"unknown evaluation {settings.evaluation!r}; accepted: {', '.join(EVALUATIONS)}")
+        if settings.evaluation == "central" and settings.node_data:
+            raise ConfigError("run-config.evaluation", "\"central\" needs the data at the server, and with node-data = true it has none: give \"federated\" (or \"auto\")")
         return settings
 
     def override_sections(self) -> dict[str, Any]:
