@@ -328,19 +328,27 @@ def _wait_port(port: int, deadline: float, process: subprocess.Popen, log: Path)
     raise TimeoutError("flower-superlink did not open its port in time")
 
 
+def server_log(run_id: int, connection: str, env: dict[str, str], timeout: float) -> str:
+    """The ServerApp's log of run ``run_id`` (``flwr log --show``)."""
+    return flwr(["log", str(run_id), connection, "--show"], env, timeout).stdout
+
+
 def flwr(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run([str(scripts_dir() / "flwr"), *args], capture_output=True, text=True, env=env, timeout=max(timeout, 1.0), start_new_session=True)
 
 
-def run_app(app_dir: Path, connection: str, env: dict[str, str], run_config: str, done: Callable[[], bool], deadline: float, watch: Callable[[], None]) -> tuple[str, float]:
+def run_app(app_dir: Path, connection: str, env: dict[str, str], run_config: str, done: Callable[[], bool], deadline: float, watch: Callable[[], None],
+            run_ids: list[int] | None = None) -> tuple[str, float]:
     """``flwr run APP CONNECTION -c …``, then wait until ``done()`` (the ServerApp's results are written; files are
     cheaper to poll than ``flwr ls``, which is asked every 15 s so that a failed run ends the wait) and return the
-    run's status as ``flwr ls`` gives it, and the seconds until ``done()``."""
+    run's status as ``flwr ls`` gives it, and the seconds until ``done()``; the run's id is appended to ``run_ids``."""
     started = time.monotonic()
     submitted = flwr(["run", str(app_dir), connection, "--run-config", run_config, "--format", "json"], env, deadline - time.monotonic())
     if submitted.returncode != 0:
         raise RuntimeError(f"flwr run failed: {submitted.stdout}\n{submitted.stderr}")
     run_id = json.loads(submitted.stdout)["run-id"]
+    if run_ids is not None:
+        run_ids.append(run_id)
 
     def status() -> str:
         listed = flwr(["ls", connection, "--run-id", str(run_id), "--format", "json"], env, deadline - time.monotonic())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_harness import FLOWER_ENV, FakeGrid, local_federation, outside_loopback, run_app, stop_group
+from flower_harness import FLOWER_ENV, FakeGrid, local_federation, outside_loopback, run_app, server_log, stop_group
 
 for _key in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):  # before Flower reads them
     os.environ.setdefault(_key, FLOWER_ENV[_key])
@@ -732,3 +733,71 @@ def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulatio
             np.testing.assert_allclose(read_metrics(ours / "metrics.csv")[column], read_metrics(theirs / "metrics.csv")[column], rtol=1e-10, err_msg=column)
         assert json.loads((ours / "config.json").read_text())["executor"]["evaluation"] == "federated"
     assert_only_loopback(set().union(*(w.seen for w in watches)))
+
+
+def dropped_by_round(log: str) -> dict[int, set[int]]:
+    """The members each round dropped, from the ServerApp's log ("round r: no answer from client(s) …", "round r: client(s) … on offline node(s) …")."""
+    out: dict[int, set[int]] = {}
+    for r, answered, offline in re.findall(r"round (\d+): (?:no answer from client\(s\) ([\d, ]+):|client\(s\) ([\d,\- ]+) on offline)", log):
+        out.setdefault(int(r), set()).update(parse_clients((answered or offline).replace(" ", "")))
+    return out
+
+
+def test_a_supernode_killed_and_restarted_mid_run_serves_its_clients_again(tmp_path):
+    """A SuperLink and two SuperNodes on 127.0.0.1, each with one long-lived ClientApp process (``--isolation process`` and
+    ``python -m fedshuffle.integrations.flower.worker``), SCAFFOLD on clients 0-1 and 2-3 (full participation, each node
+    keeping its clients' control variates in its state-dir). Once round 2 is scored node 1 is killed (SIGKILL, its
+    processes with it) and started again: it gets a new node id, its clients' work in the round under way is dropped
+    (``dropped`` in metrics.csv, the round timeout: the SuperLink still lists the dead node id), the server asks the new
+    node for its clients and it serves them to the last round with the state its files kept. The model equals the
+    simulation's with exactly the members the server logged as dropped left out of their rounds."""
+    deadline = time.monotonic() + DEPLOYMENT_SECONDS
+    rounds = 6
+    exp = experiment([{"label": "scaffold", "method": {"name": "scaffold"}}], clients=4, rounds=rounds, seed=7, sampler={"name": "full"})
+    config = tmp_path / "exp.json"
+    config.write_text(exp.model_dump_json())
+    app_dir = write_app(config, tmp_path / "app")
+    (run,) = federated_runs(exp, AppSettings())
+    folder = tmp_path / "out" / "scaffold" / f"seed-{run.seed}"
+    node_configs = [f'clients="{clients}" state-dir="{tmp_path / f"state-{k}"}"' for k, clients in enumerate(("0-1", "2-3"))]
+    run_ids: list[int] = []
+    events: dict[str, int] = {}
+
+    def metrics_rows() -> list[dict[str, str]]:
+        try:
+            lines = (folder / "metrics.csv").read_text().splitlines()
+        except OSError:
+            return []
+        return [dict(zip(lines[0].split(","), line.split(","))) for line in lines[1:] if line.count(",") == lines[0].count(",")]
+
+    with local_federation(tmp_path / "federation", 2, deadline, node_configs, persistent=True) as federation:
+        connection, env, watch, watches = federation
+
+        def kill_and_restart() -> None:
+            watch()
+            rows = metrics_rows()
+            if "killed" not in events and len(rows) > 2:  # rounds 0, 1, 2 scored
+                federation.kill(1)
+                federation.start_node(1)
+                events["killed"] = len(rows) - 1
+
+        status, _ = run_app(app_dir, connection, env, f'out="{tmp_path / "out"}" round-timeout=15.0', lambda: (folder / "summary.json").exists(), deadline,
+                            kill_and_restart, run_ids)
+        log = server_log(run_ids[0], connection, env, deadline - time.monotonic())
+        workers = [(tmp_path / "federation" / f"worker-{k}.log").read_text() for k in range(2)]
+        supernodes = [(tmp_path / "federation" / f"supernode-{k}.log").read_text() for k in range(2)]
+    assert status == "finished:completed", log[-3000:]
+    assert events == {"killed": 2}, events
+    dropped = dropped_by_round(log)
+    assert any(r > 2 and {2, 3} & members for r, members in dropped.items()), log[-3000:]  # node 1's clients missed work after the kill
+    assert max(dropped) < rounds and int(read_metrics(folder / "metrics.csv")["dropped"][-1]) == sum(map(len, dropped.values()))
+    joined = re.findall(r"node (\d+) joined: it serves client\(s\) 2-3 from now on", log)
+    assert len(joined) == 1, log[-3000:]
+    assert re.findall(r"SuperNode ID: (\d+)", supernodes[1])[-1] == joined[0]  # the restarted SuperNode's new id
+    last_round = load_checkpoint(folder / "checkpoint.pt")["simulation"]["last_round"]
+    assert list(np.asarray(last_round)) == [rounds - 1] * 4  # every client's update accepted in the last round
+    assert_equal_to_rounding(torch.from_numpy(np.load(folder / "final_params.npy")), dropped_in_simulation(run, rounds, dropped).params)
+    # one ClientApp process per node answered every message its SuperNode received (no process per message)
+    for worker, supernode in zip(workers, supernodes):
+        assert len(re.findall(r"fedshuffle worker: task \d+ answered", worker)) == supernode.count("Receiving:") > 0
+    assert "Start `flwr-clientapp` process" not in "".join(workers + supernodes)

@@ -124,12 +124,13 @@ def serve(address: str, insecure: bool, certificates: bytes | None, max_tasks: i
         if not (acquired.HasField("task") and acquired.token):
             time.sleep(POLL_SECONDS)
             continue
-        client = _task_client(address, acquired.token, insecure, certificates)
+        client, started = _task_client(address, acquired.token, insecure, certificates), time.monotonic()
         try:
-            run_task(client, apps)
+            completed = run_task(client, apps)
         finally:
             client.close()
         done += 1
+        log(INFO, "fedshuffle worker: task %d %s in %.3f s", done, "answered" if completed else "failed", time.monotonic() - started)
     return done
 
 
