@@ -72,6 +72,7 @@ connect-timeout = {settings.connect_timeout!r} # seconds to wait for nodes hosti
 resume = {str(settings.resume).lower()}          # continue each run from its checkpoint in `out`
 invalid-reply = {_toml_string(settings.invalid_reply)}   # a reply that fails the server's checks: "drop" its member for the round, or "stop" the run
 node-data = {str(settings.node_data).lower()}       # the nodes bring their own data (node config data-path); the server builds none
+evaluation = {_toml_string(settings.evaluation)}    # who scores the model: "central" (the server), "federated" (each node its clients), "auto"
 """
 
 

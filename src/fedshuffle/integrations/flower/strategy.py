@@ -329,7 +329,10 @@ class FedShuffleStrategy(Strategy):
         loss, gradient, correct = 0.0, torch.zeros_like(params), 0.0
         waiting, why = sorted(self.nodes), {}
         for attempt in range(2):
-            self.rejoin(self._grid, self.connect_timeout if attempt else 0.0)
+            if attempt:
+                self._await_hosts(waiting, set(why))
+            else:
+                self.rejoin(self._grid, 0.0)
             by_node: dict[int, list[int]] = {}
             for client in waiting:
                 if self.nodes[client] in self.online:
@@ -359,6 +362,15 @@ class FedShuffleStrategy(Strategy):
                                   "restart their nodes within run-config connect-timeout, or evaluate centrally (run-config evaluation = \"central\", the server holding the data)")
         accuracy = correct / half.data.num_samples if correct >= 0 else None
         return {"loss": loss, "grad_norm_sq": float(gradient.pow(2).sum()), "train_accuracy": accuracy, "f_gap": None, "dist_sq": None}
+
+    def _await_hosts(self, clients: Sequence[int], failed: set[int]) -> None:
+        """Re-join nodes until every one of ``clients`` has an online host not in ``failed``, for up to the connect timeout."""
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            self.rejoin(self._grid, max(0.0, deadline - time.monotonic()))
+            if all(self.nodes[c] in self.online and self.nodes[c] not in failed for c in clients) or time.monotonic() >= deadline:
+                return
+            time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())))
 
     def _scores_part(self, node: int, reply: Message, params: torch.Tensor) -> tuple[tuple[float, torch.Tensor], float]:
         """A node's share of f(x) and ∇f(x), and its correct predictions (−1: the problem has no accuracy), checked."""
