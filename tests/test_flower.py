@@ -297,6 +297,28 @@ def metrics_of(sim, params: torch.Tensor) -> dict:
     return metrics.ModelScores(sim.problem, sim.data)(params)
 
 
+def test_a_long_lived_clientapp_process_builds_each_nodes_runtime_once_per_run():
+    """All messages of a run reach one process (as with the worker): each node's runtime is built at its first message
+    and reused; a new Flower run (another run id) builds afresh, and the cache keeps only the most recent runtimes."""
+    from fedshuffle.integrations.flower import app as flower_app
+    from fedshuffle.integrations.flower.client import RuntimeCache
+
+    exp = experiment([variant("scaffold")], clients=6, rounds=3, seed=11)
+    cache = flower_app._RUNTIMES
+    before = cache.builds
+    grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"])
+    FedShuffleStrategy(single_run(exp)).start(grid)
+    assert len(grid.sent) > 6 and cache.builds - before == 2  # handshake, rounds, every message: two builds
+    for context in grid.contexts.values():
+        context.run_id = 2
+    FedShuffleStrategy(single_run(exp)).start(grid)
+    assert cache.builds - before == 4
+    small = RuntimeCache(capacity=2)
+    for key in ("a", "b", "a", "c", "a"):
+        small.get(key, lambda: object())
+    assert small.builds == 3 and list(small.runtimes) == ["c", "a"]
+
+
 def test_federated_evaluation_on_a_server_with_the_data_equals_the_central_one_and_waits_for_a_restarted_node():
     """run-config evaluation = "federated" where the server has the data: each node scores its clients and the sum
     equals the server's central scores. A node that left is re-joined for the evaluation (its successor scores its
