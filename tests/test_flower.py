@@ -731,10 +731,11 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
 def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulation(tmp_path):
     """The deployment of the issue's "done means": a SuperLink and two SuperNode processes on 127.0.0.1, each hosting
     two clients read from its own folder only (``data-path``), a server that builds no data (``node-data = true``):
-    FedShuffle and SCAFFOLD reach ``fedshuffle run``'s models, and the federated evaluation its central scores."""
+    FedShuffle and SCAFFOLD reach ``fedshuffle run``'s models, and the federated evaluation its central scores. Each
+    node runs its messages in one long-lived ClientApp process (the worker; the test above uses Flower's process per message)."""
     deadline = time.monotonic() + DEPLOYMENT_SECONDS
     exp = experiment([{"label": "fedshuffle", "method": {"name": "fedshuffle"}}, {"label": "scaffold", "method": {"name": "scaffold"}}],
-                     clients=4, rounds=2, seed=7, sampler={"name": "uniform", "cohort": 2}, run={"eval_every": 2})  # each message costs a ClientApp process
+                     clients=4, rounds=2, seed=7, sampler={"name": "uniform", "cohort": 2}, run={"eval_every": 1})
     config = tmp_path / "exp.json"
     config.write_text(exp.model_dump_json())
     app_dir = write_app(config, tmp_path / "app", AppSettings(node_data=True))
@@ -743,7 +744,7 @@ def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulatio
     runs = federated_runs(exp, AppSettings())
     summaries = [out / run.label / f"seed-{run.seed}" / "summary.json" for run in runs]
     node_configs = [f'data-path="{folder}"' for folder, _ in folders]
-    with local_federation(tmp_path / "federation", 2, deadline, node_configs) as (connection, env, watch, watches):
+    with local_federation(tmp_path / "federation", 2, deadline, node_configs, persistent=True) as (connection, env, watch, watches):
         status, _ = run_app(app_dir, connection, env, f'out="{out}" round-timeout=60.0', lambda: all(p.exists() for p in summaries), deadline, watch)
         watch()
     assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
