@@ -319,6 +319,58 @@ def test_a_long_lived_clientapp_process_builds_each_nodes_runtime_once_per_run()
     assert small.builds == 3 and list(small.runtimes) == ["c", "a"]
 
 
+def test_the_worker_answers_a_failing_clientapp_with_an_error_reply_and_goes_on(monkeypatch):
+    """The long-lived worker's task, with the Runtime API's calls replaced: a ClientApp exception becomes an error reply
+    (Flower's code for it) and a failed task status, not the end of the process; the next task is answered."""
+    from flwr.app import Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.common.constant import ErrorCode, SubStatus
+
+    from fedshuffle.integrations.flower import worker
+
+    pushed, outputs = [], []
+    app = ClientApp()
+
+    @app.query()
+    def answer(message, context):
+        if context.node_config.get("fail"):
+            raise ValueError("no such client")
+        return Message(RecordDict(), reply_to=message)
+
+    class Bundle:
+        hash_str, content = "h", b""
+
+    class Run:
+        fab_id, fab_version = "fedshuffle/app", "1.0.0"
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what pull_task_input sets
+
+    def task(client):
+        message = Message(RecordDict(), dst_node_id=1, message_type="query")
+        message.metadata.__dict__["_message_id"] = "m1"
+        return message, Context(run_id=1, node_id=1, node_config=dict(config), state=RecordDict(), run_config={}), Run(), Bundle()
+
+    config = {"fail": True}
+    monkeypatch.setattr(worker, "pull_task_input", task)
+    monkeypatch.setattr(worker, "push_message", lambda client, reply, context: pushed.append(reply))
+    monkeypatch.setattr(worker, "push_task_output", lambda client, context, sub_status, details: outputs.append((sub_status, details)))
+    monkeypatch.setattr(worker.ClientApps, "get", lambda self, *bundle: app)
+
+    class Client:
+        def SendTaskHeartbeat(self, request):
+            return None
+
+    apps = worker.ClientApps()
+    assert worker.run_task(Client(), apps) is False
+    assert pushed[-1].has_error() and pushed[-1].error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and "no such client" in pushed[-1].error.reason
+    assert outputs[-1][0] == SubStatus.FAILED and "no such client" in outputs[-1][1]
+    config["fail"] = False
+    assert worker.run_task(Client(), apps) is True
+    assert not pushed[-1].has_error() and outputs[-1] == (SubStatus.COMPLETED, "")
+
+
 def test_federated_evaluation_on_a_server_with_the_data_equals_the_central_one_and_waits_for_a_restarted_node():
     """run-config evaluation = "federated" where the server has the data: each node scores its clients and the sum
     equals the server's central scores. A node that left is re-joined for the evaluation (its successor scores its
