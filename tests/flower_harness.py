@@ -277,7 +277,8 @@ class Federation:
             command += ["--isolation", "process"]
         self.nodes[k] = [self.add(command, self.work / f"supernode-{k}.log")]
         if self.persistent:
-            worker = [sys.executable, "-m", "fedshuffle.integrations.flower.worker", "--runtime-api-address", f"127.0.0.1:{runtime_port}", "--insecure"]
+            worker = [sys.executable, "-m", "fedshuffle.integrations.flower.worker", "--runtime-api-address", f"127.0.0.1:{runtime_port}", "--insecure",
+                      "--supernode-pid", str(self.nodes[k][0].pid)]
             self.nodes[k].append(self.add(worker, self.work / f"worker-{k}.log"))
 
     def kill(self, k: int) -> None:

@@ -6,7 +6,7 @@ A SuperNode started with ``--isolation subprocess`` (Flower's default) starts ``
 for a process to ask its Runtime API for tasks; this module is that process, and it runs every task itself::
 
     flower-supernode --isolation process --port 9094 --superlink … --node-config 'data-path="…"'
-    python -m fedshuffle.integrations.flower.worker --runtime-api-address 127.0.0.1:9094 --insecure
+    python -m fedshuffle.integrations.flower.worker --runtime-api-address 127.0.0.1:9094 --insecure --supernode-pid PID
 
 For each task it does what ``flwr-clientapp`` does (Flower 1.41's ``flwr.supernode.runtime.run_clientapp``): pull the
 message, the node's context and the app bundle (FAB), call the ClientApp, push the reply and the context back, sending
@@ -16,7 +16,9 @@ loaded once per app bundle, and :func:`fedshuffle.integrations.flower.app.client
 data folder), so the build is paid once per run, not once per message. Client state stays where it always is: in the
 context the SuperNode keeps, or in the node's ``state-dir``.
 
-Tasks are run one at a time, as the SuperNode hands them out (it processes one message at a time).
+Tasks are run one at a time, as the SuperNode hands them out (it processes one message at a time). The worker runs
+until stopped; with ``--supernode-pid`` it exits when that process (the SuperNode) ends, as ``flwr-clientapp`` does
+with its parent.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from flwr.common.config import get_project_config, get_project_dir
 from flwr.common.constant import ErrorCode, SubStatus
 from flwr.proto.runtime_pb2 import AcquireTaskRequest, SendTaskHeartbeatRequest  # pylint: disable=E0611
 from flwr.supercore import log
+from flwr.supercore.app_utils import start_parent_process_monitor
 from flwr.supercore.constant import TaskType
 from flwr.supercore.heartbeat import HeartbeatSender
 from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
@@ -140,9 +143,15 @@ def main(argv: list[str] | None = None) -> None:
     security = parser.add_mutually_exclusive_group(required=True)
     security.add_argument("--insecure", action="store_true", help="connect without TLS (the SuperNode was started with the same)")
     security.add_argument("--root-certificates", help="CA certificate (PEM) of the Runtime API's TLS certificate")
+    parser.add_argument("--supernode-pid", type=int, help="exit when this process (the SuperNode) ends")
     args = parser.parse_args(argv)
     certificates = validate_and_resolve_root_certificates(args.root_certificates, args.insecure)
-    serve(args.runtime_api_address, args.insecure, certificates)
+    if args.supernode_pid is not None:
+        start_parent_process_monitor(args.supernode_pid)
+    try:
+        serve(args.runtime_api_address, args.insecure, certificates)
+    except KeyboardInterrupt:  # Ctrl-C, or the SuperNode ended (--supernode-pid)
+        log(INFO, "fedshuffle worker: stopped")
 
 
 if __name__ == "__main__":
