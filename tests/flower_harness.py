@@ -36,7 +36,8 @@ class FakeGrid:
     ``hosts[k]`` names node k's clients (node config ``clients``; None: the clients of its ``data-path`` folder;
     default: node k is ``partition-id=k``).
     ``lose(client)`` drops every reply of that client's node (a node that never answers); ``forget(node)`` wipes
-    a node's state (a SuperNode restarted); ``sent`` keeps every message pushed. An exception of the
+    a node's state (a SuperNode restarted); ``leave(node)`` takes a node offline and ``join(config)`` brings one
+    (back) under a new node id; ``sent`` keeps every message pushed. An exception of the
     ClientApp becomes an error reply, as a SuperNode sends it.
     """
 
@@ -57,6 +58,8 @@ class FakeGrid:
             1000 + k: Context(run_id=1, node_id=1000 + k, node_config=config(k), state=RecordDict(), run_config=dict(run_config or {}))
             for k in range(num_nodes)
         }
+        self.run_config = dict(run_config or {})
+        self._last_id = max(self.contexts)
         self.sent: list = []
         self.silent: set[int] = set()
         self._replies: dict[str, object] = {}
@@ -83,6 +86,18 @@ class FakeGrid:
 
         self.contexts[self.node_of(partition)].state = RecordDict()
 
+    def leave(self, node: int) -> dict:
+        """Node ``node`` goes offline (the SuperLink no longer lists it); returns its node config."""
+        return dict(self.contexts.pop(node).node_config)
+
+    def join(self, node_config: dict) -> int:
+        """A node (a restarted SuperNode: fresh context) joins with ``node_config`` under a new node id; returns it."""
+        from flwr.app import Context, RecordDict
+
+        node = self._last_id = self._last_id + 1
+        self.contexts[node] = Context(run_id=1, node_id=node, node_config=dict(node_config), state=RecordDict(), run_config=dict(self.run_config))
+        return node
+
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
 
@@ -95,6 +110,9 @@ class FakeGrid:
             message.metadata.__dict__["_message_id"] = f"m{self._count}"
             self.sent.append(message)
             node = message.metadata.dst_node_id
+            if node not in self.contexts:  # gone: no reply
+                ids.append(message.metadata.message_id)
+                continue
             try:
                 reply = self.app(message, self.contexts[node])
             except Exception as exc:  # as a SuperNode's runtime answers (flwr.supernode.runtime.run_clientapp)
@@ -222,38 +240,82 @@ def scripts_dir() -> Path:
 # -- a local SuperLink with SuperNodes ----------------------------------------------------------------
 
 
+class Federation:
+    """A running local federation: the SuperLink's connection name, the environment of Flower commands, and its nodes.
+
+    Node k is a ``flower-supernode`` with node config ``node_configs[k]``; with ``persistent``, it runs with
+    ``--isolation process`` beside a long-lived ClientApp process (``python -m fedshuffle.integrations.flower.worker``)
+    instead of a ClientApp process per message. Every process has its own process group; :meth:`kill` stops node k's
+    processes (SIGKILL: a node that dies without leaving), :meth:`start_node` starts it again (it gets a new node id).
+    Unpacks as ``(connection, env, watch, watches)``."""
+
+    def __init__(self, work: Path, port: int, env: dict[str, str], node_configs: list[str], persistent: bool) -> None:
+        self.work, self.port, self.env, self.node_configs, self.persistent = work, port, env, node_configs, persistent
+        self.connection = "test"
+        self.processes: list[subprocess.Popen] = []  # every process started, stopped at the end
+        self.nodes: dict[int, list[subprocess.Popen]] = {}
+        self.watches: list[SocketWatch] = []
+
+    def __iter__(self):
+        return iter((self.connection, self.env, self.watch, self.watches))
+
+    def watch(self) -> None:
+        for w in self.watches:
+            w.sample()
+
+    def add(self, command: list[str], log: Path) -> subprocess.Popen:
+        process = start(command, log, self.env)
+        self.processes.append(process)
+        self.watches.append(SocketWatch(process.pid))
+        return process
+
+    def start_node(self, k: int) -> None:
+        bin_dir, runtime_port = scripts_dir(), free_port()
+        command = [str(bin_dir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
+                   "--port", str(runtime_port), "--node-config", self.node_configs[k]]
+        if self.persistent:
+            command += ["--isolation", "process"]
+        self.nodes[k] = [self.add(command, self.work / f"supernode-{k}.log")]
+        if self.persistent:
+            worker = [sys.executable, "-m", "fedshuffle.integrations.flower.worker", "--runtime-api-address", f"127.0.0.1:{runtime_port}", "--insecure",
+                      "--supernode-pid", str(self.nodes[k][0].pid)]
+            self.nodes[k].append(self.add(worker, self.work / f"worker-{k}.log"))
+
+    def kill(self, k: int) -> None:
+        for process in self.nodes.pop(k):
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(10)
+
+    def stop(self) -> None:
+        for p in reversed(self.processes):
+            stop_group(p)
+
+
 @contextmanager
-def local_federation(work: Path, num_nodes: int, deadline: float, node_configs: list[str] | None = None):
+def local_federation(work: Path, num_nodes: int, deadline: float, node_configs: list[str] | None = None, persistent: bool = False):
     """A ``flower-superlink`` and ``num_nodes`` ``flower-supernode`` on free 127.0.0.1 ports, each in its own
     process group, stopped on exit; node k's ``--node-config`` is ``node_configs[k]`` (default: ``partition-id=k``);
-    yields (connection name, env, watch callable, processes)."""
+    yields the :class:`Federation` (``persistent``: each node with one long-lived ClientApp process)."""
     bin_dir = scripts_dir()
     home = work / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
     env = flower_env(home)
     port = free_port()
     (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-    processes: list[subprocess.Popen] = []
-    watches: list[SocketWatch] = []
+    configs = node_configs or [f"partition-id={k} num-partitions={num_nodes}" for k in range(num_nodes)]
+    federation = Federation(work, port, env, configs, persistent)
     try:
-        link = start([str(bin_dir / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation",
-                      "--database", str(work / "state.db")], work / "superlink.log", env)
-        processes.append(link)
+        link = federation.add([str(bin_dir / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation",
+                               "--database", str(work / "state.db")], work / "superlink.log")
         _wait_port(port, deadline, link, work / "superlink.log")
         for k in range(num_nodes):
-            node = start([str(bin_dir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}", "--host", "127.0.0.1", "--port", str(free_port()),
-                          "--node-config", node_configs[k] if node_configs else f"partition-id={k} num-partitions={num_nodes}"], work / f"supernode-{k}.log", env)
-            processes.append(node)
-        watches = [SocketWatch(p.pid) for p in processes]
-
-        def watch() -> None:
-            for w in watches:
-                w.sample()
-
-        yield "test", env, watch, watches
+            federation.start_node(k)
+        yield federation
     finally:
-        for p in reversed(processes):
-            stop_group(p)
+        federation.stop()
 
 
 def _wait_port(port: int, deadline: float, process: subprocess.Popen, log: Path) -> None:
@@ -267,19 +329,27 @@ def _wait_port(port: int, deadline: float, process: subprocess.Popen, log: Path)
     raise TimeoutError("flower-superlink did not open its port in time")
 
 
+def server_log(run_id: int, connection: str, env: dict[str, str], timeout: float) -> str:
+    """The ServerApp's log of run ``run_id`` (``flwr log --show``)."""
+    return flwr(["log", str(run_id), connection, "--show"], env, timeout).stdout
+
+
 def flwr(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run([str(scripts_dir() / "flwr"), *args], capture_output=True, text=True, env=env, timeout=max(timeout, 1.0), start_new_session=True)
 
 
-def run_app(app_dir: Path, connection: str, env: dict[str, str], run_config: str, done: Callable[[], bool], deadline: float, watch: Callable[[], None]) -> tuple[str, float]:
+def run_app(app_dir: Path, connection: str, env: dict[str, str], run_config: str, done: Callable[[], bool], deadline: float, watch: Callable[[], None],
+            run_ids: list[int] | None = None) -> tuple[str, float]:
     """``flwr run APP CONNECTION -c …``, then wait until ``done()`` (the ServerApp's results are written; files are
     cheaper to poll than ``flwr ls``, which is asked every 15 s so that a failed run ends the wait) and return the
-    run's status as ``flwr ls`` gives it, and the seconds until ``done()``."""
+    run's status as ``flwr ls`` gives it, and the seconds until ``done()``; the run's id is appended to ``run_ids``."""
     started = time.monotonic()
     submitted = flwr(["run", str(app_dir), connection, "--run-config", run_config, "--format", "json"], env, deadline - time.monotonic())
     if submitted.returncode != 0:
         raise RuntimeError(f"flwr run failed: {submitted.stdout}\n{submitted.stderr}")
     run_id = json.loads(submitted.stdout)["run-id"]
+    if run_ids is not None:
+        run_ids.append(run_id)
 
     def status() -> str:
         listed = flwr(["ls", connection, "--run-id", str(run_id), "--format", "json"], env, deadline - time.monotonic())

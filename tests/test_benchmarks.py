@@ -53,3 +53,12 @@ def test_threads_benchmark_times_every_tree_and_the_one_thread_case():
         assert "error" not in case, f"{name}: {case.get('error')}"
         assert case["wall_s"] > 0 and case["cpu_s"] > 0
     assert result["cases"]["this default threads"]["runs"][0]["chosen"].startswith("operator threads per run: 1 (logistic")
+
+
+def test_flower_rounds_benchmark_times_fedshuffle_run():
+    """The smoke case times ``fedshuffle run``'s rounds from its timing.csv; the SuperLink cases run in the full benchmark."""
+    result = smoke("benchmarks.flower_rounds")
+    assert set(result["cases"]) == {"fedshuffle-run"}
+    case = result["cases"]["fedshuffle-run"]
+    assert "error" not in case, case.get("error")
+    assert case["rounds"] == 2 and 0 < case["min_s"] <= case["median_s"] <= case["max_s"] < case["wall_s"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_harness import FLOWER_ENV, FakeGrid, local_federation, outside_loopback, run_app, stop_group
+from flower_harness import FLOWER_ENV, FakeGrid, local_federation, outside_loopback, run_app, server_log, stop_group
 
 for _key in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):  # before Flower reads them
     os.environ.setdefault(_key, FLOWER_ENV[_key])
@@ -208,6 +209,193 @@ def test_lost_client_state_stops_the_run_naming_the_client_never_resetting_it():
     messages = list(strategy.configure_train(2, arrays, ConfigRecord(), grid))
     with pytest.raises(ClientStateLost, match=r"client 2 .*round 0"):
         strategy.aggregate_train(2, grid.send_and_receive(messages))
+
+
+def dropped_in_simulation(run, rounds: int, leaves: dict[int, set[int]]):
+    """The simulation with, in round r, the members ``leaves[r]`` left out (unfinished work; their state not advanced)."""
+    sim, _ = build_simulation(run.spec, run.seed)
+    for r in range(1, rounds + 1):
+        rnd, points = sim.open_round()
+        kept = keep_members(rnd, ~np.isin(rnd.cohort, sorted(leaves.get(r, set()))))
+        broadcast = sim.broadcast(kept, points, [])
+        result = sim.method.client_update(broadcast, kept.plans, sim._read_rows(kept.cohort), sim.trainer(kept))
+        sim._write_rows(kept.cohort, result.rows)
+        sim.close_round(kept, points, broadcast, result)
+    return sim
+
+
+def test_a_restarted_node_is_asked_again_and_serves_its_clients_with_the_state_it_kept(tmp_path):
+    """SCAFFOLD, clients 0-2 on node 1000 and 3-5 on node 1001 (state-dir), full participation. Node 1001 goes offline
+    before round 3: its clients get no message and are dropped as unfinished work; before round 4 it comes back as
+    node 1002 (a restarted SuperNode, fresh context): the server asks it for its clients, it serves them from round 4
+    with the control variates its files kept, and the run is the simulation's with clients 3-5 left out of round 3."""
+    exp = experiment([{"label": "scaffold", "method": {"name": "scaffold"}, "sampler": {"name": "full"}}], clients=6, rounds=5)
+    run = single_run(exp)
+    grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"], node_config=lambda k: {"state-dir": str(tmp_path / f"node-{k}")})
+    logged: list[str] = []
+    strategy = FedShuffleStrategy(run, log=logged.append)
+    strategy.handshake(grid)
+    arrays, dropped = strategy.initial_arrays(), []
+    for r in range(1, 6):
+        if r == 3:
+            config = grid.leave(1001)
+        if r == 4:
+            assert grid.join(config) == 1002
+        since = len(grid.sent)
+        messages = list(strategy.configure_train(r, arrays, ConfigRecord(), grid))
+        arrays, metrics = strategy.aggregate_train(r, grid.send_and_receive(messages))
+        dropped.append(int(metrics["dropped"]))
+        served = {int(m.content["instructions"]["client"]): m.metadata.dst_node_id for m in train_messages(grid, since)}
+        assert served == {0: 1000, 1: 1000, 2: 1000, **({} if r == 3 else {c: 1001 if r < 3 else 1002 for c in (3, 4, 5)})}
+    assert dropped == [0, 0, 3, 0, 0]
+    assert_equal_to_rounding(model(arrays), dropped_in_simulation(run, 5, {3: {3, 4, 5}}).params)
+    assert float((model(arrays) - simulated(run, 5)).abs().max()) > 1e-6  # leaving one round out changed the run
+    assert strategy.nodes == {0: 1000, 1: 1000, 2: 1000, 3: 1002, 4: 1002, 5: 1002}
+    assert any("client(s) 3-5 on offline node(s) 1001" in line for line in logged)
+    assert any("node 1002 joined: it serves client(s) 3-5 from now on (node(s) 1001 before)" in line for line in logged)
+
+
+def test_a_joining_node_with_other_rows_is_not_used_and_one_with_the_same_rows_takes_over(tmp_path):
+    """A server without the data (node-data): the rows' digests the first nodes reported are what a re-joining node
+    must hold. Node 1001 leaves; a node whose client 4 has other rows joins and is not used (clients 3-5 stay
+    dropped); a node with node 1001's folder joins and serves them. Federated evaluation scores every client again."""
+    exp = experiment([{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "full"}}], clients=6, rounds=4)
+    run = single_run(exp)
+    folders = write_node_folders(exp, 2, tmp_path / "nodes")
+    other = tmp_path / "other"
+    shutil.copytree(folders[1][0], other)
+    with np.load(other / "client-4.npz") as saved:
+        np.savez(other / "client-4.npz", x=saved["x"] + 1.0, y=saved["y"])
+    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
+    logged: list[str] = []
+    strategy = FedShuffleStrategy(run, node_data=True, log=logged.append)
+    strategy.handshake(grid)
+    strategy._grid = grid
+    arrays, dropped = strategy.initial_arrays(), []
+    for r in range(1, 5):
+        if r == 2:
+            config = grid.leave(1001)
+            grid.join({"data-path": str(other)})
+        if r == 3:
+            grid.join(config)
+        arrays, metrics = strategy.aggregate_train(r, grid.send_and_receive(strategy.configure_train(r, arrays, ConfigRecord(), grid)))
+        dropped.append(int(metrics["dropped"]))
+    assert dropped == [0, 3, 0, 0] and strategy.half.dropped == 3  # per round; metrics.csv's dropped: so far
+    assert any("node 1002 joined and is not used: node 1002 holds other samples for client 4 than its node at the start" in line for line in logged)
+    assert strategy.nodes == {0: 1000, 1: 1000, 2: 1000, 3: 1003, 4: 1003, 5: 1003}
+    assert_equal_to_rounding(model(arrays), dropped_in_simulation(run, 4, {2: {3, 4, 5}}).params)
+    sim, _ = build_simulation(run.spec, run.seed)
+    central = metrics_of(sim, model(arrays))
+    federated = strategy.federated_scores(model(arrays))
+    for key in ("loss", "grad_norm_sq", "train_accuracy"):
+        assert federated[key] == pytest.approx(central[key], rel=1e-12, abs=1e-15), key
+
+
+def metrics_of(sim, params: torch.Tensor) -> dict:
+    from fedshuffle import metrics
+
+    return metrics.ModelScores(sim.problem, sim.data)(params)
+
+
+def test_a_long_lived_clientapp_process_builds_each_nodes_runtime_once_per_run():
+    """All messages of a run reach one process (as with the worker): each node's runtime is built at its first message
+    and reused; a new Flower run (another run id) builds afresh, and the cache keeps only the most recent runtimes."""
+    from fedshuffle.integrations.flower import app as flower_app
+    from fedshuffle.integrations.flower.client import RuntimeCache
+
+    exp = experiment([variant("scaffold")], clients=6, rounds=3, seed=11)
+    cache = flower_app._RUNTIMES
+    before = cache.builds
+    grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"])
+    FedShuffleStrategy(single_run(exp)).start(grid)
+    assert len(grid.sent) > 6 and cache.builds - before == 2  # handshake, rounds, every message: two builds
+    for context in grid.contexts.values():
+        context.run_id = 2
+    FedShuffleStrategy(single_run(exp)).start(grid)
+    assert cache.builds - before == 4
+    small = RuntimeCache(capacity=2)
+    for key in ("a", "b", "a", "c", "a"):
+        small.get(key, lambda: object())
+    assert small.builds == 3 and list(small.runtimes) == ["c", "a"]
+
+
+def test_the_worker_answers_a_failing_clientapp_with_an_error_reply_and_goes_on(monkeypatch):
+    """The long-lived worker's task, with the Runtime API's calls replaced: a ClientApp exception becomes an error reply
+    (Flower's code for it) and a failed task status, not the end of the process; the next task is answered."""
+    from flwr.app import Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.common.constant import ErrorCode, SubStatus
+
+    from fedshuffle.integrations.flower import worker
+
+    pushed, outputs = [], []
+    app = ClientApp()
+
+    @app.query()
+    def answer(message, context):
+        if context.node_config.get("fail"):
+            raise ValueError("no such client")
+        return Message(RecordDict(), reply_to=message)
+
+    class Bundle:
+        hash_str, content = "h", b""
+
+    class Run:
+        fab_id, fab_version = "fedshuffle/app", "1.0.0"
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what pull_task_input sets
+
+    def task(client):
+        message = Message(RecordDict(), dst_node_id=1, message_type="query")
+        message.metadata.__dict__["_message_id"] = "m1"
+        return message, Context(run_id=1, node_id=1, node_config=dict(config), state=RecordDict(), run_config={}), Run(), Bundle()
+
+    config = {"fail": True}
+    monkeypatch.setattr(worker, "pull_task_input", task)
+    monkeypatch.setattr(worker, "push_message", lambda client, reply, context: pushed.append(reply))
+    monkeypatch.setattr(worker, "push_task_output", lambda client, context, sub_status, details: outputs.append((sub_status, details)))
+    monkeypatch.setattr(worker.ClientApps, "get", lambda self, *bundle: app)
+
+    class Client:
+        def SendTaskHeartbeat(self, request):
+            return None
+
+    apps = worker.ClientApps()
+    assert worker.run_task(Client(), apps) is False
+    assert pushed[-1].has_error() and pushed[-1].error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and "no such client" in pushed[-1].error.reason
+    assert outputs[-1][0] == SubStatus.FAILED and "no such client" in outputs[-1][1]
+    config["fail"] = False
+    assert worker.run_task(Client(), apps) is True
+    assert not pushed[-1].has_error() and outputs[-1] == (SubStatus.COMPLETED, "")
+
+
+def test_federated_evaluation_on_a_server_with_the_data_equals_the_central_one_and_waits_for_a_restarted_node():
+    """run-config evaluation = "federated" where the server has the data: each node scores its clients and the sum
+    equals the server's central scores. A node that left is re-joined for the evaluation (its successor scores its
+    clients); with no successor, the run stops naming the clients that could not be scored."""
+    exp = experiment([{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "full"}}], clients=6, problem={"name": "softmax", "l2": 0.05},
+                     data={"classes": 3})
+    run = single_run(exp)
+    grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"])
+    strategy = FedShuffleStrategy(run, evaluation="federated", connect_timeout=0.2, round_timeout=0.2)
+    strategy.handshake(grid)
+    strategy._grid = grid
+    params = strategy.half.params + 0.3
+    central = strategy.evaluator(params)
+    for key in ("loss", "grad_norm_sq", "train_accuracy"):
+        assert strategy.federated_scores(params)[key] == pytest.approx(central[key], rel=1e-12, abs=1e-15), key
+    grid.join(grid.leave(1001))
+    assert strategy.federated_scores(params)["loss"] == pytest.approx(central["loss"], rel=1e-12)
+    assert strategy.nodes[4] == 1002
+    grid.leave(1002)
+    with pytest.raises(FederationError, match=r"client\(s\) 3-5 could not be scored in the federated evaluation \(node 1002: offline\)"):
+        strategy.federated_scores(params)
+    with pytest.raises(ConfigError, match="run-config.evaluation"):
+        FedShuffleStrategy(run, evaluation="central", node_data=True)
+    with pytest.raises(ConfigError, match="run-config.evaluation: unknown evaluation 'nodes'; accepted: auto, central, federated"):
+        AppSettings.from_run_config({"evaluation": "nodes"})
 
 
 @pytest.mark.parametrize("name, sampler", [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
@@ -595,10 +783,11 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
 def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulation(tmp_path):
     """The deployment of the issue's "done means": a SuperLink and two SuperNode processes on 127.0.0.1, each hosting
     two clients read from its own folder only (``data-path``), a server that builds no data (``node-data = true``):
-    FedShuffle and SCAFFOLD reach ``fedshuffle run``'s models, and the federated evaluation its central scores."""
+    FedShuffle and SCAFFOLD reach ``fedshuffle run``'s models, and the federated evaluation its central scores. Each
+    node runs its messages in one long-lived ClientApp process (the worker; the test above uses Flower's process per message)."""
     deadline = time.monotonic() + DEPLOYMENT_SECONDS
     exp = experiment([{"label": "fedshuffle", "method": {"name": "fedshuffle"}}, {"label": "scaffold", "method": {"name": "scaffold"}}],
-                     clients=4, rounds=2, seed=7, sampler={"name": "uniform", "cohort": 2}, run={"eval_every": 2})  # each message costs a ClientApp process
+                     clients=4, rounds=2, seed=7, sampler={"name": "uniform", "cohort": 2}, run={"eval_every": 1})
     config = tmp_path / "exp.json"
     config.write_text(exp.model_dump_json())
     app_dir = write_app(config, tmp_path / "app", AppSettings(node_data=True))
@@ -607,7 +796,7 @@ def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulatio
     runs = federated_runs(exp, AppSettings())
     summaries = [out / run.label / f"seed-{run.seed}" / "summary.json" for run in runs]
     node_configs = [f'data-path="{folder}"' for folder, _ in folders]
-    with local_federation(tmp_path / "federation", 2, deadline, node_configs) as (connection, env, watch, watches):
+    with local_federation(tmp_path / "federation", 2, deadline, node_configs, persistent=True) as (connection, env, watch, watches):
         status, _ = run_app(app_dir, connection, env, f'out="{out}" round-timeout=60.0', lambda: all(p.exists() for p in summaries), deadline, watch)
         watch()
     assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
@@ -619,3 +808,71 @@ def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulatio
             np.testing.assert_allclose(read_metrics(ours / "metrics.csv")[column], read_metrics(theirs / "metrics.csv")[column], rtol=1e-10, err_msg=column)
         assert json.loads((ours / "config.json").read_text())["executor"]["evaluation"] == "federated"
     assert_only_loopback(set().union(*(w.seen for w in watches)))
+
+
+def dropped_by_round(log: str) -> dict[int, set[int]]:
+    """The members each round dropped, from the ServerApp's log ("round r: no answer from client(s) …", "round r: client(s) … on offline node(s) …")."""
+    out: dict[int, set[int]] = {}
+    for r, answered, offline in re.findall(r"round (\d+): (?:no answer from client\(s\) ([\d, ]+):|client\(s\) ([\d,\- ]+) on offline)", log):
+        out.setdefault(int(r), set()).update(parse_clients((answered or offline).replace(" ", "")))
+    return out
+
+
+def test_a_supernode_killed_and_restarted_mid_run_serves_its_clients_again(tmp_path):
+    """A SuperLink and two SuperNodes on 127.0.0.1, each with one long-lived ClientApp process (``--isolation process`` and
+    ``python -m fedshuffle.integrations.flower.worker``), SCAFFOLD on clients 0-1 and 2-3 (full participation, each node
+    keeping its clients' control variates in its state-dir). Once round 2 is scored node 1 is killed (SIGKILL, its
+    processes with it) and started again: it gets a new node id, its clients' work in the round under way is dropped
+    (``dropped`` in metrics.csv, the round timeout: the SuperLink still lists the dead node id), the server asks the new
+    node for its clients and it serves them to the last round with the state its files kept. The model equals the
+    simulation's with exactly the members the server logged as dropped left out of their rounds."""
+    deadline = time.monotonic() + DEPLOYMENT_SECONDS
+    rounds = 6
+    exp = experiment([{"label": "scaffold", "method": {"name": "scaffold"}}], clients=4, rounds=rounds, seed=7, sampler={"name": "full"})
+    config = tmp_path / "exp.json"
+    config.write_text(exp.model_dump_json())
+    app_dir = write_app(config, tmp_path / "app")
+    (run,) = federated_runs(exp, AppSettings())
+    folder = tmp_path / "out" / "scaffold" / f"seed-{run.seed}"
+    node_configs = [f'clients="{clients}" state-dir="{tmp_path / f"state-{k}"}"' for k, clients in enumerate(("0-1", "2-3"))]
+    run_ids: list[int] = []
+    events: dict[str, int] = {}
+
+    def metrics_rows() -> list[dict[str, str]]:
+        try:
+            lines = (folder / "metrics.csv").read_text().splitlines()
+        except OSError:
+            return []
+        return [dict(zip(lines[0].split(","), line.split(","))) for line in lines[1:] if line.count(",") == lines[0].count(",")]
+
+    with local_federation(tmp_path / "federation", 2, deadline, node_configs, persistent=True) as federation:
+        connection, env, watch, watches = federation
+
+        def kill_and_restart() -> None:
+            watch()
+            rows = metrics_rows()
+            if "killed" not in events and len(rows) > 2:  # rounds 0, 1, 2 scored
+                federation.kill(1)
+                federation.start_node(1)
+                events["killed"] = len(rows) - 1
+
+        status, _ = run_app(app_dir, connection, env, f'out="{tmp_path / "out"}" round-timeout=15.0', lambda: (folder / "summary.json").exists(), deadline,
+                            kill_and_restart, run_ids)
+        log = server_log(run_ids[0], connection, env, deadline - time.monotonic())
+        workers = [(tmp_path / "federation" / f"worker-{k}.log").read_text() for k in range(2)]
+        supernodes = [(tmp_path / "federation" / f"supernode-{k}.log").read_text() for k in range(2)]
+    assert status == "finished:completed", log[-3000:]
+    assert events == {"killed": 2}, events
+    dropped = dropped_by_round(log)
+    assert any(r > 2 and {2, 3} & members for r, members in dropped.items()), log[-3000:]  # node 1's clients missed work after the kill
+    assert max(dropped) < rounds and int(read_metrics(folder / "metrics.csv")["dropped"][-1]) == sum(map(len, dropped.values()))
+    joined = re.findall(r"node (\d+) joined: it serves client\(s\) 2-3 from now on", log)
+    assert len(joined) == 1, log[-3000:]
+    assert re.findall(r"SuperNode ID: (\d+)", supernodes[1])[-1] == joined[0]  # the restarted SuperNode's new id
+    last_round = load_checkpoint(folder / "checkpoint.pt")["simulation"]["last_round"]
+    assert list(np.asarray(last_round)) == [rounds - 1] * 4  # every client's update accepted in the last round
+    assert_equal_to_rounding(torch.from_numpy(np.load(folder / "final_params.npy")), dropped_in_simulation(run, rounds, dropped).params)
+    # one ClientApp process per node answered every message its SuperNode received (no process per message)
+    for worker, supernode in zip(workers, supernodes):
+        assert len(re.findall(r"fedshuffle worker: task \d+ answered", worker)) == supernode.count("Receiving:") > 0
+    assert "Start `flwr-clientapp` process" not in "".join(workers + supernodes)

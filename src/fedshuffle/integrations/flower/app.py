@@ -27,7 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.experiments.schema import Experiment
-from fedshuffle.integrations.flower.client import NodeRuntime, hosted_clients, make_client_app
+from fedshuffle.integrations.flower.client import NodeRuntime, RuntimeCache, hosted_clients, make_client_app
 from fedshuffle.integrations.flower.common import AppSettings, FederatedRun, federated_runs, read_experiment
 from fedshuffle.integrations.flower.secagg import SecureAggregation
 from fedshuffle.integrations.flower.strategy import FederationError, FedShuffleStrategy, handshake
@@ -35,9 +35,10 @@ from fedshuffle.integrations.flower.strategy import FederationError, FedShuffleS
 Source = str | Path | Experiment
 LOGGER = logging.getLogger("flwr")
 
-#: per process: the runs of an experiment under a run config, and the node runtimes built (Ray actors keep them between messages)
+#: per process: the runs of an experiment under a run config, and the node runtimes built (Ray actors and
+#: :mod:`.worker`'s long-lived ClientApp process keep them between messages)
 _RUNS: dict[tuple[str, tuple], list[FederatedRun]] = {}
-_RUNTIMES: dict[tuple[str, tuple[int, ...], str], NodeRuntime] = {}
+_RUNTIMES = RuntimeCache()
 
 
 #: errors that say what to change: logged as one line, without a traceback
@@ -95,7 +96,7 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
         settings = AppSettings.from_run_config(config)
         runs = runs_for(source, config)
         strategies = [FedShuffleStrategy(run, round_timeout=settings.round_timeout, connect_timeout=settings.connect_timeout, out=settings.out or None, resume=settings.resume, log=LOGGER.info,
-                                         invalid_reply=settings.invalid_reply, node_data=settings.node_data, secure=SecureAggregation.from_settings(settings)) for run in runs]
+                                         invalid_reply=settings.invalid_reply, node_data=settings.node_data, secure=SecureAggregation.from_settings(settings), evaluation=settings.evaluation) for run in runs]
         nodes = handshake(grid, strategies, settings.connect_timeout)
         for strategy in strategies:
             strategy.nodes = dict(nodes)
@@ -115,10 +116,8 @@ def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> C
         if not 0 <= index < len(runs):
             raise IndexError(f"run {index} asked for; this app's run config selects {len(runs)} run(s)")
         run, clients, folder = runs[index], hosted_clients(context), context.node_config.get("data-path")
-        key = (run.digest, clients, str(folder or ""))
-        if key not in _RUNTIMES:
-            _RUNTIMES[key] = NodeRuntime.from_folder(run, clients, str(folder)) if folder else NodeRuntime.build(run, clients)
-        return _RUNTIMES[key]
+        key = (context.run_id, run.digest, clients, str(folder or ""))
+        return _RUNTIMES.get(key, lambda: NodeRuntime.from_folder(run, clients, str(folder)) if folder else NodeRuntime.build(run, clients))
 
     return make_client_app(runtime)
 

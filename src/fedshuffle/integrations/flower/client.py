@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -121,6 +122,27 @@ class NodeRuntime:
     def missing(self, client: int) -> str | None:
         """Why ``client``'s work cannot be done here (None: it is one of this node's clients)."""
         return None if client in self.clients else f"asked for client {client}, this node hosts clients {format_clients(self.clients)}"
+
+
+class RuntimeCache:
+    """The node runtimes a process has built, kept across messages: keyed by Flower run id, run fingerprint, hosted
+    clients and data folder (a new Flower run, other settings, other clients or another folder build afresh), the
+    ``capacity`` most recently used kept (a long-lived process serving run after run does not grow without bound)."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self.runtimes: OrderedDict[tuple, NodeRuntime] = OrderedDict()
+        self.builds = 0  # how many runtimes were built (a message that finds its runtime builds none)
+
+    def get(self, key: tuple, build: Callable[[], NodeRuntime]) -> NodeRuntime:
+        if key in self.runtimes:
+            self.runtimes.move_to_end(key)
+        else:
+            self.runtimes[key] = build()
+            self.builds += 1
+            while len(self.runtimes) > self.capacity:
+                self.runtimes.popitem(last=False)
+        return self.runtimes[key]
 
 
 class ContextStore:

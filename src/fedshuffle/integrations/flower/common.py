@@ -30,6 +30,9 @@ from fedshuffle.experiments.schema import Experiment, RunSpec, load_experiment, 
 EXPERIMENT_FILE = "experiment.json"
 #: what the server does with an invalid reply: drop its member from the round, or stop the run
 INVALID_REPLY_POLICIES = ("drop", "stop")
+#: who scores the model: the server on its data (central), each node its own clients (federated), or auto: central
+#: where the server has the data, federated where only the nodes have it (node-data = true)
+EVALUATIONS = ("auto", "central", "federated")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class AppSettings:
     ``secure-aggregation``: the server sees only the round's weighted sum, through Flower's SecAgg+, with its settings
     ``secagg-num-shares``, ``secagg-reconstruction-threshold``, ``secagg-clipping-range``, ``secagg-quantization-range``
     (:mod:`~fedshuffle.integrations.flower.secagg`).
+    ``evaluation``: ``"central"`` (the server scores the model on its data), ``"federated"`` (each node scores its own
+    clients, the server adds their shares) or ``"auto"``: federated with ``node-data``, central otherwise.
     """
 
     variant: str = ""
@@ -65,12 +70,14 @@ class AppSettings:
     secagg_reconstruction_threshold: float = 2.0
     secagg_clipping_range: float = 8.0
     secagg_quantization_range: int = 1 << 22
+    evaluation: str = "auto"
 
     KEYS = {"variant": ("variant", str), "seed": ("seed", int), "set": ("overrides", str), "out": ("out", str),
             "round-timeout": ("round_timeout", float), "connect-timeout": ("connect_timeout", float), "resume": ("resume", bool),
             "invalid-reply": ("invalid_reply", str), "node-data": ("node_data", bool), "secure-aggregation": ("secure_aggregation", bool),
             "secagg-num-shares": ("secagg_num_shares", float), "secagg-reconstruction-threshold": ("secagg_reconstruction_threshold", float),
-            "secagg-clipping-range": ("secagg_clipping_range", float), "secagg-quantization-range": ("secagg_quantization_range", int)}
+            "secagg-clipping-range": ("secagg_clipping_range", float), "secagg-quantization-range": ("secagg_quantization_range", int),
+            "evaluation": ("evaluation", str)}
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:
@@ -92,6 +99,10 @@ class AppSettings:
                 raise ConfigError(f"run-config.{key}", f"must be a positive number of seconds, got {seconds}")
         if settings.invalid_reply not in INVALID_REPLY_POLICIES:
             raise ConfigError("run-config.invalid-reply", f"unknown policy {settings.invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
+        if settings.evaluation not in EVALUATIONS:
+            raise ConfigError("run-config.evaluation", f"unknown evaluation {settings.evaluation!r}; accepted: {', '.join(EVALUATIONS)}")
+        if settings.evaluation == "central" and settings.node_data:
+            raise ConfigError("run-config.evaluation", "\"central\" needs the data at the server, and with node-data = true it has none: give \"federated\" (or \"auto\")")
         return settings
 
     def override_sections(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ round by round exactly as :class:`fedshuffle.simulation.Simulation` does, with t
 on Flower nodes::
 
     handshake (once)    the clients each node hosts, their |D_i| and the run's fingerprint
+    re-join (per round) node ids not seen before are asked the same; a node that passes takes over its clients
     configure_train     S ~ sampler (fedshuffle's seeded streams), plans, [FedShuffleMVR: ∇f_i(x^r), ∇f_i(x^{r−1})
                         from each member], broadcast; one message per distinct member with its exact plans
     aggregate_train     replies in cohort order → the method's aggregate → server optimizer → x^{r+1}
@@ -17,6 +18,13 @@ the divergence stop, the checkpoints and the results folder; a Flower round is o
 A member whose reply does not come within the round's timeout is unfinished work: it is dropped from
 the round (the method's aggregation of the members that finished; the client's state is not advanced)
 and counted in the round's metrics.
+
+Nodes may leave and come back (:meth:`FedShuffleStrategy.rejoin`). The run starts once every client is hosted
+(the handshake waits up to the connect timeout); afterwards the cohort is still drawn from all clients by the
+seeded sampler, and a member whose node is offline is sent nothing and dropped as unfinished work. A restarted
+SuperNode comes back with a new node id: at the start of each round the server asks node ids it has not seen
+for their clients, and a node whose report passes the handshake's checks (fingerprint, model size, each
+client's size and rows' digest equal to what the client's first node reported) serves its clients from then on.
 
 No reply is trusted: each must hold exactly the method's declared payload (``Method.payload_fields``),
 one row per member, in the run's dtype and the model's size, finite, with the counts the server sent
@@ -59,7 +67,7 @@ from fedshuffle.experiments.runner import DTYPES, RunFolder, build_simulation, c
 from fedshuffle.experiments.schema import slug
 from fedshuffle.data import FederatedDataset
 from fedshuffle.integrations.flower.bundle import installed_version
-from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population, format_clients
+from fedshuffle.integrations.flower.common import EVALUATIONS, INVALID_REPLY_POLICIES, FederatedRun, Population, format_clients
 from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, rows_digest
 from fedshuffle.integrations.flower.secagg import SecureAggregation, refuse_individual_updates, rescaling, secure_sum, sum_metrics
 from fedshuffle.local.plan import ClientPlan
@@ -188,9 +196,13 @@ class FedShuffleStrategy(Strategy):
 
     def __init__(self, run: FederatedRun, *, round_timeout: float = 600.0, connect_timeout: float = 120.0, out: str | Path | None = None,
                  resume: bool = False, poll_interval: float = 0.5, log: Callable[[str], None] | None = None, invalid_reply: str = "drop",
-                 node_data: bool = False, secure: SecureAggregation | None = None) -> None:
+                 node_data: bool = False, secure: SecureAggregation | None = None,
+                 evaluation: str = "auto") -> None:
         if invalid_reply not in INVALID_REPLY_POLICIES:
             raise ConfigError("run-config.invalid-reply", f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
+        if evaluation not in EVALUATIONS or (evaluation == "central" and node_data):
+            raise ConfigError("run-config.evaluation", f"{evaluation!r} is not possible here; accepted: {', '.join(EVALUATIONS)} (\"central\" needs the data at the server: not with node-data = true)")
+        self.federated = evaluation == "federated" or node_data  # who scores the model: the nodes, or the server
         self.invalid_reply = invalid_reply
         self.run, self.node_data, self.secure = run, node_data, secure
         self.half: ServerHalf | None = None
@@ -215,6 +227,10 @@ class FedShuffleStrategy(Strategy):
             self.folder = RunFolder(run_dir, run.spec, label=run.label, out_option="run-config.out", resume_option="run-config resume=true")
             self.folder.check(resume=resume, extend=False)  # refused before any message
         self.nodes: dict[int, int] = {}  # client → node id
+        self.asked: set[int] = set()  # node ids asked for their clients
+        self.online: set[int] = set()  # node ids the SuperLink listed at the last re-join
+        self.held: dict[int, str] = {}  # client → its rows' digest, as its first node reported it
+        self._joining: dict[str, int] = {}  # handshake message id → node id, for nodes that joined and have not answered
         self.rejected = 0  # clients dropped from a round for an invalid reply
         self._rejected_now: list[int] = []  # … in the open round
         self._open: _OpenRound | None = None
@@ -249,6 +265,8 @@ class FedShuffleStrategy(Strategy):
         """
         if not self.nodes:
             self.handshake(grid)
+        else:
+            self.rejoin(grid, min(self.connect_timeout, self.round_timeout))
         half = self.half
         if not torch.equal(self._model_of(arrays), half.params):
             raise FederationError("configure_train got a model other than the strategy's current one (a fedshuffle strategy keeps the model it aggregates)")
@@ -261,7 +279,7 @@ class FedShuffleStrategy(Strategy):
             rnd, gradients, dropped = self._gradient_exchange(grid, rnd, points)
         broadcast = half.broadcast(rnd, points, gradients)
         shared = tensors_record(broadcast)
-        messages, clients = [], np.unique(rnd.cohort).tolist()
+        messages, clients = [], self._reachable(np.unique(rnd.cohort).tolist(), server_round)
         weights = half.method.sum_weights(rnd) if self.secure is not None else None
         for client in clients:
             plans_config, batches = plans_records([plan for plan in rnd.plans if plan.client == client])
@@ -307,7 +325,7 @@ class FedShuffleStrategy(Strategy):
         return tensors_record({"model": self.half.params}), MetricRecord({k: float(v) for k, v in reported.items()})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """No federated evaluation: the server evaluates the global model on the run's data (:meth:`evaluate`)."""
+        """No evaluation through Flower's evaluate round: the model is scored by :meth:`evaluate`, centrally or federatedly."""
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -315,39 +333,73 @@ class FedShuffleStrategy(Strategy):
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Centralized evaluation: f(x), f − f*, ‖x − x*‖², ‖∇f(x)‖², accuracies, as ``fedshuffle run`` records them;
-        with ``node_data``, federated evaluation (:meth:`federated_scores`)."""
-        values = self.evaluator(self._model_of(arrays)) if self.evaluator is not None else self.federated_scores(self._model_of(arrays))
+        with ``node_data`` or ``evaluation="federated"``, federated evaluation (:meth:`federated_scores`)."""
+        values = self.federated_scores(self._model_of(arrays)) if self.federated else self.evaluator(self._model_of(arrays))
         return MetricRecord({k: float(v) for k, v in values.items() if v is not None})
 
     def federated_scores(self, params: torch.Tensor) -> dict[str, float | None]:
         """f(x) = Σ_i w_i f_i(x), ‖∇f(x)‖² and the training accuracy from every node's share of its clients (one
         ``query.evaluate`` message per node): equal to the central scores on the pooled data to rounding. f − f*,
-        ‖x − x*‖² and test scores need the data at the server and are left empty."""
-        half, by_node = self.half, {}
-        for client, node in sorted(self.nodes.items()):
-            by_node.setdefault(node, []).append(client)
+        ‖x − x*‖² and test scores need the data at the server and are left empty. Every client must be scored: where
+        a node is offline or does not answer within the round timeout, the server re-joins nodes (waiting up to the
+        connect timeout) and asks the new hosts of those clients once more, then stops with :class:`FederationError`."""
+        half = self.half
         model = tensors_record({"model": params})
-        messages = [Message(RecordDict({"model": model, "instructions": ConfigRecord({"run": self.run.index, "clients": clients,
-                                                                                    "weights": [float(half.data.weights[c]) for c in clients]})}),
-                            node, EVALUATE, ttl=self._ttl()) for node, clients in by_node.items()]
-        replies = {m.metadata.reply_to_message_id: m for m in self.exchange(self._grid, messages, self.round_timeout)}
         loss, gradient, correct = 0.0, torch.zeros_like(params), 0.0
-        for message in messages:
-            node = message.metadata.dst_node_id
-            reply = replies.get(message.metadata.message_id)
-            if reply is None or reply.has_error():
-                raise FederationError(f"node {node} did not score its clients in the federated evaluation" + (f": {reply.error.reason}" if reply is not None else f" within {self.round_timeout:g} s"))
-            try:
-                info = _content(reply, "scores")
-                part = checked_tensors(_content(reply, "gradient"), ["gradient"], (params.numel(),), half.dtype, "gradient")["gradient"]
-                loss += checked_float(info, "loss", "scores")
-                got = checked_float(info, "correct", "scores")
-            except (InvalidReply, AttributeError) as exc:
-                raise FederationError(f"node {node} sent an invalid federated evaluation: {exc}") from None
-            gradient += part.to(params.device)
-            correct = -1.0 if got < 0 or correct < 0 else correct + got
+        waiting, why = sorted(self.nodes), {}
+        for attempt in range(2):
+            if attempt:
+                self._await_hosts(waiting, set(why))
+            else:
+                self.rejoin(self._grid, 0.0)
+            by_node: dict[int, list[int]] = {}
+            for client in waiting:
+                if self.nodes[client] in self.online:
+                    by_node.setdefault(self.nodes[client], []).append(client)
+                else:
+                    why[self.nodes[client]] = "offline"
+            messages = [Message(RecordDict({"model": model, "instructions": ConfigRecord({"run": self.run.index, "clients": clients,
+                                                                                        "weights": [float(half.data.weights[c]) for c in clients]})}),
+                                node, EVALUATE, ttl=self._ttl()) for node, clients in by_node.items()]
+            replies = {m.metadata.reply_to_message_id: m for m in self.exchange(self._grid, messages, self.round_timeout)}
+            for message in messages:
+                node = message.metadata.dst_node_id
+                reply = replies.get(message.metadata.message_id)
+                if reply is not None and reply.has_error() and int(reply.error.code) not in UNANSWERED:
+                    raise FederationError(f"node {node} did not score its clients in the federated evaluation: {reply.error.reason}")
+                if reply is None or reply.has_error():
+                    why[node] = reply.error.reason if reply is not None else f"no answer within {self.round_timeout:g} s"
+                    continue
+                part, got = self._scores_part(node, reply, params)
+                loss, gradient, correct = loss + part[0], gradient + part[1], -1.0 if got < 0 or correct < 0 else correct + got
+                waiting = [c for c in waiting if c not in by_node[node]]
+            if not waiting:
+                break
+        if waiting:
+            reasons = "; ".join(f"node {n}: {why.get(n, 'no answer')}" for n in sorted({self.nodes[c] for c in waiting}))
+            raise FederationError(f"client(s) {format_clients(waiting)} could not be scored in the federated evaluation ({reasons}); "
+                                  "restart their nodes within run-config connect-timeout, or evaluate centrally (run-config evaluation = \"central\", the server holding the data)")
         accuracy = correct / half.data.num_samples if correct >= 0 else None
         return {"loss": loss, "grad_norm_sq": float(gradient.pow(2).sum()), "train_accuracy": accuracy, "f_gap": None, "dist_sq": None}
+
+    def _await_hosts(self, clients: Sequence[int], failed: set[int]) -> None:
+        """Re-join nodes until every one of ``clients`` has an online host not in ``failed``, for up to the connect timeout."""
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            self.rejoin(self._grid, max(0.0, deadline - time.monotonic()))
+            if all(self.nodes[c] in self.online and self.nodes[c] not in failed for c in clients) or time.monotonic() >= deadline:
+                return
+            time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())))
+
+    def _scores_part(self, node: int, reply: Message, params: torch.Tensor) -> tuple[tuple[float, torch.Tensor], float]:
+        """A node's share of f(x) and ∇f(x), and its correct predictions (−1: the problem has no accuracy), checked."""
+        try:
+            info = _content(reply, "scores")
+            part = checked_tensors(_content(reply, "gradient"), ["gradient"], (params.numel(),), self.half.dtype, "gradient")["gradient"]
+            loss, correct = checked_float(info, "loss", "scores"), checked_float(info, "correct", "scores")
+        except (InvalidReply, AttributeError) as exc:
+            raise FederationError(f"node {node} sent an invalid federated evaluation: {exc}") from None
+        return (loss, part.to(params.device)), correct
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None, timeout: float | None = None,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
@@ -374,7 +426,7 @@ class FedShuffleStrategy(Strategy):
         self.summary()
         rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)
         executor = {"name": "flower", "digest": self.run.digest, "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
-                    "evaluation": "federated" if self.evaluator is None else "central"}
+                    "evaluation": "federated" if self.federated else "central"}
         driver = Driver(self.half, rounds.step, rounds.score, executor, self.step_sizes)
         if self.folder is None:
             status, message = RoundLoop(driver, rounds=spec.rounds, eval_every=spec.eval_every, bandwidth_mib_s=spec.bandwidth_mib_s).run([rounds], num_rounds)
@@ -404,10 +456,55 @@ class FedShuffleStrategy(Strategy):
         if not self.nodes:
             self.nodes = handshake(grid, [self], self.connect_timeout, self.poll_interval)
 
+    def rejoin(self, grid: Grid, wait: float) -> None:
+        """Re-learn which node hosts which client: the node ids the SuperLink lists are ``online``; each one not seen
+        before is asked for its clients (the handshake's message) and its answer awaited up to ``wait`` s (a later
+        answer is taken at a later round). A node whose report passes the handshake's checks, each client's rows'
+        digest equal to what the client's first node reported included, serves its clients from then on (a restarted
+        SuperNode comes back with a new node id); one that does not is logged and not used."""
+        self.online = set(grid.get_node_ids())
+        new = sorted(self.online - self.asked)
+        self.asked.update(new)
+        if new:
+            ask = ConfigRecord({"runs": [self.run.index]})
+            messages = [Message(RecordDict({"fedshuffle": ask}), node, HANDSHAKE, ttl=self.connect_timeout + 60.0) for node in new]
+            self._joining.update({i: node for i, node in zip(grid.push_messages(messages), new) if i})
+        deadline, pause = time.monotonic() + wait, 0.01
+        while self._joining:
+            for reply in grid.pull_messages(list(self._joining)):
+                node = self._joining.pop(reply.metadata.reply_to_message_id, None)
+                if node is not None:
+                    self._take_over(node, reply)
+            if not self._joining or time.monotonic() >= deadline:
+                break
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(2 * pause, self.poll_interval)
+
+    def _take_over(self, node: int, reply: Message) -> None:
+        """A joining node's handshake reply: checked as at the start; its clients of this run are served by it from now."""
+        try:
+            clients, (report,) = _handshake_report(reply, node, [self], None)
+            _check_report(self, node, report)
+        except FederationError as exc:
+            self._log(f"node {node} joined and is not used: {exc}")
+            return
+        ours = [c for c in clients if c < self.num_clients]
+        if ours:
+            before = sorted({self.nodes[c] for c in ours if c in self.nodes})
+            self.nodes.update({c: node for c in ours})
+            self._log(f"node {node} joined: it serves client(s) {format_clients(ours)} from now on (node(s) {', '.join(map(str, before)) or 'none'} before)")
+
+    def _reachable(self, clients: Sequence[int], server_round: int) -> list[int]:
+        """Those of ``clients`` whose node is online; the others get no message (unfinished work: dropped)."""
+        offline = [c for c in clients if self.nodes[c] not in self.online]
+        if offline:
+            self._log(f"round {server_round}: client(s) {format_clients(offline)} on offline node(s) {', '.join(map(str, sorted({self.nodes[c] for c in offline})))}: dropped as unfinished work")
+        return [c for c in clients if c not in offline]
+
     def _gradient_exchange(self, grid: Grid, rnd: RoundInfo, points: list[torch.Tensor]) -> tuple[RoundInfo, list[torch.Tensor], list[int]]:
         """FedShuffleMVR's extra exchange: every distinct member returns ∇f_i at each point; rows in cohort order."""
         shared = tensors_record({str(k): p for k, p in enumerate(points)})
-        clients = np.unique(rnd.cohort).tolist()
+        clients = self._reachable(np.unique(rnd.cohort).tolist(), rnd.index + 1)
         messages = [
             Message(RecordDict({"points": shared, "instructions": ConfigRecord({"run": self.run.index, "round": rnd.index, "client": c})}), self.nodes[c], GRADIENTS, group_id=str(rnd.index + 1), ttl=self._ttl())
             for c in clients
@@ -637,6 +734,7 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
             _adopt(s, n if s.num_clients is None else s.num_clients, nodes, {node: r[k] for node, r in reports.items()})
         for node, report in reports.items():
             _check_report(s, node, report[k])
+        s.asked, s.online = set(asked), set(nodes.values())
     return nodes
 
 
@@ -730,3 +828,6 @@ def _check_report(s: FedShuffleStrategy, node: int, report: _NodeReport) -> None
         expected = s.rows_digest(client)
         if expected is not None and held != expected:
             raise FederationError(f"node {node} holds other samples for client {client} than the server's data (digest {str(held)[:16]!r}, the server's {expected!r})")
+        first = s.held.setdefault(client, str(held))
+        if first != held:
+            raise FederationError(f"node {node} holds other samples for client {client} than its node at the start (digest {str(held)[:16]!r}, then {first[:16]!r})")
