@@ -1,9 +1,12 @@
 """The messages between the fedshuffle strategy and its ClientApps (Flower's Message API).
 
-Four exchanges, each its own message type:
+Four exchanges, each its own message type (with ``secure-aggregation``, Flower's SecAgg+ workflow adds its own
+stages after ``train``: :mod:`~fedshuffle.integrations.flower.secagg`):
 
 * ``query.fedshuffle`` (handshake): the server asks every node for the clients it hosts, the number of
-  partitions it was told, each client's dataset size and the fingerprint of the run it would execute.
+  partitions it was told, each client's dataset size and rows' digest, the fingerprint of the run it would execute
+  and the fedshuffle version it runs (a node of another version is refused before training). The server asks again,
+  at the start of a round, every node id it has not seen: a node that re-joined takes its clients back.
 * ``query.evaluate`` (federated evaluation, when the nodes bring their data): the model, the clients and their
   weights w_i; the node returns its share of Σ_i w_i f_i(x), of ∇f(x), and its correct predictions.
 * ``train.gradients`` (FedShuffleMVR's extra exchange): points x^r, x^{r−1}; the node returns ∇f_i there.
