@@ -160,6 +160,8 @@ metric("bytes_down", "bytes downloaded (all clients, run dtype)", lambda e: e.co
 metric("mib_up", "MiB uploaded per participating worker (fp32)", lambda e: _mib(e.counters.worker_elements_up), kind="cost", citation=_YANG)
 metric("mib_down", "MiB downloaded per participating worker (fp32)", lambda e: _mib(e.counters.worker_elements_down), kind="cost", citation=_YANG)
 metric("dropped", "members dropped so far (no answer within the round's timeout, on devices)", lambda e: e.extras.get("dropped"), kind="cost", integer=True)
+metric("epsilon", "ε(δ) of differential privacy spent so far ([privacy]: Opacus's RDP accountant; δ in config.json)", lambda e: getattr(e.counters, "epsilon", None),
+       kind="cost", citation="Mironov, Talwar & Zhang 2019, arXiv:1908.10530")
 metric("loss", "f(x)", lambda e: e["loss"], kind="model")
 metric("f_gap", "f(x) − f*", lambda e: e["f_gap"], kind="model")
 metric("dist_sq", "‖x − x*‖²", lambda e: e["dist_sq"], kind="model")

@@ -1,0 +1,285 @@
+"""Differential privacy of the clients' updates: clipping, Gaussian noise, adaptive clipping and ε(δ) per round.
+
+The ``[privacy]`` section (:class:`PrivacySettings`) chooses one of two trust models, as Flower names them:
+
+**Local DP** (``mode = "local"``): every member clips its update and adds noise before it leaves the
+client; the server aggregates what it receives as it would the plain updates::
+
+    Δ̃_i = clip_C(Δ_i) + σC·ξ_i,      clip_C(v) = v·min(1, C/‖v‖₂),   ξ_i ~ N(0, I)
+
+**Central DP** (``mode = "central"``; DP-FedAvg, McMahan, Ramage, Talwar & Zhang, ICLR 2018, Algorithm 1 with
+the fixed-denominator estimator f̃_f): members clip, the server noises the weighted sum it aggregates::
+
+    d = Σ_{i∈S} ω_i·clip_C(Δ_i) + σ_Δ·S·ξ,      S = C·max_{i∈[n]} ω_i,   ξ ~ N(0, I)
+
+S is the L2 sensitivity of the weighted sum to adding or removing one client. It needs weights that are fixed
+per client before the round (``aggregation.normalization = "unbiased"``: ω_i = w̃_i/E[c_i] with w̃ the
+objective weights, uniform ones or a given list): a cohort-normalized ω (``sum_one``) or one that depends on the
+round's local work (FedNova's ``normalized`` weighting, ``mean_gradient``) has no such bound and is refused.
+The max is over all n clients, not the cohort, so the noise does not depend on who takes part. With
+non-uniform ω the clients with smaller ω_i get more protection than the ε reported (that of the largest).
+
+**Adaptive clipping** (central only; Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021, Algorithm 1 with
+the geometric update): each member also reports b_i = 1[‖Δ_i‖₂ ≤ C] for the round's C; the server releases
+the noised count and moves C towards the γ-quantile of the update norms::
+
+    b̃ = (Σ_{i∈S} b_i + σ_b·ζ)/m,     C ← C·exp(−η_C·(b̃ − γ)),     ζ ~ N(0, 1)
+
+with m = Σ_i E[c_i] the expected cohort size and σ_b = m/20 unless given. The two releases together are one
+Gaussian mechanism of noise multiplier σ (their Theorem 1) when the update noise is
+σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2); this needs 2σ_b > σ. With fixed clipping σ_Δ = σ.
+
+**Accountant.** ε(δ) after each round comes from Opacus's RDP accountant (Mironov, Talwar & Zhang 2019's
+subsampled Gaussian mechanism): central DP is ``rounds`` steps of noise multiplier σ at sample rate
+q = max_i Pr[i ∈ S]. Opacus assumes Poisson subsampling (each client independently) under add/remove
+adjacency: for samplers that draw a fixed-size cohort without replacement this is the customary
+approximation, not a proof; cyclic cohorts are not random draws and are accounted with q = 1 (no
+amplification); samplers that can repeat a client are refused. Local DP is, for each client, one Gaussian
+mechanism per round it takes part in, on any two inputs of that client (sensitivity 2C, noise multiplier
+σ/2, q = 1: the server sees who took part, so no amplification by sampling); the ε reported is that of the
+client that took part most often.
+
+The noise comes from the run's seeded streams (:mod:`fedshuffle.core.streams`), keyed by (seed, round,
+client, occurrence) on the client and (seed, round) on the server, so a Flower node and the in-process
+simulation draw the same noise and a resumed run continues bit-exactly. Anyone who knows the seed can
+subtract such noise: ``noise = "system"`` draws it from the operating system's entropy instead, as a
+deployment must (the run is then not reproducible).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedshuffle.aggregation import Aggregator
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.streams import Stream, generator
+from fedshuffle.local.plan import ClientPlan
+from fedshuffle.methods.base import ClientResult, Method, RoundInfo, State, Trainer
+from fedshuffle.samplers import Sampler
+
+MODES = ("none", "local", "central")
+CLIPPINGS = ("fixed", "adaptive")
+NOISE_SOURCES = ("seeded", "system")
+#: the broadcast entry holding the round's clip C (adaptive clipping)
+CLIP = "clip"
+#: the client result's extra holding the fraction of members with ‖Δ_i‖ ≤ C (adaptive clipping; never a metric)
+UNCLIPPED = "unclipped"
+_ADAPTIVE_ONLY = ("target_quantile", "clip_lr", "count_noise")
+
+
+class PrivacySettings(BaseModel):
+    """The ``[privacy]`` section: see the module docstring for the math."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    mode: Literal[MODES] = Field("none", description="none; local: each client noises its own clipped update; central: the server noises the clipped sum (DP-FedAvg)")
+    clip: float | None = Field(None, gt=0, allow_inf_nan=True, description="C: the L2 bound on each client's update Δ_i (the initial C with adaptive clipping); inf = no clipping (only with noise_multiplier = 0)")
+    noise_multiplier: float = Field(0.0, ge=0, description="σ: the noise's standard deviation in units of the sensitivity")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ of the (ε, δ) guarantee reported per round (ε in metrics.csv)")
+    clipping: Literal[CLIPPINGS] = Field("fixed", description="central: a fixed C, or adaptive (Andrew et al., NeurIPS 2021): C tracks the target quantile of the update norms")
+    target_quantile: float = Field(0.5, ge=0, le=1, description="adaptive: γ, the fraction of updates left unclipped")
+    clip_lr: float = Field(0.2, gt=0, description="adaptive: η_C of C ← C·exp(−η_C(b̃ − γ))")
+    count_noise: float | None = Field(None, gt=0, description="adaptive: σ_b, the noise on the count of unclipped updates (default: expected cohort / 20)")
+    noise: Literal[NOISE_SOURCES] = Field("seeded", description="seeded: from the run's streams (reproducible, resumable; known to whoever knows the seed); system: the OS's entropy")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrivacySettings:
+        if self.mode == "none":
+            return self
+        if self.clip is None:
+            raise ConfigError("clip", f"privacy.mode = {self.mode!r} needs the clip C (the L2 bound on each client's update), e.g. clip = 1.0")
+        if self.noise_multiplier > 0 and math.isinf(self.clip):
+            raise ConfigError("clip", "noise_multiplier > 0 needs a finite clip (the noise is σ·C)")
+        if self.clipping == "adaptive" and self.mode != "central":
+            raise ConfigError("clipping", "adaptive clipping is central DP's (the server estimates the quantile); use privacy.mode = 'central' or clipping = 'fixed'")
+        if self.clipping == "adaptive" and math.isinf(self.clip):
+            raise ConfigError("clip", "adaptive clipping needs a finite initial clip")
+        given = [name for name in _ADAPTIVE_ONLY if getattr(self, name) != type(self).model_fields[name].default]
+        if given and self.clipping != "adaptive":
+            raise ConfigError(given[0], "a setting of adaptive clipping; set privacy.clipping = 'adaptive' or remove it")
+        return self
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "none"
+
+    @property
+    def adaptive(self) -> bool:
+        return self.mode == "central" and self.clipping == "adaptive"
+
+
+def clip_updates(deltas: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """clip_C(Δ_i) = Δ_i·min(1, C/‖Δ_i‖₂) for each row, and b_i = 1[‖Δ_i‖₂ ≤ C]."""
+    norms = torch.linalg.vector_norm(deltas, dim=1)
+    factor = torch.clamp(clip / norms, max=1.0)  # C/0 = inf and inf/‖Δ‖ = inf: factor 1
+    return deltas * factor.unsqueeze(1), norms <= clip
+
+
+def gaussian(source: str, size: int, seed: int, stream: Stream, *keys: int) -> np.ndarray:
+    """``size`` standard normal draws: from the run's stream at ``keys``, or (``source = "system"``) from fresh OS entropy."""
+    rng = generator(seed, stream, *keys) if source == "seeded" else np.random.default_rng()
+    return rng.standard_normal(size)
+
+
+class PrivateClients(Method):
+    """A method with the default halves whose client half clips each member's update to C (and, with local DP, adds
+    N(0, σ²C²I)): the server half is the method's own; the central noise is :class:`PrivateAggregation`'s.
+
+    It never sums the updates as they are produced (``sums_updates`` is False): clipping needs each Δ_i."""
+
+    def __init__(self, inner: Method, privacy: PrivacySettings) -> None:
+        super().__init__(inner.aggregator)
+        self.inner, self.privacy = inner, privacy
+        self.name, self.payload_fields, self.needs_cycles, self.sets_own_prox = inner.name, inner.payload_fields, inner.needs_cycles, inner.sets_own_prox
+
+    def init(self, params: torch.Tensor) -> State:
+        return {"inner": self.inner.init(params)}
+
+    def configure(self, rnd: RoundInfo, params: torch.Tensor, state: State) -> dict[str, torch.Tensor]:
+        return self.inner.configure(rnd, params, state["inner"])
+
+    def aggregation_weights(self, rnd: RoundInfo) -> np.ndarray:
+        return self.inner.aggregation_weights(rnd)
+
+    def aggregate(self, rnd: RoundInfo, params: torch.Tensor, state: State, payload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, State, dict[str, float]]:
+        direction, inner, extras = self.inner.aggregate(rnd, params, state["inner"], payload)
+        return direction, {"inner": inner}, extras
+
+    def client_update(
+        self, broadcast: Mapping[str, torch.Tensor], plans: Sequence[ClientPlan], rows: Mapping[str, torch.Tensor], trainer: Trainer, weights: torch.Tensor | None = None
+    ) -> ClientResult:
+        """The method's Δ_i, clipped to the round's C (the broadcast's with adaptive clipping); with local DP, plus σC·ξ_i,
+        ξ_i drawn from the stream at (seed, round, client, occurrence): the k-th plan of a client in ``plans`` is its
+        occurrence k, in the simulation's cohort as in a Flower node's message."""
+        result = self.inner.client_update(broadcast, plans, rows, trainer)
+        p = self.privacy
+        clip = float(broadcast[CLIP][0]) if p.adaptive else float(p.clip)
+        deltas, unclipped = clip_updates(result.payload["delta"], clip)
+        if p.mode == "local" and p.noise_multiplier > 0:
+            clients = [plan.client for plan in plans]
+            keys = [(trainer.round_index, client, clients[:k].count(client)) for k, client in enumerate(clients)]
+            noise = np.stack([gaussian(p.noise, deltas.shape[1], trainer.seed, Stream.CLIENT_PRIVACY, *key) for key in keys])
+            deltas = deltas + (p.noise_multiplier * clip) * torch.from_numpy(noise).to(deltas.device, deltas.dtype)
+        result.payload = {**result.payload, "delta": deltas}
+        if p.adaptive:
+            result.extras = {**result.extras, UNCLIPPED: float(unclipped.double().mean())}
+        return result
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} with {self.privacy.mode} DP"
+
+
+def private_method(method: Method, privacy: PrivacySettings) -> Method:
+    """``method`` with its updates clipped and noised as ``privacy`` says (itself when privacy is off). Refuses, in one
+    line, a method whose client half uploads more than Δ_i or whose server half is not Σ ω_iΔ_i, and a central DP
+    whose aggregation weights have no bound fixed before the round."""
+    if not privacy.active:
+        return method
+    if not method.sums_updates:
+        raise ConfigError("privacy.mode", f"{privacy.mode!r} DP covers methods whose clients upload only Δ_i and whose server sums ω_iΔ_i; "
+                          f"{method.name}{' with global momentum' if hasattr(method, 'inner') else ''} uploads or aggregates more (use privacy.mode = 'none')")
+    aggregator: Aggregator = method.aggregator
+    if privacy.mode == "central":
+        for setting, value, accepted in (("normalization", aggregator.normalization, "unbiased"), ("direction", aggregator.direction, "model_delta")):
+            if value != accepted:
+                raise ConfigError(f"aggregation.{setting}", f"privacy.mode = 'central' needs weights ω_i fixed before the round (sensitivity C·max ω_i); "
+                                  f"{setting} = {value!r} makes them depend on the round; use {accepted!r} ({method.name})")
+        if aggregator.weighting == "normalized":
+            raise ConfigError("aggregation.weighting", f"privacy.mode = 'central' needs weights ω_i fixed before the round (sensitivity C·max ω_i); "
+                              f"'normalized' (FedNova's) depends on each round's local work; use 'data', 'uniform' or a list, or privacy.mode = 'local' ({method.name})")
+    return PrivateClients(method, privacy)
+
+
+class Accountant:
+    """ε(δ) after ``steps`` compositions of the Gaussian mechanism of noise multiplier ``noise_multiplier``, subsampled
+    at ``sample_rate``: Opacus's RDP accountant (its orders and conversion), the per-step RDP computed once."""
+
+    def __init__(self, noise_multiplier: float, sample_rate: float, delta: float) -> None:
+        try:
+            from opacus.accountants import RDPAccountant
+            from opacus.accountants.analysis import rdp
+        except ImportError:
+            raise ConfigError("privacy.mode", "the privacy accountant needs Opacus: pip install 'fedshuffle[privacy]'") from None
+        self._rdp, self._orders, self.delta = rdp, RDPAccountant.DEFAULT_ALPHAS, delta
+        self.noise_multiplier, self.sample_rate = noise_multiplier, sample_rate
+        self._per_step = rdp.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=self._orders) if noise_multiplier > 0 else None
+
+    def epsilon(self, steps: int) -> float:
+        """ε after ``steps`` steps (0 before the first; inf without noise)."""
+        if steps == 0:
+            return 0.0
+        if self._per_step is None:
+            return math.inf
+        eps, _ = self._rdp.get_privacy_spent(orders=self._orders, rdp=self._per_step * steps, delta=self.delta)
+        return float(eps)
+
+
+class PrivateAggregation:
+    """The server half of DP: the broadcast clip, the noise on the aggregate (central), the adaptive clip's update and
+    the accountant. Its state (C, each client's releases) is part of the server's checkpoint."""
+
+    def __init__(self, privacy: PrivacySettings, aggregator: Aggregator, sampler: Sampler, objective_weights: np.ndarray, seed: int) -> None:
+        self.privacy, self.seed = privacy, seed
+        counts, inclusion = sampler.expected_counts(), sampler.inclusion_probabilities()
+        self.num_clients = len(counts)
+        self.expected_cohort = float(counts.sum())
+        cyclic = getattr(sampler, "rounds_per_meta_epoch", None) is not None
+        if privacy.mode == "central" and not np.allclose(counts, inclusion):
+            raise ConfigError("sampler.name", f"privacy.mode = 'central' needs a sampler that takes a client at most once per round ({sampler.describe()} may repeat one)")
+        self.sample_rate = 1.0 if cyclic else float(min(1.0, inclusion.max()))
+        self.max_weight = float(np.max(_fixed_weights(aggregator, objective_weights) / np.where(counts > 0, counts, np.inf))) if privacy.mode == "central" else None
+        sigma = privacy.noise_multiplier
+        self.count_noise = privacy.count_noise if privacy.count_noise is not None else self.expected_cohort / 20
+        self.update_noise = sigma
+        if privacy.adaptive and sigma > 0:
+            if 2 * self.count_noise <= sigma:
+                raise ConfigError("privacy.count_noise", f"adaptive clipping with noise_multiplier σ = {sigma:g} needs 2σ_b > σ (Andrew et al., Theorem 1); "
+                                  f"σ_b = {self.count_noise:g}{' (expected cohort / 20)' if privacy.count_noise is None else ''}: give count_noise > {sigma / 2:g}")
+            self.update_noise = (sigma**-2 - (2 * self.count_noise) ** -2) ** -0.5
+        if privacy.mode == "local":  # any two inputs of one client: sensitivity 2C; every release seen, no amplification
+            self.accountant = Accountant(sigma / 2, 1.0, privacy.delta)
+        else:
+            self.accountant = Accountant(sigma, self.sample_rate, privacy.delta)
+
+    def init(self) -> State:
+        return {"clip": torch.tensor(float(self.privacy.clip), dtype=torch.float64), "releases": torch.zeros(self.num_clients, dtype=torch.int64)}
+
+    def broadcast(self, state: State, like: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What members need besides the method's broadcast: the round's C, with adaptive clipping."""
+        return {CLIP: state["clip"].to(device=like.device, dtype=like.dtype).reshape(1)} if self.privacy.adaptive else {}
+
+    def release(self, rnd: RoundInfo, direction: torch.Tensor, extras: MutableMapping[str, float], state: State) -> tuple[torch.Tensor, State, float]:
+        """The aggregate as released (central: plus σ_Δ·C·max ω·ξ), the new state (adaptive C, releases) and ε after this round.
+        Takes (pops) the members' unclipped fraction out of ``extras``: it is private, never a metric."""
+        p, clip = self.privacy, float(state["clip"])
+        releases = state["releases"] + torch.from_numpy(np.bincount(rnd.cohort, minlength=self.num_clients))
+        state = {**state, "releases": releases}
+        unclipped = extras.pop(UNCLIPPED, 0.0) * len(rnd.cohort)
+        if p.mode == "central" and p.noise_multiplier > 0:
+            xi = gaussian(p.noise, direction.numel(), self.seed, Stream.SERVER_PRIVACY, rnd.index, 0)
+            direction = direction + (self.update_noise * clip * self.max_weight) * torch.from_numpy(xi).to(direction.device, direction.dtype).reshape(direction.shape)
+        if p.adaptive:
+            count = round(unclipped) + (self.count_noise * gaussian(p.noise, 1, self.seed, Stream.SERVER_PRIVACY, rnd.index, 1)[0] if p.noise_multiplier > 0 else 0.0)
+            state["clip"] = state["clip"] * math.exp(-p.clip_lr * (count / self.expected_cohort - p.target_quantile))
+        steps = int(releases.max()) if p.mode == "local" else rnd.index + 1
+        return direction, state, self.accountant.epsilon(steps)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``config.json`` records of the accounting."""
+        return {"mode": self.privacy.mode, "delta": self.privacy.delta, "sample_rate": self.sample_rate, "sensitivity_weight": self.max_weight,
+                "update_noise_multiplier": self.update_noise, "accountant": "opacus.accountants.RDPAccountant"}
+
+
+def _fixed_weights(aggregator: Aggregator, objective_weights: np.ndarray) -> np.ndarray:
+    """w̃_i of every client for the aggregations central DP takes (data, uniform or given weighting)."""
+    if not isinstance(aggregator.weighting, str):
+        return np.asarray(aggregator.weighting, dtype=np.float64)
+    if aggregator.weighting == "uniform":
+        return np.full(len(objective_weights), 1.0 / len(objective_weights))
+    return np.asarray(objective_weights, dtype=np.float64)
