@@ -272,8 +272,12 @@ class PrivateAggregation:
 
     def describe(self) -> dict[str, Any]:
         """What ``config.json`` records of the accounting."""
-        return {"mode": self.privacy.mode, "delta": self.privacy.delta, "sample_rate": self.sample_rate, "sensitivity_weight": self.max_weight,
-                "update_noise_multiplier": self.update_noise, "accountant": "opacus.accountants.RDPAccountant"}
+        out = {"mode": self.privacy.mode, "delta": self.privacy.delta, "accountant": "opacus.accountants.RDPAccountant (RDP of the subsampled Gaussian mechanism)",
+               "accounted_noise_multiplier": self.accountant.noise_multiplier, "accounted_sample_rate": self.accountant.sample_rate}
+        if self.privacy.mode == "local":
+            return {**out, "steps": "the rounds the most frequent member took part in", "sensitivity": "2C (any two inputs of one client)"}
+        return {**out, "steps": "rounds", "sensitivity": "C·max_i ω_i", "max_weight": self.max_weight, "update_noise_multiplier": self.update_noise,
+                **({"count_noise": self.count_noise, "expected_cohort": self.expected_cohort} if self.privacy.adaptive else {})}
 
 
 def _fixed_weights(aggregator: Aggregator, objective_weights: np.ndarray) -> np.ndarray:
