@@ -39,6 +39,9 @@ mechanism per round it takes part in, on any two inputs of that client (sensitiv
 σ/2, q = 1: the server sees who took part, so no amplification by sampling); the ε reported is that of the
 client that took part most often.
 
+The client half is :class:`fedshuffle.methods.private.PrivateClients` (around the method, on every executor and
+Flower node); the server half is :class:`PrivateAggregation` (in :class:`fedshuffle.simulation.Server`).
+
 The noise comes from the run's seeded streams (:mod:`fedshuffle.core.streams`), keyed by (seed, round,
 client, occurrence) on the client and (seed, round) on the server, so a Flower node and the in-process
 simulation draw the same noise and a resumed run continues bit-exactly. Anyone who knows the seed can
@@ -49,8 +52,8 @@ deployment must (the run is then not reproducible).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any, Literal
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -59,9 +62,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fedshuffle.aggregation import Aggregator
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.streams import Stream, generator
-from fedshuffle.local.plan import ClientPlan
-from fedshuffle.methods.base import ClientResult, Method, RoundInfo, State, Trainer
 from fedshuffle.samplers import Sampler
+
+if TYPE_CHECKING:
+    from fedshuffle.methods.base import RoundInfo
+
+State = dict[str, torch.Tensor]
 
 MODES = ("none", "local", "central")
 CLIPPINGS = ("fixed", "adaptive")
@@ -125,75 +131,6 @@ def gaussian(source: str, size: int, seed: int, stream: Stream, *keys: int) -> n
     """``size`` standard normal draws: from the run's stream at ``keys``, or (``source = "system"``) from fresh OS entropy."""
     rng = generator(seed, stream, *keys) if source == "seeded" else np.random.default_rng()
     return rng.standard_normal(size)
-
-
-class PrivateClients(Method):
-    """A method with the default halves whose client half clips each member's update to C (and, with local DP, adds
-    N(0, σ²C²I)): the server half is the method's own; the central noise is :class:`PrivateAggregation`'s.
-
-    It never sums the updates as they are produced (``sums_updates`` is False): clipping needs each Δ_i."""
-
-    def __init__(self, inner: Method, privacy: PrivacySettings) -> None:
-        super().__init__(inner.aggregator)
-        self.inner, self.privacy = inner, privacy
-        self.name, self.payload_fields, self.needs_cycles, self.sets_own_prox = inner.name, inner.payload_fields, inner.needs_cycles, inner.sets_own_prox
-
-    def init(self, params: torch.Tensor) -> State:
-        return {"inner": self.inner.init(params)}
-
-    def configure(self, rnd: RoundInfo, params: torch.Tensor, state: State) -> dict[str, torch.Tensor]:
-        return self.inner.configure(rnd, params, state["inner"])
-
-    def aggregation_weights(self, rnd: RoundInfo) -> np.ndarray:
-        return self.inner.aggregation_weights(rnd)
-
-    def aggregate(self, rnd: RoundInfo, params: torch.Tensor, state: State, payload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, State, dict[str, float]]:
-        direction, inner, extras = self.inner.aggregate(rnd, params, state["inner"], payload)
-        return direction, {"inner": inner}, extras
-
-    def client_update(
-        self, broadcast: Mapping[str, torch.Tensor], plans: Sequence[ClientPlan], rows: Mapping[str, torch.Tensor], trainer: Trainer, weights: torch.Tensor | None = None
-    ) -> ClientResult:
-        """The method's Δ_i, clipped to the round's C (the broadcast's with adaptive clipping); with local DP, plus σC·ξ_i,
-        ξ_i drawn from the stream at (seed, round, client, occurrence): the k-th plan of a client in ``plans`` is its
-        occurrence k, in the simulation's cohort as in a Flower node's message."""
-        result = self.inner.client_update(broadcast, plans, rows, trainer)
-        p = self.privacy
-        clip = float(broadcast[CLIP][0]) if p.adaptive else float(p.clip)
-        deltas, unclipped = clip_updates(result.payload["delta"], clip)
-        if p.mode == "local" and p.noise_multiplier > 0:
-            clients = [plan.client for plan in plans]
-            keys = [(trainer.round_index, client, clients[:k].count(client)) for k, client in enumerate(clients)]
-            noise = np.stack([gaussian(p.noise, deltas.shape[1], trainer.seed, Stream.CLIENT_PRIVACY, *key) for key in keys])
-            deltas = deltas + (p.noise_multiplier * clip) * torch.from_numpy(noise).to(deltas.device, deltas.dtype)
-        result.payload = {**result.payload, "delta": deltas}
-        if p.adaptive:
-            result.extras = {**result.extras, UNCLIPPED: float(unclipped.double().mean())}
-        return result
-
-    def describe(self) -> str:
-        return f"{self.inner.describe()} with {self.privacy.mode} DP"
-
-
-def private_method(method: Method, privacy: PrivacySettings) -> Method:
-    """``method`` with its updates clipped and noised as ``privacy`` says (itself when privacy is off). Refuses, in one
-    line, a method whose client half uploads more than Δ_i or whose server half is not Σ ω_iΔ_i, and a central DP
-    whose aggregation weights have no bound fixed before the round."""
-    if not privacy.active:
-        return method
-    if not method.sums_updates:
-        raise ConfigError("privacy.mode", f"{privacy.mode!r} DP covers methods whose clients upload only Δ_i and whose server sums ω_iΔ_i; "
-                          f"{method.name}{' with global momentum' if hasattr(method, 'inner') else ''} uploads or aggregates more (use privacy.mode = 'none')")
-    aggregator: Aggregator = method.aggregator
-    if privacy.mode == "central":
-        for setting, value, accepted in (("normalization", aggregator.normalization, "unbiased"), ("direction", aggregator.direction, "model_delta")):
-            if value != accepted:
-                raise ConfigError(f"aggregation.{setting}", f"privacy.mode = 'central' needs weights ω_i fixed before the round (sensitivity C·max ω_i); "
-                                  f"{setting} = {value!r} makes them depend on the round; use {accepted!r} ({method.name})")
-        if aggregator.weighting == "normalized":
-            raise ConfigError("aggregation.weighting", f"privacy.mode = 'central' needs weights ω_i fixed before the round (sensitivity C·max ω_i); "
-                              f"'normalized' (FedNova's) depends on each round's local work; use 'data', 'uniform' or a list, or privacy.mode = 'local' ({method.name})")
-    return PrivateClients(method, privacy)
 
 
 class Accountant:

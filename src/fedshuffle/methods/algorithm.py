@@ -21,7 +21,8 @@ from fedshuffle.local.plan import LocalPlanner
 from fedshuffle.methods import METHODS
 from fedshuffle.methods.base import Method
 from fedshuffle.methods.momentum import GlobalMomentum
-from fedshuffle.privacy import PrivacySettings, private_method
+from fedshuffle.methods.private import private_method
+from fedshuffle.privacy import PrivacySettings
 from fedshuffle.samplers import Sampler
 from fedshuffle.schedules import SCHEDULES, Schedule
 from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, ServerOptimizer
