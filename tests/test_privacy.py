@@ -70,6 +70,29 @@ def test_local_dp_sends_each_clipped_update_plus_its_own_seeded_noise_and_the_se
     torch.testing.assert_close(sim.params, x0 - omega @ hand, rtol=0, atol=1e-15)
 
 
+def test_a_client_sampled_twice_draws_fresh_noise_for_each_occurrence():
+    clip, sigma = 0.05, 0.7
+    sim, _ = build_simulation(spec({"mode": "local", "clip": clip, "noise_multiplier": sigma}, sampler={"name": "with_replacement", "cohort": 8}), SEED)
+    rnd, broadcast, deltas = raw_updates(sim)
+    occurrence = [rnd.cohort[:k].tolist().count(c) for k, c in enumerate(rnd.cohort.tolist())]
+    assert max(occurrence) >= 1  # this seed repeats a client
+    hand = clipped(deltas, clip) + sigma * clip * torch.from_numpy(
+        np.stack([normal(SEED, Stream.CLIENT_PRIVACY, rnd.index, c, k, size=sim.params.numel()) for c, k in zip(rnd.cohort.tolist(), occurrence)]))
+    sent = sim.method.client_update(broadcast, rnd.plans, {}, sim.trainer(rnd)).payload["delta"]
+    torch.testing.assert_close(sent, hand, rtol=0, atol=1e-15)
+    sim.step()
+    assert int(sim.privacy_state["releases"].max()) == max(occurrence) + 1  # every occurrence is a release
+
+
+def test_system_noise_is_not_the_seeded_streams_and_differs_between_runs():
+    runs = []
+    for noise in ("seeded", "system", "system"):
+        sim, _ = build_simulation(spec({"mode": "central", "clip": 0.05, "noise_multiplier": 1.0, "noise": noise}, rounds=2), SEED)
+        sim.step()
+        runs.append(sim.params)
+    assert not torch.equal(runs[0], runs[1]) and not torch.equal(runs[1], runs[2])
+
+
 def test_central_dp_adds_noise_scaled_by_the_weighted_sums_sensitivity_to_the_aggregate():
     clip, sigma = 0.05, 0.8
     sim, _ = build_simulation(spec({"mode": "central", "clip": clip, "noise_multiplier": sigma}), SEED)
@@ -104,7 +127,7 @@ def test_adaptive_clipping_follows_andrew_et_al_geometric_update_and_splits_the_
         sim.step()
         torch.testing.assert_close(sim.params, x0 - (omega @ clipped(deltas, clips[-1]) + noise), rtol=0, atol=1e-15)
         clips.append(clips[-1] * math.exp(-lr * (noised - quantile)))
-        assert float(sim.privacy_state["clip"]) == pytest.approx(clips[-1], rel=1e-15)
+        assert float(sim.privacy_state["clip"]) == pytest.approx(clips[-1], rel=1e-15) and sim.last_extras["dp_clip"] == float(sim.privacy_state["clip"])
     assert counts[0] == 0 and clips[-1] > 2 * clip  # all clipped at first: C grows towards the 0.4-quantile
     eps = sim.counters.epsilon
     assert eps == pytest.approx(rdp_epsilon(sigma, 1.0, 6, 1e-5), rel=1e-12)  # the accountant sees the total σ, not σ_Δ

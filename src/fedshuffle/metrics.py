@@ -174,6 +174,8 @@ metric("local_loss", f"Σ (|D_i|/|D|) f_i(x_i), {_LOCAL}", lambda e: e["local_lo
 metric("local_loss_uniform", f"(1/n) Σ f_i(x_i), {_LOCAL}", lambda e: e["local_loss_uniform"], kind="model")
 metric("local_accuracy", f"train accuracy pooled over clients, {_LOCAL}", lambda e: e["local_accuracy"], kind="model", better="max")
 metric("local_accuracy_uniform", f"mean of the clients' train accuracies, {_LOCAL}", lambda e: e["local_accuracy_uniform"], kind="model", better="max")
+metric("dp_clip", "adaptive clipping's C for the next round ([privacy] clipping = 'adaptive')", lambda e: e.extras.get("dp_clip"), kind="method",
+       citation="Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021")
 metric("compute_seconds", "local computation per worker (s, measured)", lambda e: e.counters.worker_compute_seconds,
        kind="cost", measured=True, citation=_YANG)
 metric("wallclock_seconds", "simulated wall-clock (s): computation + communication at run.bandwidth_mib_s",

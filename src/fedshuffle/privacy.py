@@ -76,6 +76,8 @@ NOISE_SOURCES = ("seeded", "system")
 CLIP = "clip"
 #: the client result's extra holding the fraction of members with ‖Δ_i‖ ≤ C (adaptive clipping; never a metric)
 UNCLIPPED = "unclipped"
+#: the round's extra (and metric) holding adaptive clipping's C for the next round
+ADAPTIVE_CLIP = "dp_clip"
 _ADAPTIVE_ONLY = ("target_quantile", "clip_lr", "count_noise")
 
 
@@ -193,7 +195,8 @@ class PrivateAggregation:
 
     def release(self, rnd: RoundInfo, direction: torch.Tensor, extras: MutableMapping[str, float], state: State) -> tuple[torch.Tensor, State, float]:
         """The aggregate as released (central: plus σ_Δ·C·max ω·ξ), the new state (adaptive C, releases) and ε after this round.
-        Takes (pops) the members' unclipped fraction out of ``extras``: it is private, never a metric."""
+        Takes (pops) the members' unclipped fraction out of ``extras``: it is private, never a metric; puts the next
+        round's adaptive C there instead (the ``dp_clip`` metric)."""
         p, clip = self.privacy, float(state["clip"])
         releases = state["releases"] + torch.from_numpy(np.bincount(rnd.cohort, minlength=self.num_clients))
         state = {**state, "releases": releases}
@@ -204,6 +207,7 @@ class PrivateAggregation:
         if p.adaptive:
             count = round(unclipped) + (self.count_noise * gaussian(p.noise, 1, self.seed, Stream.SERVER_PRIVACY, rnd.index, 1)[0] if p.noise_multiplier > 0 else 0.0)
             state["clip"] = state["clip"] * math.exp(-p.clip_lr * (count / self.expected_cohort - p.target_quantile))
+            extras[ADAPTIVE_CLIP] = float(state["clip"])  # released: a function of the noised count
         steps = int(releases.max()) if p.mode == "local" else rnd.index + 1
         return direction, state, self.accountant.epsilon(steps)
 
