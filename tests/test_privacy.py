@@ -269,3 +269,15 @@ def test_flower_in_process_equals_the_simulation_with_dp(privacy):
         assert "unclipped" not in reported  # the members' clipped count is private: never reported
     assert strategy.half.counters.epsilon == sim.counters.epsilon > 0
     torch.testing.assert_close(strategy.half.privacy_state["clip"], sim.privacy_state["clip"], rtol=0, atol=1e-15)
+
+
+def test_without_opacus_a_dp_run_stops_before_its_first_round_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    from fedshuffle.core.errors import ConfigError
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "opacus" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'fedshuffle\[privacy\]'") as raised:
+        build_simulation(spec({"mode": "local", "clip": 1.0, "noise_multiplier": 1.0}), SEED)
+    assert raised.value.field == "privacy.mode"

@@ -51,6 +51,7 @@ deployment must (the run is then not reproducible).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -137,25 +138,29 @@ def gaussian(source: str, size: int, seed: int, stream: Stream, *keys: int) -> n
 
 class Accountant:
     """ε(δ) after ``steps`` compositions of the Gaussian mechanism of noise multiplier ``noise_multiplier``, subsampled
-    at ``sample_rate``: Opacus's RDP accountant (its orders and conversion), the per-step RDP computed once."""
+    at ``sample_rate``: Opacus's RDP accountant (its orders and conversion), the per-step RDP computed once.
+
+    Opacus is imported at the first ε asked for (a Flower node, which never asks, does without it); that it is
+    installed is checked here, so a run without it stops before its first round."""
 
     def __init__(self, noise_multiplier: float, sample_rate: float, delta: float) -> None:
-        try:
-            from opacus.accountants import RDPAccountant
-            from opacus.accountants.analysis import rdp
-        except ImportError:
-            raise ConfigError("privacy.mode", "the privacy accountant needs Opacus: pip install 'fedshuffle[privacy]'") from None
-        self._rdp, self._orders, self.delta = rdp, RDPAccountant.DEFAULT_ALPHAS, delta
-        self.noise_multiplier, self.sample_rate = noise_multiplier, sample_rate
-        self._per_step = rdp.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=self._orders) if noise_multiplier > 0 else None
+        if importlib.util.find_spec("opacus") is None:
+            raise ConfigError("privacy.mode", "the privacy accountant needs Opacus: pip install 'fedshuffle[privacy]'")
+        self.noise_multiplier, self.sample_rate, self.delta = noise_multiplier, sample_rate, delta
+        self._per_step: np.ndarray | None = None
 
     def epsilon(self, steps: int) -> float:
         """ε after ``steps`` steps (0 before the first; inf without noise)."""
         if steps == 0:
             return 0.0
-        if self._per_step is None:
+        if self.noise_multiplier == 0:
             return math.inf
-        eps, _ = self._rdp.get_privacy_spent(orders=self._orders, rdp=self._per_step * steps, delta=self.delta)
+        from opacus.accountants import RDPAccountant
+        from opacus.accountants.analysis import rdp
+
+        if self._per_step is None:
+            self._per_step = rdp.compute_rdp(q=self.sample_rate, noise_multiplier=self.noise_multiplier, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
+        eps, _ = rdp.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=self._per_step * steps, delta=self.delta)
         return float(eps)
 
 

@@ -17,7 +17,7 @@ from fedshuffle.privacy import CLIP, UNCLIPPED, PrivacySettings, clip_updates, g
 
 class PrivateClients(Method):
     """A method with the default halves whose client half clips each member's update to C (and, with local DP, adds
-    N(0, σ²C²I)): the server half is the method's own; the central noise is :class:`PrivateAggregation`'s.
+    N(0, σ²C²I)): the server half is the method's own; the central noise is :class:`fedshuffle.privacy.PrivateAggregation`'s.
 
     It never sums the updates as they are produced (``sums_updates`` is False): clipping needs each Δ_i."""
 
