@@ -166,16 +166,26 @@ def test_a_run_without_privacy_has_an_empty_epsilon_column(tmp_path):
     assert "epsilon" in header and first.split(",")[header.split(",").index("epsilon")] == ""
 
 
+def stacked_round(sim) -> None:
+    """One round of ``sim`` with the members' Δ_i stacked, not summed as they are produced."""
+    rnd, points = sim.open_round()
+    broadcast = sim.broadcast(rnd, points, [])
+    sim.close_round(rnd, points, broadcast, sim.method.client_update(broadcast, rnd.plans, {}, sim.trainer(rnd)) if len(rnd.cohort) else None)
+
+
 def test_no_noise_and_no_clipping_gives_the_plain_runs_numbers_and_infinite_epsilon():
-    plain, _ = build_simulation(spec(rounds=5), SEED)
+    fused, _ = build_simulation(spec(rounds=5), SEED)
+    stacked, _ = build_simulation(spec(rounds=5), SEED)
     for _ in range(5):
-        plain.step()
+        fused.step()
+        stacked_round(stacked)
     for mode in ("local", "central"):
         sim, _ = build_simulation(spec({"mode": mode, "clip": math.inf}, rounds=5), SEED)
         assert not sim.method.sums_updates  # the Δ_i are clipped one by one, never fused
         for _ in range(5):
             sim.step()
-        torch.testing.assert_close(sim.params, plain.params, rtol=0, atol=1e-15)  # only the summation order differs
+        assert torch.equal(sim.params, stacked.params) and sim.counters.rounds == stacked.counters.rounds
+        torch.testing.assert_close(sim.params, fused.params, rtol=0, atol=1e-15)  # only the summation order differs
         assert sim.counters.epsilon == math.inf
 
 
