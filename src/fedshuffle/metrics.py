@@ -160,6 +160,8 @@ metric("bytes_down", "bytes downloaded (all clients, run dtype)", lambda e: e.co
 metric("mib_up", "MiB uploaded per participating worker (fp32)", lambda e: _mib(e.counters.worker_elements_up), kind="cost", citation=_YANG)
 metric("mib_down", "MiB downloaded per participating worker (fp32)", lambda e: _mib(e.counters.worker_elements_down), kind="cost", citation=_YANG)
 metric("dropped", "members dropped so far (no answer within the round's timeout, on devices)", lambda e: e.extras.get("dropped"), kind="cost", integer=True)
+metric("epsilon", "ε(δ) of differential privacy spent so far ([privacy]: Opacus's RDP accountant; δ in config.json)", lambda e: getattr(e.counters, "epsilon", None),
+       kind="cost", citation="Mironov, Talwar & Zhang 2019, arXiv:1908.10530")
 metric("loss", "f(x)", lambda e: e["loss"], kind="model")
 metric("f_gap", "f(x) − f*", lambda e: e["f_gap"], kind="model")
 metric("dist_sq", "‖x − x*‖²", lambda e: e["dist_sq"], kind="model")
@@ -172,6 +174,8 @@ metric("local_loss", f"Σ (|D_i|/|D|) f_i(x_i), {_LOCAL}", lambda e: e["local_lo
 metric("local_loss_uniform", f"(1/n) Σ f_i(x_i), {_LOCAL}", lambda e: e["local_loss_uniform"], kind="model")
 metric("local_accuracy", f"train accuracy pooled over clients, {_LOCAL}", lambda e: e["local_accuracy"], kind="model", better="max")
 metric("local_accuracy_uniform", f"mean of the clients' train accuracies, {_LOCAL}", lambda e: e["local_accuracy_uniform"], kind="model", better="max")
+metric("dp_clip", "adaptive clipping's C for the next round ([privacy] clipping = 'adaptive')", lambda e: e.extras.get("dp_clip"), kind="method",
+       citation="Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021")
 metric("compute_seconds", "local computation per worker (s, measured)", lambda e: e.counters.worker_compute_seconds,
        kind="cost", measured=True, citation=_YANG)
 metric("wallclock_seconds", "simulated wall-clock (s): computation + communication at run.bandwidth_mib_s",

@@ -10,6 +10,7 @@ One round (FedShuffleGen, Horváth et al., TMLR 2022, Algorithm 4, with the meth
     payload, rows' = method.client_update(b, plans, rows, trainer)   local work through the executor
     store.set(S, rows')
     d = method.aggregate(payload)                 e.g. Σ ω_iΔ_i with ω_i = w̃_i/q_i^S
+    d ← d + central DP noise; C ← adaptive clip   [privacy] (fedshuffle.privacy; members clipped their Δ_i)
     x ← x − server.update(d)                      η_g, momentum, Adam, AdGD, RR-CLI's meta-epoch step
 
 A method that keeps the default halves (client: Δ_i; server: Σ ω_iΔ_i) gets ``delta_sum`` = Σ ω_iΔ_i from
@@ -39,6 +40,7 @@ from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.executors import Executor, SequentialExecutor
 from fedshuffle.methods.algorithm import Algorithm
 from fedshuffle.methods.base import ClientResult, RoundInfo, Trainer
+from fedshuffle.privacy import PrivateAggregation
 from fedshuffle.problems import Problem
 from fedshuffle.samplers import Sampler
 from fedshuffle.state import ClientStateStore
@@ -67,6 +69,7 @@ class Counters:
     worker_elements_up: int = 0
     worker_elements_down: int = 0
     worker_compute_seconds: float = 0.0
+    epsilon: float | None = None  # the privacy spent so far, ε(δ) of [privacy] (None without DP)
 
 
 def _elements(tensors: Any) -> int:
@@ -114,6 +117,10 @@ class Server:
         self._expected_counts = self.sampler.expected_counts()
         self._planned_tau_eff = self.algorithm.planned_tau_eff(self.data.weights, self.data.sizes)
         self.last_extras: dict[str, float] = {}
+        privacy = self.algorithm.privacy
+        self.privacy = PrivateAggregation(privacy, self.method.aggregator, self.sampler, self.data.weights, self.seed) if privacy.active else None
+        self.privacy_state = self.privacy.init() if self.privacy is not None else {}
+        self.counters.epsilon = 0.0 if self.privacy is not None else None
 
     @property
     def bytes_per_model(self) -> int:
@@ -144,7 +151,8 @@ class Server:
         """The round's broadcast, after the members' gradients at ``points`` (rows in cohort order) are absorbed."""
         if points:
             self.method_state = self.method.absorb_gradients(rnd, self.params, self.method_state, gradients)
-        return self.method.configure(rnd, self.params, self.method_state)
+        broadcast = self.method.configure(rnd, self.params, self.method_state)
+        return {**broadcast, **self.privacy.broadcast(self.privacy_state, self.params)} if self.privacy is not None else broadcast
 
     def close_round(
         self, rnd: RoundInfo, points: list[torch.Tensor], broadcast: Mapping[str, torch.Tensor], result: ClientResult | None, compute_seconds: float = 0.0
@@ -168,6 +176,8 @@ class Server:
             payload, extras = {}, {}
         direction, self.method_state, more = self.method.aggregate(rnd, self.params, self.method_state, payload)
         extras.update(more)
+        if self.privacy is not None:
+            direction, self.privacy_state, self.counters.epsilon = self.privacy.release(rnd, direction, extras, self.privacy_state)
         step, self.server_state = self.server.update(direction, self.server_state, self.params, rnd.lr_scale)
         self.params = self.params - step
         self.last_extras = extras
@@ -186,6 +196,7 @@ class Server:
             "method": _clone(self.method_state),
             "counters": vars(self.counters).copy(),
             "last_extras": dict(self.last_extras),
+            "privacy": _clone(self.privacy_state),
         }
 
     def commit_checkpoint(self) -> None:
@@ -197,6 +208,7 @@ class Server:
         self.method_state = _clone(state["method"])
         self.counters = Counters(**state["counters"])
         self.last_extras = dict(state.get("last_extras", {}))
+        self.privacy_state = _clone(state.get("privacy", {}))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Named, executor-independent random streams.
 
 Every random choice of a run (which clients take part, how each client orders its data, how many
-epochs it runs, whether it stops early) is drawn from its own generator keyed by
+epochs it runs, whether it stops early, the differential-privacy noise) is drawn from its own generator keyed by
 ``(seed, stream, round, client)``. No generator is shared between clients or rounds, so the numbers
 do not depend on the order in which an executor visits clients, on how a cohort is split into
 chunks, or on where a resumed run restarts.
@@ -26,6 +26,8 @@ class Stream(IntEnum):
     INIT = 7
     PARTITION = 8
     LOCAL_NOISE = 9
+    CLIENT_PRIVACY = 10  # local DP: a member's Gaussian noise, keyed (round, client, occurrence)
+    SERVER_PRIVACY = 11  # central DP: the aggregate's noise (round, 0) and adaptive clipping's count noise (round, 1)
 
 
 def generator(seed: int, stream: Stream, *keys: int) -> np.random.Generator:

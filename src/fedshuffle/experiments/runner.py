@@ -12,7 +12,7 @@ Layout of a results folder::
       summary.json              final metrics per variant (mean ± std over seeds)
       plot.png, plot.pdf        the comparison figure
       <variant>/seed-<s>/
-        config.json             resolved run spec, config hash, data-file hashes, seed, versions
+        config.json             resolved run spec, config hash, data-file hashes, seed, versions, DP accounting
         metrics.csv             one row per evaluation (fedshuffle.metrics; byte-identical across executors and resumes)
         timing.csv              measured seconds per evaluation (differ between runs)
         summary.json            status (complete | diverged), final metrics
@@ -283,7 +283,8 @@ def _train(folder: RunFolder, driver: Driver, recorded: Mapping[str, Any], resum
         # a run extended past its end drops the evaluation it made only because it ended there
         rows = [row for row in rows if row["round"] % spec.run.eval_every == 0 or row["round"] == spec.run.rounds]
     stored = {"spec": folder.dumped, "config_hash": folder.config_hash, "data_hashes": folder.hashes, **recorded}
-    write_json(run_dir / "config.json", {**stored, **folder.meta, "step_sizes": driver.step_sizes, "executor": driver.executor, "environment": environment()})
+    privacy = {"privacy": sim.privacy.describe()} if getattr(sim, "privacy", None) is not None else {}  # how ε(δ) is accounted
+    write_json(run_dir / "config.json", {**stored, **folder.meta, "step_sizes": driver.step_sizes, "executor": driver.executor, **privacy, "environment": environment()})
     (run_dir / "summary.json").unlink(missing_ok=True)  # from here on the folder holds an unfinished run
     meta = folder.meta
     sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],

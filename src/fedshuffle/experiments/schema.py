@@ -1,7 +1,7 @@
 """The configuration schema: one validated section per part of a round, TOML loading, variants, overrides.
 
 An experiment file has the sections ``[method]``, ``[local]``, ``[aggregation]``, ``[server]``,
-``[schedule]``, ``[sampler]``, ``[problem]``, ``[data]``, ``[run]`` and ``[plot]``, metadata in
+``[schedule]``, ``[privacy]``, ``[sampler]``, ``[problem]``, ``[data]``, ``[run]`` and ``[plot]``, metadata in
 ``[experiment]`` (name, paper, figure, seeds), and optional ``[[variants]]``: each has a ``label`` and
 partial sections that override the base (e.g. ``method = {name = "fednova"}``). A run's sections are
 the method's registered defaults (:data:`fedshuffle.methods.METHODS`), then the base, then the
@@ -39,6 +39,7 @@ from fedshuffle.schedules import SCHEDULES
 from fedshuffle.server import SERVER_OPTIMIZERS
 from fedshuffle.methods import METHODS
 from fedshuffle.methods.algorithm import method_defaults
+from fedshuffle.privacy import PrivacySettings
 from fedshuffle.problems import PROBLEMS
 
 if sys.version_info >= (3, 11):
@@ -230,6 +231,11 @@ class DataConfig(_PartSection):
     test_fraction: float = Field(0.0, ge=0, lt=1, description="share of pooled samples held out for testing (sources without a test split)")
 
 
+class PrivacyConfig(PrivacySettings):
+    """Differential privacy of the clients' updates (:mod:`fedshuffle.privacy`): clipping, Gaussian noise (local or
+    central, fixed or adaptive clipping) and the δ of the ε reported per round."""
+
+
 class SamplerConfig(_PartSection):
     """Which clients take part in a round (:data:`fedshuffle.samplers.SAMPLERS`) and the sampler's own settings."""
 
@@ -313,6 +319,7 @@ class RunSpec(_Section):
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     problem: ProblemConfig = Field(default_factory=ProblemConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -328,7 +335,7 @@ class RunSpec(_Section):
     def algorithm_settings(self) -> dict[str, dict[str, Any]]:
         """The settings of the algorithm's parts, as :func:`fedshuffle.methods.algorithm.build_algorithm` takes them."""
         parts = {"method": self.method.model_dump(exclude={"name"})}
-        for name in ("local", "aggregation", "server", "schedule"):
+        for name in ("local", "aggregation", "server", "schedule", "privacy"):
             parts[name] = getattr(self, name).model_dump()
         return parts
 
@@ -344,6 +351,7 @@ class _PartialSections(_Section):
     aggregation: dict[str, Any] = Field(default_factory=dict)
     server: dict[str, Any] = Field(default_factory=dict)
     schedule: dict[str, Any] = Field(default_factory=dict)
+    privacy: dict[str, Any] = Field(default_factory=dict)
     sampler: dict[str, Any] = Field(default_factory=dict)
     problem: dict[str, Any] = Field(default_factory=dict)
     data: dict[str, Any] = Field(default_factory=dict)

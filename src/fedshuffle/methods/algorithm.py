@@ -16,21 +16,26 @@ import numpy as np
 from fedshuffle.aggregation import Aggregator
 from fedshuffle.core.errors import ConfigError, section
 from fedshuffle.core.registry import Entry
+from fedshuffle.core.validation import validate
 from fedshuffle.local.plan import LocalPlanner
 from fedshuffle.methods import METHODS
 from fedshuffle.methods.base import Method
 from fedshuffle.methods.momentum import GlobalMomentum
+from fedshuffle.methods.private import private_method
+from fedshuffle.privacy import PrivacySettings
 from fedshuffle.samplers import Sampler
 from fedshuffle.schedules import SCHEDULES, Schedule
 from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, ServerOptimizer
 
-PARTS = ("method", "local", "aggregation", "server", "schedule")
+PARTS = ("method", "local", "aggregation", "server", "schedule", "privacy")
 
 
 @dataclass(frozen=True)
 class Algorithm:
     """A method and the parts around it: the local planner that plans its clients' work, the server
-    optimizer (x ← x − step(d)), RR-CLI's meta-epoch step and the schedule scaling every step size."""
+    optimizer (x ← x − step(d)), RR-CLI's meta-epoch step, the schedule scaling every step size, and the
+    differential privacy of the updates (:mod:`fedshuffle.privacy`: the method's client half clips and noises them,
+    the server's :class:`~fedshuffle.privacy.PrivateAggregation` noises the aggregate and accounts ε)."""
 
     method: Method
     local: LocalPlanner
@@ -38,6 +43,7 @@ class Algorithm:
     schedule: Schedule = field(default_factory=Schedule)
     meta_epoch_step: bool = False
     global_lr: float | None = None
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)
 
     @property
     def name(self) -> str:
@@ -123,7 +129,9 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
     with section("schedule"):
         schedule_settings = dict(merged["schedule"])
         schedule = SCHEDULES[schedule_settings.pop("name", "constant")].build(schedule_settings, total_rounds=rounds)
-    return Algorithm(method, local, server, schedule, meta, global_lr)
+    with section("privacy"):
+        privacy = validate(PrivacySettings, merged["privacy"])
+    return Algorithm(private_method(method, privacy), local, server, schedule, meta, global_lr, privacy)
 
 
 def _method(entry: Entry, aggregator: Aggregator, settings: Mapping[str, Any]) -> Method:

@@ -188,7 +188,8 @@ class Method:
     @property
     def sums_updates(self) -> bool:
         """Whether the round's updates may be summed as they are produced: the method keeps the default halves
-        (client: Δ_i; server: Σ_S ω_iΔ_i)."""
+        (client: Δ_i; server: Σ_S ω_iΔ_i). A wrapper that changes each Δ_i (differential privacy's clipping,
+        :class:`fedshuffle.methods.private.PrivateClients`) overrides the client half, so it is never summed unseen."""
         cls = type(self)
         return cls.client_update is Method.client_update and cls.aggregate is Method.aggregate
 
