@@ -279,3 +279,33 @@ def test_the_written_app_carries_the_secagg_settings_off_by_default(tmp_path):
     config = tomllib.loads((write_app(tmp_path / "exp.json", tmp_path / "app") / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert SecureAggregation.from_settings(AppSettings.from_run_config(config)) is None
     assert SecureAggregation.from_settings(AppSettings.from_run_config({**config, "secure-aggregation": True})) == SECURE
+
+
+@pytest.mark.parametrize("privacy", [{"mode": "local", "clip": 0.5, "noise_multiplier": 0.3},
+                                     {"mode": "central", "clip": 0.5, "noise_multiplier": 0.3}])
+def test_differentially_private_updates_sum_securely_to_the_simulations_private_step(privacy):
+    """DP and SecAgg+ compose: members clip (and with local DP noise) their Δ_i before the secure sum, the server adds the
+    central noise to the sum; each round's model is the DP simulation's to within the quantization bound, and the noise moved it."""
+    exp = experiment([variant("fedshuffle", sampler={"name": "uniform", "cohort": 4}, privacy=privacy)], clients=6)
+    run = single_run(exp)
+    grid = Transport(client_app(exp), 3, hosts=HOSTS)
+    strategy = FedShuffleStrategy(run, secure=SECURE)
+    strategy.handshake(grid)
+    sim, _ = build_simulation(run.spec, run.seed)
+    plain = build_simulation(single_run(experiment([variant("fedshuffle", sampler={"name": "uniform", "cohort": 4})], clients=6)).spec, run.seed)[0]
+    arrays = strategy.initial_arrays()
+    for r in range(1, 4):
+        sim.params, plain.params = model(arrays).clone(), model(arrays).clone()
+        sim.step(), plain.step()
+        arrays, metrics = secure_round(strategy, grid, r, arrays)
+        assert float((model(arrays) - sim.params).abs().max()) <= SECURE.tolerance(int(metrics["secagg_nodes"]))
+        assert float((sim.params - plain.params).abs().max()) > 1e3 * SECURE.tolerance(3)
+
+
+def test_adaptive_clipping_is_refused_with_secure_aggregation_in_one_line():
+    exp = experiment([variant("fedshuffle", privacy={"mode": "central", "clip": 0.5, "clipping": "adaptive"})], clients=6)
+    grid = FakeGrid(client_app(exp), 3, hosts=HOSTS)
+    with pytest.raises(ConfigError) as err:
+        server_app(exp)(grid, server_context({"secure-aggregation": True}))
+    assert err.value.field == "run-config.secure-aggregation" and grid.sent == [] and "\n" not in str(err.value)
+    assert "adaptive clipping" in str(err.value)

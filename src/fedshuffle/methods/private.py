@@ -59,6 +59,15 @@ class PrivateClients(Method):
             result.extras = {**result.extras, UNCLIPPED: float(unclipped.double().mean())}
         return result
 
+    @property
+    def server_needs_only_sum(self) -> bool:
+        """The method's own: clipping and local noise change each Δ_i, not how the server combines them, so a secure sum
+        (Flower's SecAgg+) of the private updates may stand in for them; central noise is added to that sum."""
+        return self.inner.server_needs_only_sum
+
+    def sum_weights(self, rnd: RoundInfo) -> np.ndarray:
+        return self.inner.sum_weights(rnd)
+
     def describe(self) -> str:
         return f"{self.inner.describe()} with {self.privacy.mode} DP"
 

@@ -143,6 +143,10 @@ def refuse_individual_updates(method: Method, label: str) -> None:
         raise ConfigError(SETTING, f"{label!r} runs {method.describe()}, whose server half needs each member's own upload ({', '.join(method.payload_fields)}"
                           f"{', gradients' if type(method).gradient_requests is not Method.gradient_requests else ''}), not only one weighted sum Σ ν_iΔ_i: "
                           "set secure-aggregation = false for it")
+    privacy = getattr(method, "privacy", None)
+    if privacy is not None and privacy.adaptive:
+        raise ConfigError(SETTING, f"{label!r} uses adaptive clipping, whose members report in the clear whether their update was clipped "
+                          "(Andrew et al. sum those bits securely too; not built): use privacy.clipping = 'fixed' or secure-aggregation = false")
 
 
 # -- the node's half --------------------------------------------------------------------------------------
