@@ -394,7 +394,7 @@ def test_federated_evaluation_on_a_server_with_the_data_equals_the_central_one_a
         strategy.federated_scores(params)
     with pytest.raises(ConfigError, match="run-config.evaluation"):
         FedShuffleStrategy(run, evaluation="central", node_data=True)
-    with pytest.raises(ConfigError, match="run-config.evaluation: unknown evaluation 'nodes'; accepted: auto, central, federated"):
+    with pytest.raises(ConfigError, match="run-config.evaluation: unknown evaluation 'nodes'; accepted: auto, central, federated, both"):
         AppSettings.from_run_config({"evaluation": "nodes"})
 
 
@@ -644,6 +644,23 @@ def test_a_flower_run_writes_the_folder_of_fedshuffle_run_through_the_same_loop(
         summary = json.loads((tmp_path / "flower" / where / "summary.json").read_text())
         assert summary["status"] == status and (status == "complete" or summary["message"].startswith("diverged at round "))
         assert summary["rounds"] == (read_metrics(tmp_path / "flower" / where / "metrics.csv")["round"][-1])
+
+
+def test_evaluation_both_records_the_nodes_federated_scores_beside_the_central_ones(tmp_path):
+    """run-config evaluation = "both": the run folder holds the central scores of ``fedshuffle run`` and, beside them,
+    federated_loss, federated_grad_norm_sq and federated_train_accuracy equal to them to rounding; config.json says "both"."""
+    exp = experiment([variant("fedavg")], clients=6, rounds=3, problem={"name": "softmax", "l2": 0.05}, data={"classes": 3})
+    server_app(exp)(FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"]), server_context({"out": str(tmp_path / "flower"), "evaluation": "both"}))
+    run_experiment(exp, tmp_path / "simulated", show_progress=False)
+    where = Path("fedavg") / "seed-5"
+    flower, simulated = read_metrics(tmp_path / "flower" / where / "metrics.csv"), read_metrics(tmp_path / "simulated" / where / "metrics.csv")
+    assert len(flower["loss"]) == 4 and np.array_equal(flower["loss"], simulated["loss"])
+    for name in ("loss", "grad_norm_sq", "train_accuracy"):
+        np.testing.assert_allclose(flower[f"federated_{name}"], flower[name], rtol=1e-12, atol=1e-15, err_msg=name)
+        assert np.isnan(np.asarray(simulated[f"federated_{name}"], dtype=float)).all(), name  # empty where no node scores
+    assert json.loads((tmp_path / "flower" / where / "config.json").read_text())["executor"]["evaluation"] == "both"
+    with pytest.raises(ConfigError, match="run-config.evaluation: 'both' needs the data at the server"):
+        AppSettings.from_run_config({"evaluation": "both", "node-data": True})
 
 
 # -- refusals ---------------------------------------------------------------------------------------------

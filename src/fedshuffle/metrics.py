@@ -169,6 +169,10 @@ metric("grad_norm_sq", "‖∇f(x)‖²", lambda e: e["grad_norm_sq"], kind="mod
 metric("train_accuracy", "train accuracy", lambda e: e["train_accuracy"], kind="model", better="max")
 metric("test_loss", "test loss", lambda e: e["test_loss"], kind="model")
 metric("test_accuracy", "test accuracy", lambda e: e["test_accuracy"], kind="model", better="max")
+_FEDERATED = "scored by the nodes on their clients beside the server's (Flower, run config evaluation = 'both')"
+metric("federated_loss", f"f(x), {_FEDERATED}", lambda e: e["federated_loss"], kind="model")
+metric("federated_grad_norm_sq", f"‖∇f(x)‖², {_FEDERATED}", lambda e: e["federated_grad_norm_sq"], kind="model")
+metric("federated_train_accuracy", f"train accuracy, {_FEDERATED}", lambda e: e["federated_train_accuracy"], kind="model", better="max")
 _LOCAL = "clients' own models on their own data (FedDR's evaluation point; FedCDR, FedDyn)"
 metric("local_loss", f"Σ (|D_i|/|D|) f_i(x_i), {_LOCAL}", lambda e: e["local_loss"], kind="model")
 metric("local_loss_uniform", f"(1/n) Σ f_i(x_i), {_LOCAL}", lambda e: e["local_loss_uniform"], kind="model")

@@ -130,7 +130,7 @@ secagg-num-shares = {settings.secagg_num_shares!r}    # SecAgg+: shares of each 
 secagg-reconstruction-threshold = {settings.secagg_reconstruction_threshold!r}   # SecAgg+: shares that rebuild a secret
 secagg-clipping-range = {settings.secagg_clipping_range!r}   # SecAgg+: a node's input must lie in [-c, c]
 secagg-quantization-range = {settings.secagg_quantization_range}   # SecAgg+: levels of [-c, c]; the sum is within nodes·2c/Q
-evaluation = {_toml_string(settings.evaluation)}    # who scores the model: "central" (the server), "federated" (each node its clients), "auto"
+evaluation = {_toml_string(settings.evaluation)}    # who scores the model: "central" (the server), "federated" (each node its clients), "both", "auto"
 """
 
 

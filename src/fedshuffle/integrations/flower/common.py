@@ -32,7 +32,7 @@ EXPERIMENT_FILE = "experiment.json"
 INVALID_REPLY_POLICIES = ("drop", "stop")
 #: who scores the model: the server on its data (central), each node its own clients (federated), or auto: central
 #: where the server has the data, federated where only the nodes have it (node-data = true)
-EVALUATIONS = ("auto", "central", "federated")
+EVALUATIONS = ("auto", "central", "federated", "both")
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ class AppSettings:
     ``secagg-num-shares``, ``secagg-reconstruction-threshold``, ``secagg-clipping-range``, ``secagg-quantization-range``
     (:mod:`~fedshuffle.integrations.flower.secagg`).
     ``evaluation``: ``"central"`` (the server scores the model on its data), ``"federated"`` (each node scores its own
-    clients, the server adds their shares) or ``"auto"``: federated with ``node-data``, central otherwise.
+    clients, the server adds their shares), ``"both"`` (central, and the federated scores beside it as ``federated_loss``,
+    ``federated_grad_norm_sq``, ``federated_train_accuracy``) or ``"auto"``: federated with ``node-data``, central otherwise.
     """
 
     variant: str = ""
@@ -101,8 +102,8 @@ class AppSettings:
             raise ConfigError("run-config.invalid-reply", f"unknown policy {settings.invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
         if settings.evaluation not in EVALUATIONS:
             raise ConfigError("run-config.evaluation", f"unknown evaluation {settings.evaluation!r}; accepted: {', '.join(EVALUATIONS)}")
-        if settings.evaluation == "central" and settings.node_data:
-            raise ConfigError("run-config.evaluation", "\"central\" needs the data at the server, and with node-data = true it has none: give \"federated\" (or \"auto\")")
+        if settings.evaluation in ("central", "both") and settings.node_data:
+            raise ConfigError("run-config.evaluation", f"{settings.evaluation!r} needs the data at the server, and with node-data = true it has none: give \"federated\" (or \"auto\")")
         return settings
 
     def override_sections(self) -> dict[str, Any]:

@@ -76,6 +76,10 @@ from fedshuffle.methods.fedcdr import FedCDR
 from fedshuffle.simulation import RoundRecord, Server
 
 
+#: the scores a federated evaluation gives (the others need the data at the server)
+FEDERATED_SCORES = ("loss", "grad_norm_sq", "train_accuracy")
+
+
 class FederationError(RuntimeError):
     """The federation cannot go on: wrong or missing nodes, a failing ClientApp, lost client state, an invalid
     reply under ``invalid_reply="stop"``."""
@@ -200,9 +204,10 @@ class FedShuffleStrategy(Strategy):
                  evaluation: str = "auto") -> None:
         if invalid_reply not in INVALID_REPLY_POLICIES:
             raise ConfigError("run-config.invalid-reply", f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
-        if evaluation not in EVALUATIONS or (evaluation == "central" and node_data):
-            raise ConfigError("run-config.evaluation", f"{evaluation!r} is not possible here; accepted: {', '.join(EVALUATIONS)} (\"central\" needs the data at the server: not with node-data = true)")
+        if evaluation not in EVALUATIONS or (evaluation in ("central", "both") and node_data):
+            raise ConfigError("run-config.evaluation", f"{evaluation!r} is not possible here; accepted: {', '.join(EVALUATIONS)} (\"central\" and \"both\" need the data at the server: not with node-data = true)")
         self.federated = evaluation == "federated" or node_data  # who scores the model: the nodes, or the server
+        self.both = evaluation == "both"  # the server scores it, and the nodes' federated scores are recorded beside
         self.invalid_reply = invalid_reply
         self.run, self.node_data, self.secure = run, node_data, secure
         self.half: ServerHalf | None = None
@@ -333,8 +338,12 @@ class FedShuffleStrategy(Strategy):
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Centralized evaluation: f(x), f − f*, ‖x − x*‖², ‖∇f(x)‖², accuracies, as ``fedshuffle run`` records them;
-        with ``node_data`` or ``evaluation="federated"``, federated evaluation (:meth:`federated_scores`)."""
-        values = self.federated_scores(self._model_of(arrays)) if self.federated else self.evaluator(self._model_of(arrays))
+        with ``node_data`` or ``evaluation="federated"``, federated evaluation (:meth:`federated_scores`); with
+        ``evaluation="both"``, the central scores and the federated ones beside them (``federated_loss``, …)."""
+        params = self._model_of(arrays)
+        values = self.federated_scores(params) if self.federated else self.evaluator(params)
+        if self.both:
+            values |= {f"federated_{name}": value for name, value in self.federated_scores(params).items() if name in FEDERATED_SCORES}
         return MetricRecord({k: float(v) for k, v in values.items() if v is not None})
 
     def federated_scores(self, params: torch.Tensor) -> dict[str, float | None]:
@@ -426,7 +435,7 @@ class FedShuffleStrategy(Strategy):
         self.summary()
         rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)
         executor = {"name": "flower", "digest": self.run.digest, "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
-                    "evaluation": "federated" if self.federated else "central"}
+                    "evaluation": "both" if self.both else "federated" if self.federated else "central"}
         driver = Driver(self.half, rounds.step, rounds.score, executor, self.step_sizes)
         if self.folder is None:
             status, message = RoundLoop(driver, rounds=spec.rounds, eval_every=spec.eval_every, bandwidth_mib_s=spec.bandwidth_mib_s).run([rounds], num_rounds)
