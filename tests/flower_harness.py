@@ -199,6 +199,17 @@ class SocketWatch:
         self.sample()
 
 
+def run_child(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``argv`` in its own process group for at most ``timeout`` seconds (the group is stopped in any case):
+    its exit status and its output (stdout and stderr together)."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    finally:
+        stop_group(process)
+    return process.returncode, out.decode(errors="replace")
+
+
 def stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM to the process's own group, then SIGKILL after ``grace`` seconds."""
     if process.poll() is not None:

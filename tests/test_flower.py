@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -25,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_harness import FLOWER_ENV, FakeGrid, local_federation, outside_loopback, run_app, server_log, stop_group
+from flower_harness import FLOWER_ENV, FakeGrid, local_federation, outside_loopback, run_app, run_child, server_log
 
 for _key in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):  # before Flower reads them
     os.environ.setdefault(_key, FLOWER_ENV[_key])
@@ -752,13 +751,8 @@ def test_every_method_on_flowers_simulation_engine_matches_fedshuffle_run(tmp_pa
     source = tmp_path / "experiment.json"
     source.write_text(exp.model_dump_json())
     out = tmp_path / "out"
-    process = subprocess.Popen([sys.executable, str(HERE / "flower_harness.py"), "simulate", str(source), str(out), "4"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        log, _ = process.communicate(timeout=400)
-    finally:
-        stop_group(process)
-    assert process.returncode == 0, log.decode()[-4000:]
+    status, log = run_child([sys.executable, str(HERE / "flower_harness.py"), "simulate", str(source), str(out), "4"], 400)
+    assert status == 0, log[-4000:]
     run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in federated_runs(exp, AppSettings()):
         folder = out / run.label / f"seed-{run.seed}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from flower_harness import FLOWER_ENV, FakeGrid, stop_group
+from flower_harness import FLOWER_ENV, FakeGrid, run_child
 
 for _key in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):  # before Flower reads them
     os.environ.setdefault(_key, FLOWER_ENV[_key])
@@ -253,14 +252,9 @@ def test_a_secure_fedshuffle_run_on_flowers_simulation_engine_ends_within_the_bo
     exp = experiment([variant("fedshuffle", sampler={"name": "uniform", "cohort": 3})], clients=4, rounds=3)
     (tmp_path / "experiment.json").write_text(exp.model_dump_json())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
-    process = subprocess.Popen([sys.executable, "-c", ENGINE, str(tmp_path / "experiment.json"), str(tmp_path / "out")], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        log, _ = process.communicate(timeout=300)
-    finally:
-        stop_group(process)
-    assert process.returncode == 0, log.decode()[-4000:]
-    assert log.decode().count("Secure aggregation completed") == 3
+    status, log = run_child([sys.executable, "-c", ENGINE, str(tmp_path / "experiment.json"), str(tmp_path / "out")], 300, env)
+    assert status == 0, log[-4000:]
+    assert log.count("Secure aggregation completed") == 3
     run = single_run(exp)
     final = torch.from_numpy(np.load(tmp_path / "out" / run.label / f"seed-{run.seed}" / "final_params.npy"))
     plain, bound = simulated(run, 3), 3 * SECURE.tolerance(3)
