@@ -101,20 +101,29 @@ class MLP(Network):
         return flat + self.l2 * weights.sum(1, keepdim=True) * params if self.l2 else flat
 
     def _activations(self, pieces, inputs):
-        """[a, h_1, ..., h_L]: the inputs and every hidden layer's output, for one model or a stack (leading dimension C)."""
+        """[a, h_1, ..., h_L]: the inputs and every hidden layer's output, for one model or a stack (leading dimension C).
+
+        One model (a dataset scored at once): the bias is added inside the product and ReLU applied in place,
+        one pass over each ``(N, width)`` output instead of three."""
         acts = [inputs]
         for k in range(0, len(pieces) - 2, 2):
-            acts.append(torch.relu(acts[-1] @ pieces[k] + pieces[k + 1].unsqueeze(-2)))
+            if inputs.dim() == 2:
+                acts.append(torch.addmm(pieces[k + 1], acts[-1], pieces[k]).relu_())
+            else:
+                acts.append(torch.relu(acts[-1] @ pieces[k] + pieces[k + 1].unsqueeze(-2)))
         return acts
 
     def _backpropagate(self, pieces, acts, logits, labels, weights):
-        """∂/∂pieces Σ_b v_b CE(logits_b, y_b), flat: δ = v ⊙ (softmax − onehot), then through each layer (regularizer not included)."""
+        """∂/∂pieces Σ_b v_b CE(logits_b, y_b), flat: δ = v ⊙ (softmax − onehot), then through each layer (regularizer not included).
+
+        One model: a layer's weight gradient hᵀδ is formed as (δᵀh)ᵀ, the same sums, which MKL computes faster
+        (×1.3 for MNIST's 784 × 200 layer) than the product of hᵀ, a transposed view of N × width, with δ."""
         delta = torch.softmax(logits, dim=-1)
         delta = (delta - torch.nn.functional.one_hot(labels, delta.shape[-1]).to(delta.dtype)) * weights.unsqueeze(-1)
         grads = []
         for k in range(len(pieces) - 2, -1, -2):
             h = acts[k // 2]
-            grads = [h.transpose(-2, -1) @ delta, delta.sum(-2), *grads]
+            grads = [(delta.T @ h).T if delta.dim() == 2 else h.transpose(-2, -1) @ delta, delta.sum(-2), *grads]
             if k:
                 delta = (delta @ pieces[k].transpose(-2, -1)) * (h > 0)
         return torch.cat([g.flatten(start_dim=logits.dim() - 2) for g in grads], dim=-1)
@@ -123,7 +132,7 @@ class MLP(Network):
         """f, ‖∇f‖² (backpropagation written out, as :meth:`batched_gradient`) and accuracy from one forward pass."""
         pieces = self.split(params)
         acts = self._activations(pieces, features.reshape(features.shape[0], -1))
-        logits = acts[-1] @ pieces[-2] + pieces[-1]
+        logits = torch.addmm(pieces[-1], acts[-1], pieces[-2])
         ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
         penalty = 0.5 * self.l2 * sum((q * q).sum() for q in pieces) if self.l2 else 0.0
         loss = float(((ce + penalty) * weights).sum())
