@@ -101,16 +101,10 @@ class MLP(Network):
         return flat + self.l2 * weights.sum(1, keepdim=True) * params if self.l2 else flat
 
     def _activations(self, pieces, inputs):
-        """[a, h_1, ..., h_L]: the inputs and every hidden layer's output, for one model or a stack (leading dimension C).
-
-        One model (a dataset scored at once): the bias is added inside the product and ReLU applied in place,
-        one pass over each ``(N, width)`` output instead of three."""
+        """[a, h_1, ..., h_L]: the inputs and every hidden layer's output, for one model or a stack (leading dimension C)."""
         acts = [inputs]
         for k in range(0, len(pieces) - 2, 2):
-            if inputs.dim() == 2:
-                acts.append(torch.addmm(pieces[k + 1], acts[-1], pieces[k]).relu_())
-            else:
-                acts.append(torch.relu(acts[-1] @ pieces[k] + pieces[k + 1].unsqueeze(-2)))
+            acts.append(torch.relu(acts[-1] @ pieces[k] + pieces[k + 1].unsqueeze(-2)))
         return acts
 
     def _backpropagate(self, pieces, acts, logits, labels, weights):
@@ -129,7 +123,7 @@ class MLP(Network):
         """f, ‖∇f‖² (backpropagation written out, as :meth:`batched_gradient`) and accuracy from one forward pass."""
         pieces = self.split(params)
         acts = self._activations(pieces, features.reshape(features.shape[0], -1))
-        logits = torch.addmm(pieces[-1], acts[-1], pieces[-2])
+        logits = acts[-1] @ pieces[-2] + pieces[-1]
         ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
         penalty = 0.5 * self.l2 * sum((q * q).sum() for q in pieces) if self.l2 else 0.0
         loss = float(((ce + penalty) * weights).sum())
