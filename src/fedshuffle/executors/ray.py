@@ -19,6 +19,18 @@ task receives the blocks of its own share's clients only, with its plans' rows r
 what a round moves grows with the share, not with the dataset. A dataset generated on demand
 (:class:`~fedshuffle.data.LazyFederatedDataset`, a few arrays and a generator) is put whole.
 
+Losing a worker or a node. A task whose worker process or node dies is run again, on any node left, up to
+``max_retries`` times (Ray's task retries; an exception raised by the local work itself is not retried:
+it would be raised again). A retry gives the same numbers, because a task is a pure function of what it
+is sent (the plans carry every random choice, the start and step chain are the broadcast, the blocks are
+the clients' samples) and changes nothing: it returns the share's updates Δ_i, and the driver alone
+applies them to the model and to the clients' state, once, after every task of the round has answered.
+The data blocks survive the loss of any node but the driver's: objects made by ``ray.put`` cannot be
+rebuilt by lineage, but their primary copy lives in the object store of the driver's node and is owned
+by the driver, so a node that dies loses only the copies it had fetched, and a retried task fetches
+the blocks again from the driver's node. Losing the driver's node (or the head's, which holds the
+cluster's control store) ends the run.
+
 Every Ray instance this executor starts (or connects) is shut down by :meth:`RayExecutor.close`, at
 garbage collection, or at exit; a Ray that was already initialized in the process is left alone.
 """
@@ -52,6 +64,8 @@ LOOPBACK = "127.0.0.1"
 LOCAL_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: bytes of samples per block of consecutive clients in Ray's object store (a larger client is a block of its own)
 BLOCK_BYTES = 1 << 18
+#: times a task is run again when its worker process or node dies (Ray's default)
+MAX_RETRIES = 3
 #: seconds an address may take to answer as a Ray cluster (TCP check plus a probe driver)
 CONNECT_TIMEOUT = 25.0
 _ADDRESS = re.compile(r"^(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-_]+):(\d{1,5})$")
@@ -75,14 +89,19 @@ class RayExecutor:
     --address=HEAD:6379`` on the others, then ``address = "auto"`` or ``"HEAD:6379"``); ``None`` starts
     a local Ray bound to 127.0.0.1 (module docstring). Full local gradients (FedShuffleMVR's broadcast)
     are computed in the driver, vectorized. ``block_bytes`` sizes the blocks of clients the data is put in.
+    ``max_retries``: how many times a task whose worker or node dies is run again (module docstring:
+    the numbers are those of a run without failure); 0 makes such a loss fail the run.
     Use as a context manager or call :meth:`close`.
     """
 
     name = "ray"
 
-    def __init__(self, workers: int = 2, address: str | None = None, chunk_size: int | None = None, memory_budget: int = 1 << 30, block_bytes: int = BLOCK_BYTES) -> None:
+    def __init__(self, workers: int = 2, address: str | None = None, chunk_size: int | None = None, memory_budget: int = 1 << 30, block_bytes: int = BLOCK_BYTES,
+                 max_retries: int = MAX_RETRIES) -> None:
         if workers < 1:
             raise ConfigError("run.ray_workers", f"must be >= 1, got {workers}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError("max_retries", f"expected a whole number >= 0 of times a task is run again, got {max_retries!r}")
         self.address = _check_address(address)
         try:
             import ray
@@ -91,7 +110,7 @@ class RayExecutor:
         if self.address is not None and not ray.is_initialized():
             probe_cluster(self.address)  # a bad address is bad input: found while building, before any run
         self._ray = ray
-        self.workers, self.block_bytes = workers, block_bytes
+        self.workers, self.block_bytes, self.max_retries = workers, block_bytes, max_retries
         self.local = VectorizedExecutor(chunk_size, memory_budget)
         self._data: tuple[weakref.ref, ClientBlocks | Any] | None = None
         self._task = None
@@ -109,7 +128,7 @@ class RayExecutor:
             self._finalizer = weakref.finalize(self, stop_local_ray, ray, temp_dir)
             self._data, self._task = None, None
         if self._task is None:
-            self._task = ray.remote(_run_share)
+            self._task = ray.remote(max_retries=self.max_retries, retry_exceptions=False)(_run_share)
         return self._task
 
     def close(self) -> None:

@@ -156,10 +156,12 @@ class SoftmaxRegression(Problem):
     def dim(self) -> int:
         return (self.num_features + 1) * self.num_classes
 
-    def _logits(self, params, features):
+    def _logits(self, params, features, whole: bool = False):
+        """A W + c. ``whole`` (a whole dataset ``(N, d)``, scored once): formed as (Wᵀ Aᵀ)ᵀ, the same sums, which
+        MKL computes ~2× faster than A W when K ≪ d."""
         k = self.num_features * self.num_classes
         weight = params[:k].reshape(self.num_features, self.num_classes)
-        return features @ weight + params[k:], weight
+        return ((weight.T @ features.T).T if whole else features @ weight) + params[k:], weight
 
     def losses(self, params, features, labels):
         logits, weight = self._logits(params, features)
@@ -178,22 +180,26 @@ class SoftmaxRegression(Problem):
         return self._gradient(torch.baddbmm(params[:, k:].unsqueeze(1), inputs, weight), inputs, weight, labels, weights)
 
     def _gradient(self, logits, inputs, weight, labels, weights):
-        """The closed form above from the logits, for one model (``(B, K)`` logits) or a stack of them (``(C, B, K)``)."""
+        """The closed form above from the logits, for one model (``(B, K)`` logits) or a stack of them (``(C, B, K)``).
+
+        For one model, Aᵀ R is formed as (Rᵀ A)ᵀ: the same sums, and with K ≪ d columns MKL's product of the
+        small transposed factor with A is ~10× faster than that of Aᵀ (a transposed view of B × d) with R.
+        """
         residual = torch.softmax(logits, dim=-1)
         residual.scatter_add_(-1, labels.unsqueeze(-1), torch.full_like(residual[..., :1], -1.0))
         residual.mul_(weights.unsqueeze(-1))
-        grad_weight = inputs.transpose(-2, -1) @ residual
+        grad_weight = (residual.T @ inputs).T if residual.dim() == 2 else inputs.transpose(-2, -1) @ residual
         if self.l2:
             grad_weight.addcmul_(weights.sum(-1)[..., None, None], weight, value=self.l2)
         return torch.cat([grad_weight.flatten(-2), residual.sum(-2)], dim=-1)
 
     def accuracy(self, params, features, labels):
-        logits, _ = self._logits(params, features)
+        logits, _ = self._logits(params, features, whole=True)
         return float((logits.argmax(dim=-1) == labels).double().mean())
 
     def scores(self, params, features, labels, weights, gradient=True):
         """f, ‖∇f‖² (the closed form of :meth:`batched_gradient`) and accuracy from one forward pass."""
-        logits, weight = self._logits(params, features)
+        logits, weight = self._logits(params, features, whole=True)
         ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
         loss = float(((ce + 0.5 * self.l2 * (weight**2).sum()) * weights).sum())
         accuracy = float((logits.argmax(dim=-1) == labels).double().mean())
