@@ -478,9 +478,9 @@ def test_a_disk_filling_up_mid_run_exits_4_and_keeps_what_was_written(tmp_path):
     cfg = toy(tmp_path, extra="")
     args = ["--seeds", "0", "--set", "run.rounds=60", "--set", "run.eval_every=1", "--quiet"]
 
-    def limit_file_size():  # every file this process writes stops at 6 KiB ("File too large"), as on a full disk
+    def limit_file_size():  # every file this process writes stops at 8 KiB ("File too large"), as on a full disk
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (6 << 10, 6 << 10))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 10, 8 << 10))
 
     out = tmp_path / "full-disk"
     proc = subprocess.run(_fedshuffle("run", cfg, "--out", out, *args), env=_env(), capture_output=True, text=True, preexec_fn=limit_file_size, timeout=300)
