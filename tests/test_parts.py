@@ -174,3 +174,17 @@ def test_batched_generators_are_the_keyed_generators():
     for seed, rows in ((0, keys), (2**31 + 7, keys), (5, keys[:, :1]), (1, np.array([[2**40, 1, 0]]))):
         for g, row in zip(generators(seed, Stream.DATA_ORDER, rows), rows.tolist(), strict=True):
             assert np.array_equal(g.permutation(30), generator(seed, Stream.DATA_ORDER, *row).permutation(30))
+
+
+def test_the_planners_population_scan_is_kept_per_sizes_array_and_never_pickled():
+    """τ_max = max epochs · max_j ⌈|D_j|/B⌉ is scanned once per population (planning a round is O(cohort)); another sizes
+    array is scanned afresh, and a pickled planner (sent to workers) carries no population."""
+    import pickle
+
+    planner = LocalPlanner(lr=0.1, epochs=(1, 3), batch_size=4)
+    sizes = np.arange(1, 100_001)
+    assert planner.max_planned_steps(sizes) == 3 * 25_000
+    assert planner.max_planned_steps(sizes) == 3 * 25_000
+    assert planner.max_planned_steps(np.array([1, 2, 9])) == 3 * 3
+    assert len(pickle.dumps(planner)) < 8_000
+    assert pickle.loads(pickle.dumps(planner)) == planner and pickle.loads(pickle.dumps(planner)).max_planned_steps(sizes) == 75_000

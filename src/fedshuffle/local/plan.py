@@ -167,10 +167,20 @@ class LocalPlanner:
         return int(generator(seed, Stream.EPOCHS, round_index, client).integers(low, high + 1))
 
     def max_planned_steps(self, sizes: np.ndarray) -> int:
-        """τ_max over all clients and rounds (fixed K, or max epochs × max ⌈|D_j|/B⌉)."""
+        """τ_max over all clients and rounds (fixed K, or max epochs × max ⌈|D_j|/B⌉). The population's scan is kept
+        for the ``sizes`` array it was made from, so that planning a round costs O(cohort), not O(n)."""
         if isinstance(self.steps, int):
             return self.steps
-        return int(self._epoch_range[1] * np.max(self.epoch_steps(sizes)))
+        cached = self.__dict__.get("_tau_max")
+        if cached is not None and cached[0] is sizes:
+            return cached[1]
+        tau_max = int(self._epoch_range[1] * np.max(self.epoch_steps(sizes)))
+        object.__setattr__(self, "_tau_max", (sizes, tau_max))
+        return tau_max
+
+    def __getstate__(self) -> dict:
+        """Pickled (to workers) without the kept population scan: it holds the population's sizes."""
+        return {k: v for k, v in self.__dict__.items() if k != "_tau_max"}
 
     def normalizations(self, planned: np.ndarray, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """c_i for the given clients and their planned step counts τ_i."""
