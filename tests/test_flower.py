@@ -136,12 +136,12 @@ def test_configure_train_sends_the_simulations_plans_and_aggregate_train_returns
             assert message.metadata.dst_node_id == grid.node_of(client) and message.metadata.message_type == TRAIN
             assert int(ins["round"]) == rnd.index and float(ins["lr-scale"]) == rnd.lr_scale and int(ins["last-round"]) == accepted.get(client, -1)
             own_rows = sim.data.client_indices[client]
-            sent_plans = records_plans(client, ins, message.content["plans"])
+            sent_plans = records_plans(client, ins, message.content["plans"], run.seed, int(ins["round"]))
             wanted = [p for p in rnd.plans if p.client == client]
             assert len(sent_plans) == len(wanted) == int(np.sum(rnd.cohort == client))
             for got, want in zip(sent_plans, wanted):
                 assert np.array_equal(np.where(got.batches >= 0, own_rows[np.clip(got.batches, 0, None)], -1), want.batches)  # the node's numbering of the same rows
-                assert (got.lr, got.planned_steps, got.a_l1, got.steps) == (want.lr, want.planned_steps, want.a_l1, want.steps)
+                assert (got.lr, got.planned_steps, got.a_l1, got.steps, got.key) == (want.lr, want.planned_steps, want.a_l1, want.steps, want.key)
             sent = record_tensors(message.content["broadcast"])
             assert sorted(sent) == sorted(broadcast)
             for key in broadcast:

@@ -43,16 +43,14 @@ class PrivateClients(Method):
         self, broadcast: Mapping[str, torch.Tensor], plans: Sequence[ClientPlan], rows: Mapping[str, torch.Tensor], trainer: Trainer, weights: torch.Tensor | None = None
     ) -> ClientResult:
         """The method's Δ_i, clipped to the round's C (the broadcast's with adaptive clipping); with local DP, plus σC·ξ_i,
-        ξ_i drawn from the stream at (seed, round, client, occurrence): the k-th plan of a client in ``plans`` is its
-        occurrence k, in the simulation's cohort as in a Flower node's message."""
+        ξ_i drawn from the stream at the plan's key (seed, round, client, occurrence), which the planner sets and a Flower
+        node rebuilds from its message (:func:`~fedshuffle.integrations.flower.messages.records_plans`)."""
         result = self.inner.client_update(broadcast, plans, rows, trainer)
         p = self.privacy
         clip = float(broadcast[CLIP][0]) if p.adaptive else float(p.clip)
         deltas, unclipped = clip_updates(result.payload["delta"], clip)
         if p.mode == "local" and p.noise_multiplier > 0:
-            clients = [plan.client for plan in plans]
-            keys = [(trainer.round_index, client, clients[:k].count(client)) for k, client in enumerate(clients)]
-            noise = np.stack([gaussian(p.noise, deltas.shape[1], trainer.seed, Stream.CLIENT_PRIVACY, *key) for key in keys])
+            noise = np.stack([gaussian(p.noise, deltas.shape[1], plan.key[0], Stream.CLIENT_PRIVACY, *plan.key[1:]) for plan in plans])
             deltas = deltas + (p.noise_multiplier * clip) * torch.from_numpy(noise).to(deltas.device, deltas.dtype)
         result.payload = {**result.payload, "delta": deltas}
         if p.adaptive:

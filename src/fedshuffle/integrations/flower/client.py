@@ -267,7 +267,7 @@ def train_reply(message: Message, context: Context, runtime: Callable[[Context, 
     client, round_index = int(ins["client"]), int(ins["round"])
     if (why := node.missing(client)) is not None:
         return Message(Error(WRONG_RUN, why), reply_to=message)
-    plans = node.own_plans(records_plans(client, ins, message.content["plans"]))
+    plans = node.own_plans(records_plans(client, ins, message.content["plans"], node.run.seed, round_index))
     broadcast = record_tensors(message.content["broadcast"], node.dtype, node.device)
     method, members = node.algorithm.method, len(plans)
     rows: dict[str, torch.Tensor] = {}

@@ -126,10 +126,12 @@ def plans_records(plans: Sequence[ClientPlan]) -> tuple[ConfigRecord, ArrayRecor
     return config, ArrayRecord({f"batches.{k}": Array(np.ascontiguousarray(p.batches, dtype=np.int64)) for k, p in enumerate(plans)})
 
 
-def records_plans(client: int, config: ConfigRecord, batches: ArrayRecord) -> list[ClientPlan]:
-    """The plans :func:`plans_records` encoded, for ``client``."""
+def records_plans(client: int, config: ConfigRecord, batches: ArrayRecord, seed: int, round_index: int) -> list[ClientPlan]:
+    """The plans :func:`plans_records` encoded, for ``client`` in round ``round_index`` of the run of ``seed``: the k-th is the
+    client's occurrence k in the cohort, so its stream key is (seed, round, client, k), as the server's planner set it."""
     members = int(config["members"])
     return [
-        ClientPlan(client, np.array(batches[f"batches.{k}"].numpy(), dtype=np.int64), float(config["lr"][k]), int(config["planned-steps"][k]), float(config["a-l1"][k]))
+        ClientPlan(client, np.array(batches[f"batches.{k}"].numpy(), dtype=np.int64), float(config["lr"][k]), int(config["planned-steps"][k]), float(config["a-l1"][k]),
+                   (seed, round_index, client, k))
         for k in range(members)
     ]
