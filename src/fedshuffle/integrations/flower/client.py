@@ -98,11 +98,6 @@ class NodeRuntime:
         data = NodeData(own.features.to(device), own.labels.to(device), own.clients, sizes, np.zeros(len(sizes)))
         return cls(run, own.problem, data, build_algorithm_from(spec), dtype, device, own.problem.dim, own.sample)
 
-    def rows_digest(self, client: int) -> str:
-        """:func:`~.nodedata.rows_digest` of ``client``'s rows on this node."""
-        index = torch.from_numpy(self.data.client_indices[client]).to(self.data.features.device)
-        return rows_digest(self.data.features[index], self.data.labels[index])
-
     @property
     def clients(self) -> tuple[int, ...]:
         return self.data.clients
@@ -239,7 +234,7 @@ def handshake_reply(message: Message, context: Context, runtime: Callable[[Conte
             digests.append("")
             continue
         info[f"sizes.{index}"] = [int(node.data.sizes[c]) if c in node.clients else -1 for c in clients]
-        info[f"rows.{index}"] = [node.rows_digest(c) if c in node.clients else "" for c in clients]
+        info[f"rows.{index}"] = [rows_digest(node.data, c) if c in node.clients else "" for c in clients]
         info[f"dim.{index}"] = node.dim
         if node.sample is not None:
             info[f"sample.{index}"] = json.dumps({"shape": list(node.sample.shape), "classes": node.sample.classes, "dtype": node.sample.dtype})

@@ -35,6 +35,14 @@ INVALID_REPLY_POLICIES = ("drop", "stop")
 EVALUATIONS = ("auto", "central", "federated", "both")
 
 
+def check_evaluation(evaluation: str, node_data: bool) -> None:
+    """``evaluation`` is one of :data:`EVALUATIONS`, and the server scores the model only where it has the data."""
+    if evaluation not in EVALUATIONS:
+        raise ConfigError("run-config.evaluation", f"unknown evaluation {evaluation!r}; accepted: {', '.join(EVALUATIONS)}")
+    if evaluation in ("central", "both") and node_data:
+        raise ConfigError("run-config.evaluation", f"{evaluation!r} needs the data at the server, and with node-data = true it has none: give \"federated\" (or \"auto\")")
+
+
 @dataclass(frozen=True)
 class AppSettings:
     """The app's run configuration (``[tool.flwr.app.config]``, overridden by ``flwr run -c``).
@@ -100,10 +108,7 @@ class AppSettings:
                 raise ConfigError(f"run-config.{key}", f"must be a positive number of seconds, got {seconds}")
         if settings.invalid_reply not in INVALID_REPLY_POLICIES:
             raise ConfigError("run-config.invalid-reply", f"unknown policy {settings.invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
-        if settings.evaluation not in EVALUATIONS:
-            raise ConfigError("run-config.evaluation", f"unknown evaluation {settings.evaluation!r}; accepted: {', '.join(EVALUATIONS)}")
-        if settings.evaluation in ("central", "both") and settings.node_data:
-            raise ConfigError("run-config.evaluation", f"{settings.evaluation!r} needs the data at the server, and with node-data = true it has none: give \"federated\" (or \"auto\")")
+        check_evaluation(settings.evaluation, settings.node_data)
         return settings
 
     def override_sections(self) -> dict[str, Any]:

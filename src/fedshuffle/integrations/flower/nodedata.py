@@ -26,6 +26,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,10 +42,12 @@ from fedshuffle.problems import PROBLEMS, Problem
 CLIENT_FILE = "client-{}.npz"
 
 
-def rows_digest(features: torch.Tensor, labels: torch.Tensor) -> str:
-    """SHA-256 (first 16 hex digits) of a client's rows as the run holds them: features then labels, their bytes."""
+def rows_digest(data: Any, client: int) -> str:
+    """SHA-256 (first 16 hex digits) of ``client``'s rows as ``data`` (a federated dataset, or a node's clients) holds
+    them: its features then its labels, their bytes, in the order of the client's index set."""
+    index = torch.from_numpy(np.asarray(data.client_indices[client], dtype=np.int64)).to(data.features.device)
     digest = hashlib.sha256()
-    for tensor in (features, labels):
+    for tensor in (data.features[index], data.labels[index]):
         digest.update(np.ascontiguousarray(tensor.detach().cpu().numpy()).tobytes())
     return digest.hexdigest()[:16]
 

@@ -67,7 +67,7 @@ from fedshuffle.experiments.runner import DTYPES, RunFolder, build_simulation, c
 from fedshuffle.experiments.schema import slug
 from fedshuffle.data import FederatedDataset
 from fedshuffle.integrations.flower.bundle import installed_version
-from fedshuffle.integrations.flower.common import EVALUATIONS, INVALID_REPLY_POLICIES, FederatedRun, Population, format_clients
+from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population, check_evaluation, format_clients
 from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, rows_digest
 from fedshuffle.integrations.flower.secagg import SecureAggregation, refuse_individual_updates, rescaling, secure_sum, sum_metrics
 from fedshuffle.local.plan import ClientPlan
@@ -204,8 +204,7 @@ class FedShuffleStrategy(Strategy):
                  evaluation: str = "auto") -> None:
         if invalid_reply not in INVALID_REPLY_POLICIES:
             raise ConfigError("run-config.invalid-reply", f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
-        if evaluation not in EVALUATIONS or (evaluation in ("central", "both") and node_data):
-            raise ConfigError("run-config.evaluation", f"{evaluation!r} is not possible here; accepted: {', '.join(EVALUATIONS)} (\"central\" and \"both\" need the data at the server: not with node-data = true)")
+        check_evaluation(evaluation, node_data)
         self.federated = evaluation == "federated" or node_data  # who scores the model: the nodes, or the server
         self.both = evaluation == "both"  # the server scores it, and the nodes' federated scores are recorded beside
         self.invalid_reply = invalid_reply
@@ -452,8 +451,7 @@ class FedShuffleStrategy(Strategy):
         """:func:`~.nodedata.rows_digest` of ``client``'s rows in the server's data (None for data generated on demand: not checked)."""
         if not isinstance(self.data, FederatedDataset):
             return None
-        index = torch.from_numpy(np.asarray(self.data.client_indices[client], dtype=np.int64)).to(self.data.features.device)
-        return rows_digest(self.data.features[index], self.data.labels[index])
+        return rows_digest(self.data, client)
 
     # -- exchanges ---------------------------------------------------------------------------------
 
