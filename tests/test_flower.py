@@ -723,6 +723,7 @@ def test_flower_app_command_writes_an_app_flower_accepts_and_that_runs_the_exper
     assert valid, errors
     assert pyproject["tool"]["flwr"]["app"]["config"]["set"] == "run.rounds=2"
     assert pyproject["tool"]["flwr"]["app"]["config"]["invalid-reply"] == "drop"  # listed, so `flwr run -c` may set it
+    assert AppSettings.from_run_config(pyproject["tool"]["flwr"]["app"]["config"]) == AppSettings(overrides="run.rounds=2")  # every key, read back
     spec = importlib.util.spec_from_file_location("fedshuffle_app_under_test", app_dir / "fedshuffle_app.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -89,6 +89,16 @@ def _dependency(version: str, wheel: Path | None) -> str:
             f'[[tool.uv.dependency-metadata]]\nname = "fedshuffle"\nversion = {_toml_string(version)}\nrequires-dist = []\n')
 
 
+def _run_config(settings: AppSettings) -> str:
+    """The ``[tool.flwr.app.config]`` lines: every key of :attr:`AppSettings.KEYS` with its value and its help."""
+    lines = []
+    for key, (name, kind) in AppSettings.KEYS.items():
+        value = getattr(settings, name)
+        text = _toml_string(value) if kind is str else str(value).lower() if kind is bool else repr(value)
+        lines.append(f"{key} = {text}   # {AppSettings.HELP[key]}")
+    return "\n".join(lines) + "\n"
+
+
 def pyproject(name: str, description: str, settings: AppSettings, version: str | None = None, wheel: Path | None = None) -> str:
     """The app's pyproject.toml: components, the run configuration :class:`AppSettings` reads, and the dependency
     on fedshuffle ``version`` (default: the installed one), from the bundled ``wheel`` where one is given."""
@@ -116,22 +126,7 @@ serverapp = "{MODULE}:server"
 clientapp = "{MODULE}:client"
 
 [tool.flwr.app.config]
-variant = {_toml_string(settings.variant)}          # one variant's label; "" runs every variant in turn
-seed = {settings.seed}                 # -1: the experiment's first seed
-set = {_toml_string(settings.overrides)}              # overrides as in `fedshuffle run --set`, separated by ";"
-out = {_toml_string(settings.out)}              # results folder on the server's machine ("" = none)
-round-timeout = {settings.round_timeout!r}   # seconds a round waits; members later than that are dropped (unfinished work)
-connect-timeout = {settings.connect_timeout!r} # seconds to wait for nodes hosting every client
-resume = {str(settings.resume).lower()}          # continue each run from its checkpoint in `out`
-invalid-reply = {_toml_string(settings.invalid_reply)}   # a reply that fails the server's checks: "drop" its member for the round, or "stop" the run
-node-data = {str(settings.node_data).lower()}       # the nodes bring their own data (node config data-path); the server builds none
-secure-aggregation = {str(settings.secure_aggregation).lower()}   # the server sees only each round's weighted sum (Flower's SecAgg+)
-secagg-num-shares = {settings.secagg_num_shares!r}    # SecAgg+: shares of each node's secrets (> 2, or a fraction of the nodes)
-secagg-reconstruction-threshold = {settings.secagg_reconstruction_threshold!r}   # SecAgg+: shares that rebuild a secret
-secagg-clipping-range = {settings.secagg_clipping_range!r}   # SecAgg+: a node's input must lie in [-c, c]
-secagg-quantization-range = {settings.secagg_quantization_range}   # SecAgg+: levels of [-c, c]; the sum is within nodes·2c/Q
-evaluation = {_toml_string(settings.evaluation)}    # who scores the model: "central" (the server), "federated" (each node its clients), "both", "auto"
-"""
+{_run_config(settings)}"""
 
 
 def _absolute(sections: Mapping[str, Any], base: Path, data_paths: bool = True) -> dict[str, Any]:

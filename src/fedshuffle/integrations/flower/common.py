@@ -87,6 +87,20 @@ class AppSettings:
             "secagg-num-shares": ("secagg_num_shares", float), "secagg-reconstruction-threshold": ("secagg_reconstruction_threshold", float),
             "secagg-clipping-range": ("secagg_clipping_range", float), "secagg-quantization-range": ("secagg_quantization_range", int),
             "evaluation": ("evaluation", str)}
+    #: each key's one line in a written app's ``pyproject.toml`` (:mod:`.bundle`), which lists every key: Flower refuses a
+    #: ``--run-config`` key the app does not declare
+    HELP = {"variant": 'one variant\'s label; "" runs every variant in turn', "seed": "-1: the experiment's first seed",
+            "set": 'overrides as in `fedshuffle run --set`, separated by ";"', "out": 'results folder on the server\'s machine ("" = none)',
+            "round-timeout": "seconds a round waits; members later than that are dropped (unfinished work)",
+            "connect-timeout": "seconds to wait for nodes hosting every client", "resume": "continue each run from its checkpoint in `out`",
+            "invalid-reply": 'a reply that fails the server\'s checks: "drop" its member for the round, or "stop" the run',
+            "node-data": "the nodes bring their own data (node config data-path); the server builds none",
+            "secure-aggregation": "the server sees only each round's weighted sum (Flower's SecAgg+)",
+            "secagg-num-shares": "SecAgg+: shares of each node's secrets (> 2, or a fraction of the nodes)",
+            "secagg-reconstruction-threshold": "SecAgg+: shares that rebuild a secret",
+            "secagg-clipping-range": "SecAgg+: a node's input must lie in [-c, c]",
+            "secagg-quantization-range": "SecAgg+: levels of [-c, c]; the sum is within nodes·2c/Q",
+            "evaluation": 'who scores the model: "central" (the server), "federated" (each node its clients), "both", "auto"'}
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:
