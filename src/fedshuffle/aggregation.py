@@ -77,6 +77,19 @@ class Aggregator:
     def needs_planned_tau_eff(self) -> bool:
         return self.weighting == "normalized" and self.tau_eff == "planned" and self.normalization == "unbiased"
 
+    def fixed_weights(self, clients: np.ndarray, objective_weights: np.ndarray) -> np.ndarray:
+        """w̃_i of ``clients`` for the weightings fixed before the round: ``"data"`` (w_i), ``"uniform"`` (1/n) or the
+        given values (FedNova's ``"normalized"`` depends on the round's local work: :meth:`weights`)."""
+        if not isinstance(self.weighting, str):
+            if len(self.weighting) != len(objective_weights):
+                raise ConfigError("weighting", f"expected {len(objective_weights)} values (one per client), got {len(self.weighting)}")
+            return np.asarray(self.weighting, dtype=np.float64)[clients]
+        if self.weighting == "data":
+            return np.asarray(objective_weights, dtype=np.float64)[clients]
+        if self.weighting == "uniform":
+            return np.full(len(clients), 1.0 / len(objective_weights))
+        raise ValueError(f"weighting {self.weighting!r} is not fixed before the round")
+
     def weights(
         self,
         plans: Sequence[ClientPlan],
@@ -90,14 +103,8 @@ class Aggregator:
             return np.zeros(0)
         clients = np.array([p.client for p in plans])
         w = objective_weights[clients]
-        if not isinstance(self.weighting, str):
-            if len(self.weighting) != len(objective_weights):
-                raise ConfigError("weighting", f"expected {len(objective_weights)} values (one per client), got {len(self.weighting)}")
-            base = np.asarray(self.weighting, dtype=np.float64)[clients]
-        elif self.weighting == "data":
-            base = w
-        elif self.weighting == "uniform":
-            base = np.full(len(plans), 1.0 / len(objective_weights))
+        if self.weighting != "normalized":
+            base = self.fixed_weights(clients, objective_weights)
         else:
             progress = np.array([p.a_l1 * p.lr / base_lr for p in plans])
             if self.normalization == "sum_one":

@@ -177,7 +177,8 @@ class PrivateAggregation:
         if privacy.mode == "central" and not np.allclose(counts, inclusion):
             raise ConfigError("sampler.name", f"privacy.mode = 'central' needs a sampler that takes a client at most once per round ({sampler.describe()} may repeat one)")
         self.sample_rate = 1.0 if cyclic else float(min(1.0, inclusion.max()))
-        self.max_weight = float(np.max(_fixed_weights(aggregator, objective_weights) / np.where(counts > 0, counts, np.inf))) if privacy.mode == "central" else None
+        fixed = aggregator.fixed_weights(np.arange(len(counts)), objective_weights) if privacy.mode == "central" else None
+        self.max_weight = float(np.max(fixed / np.where(counts > 0, counts, np.inf))) if fixed is not None else None
         sigma = privacy.noise_multiplier
         self.count_noise = privacy.count_noise if privacy.count_noise is not None else self.expected_cohort / 20
         self.update_noise = sigma
@@ -225,11 +226,3 @@ class PrivateAggregation:
         return {**out, "steps": "rounds", "sensitivity": "C·max_i ω_i", "max_weight": self.max_weight, "update_noise_multiplier": self.update_noise,
                 **({"count_noise": self.count_noise, "expected_cohort": self.expected_cohort} if self.privacy.adaptive else {})}
 
-
-def _fixed_weights(aggregator: Aggregator, objective_weights: np.ndarray) -> np.ndarray:
-    """w̃_i of every client for the aggregations central DP takes (data, uniform or given weighting)."""
-    if not isinstance(aggregator.weighting, str):
-        return np.asarray(aggregator.weighting, dtype=np.float64)
-    if aggregator.weighting == "uniform":
-        return np.full(len(objective_weights), 1.0 / len(objective_weights))
-    return np.asarray(objective_weights, dtype=np.float64)
