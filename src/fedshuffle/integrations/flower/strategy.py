@@ -213,15 +213,16 @@ class FedShuffleStrategy(Strategy):
         self.data, self.evaluator, self.step_sizes = None, None, {}
         if node_data:  # the population comes with the handshake (:meth:`adopt_population`)
             refuse_theory(run.spec, "the server builds no data (run-config node-data = true)")
-            build_algorithm_from(run.spec)  # its settings are checked before any message
+            method = build_algorithm_from(run.spec).method  # its settings are checked before any message
             self.num_clients = run.spec.data.model_dump().get("clients")
         else:
             sim, self.step_sizes = build_simulation(run.spec, run.seed)
             self.half = ServerHalf(sim.problem, Population(sim.data.sizes, sim.data.weights), sim.algorithm, sim.sampler, seed=run.seed, dtype=sim.dtype, device=sim.device)
             self.data, self.num_clients = sim.data, sim.data.num_clients
             self.evaluator = metrics.ModelScores(sim.problem, sim.data)
+            method = self.half.method
         if secure is not None:  # refused before any message
-            refuse_individual_updates(self.half.method if self.half is not None else build_algorithm_from(run.spec).method, run.label or run.spec.method.name)
+            refuse_individual_updates(method, run.label or run.spec.method.name)
         self._grid: Grid | None = None
         self.round_timeout, self.connect_timeout, self.poll_interval = round_timeout, connect_timeout, poll_interval
         self.resume = resume
