@@ -17,7 +17,8 @@ from fedshuffle.experiments.results import METRIC_COLUMNS
 
 from fedshuffle.experiments.runner import run_single, sharing_builds
 from fedshuffle.experiments.schema import load_experiment
-from fedshuffle.replicas import ReplicaGroup, batches, describe_groups, replica_groups, replica_key, run_together, spread, step_replicas
+from fedshuffle.local.loop import LocalWork
+from fedshuffle.replicas import ReplicaGroup, describe_groups, replica_groups, replica_key, run_together, spread
 
 # logistic regression on 10 clients of unequal sizes (so the members' local step counts differ), 4 per round
 CONFIG = """
@@ -152,12 +153,12 @@ def test_grouping_keeps_data_model_and_sampler_apart(tmp_path):
     server = base.model_copy(update={"server": base.server.model_copy(update={"lr": 0.5})})
     cohort = base.model_copy(update={"sampler": base.sampler.model_copy(update={"cohort": 5})})
     rounds = base.model_copy(update={"run": base.run.model_copy(update={"rounds": 7})})
-    scaffold = spec_of(tmp_path, "scaffold", 0.05)  # its own client half and client state: never a replica
+    scaffold = spec_of(tmp_path, "scaffold", 0.05)  # its own client half and client state: replicas of its own kind
     assert replica_key(spec_of(tmp_path, "fedshuffle", 0.05, executor="sequential")) is None  # one loop per member anyway
     assert replica_key(base) == replica_key(other_lr) == replica_key(server) is not None
     assert replica_key(base) != replica_key(cohort) and replica_key(base) != replica_key(rounds)
-    assert replica_key(scaffold) is None
-    assert replica_groups([base, cohort, other_lr, scaffold, server, scaffold]) == [[0, 2, 4], [1], [3], [5]]
+    assert replica_key(scaffold) == replica_key(spec_of(tmp_path, "scaffold", 0.2)) not in (None, replica_key(base))
+    assert replica_groups([base, cohort, other_lr, scaffold, server, scaffold]) == [[0, 2, 4], [1], [3, 5]]
     assert describe_groups([[0, 2, 4], [1], [3], [5]]) == "3 runs as 1 batched simulation of 3 replicas; 3 runs on their own"
     assert describe_groups([list(range(35))]) == "35 runs as 1 batched simulation of 35 replicas"
     assert describe_groups([[0], [1]]) is None
@@ -178,24 +179,103 @@ def test_a_split_drawn_from_the_run_seed_is_other_data(tmp_path):
     assert replica_key(unsplit) != replica_key(other_seed)
 
 
-def test_unbatchable_replicas_step_one_by_one_with_the_same_numbers(tmp_path):
-    """SCAFFOLD keeps client state: its replicas still step together, each as alone."""
-    from fedshuffle.experiments.runner import build_simulation
+# FedCDR (Synthetic(1, 1), an MLP, 12 clients of unequal sizes, 3 per round): client state and two executor calls in
+# the rounds where new clients start (their first prox, then the round's)
+FEDCDR = """
+[problem]
+name = "mlp"
+hidden = [8]
+[data]
+source = "fedprox_synthetic"
+synthetic_alpha = 1.0
+synthetic_beta = 1.0
+clients = 12
+weights = "uniform"
+seed = 0
+[method]
+name = "{method}"
+[local]
+lr = 0.01
+epochs = 2
+batch_size = 10
+[sampler]
+name = "cyclic"
+cohort = 3
+[run]
+rounds = 6
+eval_every = 2
+dtype = "float32"
+executor = "vectorized"
+"""
 
-    with sharing_builds():
-        sims = [build_simulation(spec_of(tmp_path, "scaffold", lr), 0)[0] for lr in (0.02, 0.05)]
-        alone = [build_simulation(spec_of(tmp_path, "scaffold", lr), 0)[0] for lr in (0.02, 0.05)]
-    assert not batches(sims)
-    for _ in range(3):
-        assert not step_replicas(sims)[1]
-        for sim in alone:
-            sim.step()
-    for a, b in zip(sims, alone):
-        assert np.array_equal(a.params.numpy(), b.params.numpy())
+STATEFUL = [({"eta": 10.0, "alpha": 1.0}, 0), ({"eta": 10.0, "alpha": 1.5}, 0), ({"eta": 10.0, "alpha": 1.0}, 1), ({"eta": 100.0, "alpha": 1.0}, 0)]
+
+
+@pytest.mark.parametrize("method", ["fedcdr", "scaffold"])
+def test_stateful_replicas_share_executor_calls_and_write_the_folders_of_their_runs_alone(tmp_path, method):
+    """Methods with their own client halves and client state batch too: every replica's client half runs at once and
+    their executor calls are gathered. FedCDR's α grid and seeds share one loop (an MLP computes each row on its own,
+    so members of unequal step counts need not step in pairs); η = 100 is another prox μ, so its work runs apart."""
+    path = tmp_path / f"{method}.toml"
+    path.write_text(FEDCDR.format(method=method))
+    base = load_experiment(path).runs()[0][1]
+    runs = []
+    for k, (settings, seed) in enumerate(STATEFUL):
+        spec = base.model_copy(update={"method": base.method.model_copy(update=settings)}) if method == "fedcdr" else base.model_copy(
+            update={"local": base.local.model_copy(update={"lr": 0.01 * (1 + k)})})
+        runs.append((spec, seed, tmp_path / "together" / str(k)))
+    assert len({replica_key(spec) for spec, _, _ in runs}) == 1
+    outcomes, group = run_as_replicas(runs)
+    assert [o.status for o in outcomes] == ["complete"] * len(runs)
+    assert group.steps == group.batched == 6 and group.widest == len(runs)
+    for spec, seed, folder in runs:
+        with sharing_builds():
+            run_single(spec, tmp_path / "alone" / folder.name, seed)
+        assert folder_bytes(folder) == folder_bytes(tmp_path / "alone" / folder.name), folder.name
+    finals = {json.loads((folder / "summary.json").read_text())["final"]["loss"] for _, _, folder in runs}
+    assert len(finals) == len(runs)
+
+
+def test_gathering_stacks_only_works_whose_chains_agree():
+    """Works with another prox μ, another center or offset presence, or a chain holding its own tensor (global
+    momentum's m) are never stacked with others; equal chains are."""
+    from fedshuffle.local.steps import Drift, standard_chain
+    from fedshuffle.problems.networks import MLP
+    from fedshuffle.replicas import _Call
+
+    problem, start = MLP(4, [3], 2), torch.zeros(2, 3)
+
+    def key(chain, **rows):
+        return _Call(None, problem, None, LocalWork([object(), object()], start, chain, **rows), None).key()
+
+    prox = standard_chain(prox_mu=0.1)
+    assert key(prox) == key(standard_chain(prox_mu=0.1)) is not None
+    assert len({key(standard_chain()), key(prox), key(standard_chain(prox_mu=0.01)), key(prox, center=start), key(standard_chain(offset=True), offset=start)}) == 5
+    assert key(standard_chain(drift=Drift(0.5, torch.zeros(3), False))) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_an_mlps_gradient_rows_do_not_depend_on_the_rows_stacked_with_them(dtype):
+    """MLP.independent_rows: a client's minibatch gradient is the same bits alone, beside one other client or beside 79."""
+    from fedshuffle.problems.networks import MLP
+
+    problem = MLP(60, [32], 10)
+    assert problem.independent_rows
+    generator = torch.Generator().manual_seed(0)
+    params = torch.randn(80, problem.dim, generator=generator, dtype=dtype)
+    features = torch.randn(80, 10, 60, generator=generator, dtype=dtype)
+    labels = torch.randint(0, 10, (80, 10), generator=generator)
+    weights = torch.full((80, 10), 0.1, dtype=dtype)
+    alone = problem.local_gradient(params[:1], features[:1], labels[:1], weights[:1])[0]
+    for k in (2, 3, 25, 80):
+        assert torch.equal(problem.local_gradient(params[:k], features[:k], labels[:k], weights[:k])[0], alone)
+    last = problem.local_gradient(torch.cat([params[5:30], params[:1]]), torch.cat([features[5:30], features[:1]]), torch.cat([labels[5:30], labels[:1]]),
+                                  torch.cat([weights[5:30], weights[:1]]))[-1]
+    assert torch.equal(last, alone)
 
 
 def test_a_failing_step_fails_every_waiting_replica(monkeypatch):
-    """An error in the group's step reaches each replica's run; none waits for ever."""
+    """An error in a replica's step reaches its run; none waits for ever."""
     import fedshuffle.replicas as replicas
 
     class Broken:
@@ -223,7 +303,7 @@ def test_a_failing_step_fails_every_waiting_replica(monkeypatch):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sweep_runs_a_grid_and_its_seeds_as_one_simulation_with_each_runs_folder(tmp_path, workers):
-    """``fedshuffle sweep`` groups the grid × seeds (and says so); SCAFFOLD's runs go on their own; every folder is
+    """``fedshuffle sweep`` groups the grid × seeds (and says so), SCAFFOLD's runs in a group of their own; every folder is
     the one the same point and seed writes alone."""
     from typer.testing import CliRunner
 
@@ -234,7 +314,7 @@ def test_sweep_runs_a_grid_and_its_seeds_as_one_simulation_with_each_runs_folder
     out = tmp_path / "sweep"
     result = CliRunner().invoke(app, ["sweep", str(config), "--grid", "local.lr=0.02,0.1", "--seeds", "0,1", "--out", str(out), "--workers", str(workers)])
     assert result.exit_code == 0, result.output
-    assert "4 runs as 1 batched simulation of 4 replicas; 4 runs on their own" in " ".join(result.stderr.split())
+    assert "8 runs as 2 batched simulations of 4 replicas" in " ".join(result.stderr.split())
     for lr in ("0.02", "0.1"):
         single = tmp_path / "single" / lr  # a sweep of one point and one seed: each variant's run alone
         run = CliRunner().invoke(app, ["sweep", str(config), "--grid", f"local.lr={lr}", "--seeds", "1", "--out", str(single), "--quiet", "--workers", "1"])

@@ -1,30 +1,36 @@
 """Replicas: runs that differ only in step sizes or seed, advanced together as one simulation.
 
-A grid of step sizes (local η_l and its multiplier, server η_g, RR-CLI's global step θ) and a set of
-seeds on the same data, model and sampler law are R runs whose rounds have the same shape. Each replica
-keeps its own :class:`~fedshuffle.simulation.Simulation` (model, server and method state, counters),
-and one step of the replicas is::
+A grid of step sizes (local η_l and its multiplier, server η_g, RR-CLI's global step θ, FedCDR's η and α) and a set
+of seeds on the same data, model and sampler law are R runs whose rounds have the same shape. Each replica keeps its
+own :class:`~fedshuffle.simulation.Simulation` (model, server, method and client state, counters), and one step of
+the replicas is::
 
-    per replica r:  open its round (cohort S_r, plans with η_{l,r}), its broadcast x_r
-    all replicas:   ONE executor call on the members of every S_r, concatenated (per-member starts x_r,
-                    per-member plans with their own step sizes): R replicas × C clients per local step
-    per replica r:  its updates Δ_i (i ∈ S_r) back, Σ ω_iΔ_i, its server step x_r ← x_r − η_{g,r}·d_r
+    per replica r, at once:  its own round (cohort S_r, plans with η_{l,r}, broadcast, its client half, its state rows)
+    every executor call:     waits until each replica still stepping waits in one (:class:`Gathering`); then the
+                             waiting works run as ONE executor call where their step chains agree (per-member starts,
+                             centers, offsets and plans with their own step sizes): R replicas × C clients per local step
+    per replica r:           its updates back, its aggregation and server step x_r ← x_r − η_{g,r}·d_r
 
-Every replica gives the numbers of the same run made alone. A member's update does not depend on
-the other rows of its chunk (the compiled backend runs each member on its own; the torch loop's
-batched operations compute each row on its own), and where the single run adds ω_iΔ_i as the executor
-produces them (``method.sums_updates``), each replica's sum is formed from its own rows in the single
-run's order — the executor's chunks of that replica's cohort alone (``add_up``) — so the sums are the
-same floating-point numbers (``tests/test_replicas.py`` compares the results folders byte for byte).
+so methods with their own halves and client state (SCAFFOLD, FedDyn, FedCDR's prox solves, two executor calls in a
+round where new clients start) batch as the FedAvg family does.
+
+Every replica gives the numbers of the same run made alone. A member's update does not depend on the other rows of
+its chunk (the compiled backend runs each member on its own; the torch loop's batched operations compute each row on
+its own where the problem says so, :attr:`~fedshuffle.problems.Problem.independent_rows`, and otherwise wherever no
+step is one member's alone, :func:`same_rows_in_any_chunk`), and where the single run adds ω_iΔ_i as the executor
+produces them (a ``weights`` call), each replica's sum is formed from its own rows in the single run's order — the
+executor's chunks of that replica's work alone (``add_up``) — so the sums are the same floating-point numbers
+(``tests/test_replicas.py`` compares the results folders byte for byte).
 
 Replicas run in lockstep through :class:`ReplicaGroup`: each replica's run (:func:`~fedshuffle.experiments.runner.run_single`,
 which evaluates, writes and checkpoints it exactly as alone) runs in a thread of one process, and its
-``step`` waits until every replica still running asks for one, then one batched step advances them all.
+``step`` waits until every replica still running asks for one, then one gathered step advances them all.
 Replicas need not be at the same round (a resumed replica continues from its own checkpoint).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -40,18 +46,14 @@ from fedshuffle.executors.choice import run_threads
 from fedshuffle.executors.local import LocalExecutor, ThreadedExecutor
 from fedshuffle.local import fused
 from fedshuffle.local.loop import LocalWork
-from fedshuffle.local.steps import standard_chain
-from fedshuffle.methods.algorithm import build_algorithm
-from fedshuffle.methods.base import ClientResult, sample_gradients
+from fedshuffle.local.steps import StepChain
+from fedshuffle.problems import Problem
 from fedshuffle.simulation import RoundRecord, Simulation
 
 #: the settings in which replicas of one group may differ: (section, field)
-STEP_SIZE_FIELDS = (("local", "lr"), ("local", "lr_multiplier"), ("server", "lr"), ("server", "global_lr"), ("run", "seed"), ("data", "seed"))
-
-
-def _local_settings(sim: Simulation) -> tuple[Any, ...]:
-    local = sim.algorithm.local
-    return local.weight_decay, local.clip_norm, local.prox_mu, local.momentum
+STEP_SIZE_FIELDS = (
+    ("local", "lr"), ("local", "lr_multiplier"), ("server", "lr"), ("server", "global_lr"), ("method", "eta"), ("method", "alpha"), ("run", "seed"), ("data", "seed"),
+)
 
 
 def _executor_settings(sim: Simulation) -> tuple[Any, ...] | None:
@@ -70,75 +72,206 @@ def _same_data(a: Any, b: Any) -> bool:
 
 
 def batches(sims: Sequence[Simulation]) -> bool:
-    """Whether the replicas' local work can run as one executor call: the methods keep the default halves
-    (client: Δ_i from the broadcast model, no client state; server: Σ ω_iΔ_i), the replicas share one problem and dataset, and their
-    executors (in-process: sequential, vectorized, threaded) and local step chains are alike."""
+    """Whether the replicas' local work can be gathered into shared executor calls: they share one problem and
+    dataset, and their executors are in this process (sequential, vectorized, threaded) with the same settings.
+    Which calls of a step then run as one is decided call by call (:class:`Gathering`)."""
     first = sims[0]
     return _executor_settings(first) is not None and all(
-        sim.method.sums_updates and sim.store is None and sim.problem is first.problem and _same_data(sim.data, first.data)
-        and _executor_settings(sim) == _executor_settings(first) and _local_settings(sim) == _local_settings(first)
-        for sim in sims
+        sim.problem is first.problem and _same_data(sim.data, first.data) and _executor_settings(sim) == _executor_settings(first) for sim in sims
     )
 
 
-def _same_rows_in_any_chunk(sim: Simulation, work: LocalWork) -> bool:
+def same_rows_in_any_chunk(executor: Any, problem: Problem, data: Any, work: LocalWork) -> bool:
     """Whether each member's update is the same number in a chunk of any other members (so the work can be
-    batched): one member per loop (sequential, threaded) or the compiled backend (member after member) always; the
-    torch loop where, in each chunk, no step is taken by one member alone (its top two step counts are equal).
+    batched): one member per loop (sequential, threaded), the compiled backend (member after member) and problems
+    whose batched gradient computes each row on its own (:attr:`~fedshuffle.problems.Problem.independent_rows`) always;
+    else the torch loop where, in each chunk, no step is taken by one member alone (its top two step counts are equal).
 
     The torch loop computes a step of k working members as (k, B, d) tensors, whose reductions are one
     floating-point order for k ≥ 2 and may be another for k = 1 (measured: sequential and vectorized differ
     by ~1 ulp on a3a); so a step that is one member's alone in one run and shared in the other may differ."""
-    executor = sim.executor
-    if isinstance(executor, ThreadedExecutor) or executor.chunk_size == 1:
+    if isinstance(executor, ThreadedExecutor) or executor.chunk_size == 1 or problem.independent_rows:
         return True
-    if executor.compiled and fused.usable(sim.problem, sim.data.features, work):
+    if executor.compiled and fused.usable(problem, data.features, work):
         return True
-    for members in executor.chunks(sim.data, work):
+    for members in executor.chunks(data, work):
         steps = sorted((work.plans[i].steps for i in members), reverse=True)
         if len(steps) < 2 or steps[0] != steps[1]:
             return False
     return True
 
 
-def step_replicas(sims: Sequence[Simulation], together: bool | None = None) -> tuple[list[RoundRecord], bool]:
-    """One round of every replica, and whether their local work ran as one executor call.
+def _chain_key(chain: StepChain) -> tuple[Any, ...] | None:
+    """The chain's transforms and their settings, to tell which works step alike; None where a transform holds a tensor
+    (global momentum's m: each replica's own), so that its work never runs with another replica's."""
+    parts = []
+    for transform in chain.transforms:
+        values = tuple(getattr(transform, f.name) for f in dataclasses.fields(transform))
+        if any(isinstance(v, torch.Tensor) for v in values):
+            return None
+        parts.append((type(transform), values))
+    return tuple(parts)
 
-    It does where the replicas can be batched (``together``, default :func:`batches`) and every member's update
-    comes out the same as alone (:func:`_same_rows_in_any_chunk`, for each replica's work alone and for all
-    together); else each replica's local work runs as alone, in its own executor call."""
+
+@dataclasses.dataclass
+class _Call:
+    """One replica's executor call, waiting in :class:`Gathering`."""
+
+    executor: Any
+    problem: Problem
+    data: Any
+    work: LocalWork
+    weights: torch.Tensor | None
+    result: Any = None
+    done: bool = False
+    seconds: float = 0.0  # its share of the computing time: its members' part of a shared call
+
+    def key(self) -> tuple[Any, ...] | None:
+        chain = _chain_key(self.work.chain)
+        if chain is None or not len(self.work):
+            return None
+        return id(self.problem), chain, self.work.center is None, self.work.offset is None
+
+
+class Gathering:
+    """The executor calls of replicas stepping at once, one thread each.
+
+    A call of :meth:`run` waits until every replica still stepping waits in one or has finished its step
+    (:meth:`finished`); then the waiting calls run: those whose step chains agree (same transforms and settings,
+    the same presence of centers and offsets) as ONE call of the first one's executor on all their members, each
+    replica's ``weights`` sum added up afterwards in its own run's order; a call that cannot share (a chain with its
+    own tensors, a member who would step alone, :func:`same_rows_in_any_chunk`) runs as alone. Calls run one at a
+    time, in the order they arrived within each gathering, so a replica's numbers never depend on the others."""
+
+    def __init__(self, stepping: int) -> None:
+        self._ready = threading.Condition()
+        self._stepping = stepping
+        self._pending: list[_Call] = []
+        #: executor calls that ran the work of two replicas or more together
+        self.shared = 0
+
+    def executor(self, executor: Any) -> _GatheredExecutor:
+        return _GatheredExecutor(executor, self)
+
+    def run(self, call: _Call) -> torch.Tensor:
+        with self._ready:
+            self._pending.append(call)
+            self._flush()
+            while not call.done:
+                self._ready.wait()
+        if isinstance(call.result, BaseException):
+            raise call.result
+        return call.result
+
+    def finished(self) -> None:
+        """A replica's step has ended: the others no longer wait for its calls."""
+        with self._ready:
+            self._stepping -= 1
+            self._flush()
+
+    def _flush(self) -> None:
+        """Run the waiting calls once every replica still stepping waits in one (called holding the lock)."""
+        if not self._pending or len(self._pending) < self._stepping:
+            return
+        calls, self._pending = self._pending, []
+        groups: dict[Any, list[_Call]] = {}
+        for call in calls:
+            key = call.key()
+            groups.setdefault(("alone", id(call)) if key is None else key, []).append(call)
+        for group in groups.values():
+            try:
+                self._run_group(group)
+            except BaseException as exc:  # every call of the group fails with it
+                for call in group:
+                    call.result = exc
+            for call in group:
+                call.done = True
+        self._ready.notify_all()
+
+    def _run_group(self, group: list[_Call]) -> None:
+        first = group[0]
+        combined = None
+        if len(group) > 1 and all(_same_data(c.data, first.data) for c in group):
+            works = [c.work for c in group]
+            combined = LocalWork(
+                [plan for work in works for plan in work.plans], torch.cat([work.rows("start") for work in works]), first.work.chain,
+                None if first.work.center is None else torch.cat([work.rows("center") for work in works]),
+                None if first.work.offset is None else torch.cat([work.rows("offset") for work in works]),
+            )
+            if not all(same_rows_in_any_chunk(c.executor, c.problem, c.data, work) for c, work in [*((c, c.work) for c in group), (first, combined)]):
+                combined = None
+        if combined is None:
+            for call in group:
+                started = time.perf_counter()
+                call.result = call.executor.run(call.problem, call.data, call.work, call.weights)
+                call.seconds = time.perf_counter() - started
+            return
+        started = time.perf_counter()
+        deltas = first.executor.run(first.problem, first.data, combined).split([len(c.work) for c in group])
+        for call, own in zip(group, deltas):
+            call.result = own if call.weights is None else call.executor.add_up(call.data, call.work, call.weights, own)
+        seconds = time.perf_counter() - started
+        for call in group:
+            call.seconds = seconds * len(call.work) / len(combined)
+        self.shared += 1
+
+
+class _GatheredExecutor:
+    """A replica's executor during a gathered step: local work through :class:`Gathering`, the rest its own (full local
+    gradients one call at a time: a module problem's bound copies are per thread, but its evaluations are not shared)."""
+
+    def __init__(self, executor: Any, gathering: Gathering) -> None:
+        self._executor, self._gathering = executor, gathering
+        self.waited = 0.0  # seconds spent waiting for the other replicas or computing their work
+
+    def run(self, problem: Problem, data: Any, work: LocalWork, weights: torch.Tensor | None = None) -> torch.Tensor:
+        started = time.perf_counter()
+        call = _Call(self._executor, problem, data, work, weights)
+        result = self._gathering.run(call)
+        self.waited += time.perf_counter() - started - call.seconds
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._executor, name)
+
+
+def step_replicas(sims: Sequence[Simulation], together: bool | None = None) -> tuple[list[RoundRecord | BaseException], bool]:
+    """One round of every replica (its record, or the exception its step raised), and whether any of their local work
+    ran as a shared executor call.
+
+    Where the replicas can be gathered (``together``, default :func:`batches`), their steps run at once, one thread
+    each, with every executor call through one :class:`Gathering`; else one after another, each as alone."""
     if len(sims) == 1 or not (batches(sims) if together is None else together):
-        return [sim.step() for sim in sims], False
-    started = time.perf_counter()
-    opened = []
-    for sim in sims:
-        rnd, points = sim.open_round()
-        trainer = sim.trainer(rnd)
-        broadcast = sim.broadcast(rnd, points, [trainer.gradients(p, rnd.cohort) for p in points])
-        opened.append((rnd, points, broadcast))
-    first = sims[0]
-    local = first.algorithm.local
-    chain = standard_chain(local.weight_decay, local.clip_norm, local.prox_mu, local.momentum, None, False)
-    works = [LocalWork(list(rnd.plans), broadcast["model"], chain) for rnd, _, broadcast in opened]
-    weights = [torch.as_tensor(sim.method.aggregation_weights(rnd), dtype=sim.dtype, device=sim.device) for sim, (rnd, _, _) in zip(sims, opened)]
-    members = [len(work) for work in works]
-    sums: list[torch.Tensor | None] = [None] * len(sims)
-    combined = None
-    if sum(members):
-        combined = LocalWork([plan for work in works for plan in work.plans], torch.cat([work.rows("start") for work in works if len(work)]), chain)
-        if not all(_same_rows_in_any_chunk(sim, work) for sim, work in [*zip(sims, works), (first, combined)] if len(work)):
-            combined = None
-    if combined is not None:
-        deltas = first.executor.run(first.problem, first.data, combined).split(members)
-        sums = [sim.executor.add_up(sim.data, work, w, own) if len(work) else None for sim, work, w, own in zip(sims, works, weights, deltas)]
-    else:
-        sums = [sim.executor.run(sim.problem, sim.data, work, w) if len(work) else None for sim, work, w in zip(sims, works, weights)]
-    seconds = time.perf_counter() - started
-    records = []
-    for sim, (rnd, points, broadcast), work, total in zip(sims, opened, works, sums):
-        result = None if total is None else ClientResult({"delta_sum": total}, sample_gradients=sample_gradients(rnd.plans))
-        records.append(sim.close_round(rnd, points, broadcast, result, seconds * len(work) / max(sum(members), 1)))
-    return records, combined is not None
+        return [_outcome(sim.step) for sim in sims], False
+    gathering = Gathering(len(sims))
+    outcomes: list[RoundRecord | BaseException | None] = [None] * len(sims)
+
+    def step(k: int) -> None:
+        sim = sims[k]
+        executor = sim.executor
+        sim.executor = gathered = gathering.executor(executor)
+        try:
+            outcomes[k] = _outcome(sim.step)
+        finally:
+            sim.executor = executor
+            gathering.finished()
+        if isinstance(outcomes[k], RoundRecord) and len(outcomes[k].cohort):  # the round's compute time without the waits
+            sim.counters.worker_compute_seconds -= gathered.waited / len(outcomes[k].cohort)
+
+    threads = [threading.Thread(target=step, args=(k,), name=f"fedshuffle-replica-step-{k}") for k in range(1, len(sims))]
+    for thread in threads:
+        thread.start()
+    step(0)
+    for thread in threads:
+        thread.join()
+    return outcomes, gathering.shared > 0
+
+
+def _outcome(step: Callable[[], RoundRecord]) -> RoundRecord | BaseException:
+    try:
+        return step()
+    except BaseException as exc:  # reaches the replica's own run
+        return exc
 
 
 class ReplicaGroup:
@@ -272,13 +405,6 @@ def replica_key(spec: Any) -> str | None:
     the data split has its own seed (``data.seed``), without the run's seed. None for a run that cannot be a replica
     (a method with its own halves or client state, an executor not in :data:`BATCHED_EXECUTORS`)."""
     if spec.run.executor not in BATCHED_EXECUTORS:
-        return None
-    settings = spec.algorithm_settings()
-    for section, name in STEP_SIZE_FIELDS:
-        if section in settings and name in settings[section] and settings[section][name] is not None:
-            settings[section][name] = 1.0  # any number: only the method's halves are looked at
-    method = build_algorithm(spec.method.name, settings, spec.run.rounds).method
-    if not method.sums_updates or method.state_fields:
         return None
     dumped = spec.model_dump()
     for section, name in STEP_SIZE_FIELDS:

@@ -11,6 +11,8 @@ to hold, :class:`LazyFederatedDataset` generates a client's rows when it takes p
 
 from __future__ import annotations
 
+import threading
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -33,6 +35,9 @@ class PopulationCounts:
     @property
     def num_samples(self) -> int:
         return int(self.sizes.sum())
+
+
+_CASTING = threading.Lock()
 
 
 @dataclass
@@ -62,6 +67,8 @@ class FederatedDataset(PopulationCounts):
     name: str = "dataset"
     float_dtype: torch.dtype = torch.float64
     sizes: np.ndarray = field(init=False)
+    #: :meth:`to`'s results, so that runs sharing this dataset share its cast too (replicas stack only shared data)
+    _casts: dict[tuple[torch.dtype, str], FederatedDataset] = field(init=False, default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.client_indices = [np.asarray(ix, dtype=np.int64) for ix in self.client_indices]
@@ -104,17 +111,25 @@ class FederatedDataset(PopulationCounts):
         return torch.as_tensor(s, dtype=dtype, device=self.features.device)
 
     def to(self, dtype: torch.dtype, device: str | torch.device | None = None) -> FederatedDataset:
-        """The same dataset with floating tensors cast to ``dtype`` and every tensor moved to ``device``."""
+        """The same dataset with floating tensors cast to ``dtype`` and every tensor moved to ``device`` (made once per
+        dtype and device, then the same object)."""
 
         def cast(t: torch.Tensor | None) -> torch.Tensor | None:
             if t is None:
                 return None
             return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
 
-        return FederatedDataset(
-            cast(self.features), cast(self.labels), self.client_indices, self.weights,
-            cast(self.test_features), cast(self.test_labels), self.name, dtype,
-        )
+        key = (dtype, str(device))
+        with _CASTING:  # runs build their simulations in threads (replicas)
+            if key not in self._casts:
+                self._casts[key] = FederatedDataset(
+                    cast(self.features), cast(self.labels), self.client_indices, self.weights,
+                    cast(self.test_features), cast(self.test_labels), self.name, dtype,
+                )
+            return self._casts[key]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_casts": {}}  # a pickled copy (a worker's) casts again where it needs to
 
 
 class ClientRows(Sequence):

@@ -35,6 +35,9 @@ class Problem(ABC):
     convex: bool = False
     #: local steps draw random numbers (dropout): :meth:`local_gradient` needs each client's step seed
     stochastic: bool = False
+    #: each row of :meth:`local_gradient` is the same floating-point number whatever rows are stacked with it (one
+    #: row alone included), so a client's local work gives the same numbers in any chunk (replicas share chunks)
+    independent_rows: bool = False
 
     @property
     @abstractmethod

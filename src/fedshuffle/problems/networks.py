@@ -74,6 +74,7 @@ class MLP(Network):
     """Fully connected network with ReLU hidden layers and a cross-entropy loss (non-convex)."""
 
     name = "mlp"
+    independent_rows = True  # batched matmuls and elementwise steps; tests/test_replicas.py checks stacks of 1 to 80 rows
 
     def __init__(self, num_features: int, hidden: Sequence[int], num_classes: int, l2: float = 0.0) -> None:
         if not hidden or any(h < 1 for h in hidden):
