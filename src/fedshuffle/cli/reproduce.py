@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -33,7 +34,7 @@ def reproduce(
     all_: Annotated[bool, typer.Option("--all", help="every shipped preset")] = False,
     budget: Annotated[Optional[str], typer.Option(help="cpu: skip the presets sized for a GPU; gpu: run every preset")] = None,
     out: Annotated[Optional[str], typer.Option(help="folder of the runs and the report (default: results/reproduce)")] = None,
-    workers: Annotated[int, typer.Option(help="tuning runs in parallel worker processes")] = 1,
+    workers: Annotated[int, typer.Option(help="worker processes for each preset's runs and tuning grid (default: one per core)")] = max(1, os.cpu_count() or 1),
     no_run: Annotated[bool, typer.Option("--no-run", help="run nothing: judge the complete runs already in OUT")] = False,
     json_: Annotated[bool, typer.Option("--json", help='print {"claims": [{"preset", "claim", "role", "measured", "verdict", "fractions", ...}], "counts" (primary claims), "other_roles"}')] = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,

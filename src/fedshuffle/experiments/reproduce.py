@@ -299,7 +299,7 @@ def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, wo
     if run:
         if note:
             note(f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}" + (f" ({', '.join(f'{t.variant} at {_point_text(t.selected)}' for t in tunings)})" if tunings else ""))
-        run_experiment(judged, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress)
+        run_experiment(judged, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress, workers=workers)
     rows = judge(name, judged, folder)
     robust = robustness(judged, tunings, tuning_runs, _complete_runs(folder)) if tunings else []
     plot = f"{name}/plot.png" if (folder / "plot.png").is_file() else None
@@ -309,7 +309,8 @@ def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, wo
 def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, run: bool = True, show_progress: bool = True, note: Any = None, workers: int = 1) -> list[ClaimResult]:
     """Tune, run (or continue) each preset into ``out/<name>`` and judge its claims; a preset sized for
     another budget than ``budget`` is not run and its claims say so. With ``run=False`` nothing runs:
-    the complete runs already in ``out`` are judged. ``workers``: tuning runs in parallel. The verdicts
+    the complete runs already in ``out`` are judged. ``workers``: worker processes for each preset's runs and tuning
+    grid (its seeds and grid points batched as replicas, :mod:`fedshuffle.replicas`, spread over them). The verdicts
     join those already in ``out`` (a preset judged again replaces its own; one skipped keeps the verdicts it had)
     and the reports show them all. Returns this call's rows."""
     if budget is not None and budget not in BUDGETS:
