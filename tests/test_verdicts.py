@@ -345,3 +345,24 @@ def test_an_experiment_whose_data_cannot_be_had_reads_not_reproducible(tmp_path,
     (row,) = doc["claims"]
     assert row["verdict"] == "not reproducible" and row["why"].startswith("the paper's dataset cannot be built here; on the substitute it holds")
     assert doc["counts"] == {"My study": {"not reproducible": 1}} and "not reproducible" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_a_tuning_horizon_cuts_the_tuning_runs_and_a_parts_own_setting_can_be_tuned(tmp_path, no_plots):
+    """``tune.rounds``: the grid runs stop there while the judged runs go the variant's whole horizon; the report says so.
+    A grid may name the chosen part's own settings (FedDyn's method.alpha), and a setting no part takes is refused."""
+    cfg = tmp_path / "quad.toml"
+    cfg.write_text(QUADRATIC.format(extra="").replace("seeds = [100, 101] }", "seeds = [100], rounds = 4 }"))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    tuned = json.loads((out / "quad.tuning" / "tuned" / "local.lr-0.01" / "tuned" / "seed-100" / "summary.json").read_text())
+    judged = json.loads((out / "quad" / "tuned" / "seed-0" / "summary.json").read_text())
+    assert tuned["rounds"] == 4 and judged["rounds"] == 8
+    assert "of 4-round runs over tuning seeds 100" in (out / "report.md").read_text()
+    dyn = cfg.read_text().replace('method = { name = "fedavg" }\nlocal = { lr = 0.01 }', 'method = { name = "feddyn", alpha = 0.1 }\nlocal = { lr = 0.01 }', 1)
+    assert dyn != cfg.read_text()
+    cfg.write_text(dyn.replace('"local.lr" = [0.001, 0.05, 0.01]', '"method.alpha" = [0.01, 0.1]'))
+    assert load_experiment(cfg).variants[0].tune.points() == [{"method": {"alpha": 0.01}}, {"method": {"alpha": 0.1}}]
+    cfg.write_text(dyn.replace('"local.lr" = [0.001, 0.05, 0.01]', '"method.alfa" = [0.01]'))
+    with pytest.raises(ConfigError, match="'method.alfa' is not a setting"):
+        load_experiment(cfg)

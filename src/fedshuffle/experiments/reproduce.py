@@ -72,6 +72,7 @@ class Tuning:
     points: list[dict[str, Any]]
     scores: list[float | None]
     selected: dict[str, Any] | None
+    rounds: int | None = None  # the tuning horizon, where shorter than the judged runs'
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def select(label: str, tune: TuneConfig, runs: Mapping[str, Sequence[Path]]) -> 
     sign = -1.0 if metrics.METRICS[tune.metric].defaults["better"] == "max" else 1.0
     ranked = [k for k, v in enumerate(scores) if v is not None]
     best = min(ranked, key=lambda k: sign * scores[k]) if ranked else None  # type: ignore[operator]
-    return Tuning(label, tune.metric, tune.at, list(tune.seeds), points, scores, points[best] if best is not None else None)
+    return Tuning(label, tune.metric, tune.at, list(tune.seeds), points, scores, points[best] if best is not None else None, tune.rounds)
 
 
 def at_selected(experiment: Experiment, tunings: Sequence[Tuning]) -> Experiment:
@@ -221,7 +222,8 @@ def tune(name: str, experiment: Experiment, out: Path, *, run: bool, workers: in
         folder = tuning_folder(out, name, variant.label)
         if run:  # the sweep folder records this variant alone: another variant's settings do not touch its tuning
             alone = experiment.model_copy(update={"variants": [variant]})
-            run_sweep(alone, folder, variant.tune.points(), seeds=variant.tune.seeds, overrides=None, variants=None, pick=None, extend=False,
+            horizon = {"run": {"rounds": variant.tune.rounds}} if variant.tune.rounds is not None else None
+            run_sweep(alone, folder, variant.tune.points(), seeds=variant.tune.seeds, overrides=horizon, variants=None, pick=None, extend=False,
                       workers=workers, show_progress=show_progress, record={"tuning": {"variant": variant.label, **variant.tune.model_dump()}})
         runs[variant.label] = _tuning_runs(folder, variant.tune.seeds)
         tunings.append(select(variant.label, variant.tune, runs[variant.label]))
@@ -412,7 +414,8 @@ def _tuning_lines(record: Mapping[str, Any]) -> list[str]:
     for t in record.get("tuning", []):
         scores = ", ".join(f"{_point_text(p)}: {'—' if v is None else f'{v:.4g}'}" for p, v in zip(t["points"], t["scores"]))
         mean = "geometric mean" if is_log(t["metric"]) else "mean"
-        lines.append(f"{t['variant']}: selected {_point_text(t['selected'])} by the {mean} of {t['metric']} {t['at']} over tuning seeds "
+        horizon = f" of {t['rounds']}-round runs" if t.get("rounds") else ""
+        lines.append(f"{t['variant']}: selected {_point_text(t['selected'])} by the {mean} of {t['metric']} {t['at']}{horizon} over tuning seeds "
                      f"{', '.join(map(str, t['seeds']))}; every point: {scores}")
     return lines
 
