@@ -77,6 +77,22 @@ def test_scores_without_the_gradient_skip_it():
     assert scores.grad_norm_sq is None and scores.loss == pytest.approx(np.log(3), rel=1e-12)  # uniform softmax: CE = log K
 
 
+def test_a_run_without_the_gradient_norm_leaves_only_that_column_empty(tmp_path):
+    """run.grad_norm = false: grad_norm_sq empty in every row, every other metric the same bits as with it."""
+    import fedshuffle as fs
+
+    config = {"problem": {"name": "mlp", "hidden": [4]}, "data": {"source": "synthetic", "samples": 120, "features": 5, "classes": 3, "partition": "iid", "clients": 4},
+              "local": {"lr": 0.1}, "sampler": {"name": "full"}, "run": {"rounds": 4, "eval_every": 2, "executor": "vectorized"}}
+    runs = {}
+    for flag in (True, False):
+        config["run"]["grad_norm"] = flag
+        runs[flag] = fs.experiment(config).run(tmp_path / str(flag), seeds=[0], progress=False).curves
+    with_norm, without = runs[True], runs[False]
+    assert with_norm["grad_norm_sq"].notna().all() and without["grad_norm_sq"].isna().all()
+    for column in ("loss", "train_accuracy", "round", "sample_gradients"):
+        assert with_norm[column].tolist() == without[column].tolist(), column
+
+
 # -- x* cached by the run's settings ------------------------------------------------------------------
 
 

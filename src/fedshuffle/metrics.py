@@ -84,8 +84,8 @@ class ModelScores:
     ``solution_key``, :func:`~fedshuffle.problems.solution.solution_key` of the run's settings, when given).
     """
 
-    def __init__(self, problem, data, solution_key: str | None = None) -> None:
-        self.problem, self.data = problem, data
+    def __init__(self, problem, data, solution_key: str | None = None, gradient: bool = True) -> None:
+        self.problem, self.data, self.gradient = problem, data, gradient
         self.sample_weights = data.sample_weights()
         solved = solution(problem, data, solution_key)
         self.x_star = solved[0].to(data.features.device, data.features.dtype) if solved else None
@@ -94,9 +94,9 @@ class ModelScores:
         self.test_weights = None if test is None else torch.full((test.shape[0],), 1.0 / test.shape[0], dtype=self.sample_weights.dtype, device=test.device)
 
     def __call__(self, params: torch.Tensor) -> dict[str, float | None]:
-        """One pass over the training data (f, ‖∇f‖², accuracy: :meth:`~fedshuffle.problems.Problem.scores`) and one
-        over the test data (mean loss, accuracy: the same with weights 1/n and no gradient)."""
-        train = self.problem.scores(params, self.data.features, self.data.labels, self.sample_weights)
+        """One pass over the training data (f, ‖∇f‖² unless ``gradient`` is off, accuracy: :meth:`~fedshuffle.problems.Problem.scores`)
+        and one over the test data (mean loss, accuracy: the same with weights 1/n and no gradient)."""
+        train = self.problem.scores(params, self.data.features, self.data.labels, self.sample_weights, gradient=self.gradient)
         out: dict[str, float | None] = {"loss": train.loss, "grad_norm_sq": train.grad_norm_sq}
         out["f_gap"] = train.loss - self.f_star if self.f_star is not None else None
         out["dist_sq"] = float((params - self.x_star).pow(2).sum()) if self.x_star is not None else None

@@ -322,7 +322,7 @@ def run_single(
 
     def build() -> Driver:
         sim, step_sizes = build_simulation(folder.spec, seed, str(folder.run_dir / "client_state"))
-        evaluator = metrics.ModelScores(sim.problem, sim.data, folder.solution_key)
+        evaluator = metrics.ModelScores(sim.problem, sim.data, folder.solution_key, gradient=spec.run.grad_norm)
         if adopt is not None:
             sim, evaluator = adopt(sim, evaluator)
         chosen = getattr(sim.executor, "chosen", None)

@@ -248,6 +248,7 @@ class RunConfig(_Section):
     seed: int = Field(0, ge=0)
     dtype: Literal["float64", "float32"] = "float64"
     eval_every: int = Field(10, ge=1)
+    grad_norm: bool = Field(True, description="score ‖∇f(x)‖² over the whole training set at each evaluation (a backward pass; about twice the forward's work); false leaves grad_norm_sq empty")
     executor: Literal["sequential", "vectorized", "threaded", "ray", "auto"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers; 'auto' picks the fastest for the problem and device")
     device: Literal["cpu", "cuda"] = "cpu"
     chunk_size: int | None = Field(None, ge=1, description="vectorized: clients per batched chunk (default: as many as fit in memory_budget_mb)")
