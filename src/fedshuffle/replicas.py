@@ -37,6 +37,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -217,8 +218,8 @@ class Gathering:
 
 
 class _GatheredExecutor:
-    """A replica's executor during a gathered step: local work through :class:`Gathering`, the rest its own (full local
-    gradients one call at a time: a module problem's bound copies are per thread, but its evaluations are not shared)."""
+    """A replica's executor during a gathered step: local work through :class:`Gathering`, the rest (full local
+    gradients) its own executor's, in the replica's thread."""
 
     def __init__(self, executor: Any, gathering: Gathering) -> None:
         self._executor, self._gathering = executor, gathering
@@ -235,35 +236,34 @@ class _GatheredExecutor:
         return getattr(self._executor, name)
 
 
-def step_replicas(sims: Sequence[Simulation], together: bool | None = None) -> tuple[list[RoundRecord | BaseException], bool]:
+def step_replicas(sims: Sequence[Simulation], together: bool | None = None, pool: ThreadPoolExecutor | None = None) -> tuple[list[RoundRecord | BaseException], bool]:
     """One round of every replica (its record, or the exception its step raised), and whether any of their local work
     ran as a shared executor call.
 
-    Where the replicas can be gathered (``together``, default :func:`batches`), their steps run at once, one thread
-    each, with every executor call through one :class:`Gathering`; else one after another, each as alone."""
+    Where the replicas can be gathered (``together``, default :func:`batches`), their steps run at once in the threads
+    of ``pool`` (kept by the group from round to round: a module problem binds a copy of its module per thread), with
+    every executor call through one :class:`Gathering`; else one after another, each as alone."""
     if len(sims) == 1 or not (batches(sims) if together is None else together):
         return [_outcome(sim.step) for sim in sims], False
     gathering = Gathering(len(sims))
-    outcomes: list[RoundRecord | BaseException | None] = [None] * len(sims)
 
-    def step(k: int) -> None:
-        sim = sims[k]
+    def step(sim: Simulation) -> RoundRecord | BaseException:
         executor = sim.executor
         sim.executor = gathered = gathering.executor(executor)
         try:
-            outcomes[k] = _outcome(sim.step)
+            outcome = _outcome(sim.step)
         finally:
             sim.executor = executor
             gathering.finished()
-        if isinstance(outcomes[k], RoundRecord) and len(outcomes[k].cohort):  # the round's compute time without the waits
-            sim.counters.worker_compute_seconds -= gathered.waited / len(outcomes[k].cohort)
+        if isinstance(outcome, RoundRecord) and len(outcome.cohort):  # the round's compute time without the waits
+            sim.counters.worker_compute_seconds -= gathered.waited / len(outcome.cohort)
+        return outcome
 
-    threads = [threading.Thread(target=step, args=(k,), name=f"fedshuffle-replica-step-{k}") for k in range(1, len(sims))]
-    for thread in threads:
-        thread.start()
-    step(0)
-    for thread in threads:
-        thread.join()
+    if pool is None:
+        with ThreadPoolExecutor(len(sims), thread_name_prefix="fedshuffle-replica-step") as own:
+            outcomes = list(own.map(step, sims))
+    else:
+        outcomes = list(pool.map(step, sims))
     return outcomes, gathering.shared > 0
 
 
@@ -289,6 +289,7 @@ class ReplicaGroup:
         self._threads_set = False
         self._batches: dict[frozenset[int], bool] = {}
         self._evaluating = threading.BoundedSemaphore(os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(members, thread_name_prefix="fedshuffle-replica-step") if members > 1 else None  # the gathered steps' threads
         #: the group's steps, those that ran the replicas' local work as one executor call, the most replicas in one
         self.steps, self.batched, self.widest = 0, 0, 0
 
@@ -315,6 +316,8 @@ class ReplicaGroup:
         with self._ready:
             self._members -= 1
             self._advance()
+            if self._members == 0 and self._pool is not None:
+                self._pool.shutdown()
 
     def step(self, sim: Simulation) -> RoundRecord:
         key = id(sim)
@@ -339,7 +342,7 @@ class ReplicaGroup:
             together = self._batches.get(frozenset(keys))
             if together is None:  # the same replicas batch alike at every step: asked once per set of replicas
                 together = self._batches[frozenset(keys)] = len(sims) > 1 and batches(sims)
-            outcomes, together = step_replicas(sims, together)
+            outcomes, together = step_replicas(sims, together, self._pool)
         except BaseException as exc:  # every waiting replica's run fails with it
             outcomes, together = [exc] * len(sims), False
         self.steps, self.batched, self.widest = self.steps + 1, self.batched + together, max(self.widest, len(sims))
