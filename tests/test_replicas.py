@@ -211,11 +211,16 @@ executor = "vectorized"
 STATEFUL = [({"eta": 10.0, "alpha": 1.0}, 0), ({"eta": 10.0, "alpha": 1.5}, 0), ({"eta": 10.0, "alpha": 1.0}, 1), ({"eta": 100.0, "alpha": 1.0}, 0)]
 
 
-@pytest.mark.parametrize("method", ["fedcdr", "scaffold"])
-def test_stateful_replicas_share_executor_calls_and_write_the_folders_of_their_runs_alone(tmp_path, method):
+@pytest.mark.parametrize("method, cap", [("fedcdr", None), ("scaffold", None), ("fedcdr", 1)])
+def test_stateful_replicas_share_executor_calls_and_write_the_folders_of_their_runs_alone(tmp_path, monkeypatch, method, cap):
     """Methods with their own client halves and client state batch too: every replica's client half runs at once and
     their executor calls are gathered. FedCDR's α grid and seeds share one loop (an MLP computes each row on its own,
-    so members of unequal step counts need not step in pairs); η = 100 is another prox μ, so its work runs apart."""
+    so members of unequal step counts need not step in pairs); η = 100 is another prox μ, so its work runs apart. With a
+    cap below one call's models (replicas.SHARED_ELEMENTS: large models run faster apart) nothing is shared; same bytes."""
+    if cap is not None:
+        import fedshuffle.replicas as replicas
+
+        monkeypatch.setattr(replicas, "SHARED_ELEMENTS", cap)
     path = tmp_path / f"{method}.toml"
     path.write_text(FEDCDR.format(method=method))
     base = load_experiment(path).runs()[0][1]
@@ -227,7 +232,7 @@ def test_stateful_replicas_share_executor_calls_and_write_the_folders_of_their_r
     assert len({replica_key(spec) for spec, _, _ in runs}) == 1
     outcomes, group = run_as_replicas(runs)
     assert [o.status for o in outcomes] == ["complete"] * len(runs)
-    assert group.steps == group.batched == 6 and group.widest == len(runs)
+    assert group.steps == 6 and group.batched == (0 if cap else 6) and group.widest == len(runs)
     for spec, seed, folder in runs:
         with sharing_builds():
             run_single(spec, tmp_path / "alone" / folder.name, seed)

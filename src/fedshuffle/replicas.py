@@ -134,12 +134,35 @@ class _Call:
         return id(self.problem), chain, self.work.center is None, self.work.offset is None
 
 
+#: the most stacked model elements (members × d) one shared call holds: past it a local step's working set leaves the
+#: caches and one wide call is slower than its parts (benchmarks/sweep.py, 2NN MNIST: 18 replicas of 10 members ×
+#: 199k parameters shared 1.2× slower than the runs made separately), while small models gain from sharing the
+#: dispatch of each step (FedCDR's 60-32-10 MLP: 3 seeds of 25 members in 28.7 against 46.3 s)
+SHARED_ELEMENTS = 1 << 21
+
+
+def _within_caches(calls: list[_Call]) -> list[list[_Call]]:
+    """``calls`` cut, in order, into runs of at most :data:`SHARED_ELEMENTS` stacked model elements (a call larger than
+    that alone)."""
+    parts: list[list[_Call]] = []
+    size = 0
+    for call in calls:
+        elements = len(call.work) * call.work.start.shape[-1]
+        if not parts or size + elements > SHARED_ELEMENTS:
+            parts.append([])
+            size = 0
+        parts[-1].append(call)
+        size += elements
+    return parts
+
+
 class Gathering:
     """The executor calls of replicas stepping at once, one thread each.
 
     A call of :meth:`run` waits until every replica still stepping waits in one or has finished its step
     (:meth:`finished`); then the waiting calls run: those whose step chains agree (same transforms and settings,
-    the same presence of centers and offsets) as ONE call of the first one's executor on all their members, each
+    the same presence of centers and offsets) as ONE call of the first one's executor on all their members (up to
+    :data:`SHARED_ELEMENTS` stacked model elements a call), each
     replica's ``weights`` sum added up afterwards in its own run's order; a call that cannot share (a chain with its
     own tensors, a member who would step alone, :func:`same_rows_in_any_chunk`) runs as alone. Calls run one at a
     time, in the order they arrived within each gathering, so a replica's numbers never depend on the others."""
@@ -179,7 +202,7 @@ class Gathering:
         for call in calls:
             key = call.key()
             groups.setdefault(("alone", id(call)) if key is None else key, []).append(call)
-        for group in groups.values():
+        for group in (part for alike in groups.values() for part in _within_caches(alike)):
             try:
                 self._run_group(group)
             except BaseException as exc:  # every call of the group fails with it
