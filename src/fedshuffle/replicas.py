@@ -313,7 +313,7 @@ class ReplicaGroup:
         self._batches: dict[frozenset[int], bool] = {}
         self._evaluating = threading.BoundedSemaphore(os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(members, thread_name_prefix="fedshuffle-replica-step") if members > 1 else None  # the gathered steps' threads
-        #: the group's steps, those that ran the replicas' local work as one executor call, the most replicas in one
+        #: the group's steps, those in which two replicas or more shared an executor call, the most replicas in one step
         self.steps, self.batched, self.widest = 0, 0, 0
 
     def join(self, sim: Simulation, evaluator: Callable[[torch.Tensor], Any]) -> tuple[Replica, Callable[[torch.Tensor], Any]]:
@@ -429,7 +429,8 @@ BATCHED_EXECUTORS = ("vectorized", "threaded", "auto")
 def replica_key(spec: Any) -> str | None:
     """What runs of one group share: the resolved spec without its step sizes (:data:`STEP_SIZE_FIELDS`) and, where
     the data split has its own seed (``data.seed``), without the run's seed. None for a run that cannot be a replica
-    (a method with its own halves or client state, an executor not in :data:`BATCHED_EXECUTORS`)."""
+    (an executor not in :data:`BATCHED_EXECUTORS`); methods with their own halves and client state are replicas too,
+    their executor calls gathered (:class:`Gathering`)."""
     if spec.run.executor not in BATCHED_EXECUTORS:
         return None
     dumped = spec.model_dump()

@@ -12,7 +12,6 @@ to hold, :class:`LazyFederatedDataset` generates a client's rows when it takes p
 from __future__ import annotations
 
 import threading
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
