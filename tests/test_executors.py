@@ -158,11 +158,11 @@ def test_auto_picks_by_problem_and_device():
         make_executor("gpu")
 
 
-@pytest.mark.parametrize("problem_name", ["quadratic", "logistic", "softmax"])
+@pytest.mark.parametrize("problem_name", ["quadratic", "logistic", "softmax", "mlp"])
 def test_compiled_backend_gives_the_reference_trajectory(problem_name):
     """The numba backend of the local loop (fedshuffle.local.fused) against the sequential torch reference, fp64,
     1e-10: every step transform (clip, weight decay, local momentum; prox; SCAFFOLD's offset with FedShuffleMVR's
-    corrected drift) on each linear problem."""
+    corrected drift) on each linear problem, and the MLP (two hidden layers, λ > 0) with FedCDR's prox and SCAFFOLD."""
     pytest.importorskip("numba")
     from fedshuffle import Quadratic, SoftmaxRegression
     from fedshuffle.local import fused
@@ -171,12 +171,43 @@ def test_compiled_backend_gives_the_reference_trajectory(problem_name):
         "quadratic": (Quadratic(4), dataset()),
         "logistic": (LogisticRegression(4, 1e-2), dataset()),
         "softmax": (SoftmaxRegression(4, 3, 1e-2), dataset(classes=3)),
+        "mlp": (MLP(4, [5, 3], 3, 1e-2), dataset(classes=3)),
     }[problem_name]
     assert fused.problem_code(problem) is not None
-    cases = {"quadratic": ("fedavg_rr", "fednova"), "logistic": ("fedavg", "scaffold+mvr+adam"), "softmax": ("scaffold+mvr+adam",)}[problem_name]
+    cases = {"quadratic": ("fedavg_rr", "fednova"), "logistic": ("fedavg", "scaffold+mvr+adam"), "softmax": ("scaffold+mvr+adam",),
+             "mlp": ("fedcdr", "scaffold+mvr+adam", "fedavg_rr")}[problem_name]
     for case in cases:  # local momentum, prox; clip and weight decay, offset and corrected drift; softmax with the most
         reference = trajectory(case, SequentialExecutor(), problem, data)
         assert_close(trajectory(case, VectorizedExecutor(), problem, data), reference)
+
+
+def test_compiled_backend_runs_a_small_float32_mlp_and_leaves_larger_ones_to_torch():
+    """FedCDR's 60-32-10 MLP in float32: the compiled loop's updates equal the torch loop's to float32 rounding (1e-5
+    relative after 40 steps of SGD with a prox term); a step over fused.MLP_STEP_LIMIT (Yang et al.'s 2NN at batch 50)
+    stays on the torch loop, and so does a stochastic or float16 run."""
+    pytest.importorskip("numba")
+    from fedshuffle.local import fused
+    from fedshuffle.local.loop import LocalWork, run_local
+    from fedshuffle.local.plan import ClientPlan
+    from fedshuffle.local.steps import Prox, StepChain
+
+    rng = np.random.default_rng(1)
+    problem = MLP(60, [32], 10)
+    x, y = torch.from_numpy(rng.standard_normal((300, 60)).astype(np.float32)), torch.from_numpy(rng.integers(0, 10, 300))
+    plans = [ClientPlan(c, rng.integers(0, 300, (steps, 10)), 0.05, steps, float(steps)) for c, steps in enumerate((40, 7, 23))]
+    plans[1].batches[-1, 4:] = -1  # a short last batch
+    start = problem.init_params(torch.Generator().manual_seed(0), torch.float32).expand(3, -1).contiguous()
+    work = LocalWork(plans, start, StepChain([Prox(0.1)]), center=start + 0.01)
+    assert fused.usable(problem, x, work)
+    torch_deltas, compiled_deltas = run_local(problem, x, y, work), run_local(problem, x, y, work, compiled=True)
+    assert compiled_deltas.dtype == torch.float32
+    assert not torch.equal(torch_deltas, compiled_deltas)  # the compiled loop did run: its rounding differs
+    assert_relative_close(compiled_deltas, torch_deltas, 1e-5)
+    wide = MLP(784, [200, 200], 10)
+    wide_plans = [ClientPlan(0, np.zeros((2, 50), dtype=np.int64), 0.1, 2, 2.0)]
+    wide_work = LocalWork(wide_plans, torch.zeros(wide.dim))
+    assert wide.dim * 50 > fused.MLP_STEP_LIMIT and not fused.usable(wide, torch.zeros(1, 784), wide_work)
+    assert not fused.usable(problem, x.half(), LocalWork(plans, start.half()))
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fednova_rr", "fedshuffle", "generalized_fedavg"])

@@ -1,10 +1,17 @@
-"""The compiled backend of the local loop: a whole cohort's local work in one numba call, for the linear problems.
+"""The compiled backend of the local loop: a whole cohort's local work in one numba call, for the linear problems
+and small MLPs.
 
 On a convex problem a batch-1 local step is a few hundred flops; in the torch loop
 (:func:`fedshuffle.local.loop.run_local`) each step also pays tens of microseconds of operator
 dispatch. This backend runs the same arithmetic — the same plans, the same closed-form minibatch
-gradients (quadratic, logistic and softmax regression) and the same step chain — as one compiled
-loop over clients and steps, with no Python or dispatch per step (``benchmarks/convex.py``).
+gradients (quadratic, logistic and softmax regression, the MLP's backpropagation written out) and the
+same step chain — as one compiled loop over clients and steps, with no Python or dispatch per step
+(``benchmarks/convex.py``, ``benchmarks/fedcdr.py``).
+
+The MLP runs here only while one member's step is small (at most :data:`MLP_STEP_LIMIT` parameters ×
+batch rows, e.g. FedCDR's 60-32-10 network at batch 10): the torch loop pays about 0.3 ms of dispatch per
+step, shared by the members still working, which this backend saves; a larger network's step is
+arithmetic that batched matmuls do better (the 2NN of Yang et al. stays on the torch loop).
 
 The step chain is compiled as a list of (op, value) pairs, each the formula of one transform of
 :mod:`fedshuffle.local.steps`, applied in the chain's order to the step's gradient g (and to g_x, the
@@ -15,8 +22,9 @@ gradient at the center, when FedShuffleMVR's correction asks for it):
     offset      g ← g + o_i                          momentum      v ← ρv + g, g ← v
 
 then y ← y − η_i·g. The backend is used when numba is installed (``pip install 'fedshuffle[fast]'``),
-the run is float64 on the CPU and every transform is one of these; otherwise the torch loop runs.
-It gives the torch loop's trajectory up to floating-point reassociation (``tests/test_executors.py``).
+the run is on the CPU (float64; the MLP float32 too, its arrays kept in the run's dtype) and every
+transform is one of these; otherwise the torch loop runs. It gives the torch loop's trajectory up to
+floating-point reassociation (``tests/test_executors.py``).
 """
 
 from __future__ import annotations
@@ -26,24 +34,30 @@ import torch
 
 from fedshuffle.local.steps import Clip, Drift, Momentum, Offset, Prox, StepChain, WeightDecay
 from fedshuffle.problems.convex import LogisticRegression, Quadratic, SoftmaxRegression
+from fedshuffle.problems.networks import MLP
 
 try:
     import numba
 except ImportError:  # the optional dependency: without it the torch loop runs
     numba = None
 
-QUADRATIC, LOGISTIC, SOFTMAX = 0, 1, 2
+QUADRATIC, LOGISTIC, SOFTMAX, MULTILAYER = 0, 1, 2, 3
+#: the largest MLP step (parameters × minibatch rows) run here; measured in benchmarks/fedcdr.py
+MLP_STEP_LIMIT = 1 << 17
 CLIP, DECAY, DRIFT, DRIFT_CORRECTED, PROX, OFFSET, MOMENTUM = range(7)
 
 
-def problem_code(problem) -> tuple[int, float, int] | None:
-    """(kind, λ, classes) of a problem the backend computes, or None."""
+def problem_code(problem) -> tuple[int, float, np.ndarray] | None:
+    """(kind, λ, widths) of a problem the backend computes, or None; ``widths`` is [classes] for softmax regression,
+    the layer widths [p, h_1, …, K] for the MLP, empty otherwise."""
     if type(problem) is Quadratic:
-        return QUADRATIC, 0.0, 0
+        return QUADRATIC, 0.0, np.zeros(0, dtype=np.int64)
     if type(problem) is LogisticRegression:
-        return LOGISTIC, float(problem.l2), 0
+        return LOGISTIC, float(problem.l2), np.zeros(0, dtype=np.int64)
     if type(problem) is SoftmaxRegression:
-        return SOFTMAX, float(problem.l2), int(problem.num_classes)
+        return SOFTMAX, float(problem.l2), np.array([problem.num_classes], dtype=np.int64)
+    if type(problem) is MLP:
+        return MULTILAYER, float(problem.l2), np.array(problem.widths, dtype=np.int64)
     return None
 
 
@@ -72,18 +86,23 @@ def chain_code(chain: StepChain, dim: int) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def usable(problem, features: torch.Tensor, work) -> bool:
-    """Whether this backend can run ``work`` (numba installed, float64 on the CPU, a known problem and chain)."""
-    start = work.start
-    return (
-        numba is not None and start.device.type == "cpu" and start.dtype == torch.float64 and features.dtype == torch.float64
-        and features.dim() == 2 and not problem.stochastic and problem_code(problem) is not None and chain_code(work.chain, start.shape[-1]) is not None
-    )
+    """Whether this backend can run ``work``: numba installed, the CPU, a known problem and chain, float64 (a small MLP:
+    float32 too, one step at most :data:`MLP_STEP_LIMIT` parameters × rows)."""
+    start, code = work.start, problem_code(problem)
+    if numba is None or code is None or start.device.type != "cpu" or features.dtype != start.dtype or problem.stochastic:
+        return False
+    if code[0] == MULTILAYER:
+        batch = max(p.batches.shape[1] for p in work.plans)
+        fits = start.dtype in (torch.float32, torch.float64) and start.shape[-1] * batch <= MLP_STEP_LIMIT
+    else:
+        fits = start.dtype == torch.float64 and features.dim() == 2
+    return fits and chain_code(work.chain, start.shape[-1]) is not None
 
 
 def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Tensor:
     """Δ_i = s_i − y_{τ_i} of every member (``(C, d)``, the order of ``work.plans``), computed by the compiled loop."""
     plans = work.plans
-    kind, l2, classes = problem_code(problem)
+    kind, l2, widths = problem_code(problem)
     ops, values, momentum = chain_code(work.chain, work.start.shape[-1])
     shapes = [p.batches.shape for p in plans]
     steps = np.array([s[0] for s in shapes], dtype=np.int64)
@@ -93,24 +112,32 @@ def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Te
         rows[c, :tau, :width] = plan.batches
     starts = work.rows("start").detach().cpu().numpy()
     centers = starts if work.center is None else np.ascontiguousarray(work.rows("center").detach().cpu().numpy())
-    offsets = np.zeros((1, starts.shape[1])) if work.offset is None else np.ascontiguousarray(work.rows("offset").detach().cpu().numpy())
+    offsets = np.zeros((1, starts.shape[1]), dtype=starts.dtype) if work.offset is None else np.ascontiguousarray(work.rows("offset").detach().cpu().numpy())
     lrs = np.array([p.lr for p in plans], dtype=np.float64)
-    x = features.detach().cpu().numpy()
+    x = features.detach().cpu().numpy().reshape(features.shape[0], -1)
     lab = labels.detach().cpu().numpy()
-    float_labels = lab.astype(np.float64) if kind != SOFTMAX else np.zeros(1)
-    int_labels = lab.astype(np.int64) if kind == SOFTMAX else np.zeros(1, dtype=np.int64)
-    ys = np.array(starts, dtype=np.float64, order="C")
-    _loop(kind, l2, classes, ys, np.ascontiguousarray(centers), offsets, work.offset is not None, np.ascontiguousarray(x), float_labels, int_labels, rows, steps, lrs, ops, values, momentum)
+    integer = kind in (SOFTMAX, MULTILAYER)
+    float_labels = np.zeros(1) if integer else lab.astype(np.float64)
+    int_labels = lab.astype(np.int64) if integer else np.zeros(1, dtype=np.int64)
+    ys = np.array(starts, order="C")
+    shape = (len(widths) + 2, batch * int(widths.max())) if kind == MULTILAYER else (1, max(int(widths.sum()), 1))
+    scratch = np.empty(shape, dtype=ys.dtype)
+    _loop(
+        kind, l2, widths, ys, np.ascontiguousarray(centers), offsets, work.offset is not None, np.ascontiguousarray(x),
+        float_labels, int_labels, rows, steps, lrs, ops, values, momentum, scratch,
+    )
     return work.rows("start") - torch.from_numpy(ys).to(work.start.device)
 
 
-def _jit(function):
+def _jit(function=None, **options):
     """Compiled with numba (cached on disk) when it is installed; the plain function otherwise (never called then)."""
-    return numba.njit(cache=True)(function) if numba is not None else function
+    if function is None:
+        return lambda f: _jit(f, **options)
+    return numba.njit(cache=True, **options)(function) if numba is not None else function
 
 
 @_jit
-def _gradient(kind, l2, classes, y, x, float_labels, int_labels, rows, g, scores):
+def _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows, g, scratch):
     """g = Σ_b v_b ∇f(y; a_b) over the real rows of one minibatch, v_b = 1/n (the torch problems' closed forms)."""
     d = y.shape[0]
     n = 0
@@ -137,41 +164,113 @@ def _gradient(kind, l2, classes, y, x, float_labels, int_labels, rows, g, scores
                 coef = b * w / (1.0 + np.exp(b * margin))
                 for j in range(d):
                     g[j] -= coef * x[r, j]
-        if l2 != 0.0:
-            for j in range(d):
-                g[j] += (w * n) * l2 * y[j]
-        return
-    # softmax: parameters (W (p×K) row-major, c (K)); ∂/∂W = Σ v_b a_b(s_b − e_{y_b})ᵀ + λ(Σv)W, ∂/∂c = Σ v_b(s_b − e_{y_b})
-    k = classes
-    p = x.shape[1]
-    for r in rows:
-        if r >= 0:
-            top = -np.inf
-            for m in range(k):
-                s = y[p * k + m]
-                for j in range(p):
-                    s += x[r, j] * y[j * k + m]
-                scores[m] = s
-                top = max(top, s)
-            total = 0.0
-            for m in range(k):
-                scores[m] = np.exp(scores[m] - top)
-                total += scores[m]
-            for m in range(k):
-                scores[m] = w * (scores[m] / total - (1.0 if m == int_labels[r] else 0.0))
-                g[p * k + m] += scores[m]
-            for j in range(p):
+    elif kind == 2:  # softmax: (W (p×K) row-major, c (K)); ∂/∂W = Σ v_b a_b(s_b − e_{y_b})ᵀ + λ(Σv)W, ∂/∂c = Σ v_b(s_b − e_{y_b})
+        k = widths[0]
+        p = x.shape[1]
+        scores = scratch[0]
+        for r in rows:
+            if r >= 0:
+                top = -np.inf
                 for m in range(k):
-                    g[j * k + m] += x[r, j] * scores[m]
+                    s = y[p * k + m]
+                    for j in range(p):
+                        s += x[r, j] * y[j * k + m]
+                    scores[m] = s
+                    top = max(top, s)
+                total = 0.0
+                for m in range(k):
+                    scores[m] = np.exp(scores[m] - top)
+                    total += scores[m]
+                for m in range(k):
+                    scores[m] = w * (scores[m] / total - (1.0 if m == int_labels[r] else 0.0))
+                    g[p * k + m] += scores[m]
+                for j in range(p):
+                    for m in range(k):
+                        g[j * k + m] += x[r, j] * scores[m]
+        d = p * k
+    else:
+        _mlp_gradient(widths, w, y, x, int_labels, rows, g, scratch)
     if l2 != 0.0:
-        for j in range(p * k):
+        for j in range(d):
             g[j] += (w * n) * l2 * y[j]
 
 
+@_jit(fastmath=True)
+def _mlp_gradient(widths, w, y, x, int_labels, rows, g, scratch):
+    """The MLP's Σ_b v_b ∇CE(y; a_b) (as :meth:`MLP.batched_gradient`): h_{k+1} = relu(h_k W_k + c_k), logits h_L W_L + c_L;
+    δ = v ⊙ (softmax − onehot), ∂W_k = h_kᵀδ, ∂c_k = Σ_b δ_b, δ ← (δ W_kᵀ) ⊙ [h_k > 0]. W_k is (in × out) row-major, then c_k,
+    layer after layer in the flat vector. ``scratch`` (L + 3, B · max width): row k holds layer k's activations h_k
+    (B × width, the real rows only), the last two δ and its back-propagated successor."""
+    layers = widths.shape[0] - 1
+    m = 0
+    inputs = scratch[0, : rows.shape[0] * widths[0]].reshape(rows.shape[0], widths[0])
+    for r in rows:  # h_0: the real rows' features
+        if r >= 0:
+            inputs[m] = x[r]
+            m += 1
+    par = 0
+    for k in range(layers):  # forward
+        fan_in, fan_out = widths[k], widths[k + 1]
+        weights, bias = y[par : par + fan_in * fan_out].reshape(fan_in, fan_out), y[par + fan_in * fan_out : par + fan_in * fan_out + fan_out]
+        h, z = scratch[k, : m * fan_in].reshape(m, fan_in), scratch[k + 1, : m * fan_out].reshape(m, fan_out)
+        for b in range(m):
+            for o in range(fan_out):
+                z[b, o] = bias[o]
+            for i in range(fan_in):
+                a = h[b, i]
+                if a != 0.0:
+                    for o in range(fan_out):
+                        z[b, o] += a * weights[i, o]
+            if k < layers - 1:
+                for o in range(fan_out):
+                    z[b, o] = max(z[b, o], 0.0)
+        par += fan_in * fan_out + fan_out
+    classes = widths[layers]
+    logits = scratch[layers, : m * classes].reshape(m, classes)
+    delta, back = layers + 1, layers + 2
+    d = scratch[delta, : m * classes].reshape(m, classes)
+    b = 0
+    for r in rows:  # δ = v ⊙ (softmax(logits) − e_y)
+        if r >= 0:
+            peak = logits[b].max()
+            total = 0.0
+            for o in range(classes):
+                d[b, o] = np.exp(logits[b, o] - peak)
+                total += d[b, o]
+            for o in range(classes):
+                d[b, o] = w * d[b, o] / total
+            d[b, int_labels[r]] -= w
+            b += 1
+    for k in range(layers - 1, -1, -1):  # backward
+        fan_in, fan_out = widths[k], widths[k + 1]
+        par -= fan_in * fan_out + fan_out
+        weights = y[par : par + fan_in * fan_out].reshape(fan_in, fan_out)
+        grad_weights, grad_bias = g[par : par + fan_in * fan_out].reshape(fan_in, fan_out), g[par + fan_in * fan_out : par + fan_in * fan_out + fan_out]
+        h, d = scratch[k, : m * fan_in].reshape(m, fan_in), scratch[delta, : m * fan_out].reshape(m, fan_out)
+        for b in range(m):
+            for o in range(fan_out):
+                grad_bias[o] += d[b, o]
+            for i in range(fan_in):
+                a = h[b, i]
+                if a != 0.0:
+                    for o in range(fan_out):
+                        grad_weights[i, o] += a * d[b, o]
+        if k:
+            previous = scratch[back, : m * fan_in].reshape(m, fan_in)
+            for b in range(m):
+                for i in range(fan_in):
+                    s = 0.0
+                    if h[b, i] > 0.0:
+                        for o in range(fan_out):
+                            s += d[b, o] * weights[i, o]
+                    previous[b, i] = s
+            delta, back = back, delta
+
+
 @_jit
-def _loop(kind, l2, classes, ys, centers, offsets, has_offset, x, float_labels, int_labels, rows, steps, lrs, ops, values, momentum):
+def _loop(kind, l2, widths, ys, centers, offsets, has_offset, x, float_labels, int_labels, rows, steps, lrs, ops, values, momentum, scratch):
     members, d = ys.shape
-    g, gx, velocity, scores = np.empty(d), np.empty(d), np.empty(d), np.empty(max(classes, 1))
+    g, gx, velocity = np.empty_like(ys[0]), np.empty_like(ys[0]), np.empty_like(ys[0])
     corrected = False
     for o in ops:
         corrected = corrected or o == 3
@@ -179,9 +278,9 @@ def _loop(kind, l2, classes, ys, centers, offsets, has_offset, x, float_labels, 
         y, center = ys[c], centers[c]
         velocity[:] = 0.0
         for t in range(steps[c]):
-            _gradient(kind, l2, classes, y, x, float_labels, int_labels, rows[c, t], g, scores)
+            _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows[c, t], g, scratch)
             if corrected:
-                _gradient(kind, l2, classes, center, x, float_labels, int_labels, rows[c, t], gx, scores)
+                _gradient(kind, l2, widths, center, x, float_labels, int_labels, rows[c, t], gx, scratch)
             for o in range(ops.shape[0]):
                 op, value = ops[o], values[o]
                 if op == 0:  # clip, g and g_x each by its own norm
@@ -198,11 +297,14 @@ def _loop(kind, l2, classes, ys, centers, offsets, has_offset, x, float_labels, 
                 elif op == 3:  # drift with FedShuffleMVR's correction
                     g += (1 - value) * (momentum - gx)
                 elif op == 4:  # prox
-                    g += value * (y - center)
+                    for j in range(d):
+                        g[j] += value * (y[j] - center[j])
                 elif op == 5:  # offset
                     if has_offset:
                         g += offsets[c]
                 else:  # local heavy-ball momentum
                     velocity[:] = value * velocity + g
                     g[:] = velocity
-            y -= lrs[c] * g
+            lr = lrs[c]
+            for j in range(d):
+                y[j] -= lr * g[j]
