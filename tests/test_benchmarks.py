@@ -62,3 +62,15 @@ def test_flower_rounds_benchmark_times_fedshuffle_run():
     case = result["cases"]["fedshuffle-run"]
     assert "error" not in case, case.get("error")
     assert case["rounds"] == 2 and 0 < case["min_s"] <= case["median_s"] <= case["max_s"] < case["wall_s"]
+
+
+def test_mlp_loop_benchmark_times_both_loops_for_every_shape():
+    """Each MLP shape's round is timed on the torch loop and the compiled one, plain SGD and with a prox term; the
+    backend's own rule sends FedCDR's small network to the compiled loop and the 2NN to the torch loop."""
+    pytest.importorskip("numba")
+    result = smoke("benchmarks.mlp_loop")
+    assert set(result["cases"]) == {"fedcdr-synthetic", "fedcdr-femnist", "2nn"}
+    for name, case in result["cases"].items():
+        for chain in ("sgd", "prox"):
+            assert case[chain]["torch_s"] > 0 and case[chain]["compiled_s"] > 0, name
+    assert result["cases"]["fedcdr-synthetic"]["chosen"] == "compiled" and result["cases"]["2nn"]["chosen"] == "torch"

@@ -6,7 +6,7 @@ On a convex problem a batch-1 local step is a few hundred flops; in the torch lo
 dispatch. This backend runs the same arithmetic — the same plans, the same closed-form minibatch
 gradients (quadratic, logistic and softmax regression, the MLP's backpropagation written out) and the
 same step chain — as one compiled loop over clients and steps, with no Python or dispatch per step
-(``benchmarks/convex.py``, ``benchmarks/fedcdr.py``).
+(``benchmarks/convex.py``, ``benchmarks/mlp_loop.py``).
 
 The MLP runs here only while one member's step is small (at most :data:`MLP_STEP_LIMIT` parameters ×
 batch rows, e.g. FedCDR's 60-32-10 network at batch 10): the torch loop pays about 0.3 ms of dispatch per
@@ -42,7 +42,7 @@ except ImportError:  # the optional dependency: without it the torch loop runs
     numba = None
 
 QUADRATIC, LOGISTIC, SOFTMAX, MULTILAYER = 0, 1, 2, 3
-#: the largest MLP step (parameters × minibatch rows) run here; measured in benchmarks/fedcdr.py
+#: the largest MLP step (parameters × minibatch rows) run here; measured in benchmarks/mlp_loop.py
 MLP_STEP_LIMIT = 1 << 17
 CLIP, DECAY, DRIFT, DRIFT_CORRECTED, PROX, OFFSET, MOMENTUM = range(7)
 
