@@ -177,21 +177,31 @@ def test_the_inspector_refuses_stateful_methods_instead_of_misreporting():
             inspect_objective(build_flat(name, {"lr": 0.1}), Cyclic(3, 1), np.array([1, 2, 3]), np.ones(3) / 3)
 
 
-def unequal_logistic(sizes=(5, 9, 3, 7, 6, 4), dim=4, seed=2):
-    """Six clients of unequal sizes with client-shifted features; labels ±1 from one plane."""
+def unequal_logistic(sizes=(5, 9, 3, 7, 6, 4), dim=4, seed=2, test_sizes=None):
+    """Six clients of unequal sizes with client-shifted features; labels ±1 from one plane. ``test_sizes``: each client's own
+    test samples, drawn as its training ones (contiguous blocks of the test set)."""
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(sum(sizes), dim)) + np.repeat(rng.normal(size=(len(sizes), dim)), sizes, axis=0)
-    y = np.sign(x @ rng.normal(size=dim) + 0.3 * rng.normal(size=len(x)))
-    return LogisticRegression(dim, 1e-2), FederatedDataset(torch.tensor(x), torch.tensor(y), contiguous_partition(list(sizes)), objective_weights(np.array(sizes), "uniform"))
+    shift, plane = rng.normal(size=(len(sizes), dim)), rng.normal(size=dim)
+
+    def draw(counts):
+        x = rng.normal(size=(sum(counts), dim)) + np.repeat(shift, counts, axis=0)
+        return torch.tensor(x), torch.tensor(np.sign(x @ plane + 0.3 * rng.normal(size=len(x))))
+
+    x, y = draw(sizes)
+    test = draw(test_sizes) if test_sizes is not None else (None, None)
+    data = FederatedDataset(x, y, contiguous_partition(list(sizes)), objective_weights(np.array(sizes), "uniform"), *test, test_client_sizes=test_sizes)
+    return LogisticRegression(dim, 1e-2), data
 
 
 @pytest.mark.parametrize("method", ["fedcdr", "feddyn"])
 def test_local_model_metrics_equal_the_weighted_losses_of_the_stored_client_models(method):
     """local_loss = Σ (|D_i|/|D|) f_i(x_i) and local_loss_uniform = (1/n)Σ f_i(x_i) over the stored rows, a client
-    not yet seen at x⁰; the accuracies likewise. After 2 rounds of 2 clients of 6, two clients are still unseen."""
+    not yet seen at x⁰; the accuracies likewise, and on each client's own test samples (one client has none).
+    After 2 rounds of 2 clients of 6, two clients are still unseen."""
     from fedshuffle.metrics import local_model_scores
 
-    problem, data = unequal_logistic()
+    test_sizes = np.array([2, 0, 3, 1, 2, 4])
+    problem, data = unequal_logistic(test_sizes=test_sizes)
     settings = {"lr": 0.1, "eta": 0.5, "prox_solver": "lbfgs"} if method == "fedcdr" else {"lr": 0.1, "alpha": 0.1}
     sampler = Cyclic(6, 2) if method == "fedcdr" else UniformWithoutReplacement(6, 2)
     sim = Simulation(problem, data, build_flat(method, settings), sampler, seed=4)
@@ -201,13 +211,22 @@ def test_local_model_metrics_equal_the_weighted_losses_of_the_stored_client_mode
     assert sim.store.created.sum() == 4
     field = "x" if method == "fedcdr" else "model"
     sizes = np.asarray(data.sizes, dtype=float)
-    losses, accuracies = [], []
+    losses, accuracies, test_losses, test_hits = [], [], [], []
+    test_start = np.concatenate([[0], np.cumsum(test_sizes)])
     for i, ix in enumerate(data.client_indices):
         own = sim.store.get(field, np.array([i]))[0].double() if sim.store.created[i] else x0
         z = data.labels[ix] * (data.features[ix] @ own)
         losses.append(float(torch.nn.functional.softplus(-z).mean() + 0.5 * 1e-2 * own.pow(2).sum()))
         accuracies.append(float((z > 0).double().mean()))
+        held = slice(test_start[i], test_start[i + 1])
+        z_test = data.test_labels[held] * (data.test_features[held] @ own)
+        test_losses.append(float((torch.nn.functional.softplus(-z_test) + 0.5 * 1e-2 * own.pow(2).sum()).sum()))
+        test_hits.append(float((z_test > 0).double().sum()))
     scores = local_model_scores(sim)
+    has_test = test_sizes > 0
+    assert scores["local_test_loss"] == pytest.approx(sum(test_losses) / test_sizes.sum(), rel=1e-12)
+    assert scores["local_test_accuracy"] == pytest.approx(sum(test_hits) / test_sizes.sum(), rel=1e-12)
+    assert scores["local_test_accuracy_uniform"] == pytest.approx(np.mean(np.array(test_hits)[has_test] / test_sizes[has_test]), rel=1e-12)
     assert scores["local_loss"] == pytest.approx(sizes @ np.array(losses) / sizes.sum(), rel=1e-12)
     assert scores["local_loss_uniform"] == pytest.approx(np.mean(losses), rel=1e-12)
     assert scores["local_accuracy"] == pytest.approx(sizes @ np.array(accuracies) / sizes.sum(), rel=1e-12)
@@ -215,6 +234,26 @@ def test_local_model_metrics_equal_the_weighted_losses_of_the_stored_client_mode
     assert scores["local_loss"] != pytest.approx(float(problem.weighted_loss(sim.params, data.features, data.labels, data.sample_weights())), rel=1e-3)
     if method == "feddyn":  # θ_i = x − Δ_i: the model the client trained this round
         assert float((sim.store.get("model", np.arange(6))[sim.store.created] - x0).abs().max()) > 1e-3
+
+
+def test_per_client_test_blocks_are_checked_and_come_from_fedprox_synthetic():
+    """A test split per client must give every client its count of the test samples (one line naming data);
+    FedProx's Synthetic devices bring theirs (the last tenth of each device), pooled sources none."""
+    from fedshuffle.data.catalog import federate, load_samples
+    from fedshuffle.data.sources.synthetic import FedProxSynthetic
+
+    good = unequal_logistic(test_sizes=np.array([2, 0, 3, 1, 2, 4]))[1]
+    for bad in ([2, 0, 3, 1, 2], [2, 0, 3, 1, 2, 5], [3, -1, 3, 1, 2, 4]):
+        with pytest.raises(ConfigError, match="test_client_sizes"):
+            FederatedDataset(good.features, good.labels, good.client_indices, good.weights, good.test_features, good.test_labels, test_client_sizes=bad)
+    settings = {"source": "fedprox_synthetic", "clients": 7, "synthetic_alpha": 0.5, "synthetic_beta": 0.5}
+    samples, rng = load_samples(settings, 3)
+    data = federate(samples, settings, rng)
+    devices = FedProxSynthetic(0.5, 0.5, 7, 3)
+    assert list(data.test_client_sizes) == [len(devices.test(k)[1]) for k in range(7)]
+    rows = data.client_test_rows()[4]
+    assert torch.equal(data.test_features[rows], torch.as_tensor(devices.test(4)[0]))
+    assert unequal_logistic()[1].client_test_rows() is None
 
 
 def test_local_model_metrics_are_absent_for_methods_without_client_models():

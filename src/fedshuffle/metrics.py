@@ -117,6 +117,10 @@ def local_model_scores(sim: Any) -> dict[str, float | None]:
         local_loss_uniform = (1/n) Σ_i f_i(x_i)
         local_accuracy     = Σ_i correct_i(x_i) / |D|,   local_accuracy_uniform = (1/n) Σ_i acc_i(x_i)
 
+    and, where each client has its own test samples T_i (``FederatedDataset.test_client_sizes``: FedProx's
+    Synthetic devices), the same on them: local_test_loss = Σ_i Σ_{j∈T_i} ℓ_j(x_i) / |T| and local_test_accuracy
+    (pooled), local_test_accuracy_uniform (the mean over clients with test samples).
+
     This is where the public FedDR code (Tran-Dinh, Pham, Phan & Nguyen, NeurIPS 2021) scores its
     Douglas–Rachford methods: every client's current local model on that client's data. A client that has
     not taken part yet holds the model the run started from, x⁰ (FedCDR counts x̂_i = x⁰ for it; FedDyn's
@@ -130,20 +134,36 @@ def local_model_scores(sim: Any) -> dict[str, float | None]:
     if field is None or sim.store is None:
         return {}
     data, problem = sim.data, sim.problem
+    test_rows = data.client_test_rows()
     losses, correct, sizes = [], [], np.asarray(data.sizes, dtype=np.float64)
+    test_losses, test_correct = [], []
     for client, indices in enumerate(data.client_indices):
         own = sim.store.get(field, np.array([client]), data.features.device)[0].to(sim.params.dtype) if sim.store.created[client] else state["x0"]
-        ix = torch.as_tensor(indices, device=data.features.device)
-        X, Y = data.features[ix], data.labels[ix]
-        losses.append(float(problem.losses(own, X, Y).mean()))
-        accuracy = problem.accuracy(own, X, Y)
-        correct.append(None if accuracy is None else accuracy * len(indices))
+        loss, hits = _own_scores(problem, own, data.features, data.labels, indices)
+        losses.append(loss)
+        correct.append(hits)
+        if test_rows is not None and len(test_rows[client]):
+            test_losses.append(_own_scores(problem, own, data.test_features, data.test_labels, test_rows[client]))
     loss = np.array(losses)
     out: dict[str, float | None] = {"local_loss": float(sizes @ loss / sizes.sum()), "local_loss_uniform": float(loss.mean())}
     if None not in correct:
         hits = np.array(correct)
         out |= {"local_accuracy": float(hits.sum() / sizes.sum()), "local_accuracy_uniform": float((hits / sizes).mean())}
+    if test_losses:
+        held = np.array([len(r) for r in test_rows if len(r)], dtype=np.float64)
+        out["local_test_loss"] = float(held @ np.array([t[0] for t in test_losses]) / held.sum())
+        if all(t[1] is not None for t in test_losses):
+            hits = np.array([t[1] for t in test_losses])
+            out |= {"local_test_accuracy": float(hits.sum() / held.sum()), "local_test_accuracy_uniform": float((hits / held).mean())}
     return out
+
+
+def _own_scores(problem: Any, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, rows: np.ndarray) -> tuple[float, float | None]:
+    """A client's mean loss over ``rows`` at its own model, and how many of them it classifies right (None: no classes)."""
+    ix = torch.as_tensor(rows, device=features.device)
+    X, Y = features[ix], labels[ix]
+    accuracy = problem.accuracy(params, X, Y)
+    return float(problem.losses(params, X, Y).mean()), None if accuracy is None else accuracy * len(rows)
 
 
 def _mib(elements: int) -> float:
@@ -178,6 +198,9 @@ metric("local_loss", f"Σ (|D_i|/|D|) f_i(x_i), {_LOCAL}", lambda e: e["local_lo
 metric("local_loss_uniform", f"(1/n) Σ f_i(x_i), {_LOCAL}", lambda e: e["local_loss_uniform"], kind="model")
 metric("local_accuracy", f"train accuracy pooled over clients, {_LOCAL}", lambda e: e["local_accuracy"], kind="model", better="max")
 metric("local_accuracy_uniform", f"mean of the clients' train accuracies, {_LOCAL}", lambda e: e["local_accuracy_uniform"], kind="model", better="max")
+metric("local_test_loss", f"mean test loss pooled over clients' own test samples, {_LOCAL}", lambda e: e["local_test_loss"], kind="model")
+metric("local_test_accuracy", f"test accuracy pooled over clients' own test samples, {_LOCAL}", lambda e: e["local_test_accuracy"], kind="model", better="max")
+metric("local_test_accuracy_uniform", f"mean of the clients' test accuracies, {_LOCAL}", lambda e: e["local_test_accuracy_uniform"], kind="model", better="max")
 metric("dp_clip", "adaptive clipping's C for the next round ([privacy] clipping = 'adaptive')", lambda e: e.extras.get("dp_clip"), kind="method",
        citation="Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021")
 metric("compute_seconds", "local computation per worker (s, measured)", lambda e: e.counters.worker_compute_seconds,

@@ -40,7 +40,8 @@ class Samples:
     Shakespeare); ``num_classes`` (0 for targets without classes; the vocabulary size for text); an
     official ``test`` split if the source has one; ``client_sizes`` when the samples come already
     split into clients (contiguous blocks); ``label_groups[c]``, the coarse class of class c, where
-    the data has one (CIFAR-100's 20 superclasses).
+    the data has one (CIFAR-100's 20 superclasses); ``test_client_sizes`` when each client has its own test
+    samples, contiguous blocks of ``test`` in client order (FedProx's Synthetic devices).
     """
 
     features: np.ndarray
@@ -49,6 +50,7 @@ class Samples:
     test: tuple[np.ndarray, np.ndarray] | None = None
     client_sizes: np.ndarray | None = None
     label_groups: np.ndarray | None = None
+    test_client_sizes: np.ndarray | None = None
 
 
 def _positive_sizes(sizes: list[int] | None) -> list[int] | None:
@@ -143,6 +145,7 @@ def fedprox_synthetic_source(
     held = [gen.test(k) for k in range(clients)]
     samples = _clients([gen.train(k) for k in range(clients)], (np.concatenate([x for x, _ in held]), np.concatenate([y for _, y in held])))
     samples.num_classes = 10
+    samples.test_client_sizes = np.array([len(y) for _, y in held])
     return samples
 
 
@@ -359,5 +362,5 @@ def federate(
     return FederatedDataset(
         flat[train], encode_labels(y)[train], parts, objective_weights(sizes, settings.get("weights", "size")),
         torch.as_tensor(test[0].reshape(len(test[0]), -1)) if test else None, encode_labels(test[1]) if test else None,
-        name=settings.get("dataset") or source,
+        name=settings.get("dataset") or source, test_client_sizes=samples.test_client_sizes if samples.client_sizes is not None and test else None,
     )

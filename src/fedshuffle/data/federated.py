@@ -53,6 +53,10 @@ class FederatedDataset(PopulationCounts):
         Objective weights w_i, non-negative and summing to one.
     test_features, test_labels:
         Optional held-out samples for test metrics.
+    test_client_sizes:
+        Where each client has its own held-out samples (FedProx's Synthetic devices): how many, client after
+        client, as contiguous blocks of ``test_features`` (zero for a client without any). None: the test set
+        is pooled.
     float_dtype:
         The dtype of the sample weights when the features are not floating (token ids); otherwise the features'.
     """
@@ -65,6 +69,7 @@ class FederatedDataset(PopulationCounts):
     test_labels: torch.Tensor | None = None
     name: str = "dataset"
     float_dtype: torch.dtype = torch.float64
+    test_client_sizes: np.ndarray | None = None
     sizes: np.ndarray = field(init=False)
     #: :meth:`to`'s results, so that runs sharing this dataset share its cast too (replicas stack only shared data)
     _casts: dict[tuple[torch.dtype, str], FederatedDataset] = field(init=False, default_factory=dict, repr=False, compare=False)
@@ -100,6 +105,17 @@ class FederatedDataset(PopulationCounts):
             raise ConfigError("data", f"sample {row} is owned {int(owners[row])} times (by clients {[i for i, ix in enumerate(self.client_indices) if row in ix][:5]}); clients must own disjoint rows")
         if self.test_features is not None and (self.test_labels is None or self.test_features.shape[0] != self.test_labels.shape[0] or self.test_features.shape[1:] != self.features.shape[1:]):
             raise ConfigError("data", "test features must have the training samples' shape and one label each")
+        if self.test_client_sizes is not None:
+            self.test_client_sizes = np.asarray(self.test_client_sizes, dtype=np.int64)
+            held = 0 if self.test_features is None else self.test_features.shape[0]
+            if self.test_client_sizes.shape != (self.num_clients,) or self.test_client_sizes.min() < 0 or self.test_client_sizes.sum() != held:
+                raise ConfigError("data", f"test_client_sizes must give each of the {self.num_clients} clients its count of the {held} test samples")
+
+    def client_test_rows(self) -> list[np.ndarray] | None:
+        """Each client's rows of ``test_features`` (None where the test set is pooled)."""
+        if self.test_client_sizes is None:
+            return None
+        return list(ClientRows(self.test_client_sizes))
 
     def sample_weights(self) -> torch.Tensor:
         """Per-sample weights s_j = w_i/|D_i| for j ∈ D_i, so that f(x) = Σ_j s_j f_j(x)."""
@@ -123,7 +139,7 @@ class FederatedDataset(PopulationCounts):
             if key not in self._casts:
                 self._casts[key] = FederatedDataset(
                     cast(self.features), cast(self.labels), self.client_indices, self.weights,
-                    cast(self.test_features), cast(self.test_labels), self.name, dtype,
+                    cast(self.test_features), cast(self.test_labels), self.name, dtype, self.test_client_sizes,
                 )
             return self._casts[key]
 
