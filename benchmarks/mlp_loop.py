@@ -11,7 +11,8 @@ One round's local work of a cohort (plain SGD and SGD with FedCDR's prox term), 
 * ``fedcdr-femnist``: the 784-128-26 MLP, batch 10, 20 epochs, 21 clients of 50 to 400 samples;
 * ``2nn``: Yang et al.'s 784-200-200-10, batch 50, 5 epochs of 600 samples, cohort 10.
 
-Prints and writes ``benchmarks/results/mlp_loop.json``; ``--smoke``: every case cut to a few steps, once, printed, nothing
+Each case records the largest difference between the two loops' updates, relative to the largest update (float32
+rounding over the round's steps). Prints and writes ``benchmarks/results/mlp_loop.json``; ``--smoke``: every case cut to a few steps, once, printed, nothing
 written (the test of this benchmark).
 """
 
@@ -73,14 +74,16 @@ def measure(name: str, repeats: int, smoke: bool) -> dict[str, Any]:
         work = LocalWork(plans, start, chain)
         kinds = {"torch": lambda: run_local(problem, x, y, work), "compiled": lambda: fused.run(problem, x, y, work)}
         times: dict[str, list[float]] = {k: [] for k in kinds}
-        kinds["compiled"]()  # numba's first call loads (or compiles) the kernel
+        reference, compiled = kinds["torch"](), kinds["compiled"]()  # the first call also loads (or compiles) the kernel
+        difference = float((compiled - reference).abs().max() / reference.abs().max())
         for _ in range(repeats):
             for kind, call in kinds.items():
                 begin = time.perf_counter()
                 call()
                 times[kind].append(time.perf_counter() - begin)
         medians = {kind: statistics.median(t) for kind, t in times.items()}
-        out[chain_name] = {**{f"{k}_s": round(v, 4) for k, v in medians.items()}, "compiled_over_torch": round(medians["compiled"] / medians["torch"], 3)}
+        out[chain_name] = {**{f"{k}_s": round(v, 4) for k, v in medians.items()}, "compiled_over_torch": round(medians["compiled"] / medians["torch"], 3),
+                           "max_relative_difference": difference}
     out["chosen"] = "compiled" if fused.usable(problem, x, LocalWork(plans, start)) else "torch"
     return out
 

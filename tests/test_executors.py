@@ -176,9 +176,23 @@ def test_compiled_backend_gives_the_reference_trajectory(problem_name):
     assert fused.problem_code(problem) is not None
     cases = {"quadratic": ("fedavg_rr", "fednova"), "logistic": ("fedavg", "scaffold+mvr+adam"), "softmax": ("scaffold+mvr+adam",),
              "mlp": ("fedcdr", "scaffold+mvr+adam", "fedavg_rr")}[problem_name]
+    compiled_calls = []
+    original = fused.run
+
+    def counted(*args):
+        compiled_calls.append(1)
+        return original(*args)
+
     for case in cases:  # local momentum, prox; clip and weight decay, offset and corrected drift; softmax with the most
         reference = trajectory(case, SequentialExecutor(), problem, data)
-        assert_close(trajectory(case, VectorizedExecutor(), problem, data), reference)
+        compiled_calls.clear()
+        fused.run = counted
+        try:
+            vectorized = trajectory(case, VectorizedExecutor(), problem, data)
+        finally:
+            fused.run = original
+        assert compiled_calls, f"{case}: the compiled loop did not run"
+        assert_close(vectorized, reference)
 
 
 def test_compiled_backend_runs_a_small_float32_mlp_and_leaves_larger_ones_to_torch():
@@ -208,6 +222,25 @@ def test_compiled_backend_runs_a_small_float32_mlp_and_leaves_larger_ones_to_tor
     wide_work = LocalWork(wide_plans, torch.zeros(wide.dim))
     assert wide.dim * 50 > fused.MLP_STEP_LIMIT and not fused.usable(wide, torch.zeros(1, 784), wide_work)
     assert not fused.usable(problem, x.half(), LocalWork(plans, start.half()))
+    assert not fused.usable(problem, x.double(), work)  # features of another dtype than the model
+    stochastic = MLP(60, [32], 10)
+    stochastic.stochastic = True
+    assert not fused.usable(stochastic, x, work)
+
+
+def test_a_diverging_mlp_gives_non_finite_updates_on_the_compiled_loop_as_on_the_torch_loop():
+    """A step size that blows the MLP up: both loops return non-finite updates (the run is then stopped as diverged),
+    the compiled one never raises (a division by zero in its softmax gives inf or NaN, as in NumPy)."""
+    pytest.importorskip("numba")
+    from fedshuffle.local.loop import LocalWork, run_local
+    from fedshuffle.local.plan import ClientPlan
+
+    rng = np.random.default_rng(0)
+    problem = MLP(60, [32], 10)
+    x, y = torch.from_numpy(5 * rng.standard_normal((100, 60)).astype(np.float32)), torch.from_numpy(rng.integers(0, 10, 100))
+    work = LocalWork([ClientPlan(0, rng.integers(0, 100, (200, 10)), 1e10, 200, 200.0)], problem.init_params(torch.Generator().manual_seed(0), torch.float32))
+    for compiled in (False, True):
+        assert not torch.isfinite(run_local(problem, x, y, work, compiled=compiled)).all(), f"compiled={compiled}"
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fednova_rr", "fedshuffle", "generalized_fedavg"])

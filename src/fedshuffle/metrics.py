@@ -136,24 +136,24 @@ def local_model_scores(sim: Any) -> dict[str, float | None]:
     data, problem = sim.data, sim.problem
     test_rows = data.client_test_rows()
     losses, correct, sizes = [], [], np.asarray(data.sizes, dtype=np.float64)
-    test_losses, test_correct = [], []
+    test_scores = []
     for client, indices in enumerate(data.client_indices):
         own = sim.store.get(field, np.array([client]), data.features.device)[0].to(sim.params.dtype) if sim.store.created[client] else state["x0"]
         loss, hits = _own_scores(problem, own, data.features, data.labels, indices)
         losses.append(loss)
         correct.append(hits)
         if test_rows is not None and len(test_rows[client]):
-            test_losses.append(_own_scores(problem, own, data.test_features, data.test_labels, test_rows[client]))
+            test_scores.append(_own_scores(problem, own, data.test_features, data.test_labels, test_rows[client]))
     loss = np.array(losses)
     out: dict[str, float | None] = {"local_loss": float(sizes @ loss / sizes.sum()), "local_loss_uniform": float(loss.mean())}
     if None not in correct:
         hits = np.array(correct)
         out |= {"local_accuracy": float(hits.sum() / sizes.sum()), "local_accuracy_uniform": float((hits / sizes).mean())}
-    if test_losses:
+    if test_scores:
         held = np.array([len(r) for r in test_rows if len(r)], dtype=np.float64)
-        out["local_test_loss"] = float(held @ np.array([t[0] for t in test_losses]) / held.sum())
-        if all(t[1] is not None for t in test_losses):
-            hits = np.array([t[1] for t in test_losses])
+        out["local_test_loss"] = float(held @ np.array([t[0] for t in test_scores]) / held.sum())
+        if all(t[1] is not None for t in test_scores):
+            hits = np.array([t[1] for t in test_scores])
             out |= {"local_test_accuracy": float(hits.sum() / held.sum()), "local_test_accuracy_uniform": float((hits / held).mean())}
     return out
 

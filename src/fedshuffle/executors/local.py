@@ -69,8 +69,8 @@ class LocalExecutor:
 
     ``chunk_size = 1`` is the sequential reference (one client after another). By default a chunk is
     as many clients as fit in ``memory_budget`` bytes by the estimate of :meth:`chunk_for`. With
-    ``compiled`` (not for the sequential reference), linear problems in float64 run each chunk as one
-    compiled loop when numba is installed (:mod:`fedshuffle.local.fused`).
+    ``compiled`` (not for the sequential reference), linear problems in float64 and small MLPs run each chunk as
+    one compiled loop when numba is installed (:mod:`fedshuffle.local.fused`).
     """
 
     name = "vectorized"

@@ -24,7 +24,8 @@ gradient at the center, when FedShuffleMVR's correction asks for it):
 then y ← y − η_i·g. The backend is used when numba is installed (``pip install 'fedshuffle[fast]'``),
 the run is on the CPU (float64; the MLP float32 too, its arrays kept in the run's dtype) and every
 transform is one of these; otherwise the torch loop runs. It gives the torch loop's trajectory up to
-floating-point reassociation (``tests/test_executors.py``).
+floating-point rounding: sums in another order, and in float32 runs some intermediate products in float64
+(``tests/test_executors.py``). A diverging run gives inf or NaN here too.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ except ImportError:  # the optional dependency: without it the torch loop runs
     numba = None
 
 QUADRATIC, LOGISTIC, SOFTMAX, MULTILAYER = 0, 1, 2, 3
-#: the largest MLP step (parameters × minibatch rows) run here; measured in benchmarks/mlp_loop.py
+#: the largest MLP step (parameters × minibatch rows) run here, a cut between the shapes benchmarks/mlp_loop.py measures:
+#: 2.3·10⁴ (FedCDR's Synthetic MLP, 0.24–0.29× the torch loop's time), 10⁶ (FEMNIST's, 0.67–1.17×), 10⁷ (the 2NN, 1.8–2.5×)
 MLP_STEP_LIMIT = 1 << 17
 CLIP, DECAY, DRIFT, DRIFT_CORRECTED, PROX, OFFSET, MOMENTUM = range(7)
 
@@ -122,23 +124,30 @@ def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Te
     ys = np.array(starts, order="C")
     shape = (len(widths) + 2, batch * int(widths.max())) if kind == MULTILAYER else (1, max(int(widths.sum()), 1))
     scratch = np.empty(shape, dtype=ys.dtype)
-    _loop(
-        kind, l2, widths, ys, np.ascontiguousarray(centers), offsets, work.offset is not None, np.ascontiguousarray(x),
-        float_labels, int_labels, rows, steps, lrs, ops, values, momentum, scratch,
-    )
+    centers, x = np.ascontiguousarray(centers), np.ascontiguousarray(x)
+    if kind == MULTILAYER:
+        _mlp_loop(l2, widths, ys, centers, offsets, work.offset is not None, x, int_labels, rows, steps, lrs, ops, values, momentum, scratch)
+    else:
+        _loop(kind, l2, widths, ys, centers, offsets, work.offset is not None, x, float_labels, int_labels, rows, steps, lrs, ops, values, momentum, scratch)
     return work.rows("start") - torch.from_numpy(ys).to(work.start.device)
 
 
+#: reassociation (vectorized sums and fused multiply-adds) without assuming finite values, so that a diverging run
+#: yields inf or NaN, as the torch loop does, and is stopped as diverged
+REASSOCIATE = {"reassoc", "contract", "arcp"}
+
+
 def _jit(function=None, **options):
-    """Compiled with numba (cached on disk) when it is installed; the plain function otherwise (never called then)."""
+    """Compiled with numba (cached on disk) when it is installed; the plain function otherwise (never called then).
+    NumPy's error model: a division by zero gives inf or NaN, never an exception."""
     if function is None:
         return lambda f: _jit(f, **options)
-    return numba.njit(cache=True, **options)(function) if numba is not None else function
+    return numba.njit(cache=True, error_model="numpy", **options)(function) if numba is not None else function
 
 
 @_jit
 def _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows, g, scratch):
-    """g = Σ_b v_b ∇f(y; a_b) over the real rows of one minibatch, v_b = 1/n (the torch problems' closed forms)."""
+    """g = Σ_b v_b ∇f(y; a_b) over the real rows of one minibatch, v_b = 1/n (the linear problems' closed forms)."""
     d = y.shape[0]
     n = 0
     for r in rows:
@@ -188,20 +197,24 @@ def _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows, g, scratch
                     for m in range(k):
                         g[j * k + m] += x[r, j] * scores[m]
         d = p * k
-    else:
-        _mlp_gradient(widths, w, y, x, int_labels, rows, g, scratch)
     if l2 != 0.0:
         for j in range(d):
             g[j] += (w * n) * l2 * y[j]
 
 
-@_jit(fastmath=True)
-def _mlp_gradient(widths, w, y, x, int_labels, rows, g, scratch):
+@_jit(fastmath=REASSOCIATE)
+def _mlp_gradient(l2, widths, y, x, int_labels, rows, g, scratch):
     """The MLP's Σ_b v_b ∇CE(y; a_b) (as :meth:`MLP.batched_gradient`): h_{k+1} = relu(h_k W_k + c_k), logits h_L W_L + c_L;
     δ = v ⊙ (softmax − onehot), ∂W_k = h_kᵀδ, ∂c_k = Σ_b δ_b, δ ← (δ W_kᵀ) ⊙ [h_k > 0]. W_k is (in × out) row-major, then c_k,
-    layer after layer in the flat vector. ``scratch`` (L + 3, B · max width): row k holds layer k's activations h_k
-    (B × width, the real rows only), the last two δ and its back-propagated successor."""
+    layer after layer in the flat vector; the regularizer adds λ(Σv)y. ``scratch`` (L + 3, B · max width): row k holds
+    layer k's activations h_k (B × width, the real rows only), the last two δ and its back-propagated successor."""
     layers = widths.shape[0] - 1
+    n = 0
+    for r in rows:
+        if r >= 0:
+            n += 1
+    w = 1.0 / max(n, 1)
+    g[:] = 0.0
     m = 0
     inputs = scratch[0, : rows.shape[0] * widths[0]].reshape(rows.shape[0], widths[0])
     for r in rows:  # h_0: the real rows' features
@@ -265,46 +278,77 @@ def _mlp_gradient(widths, w, y, x, int_labels, rows, g, scratch):
                             s += d[b, o] * weights[i, o]
                     previous[b, i] = s
             delta, back = back, delta
+    if l2 != 0.0:
+        for j in range(y.shape[0]):
+            g[j] += (w * n) * l2 * y[j]
 
 
 @_jit
 def _loop(kind, l2, widths, ys, centers, offsets, has_offset, x, float_labels, int_labels, rows, steps, lrs, ops, values, momentum, scratch):
-    members, d = ys.shape
+    """Every member's steps on a linear problem: the minibatch gradient (and at the center, for a corrected drift), then
+    :func:`_step`."""
     g, gx, velocity = np.empty_like(ys[0]), np.empty_like(ys[0]), np.empty_like(ys[0])
-    corrected = False
-    for o in ops:
-        corrected = corrected or o == 3
-    for c in range(members):
-        y, center = ys[c], centers[c]
+    corrected = _corrected(ops)
+    for c in range(ys.shape[0]):
+        y, center, offset = ys[c], centers[c], offsets[c if has_offset else 0]
         velocity[:] = 0.0
         for t in range(steps[c]):
             _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows[c, t], g, scratch)
             if corrected:
                 _gradient(kind, l2, widths, center, x, float_labels, int_labels, rows[c, t], gx, scratch)
-            for o in range(ops.shape[0]):
-                op, value = ops[o], values[o]
-                if op == 0:  # clip, g and g_x each by its own norm
-                    scale = min(value / (np.sqrt(np.sum(g * g)) + 1e-12), 1.0)
-                    g *= scale
-                    if corrected:
-                        gx *= min(value / (np.sqrt(np.sum(gx * gx)) + 1e-12), 1.0)
-                elif op == 1:  # weight decay
-                    g += value * y
-                    if corrected:
-                        gx += value * center
-                elif op == 2:  # drift without correction
-                    g[:] = value * g + (1 - value) * momentum
-                elif op == 3:  # drift with FedShuffleMVR's correction
-                    g += (1 - value) * (momentum - gx)
-                elif op == 4:  # prox
-                    for j in range(d):
-                        g[j] += value * (y[j] - center[j])
-                elif op == 5:  # offset
-                    if has_offset:
-                        g += offsets[c]
-                else:  # local heavy-ball momentum
-                    velocity[:] = value * velocity + g
-                    g[:] = velocity
-            lr = lrs[c]
-            for j in range(d):
-                y[j] -= lr * g[j]
+            _step(ops, values, momentum, g, gx, velocity, y, center, offset, has_offset, corrected, lrs[c])
+
+
+@_jit
+def _mlp_loop(l2, widths, ys, centers, offsets, has_offset, x, int_labels, rows, steps, lrs, ops, values, momentum, scratch):
+    """:func:`_loop` for the MLP (compiled apart, so that neither problem family pays for compiling the other)."""
+    g, gx, velocity = np.empty_like(ys[0]), np.empty_like(ys[0]), np.empty_like(ys[0])
+    corrected = _corrected(ops)
+    for c in range(ys.shape[0]):
+        y, center, offset = ys[c], centers[c], offsets[c if has_offset else 0]
+        velocity[:] = 0.0
+        for t in range(steps[c]):
+            _mlp_gradient(l2, widths, y, x, int_labels, rows[c, t], g, scratch)
+            if corrected:
+                _mlp_gradient(l2, widths, center, x, int_labels, rows[c, t], gx, scratch)
+            _step(ops, values, momentum, g, gx, velocity, y, center, offset, has_offset, corrected, lrs[c])
+
+
+@_jit
+def _corrected(ops):
+    """Whether the chain holds FedShuffleMVR's corrected drift (which needs the gradient at the center)."""
+    for o in ops:
+        if o == DRIFT_CORRECTED:
+            return True
+    return False
+
+
+@_jit
+def _step(ops, values, momentum, g, gx, velocity, y, center, offset, has_offset, corrected, lr):
+    """The chain's transforms in order on g (and g_x), then y ← y − η_i·g."""
+    for o in range(ops.shape[0]):
+        op, value = ops[o], values[o]
+        if op == CLIP:  # g and g_x each by its own norm
+            scale = min(value / (np.sqrt(np.sum(g * g)) + 1e-12), 1.0)
+            g *= scale
+            if corrected:
+                gx *= min(value / (np.sqrt(np.sum(gx * gx)) + 1e-12), 1.0)
+        elif op == DECAY:
+            g += value * y
+            if corrected:
+                gx += value * center
+        elif op == DRIFT:
+            g[:] = value * g + (1 - value) * momentum
+        elif op == DRIFT_CORRECTED:  # FedShuffleMVR's correction
+            g += (1 - value) * (momentum - gx)
+        elif op == PROX:
+            for j in range(g.shape[0]):
+                g[j] += value * (y[j] - center[j])
+        elif op == OFFSET:
+            if has_offset:
+                g += offset
+        else:  # local heavy-ball momentum
+            velocity[:] = value * velocity + g
+            g[:] = velocity
+    for j in range(g.shape[0]):
+        y[j] -= lr * g[j]

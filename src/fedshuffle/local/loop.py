@@ -58,7 +58,8 @@ def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, wo
     """Δ_i = s_i − y_{τ_i} of every member, stacked ``(C, d)`` in the order of ``work.plans``.
 
     ``compiled``: run the whole work as one compiled loop (:mod:`fedshuffle.local.fused`) where that
-    backend can (linear problems, float64 on the CPU, numba installed); the same steps either way.
+    backend can (numba installed, on the CPU: linear problems in float64, small MLPs in float32 or float64); the
+    same steps either way.
     """
     plans = work.plans
     if not plans:
