@@ -44,7 +44,7 @@ except ImportError:  # the optional dependency: without it the torch loop runs
 
 QUADRATIC, LOGISTIC, SOFTMAX, MULTILAYER = 0, 1, 2, 3
 #: the largest MLP step (parameters × minibatch rows) run here, a cut between the shapes benchmarks/mlp_loop.py measures:
-#: 2.3·10⁴ (FedCDR's Synthetic MLP, 0.24–0.29× the torch loop's time), 10⁶ (FEMNIST's, 0.67–1.17×), 10⁷ (the 2NN, 1.8–2.5×)
+#: 2.3·10⁴ (FedCDR's Synthetic MLP, 0.21–0.29× the torch loop's time), 10⁶ (FEMNIST's, 0.49–1.17×), 10⁷ (the 2NN, 1.3–2.5×)
 MLP_STEP_LIMIT = 1 << 17
 CLIP, DECAY, DRIFT, DRIFT_CORRECTED, PROX, OFFSET, MOMENTUM = range(7)
 
