@@ -142,7 +142,7 @@ def local_model_scores(sim: Any) -> dict[str, float | None]:
         loss, hits = _own_scores(problem, own, data.features, data.labels, indices)
         losses.append(loss)
         correct.append(hits)
-        if test_rows is not None and len(test_rows[client]):
+        if test_rows is not None and data.test_client_sizes[client]:
             test_scores.append(_own_scores(problem, own, data.test_features, data.test_labels, test_rows[client]))
     loss = np.array(losses)
     out: dict[str, float | None] = {"local_loss": float(sizes @ loss / sizes.sum()), "local_loss_uniform": float(loss.mean())}
@@ -150,7 +150,7 @@ def local_model_scores(sim: Any) -> dict[str, float | None]:
         hits = np.array(correct)
         out |= {"local_accuracy": float(hits.sum() / sizes.sum()), "local_accuracy_uniform": float((hits / sizes).mean())}
     if test_scores:
-        held = np.array([len(r) for r in test_rows if len(r)], dtype=np.float64)
+        held = data.test_client_sizes[data.test_client_sizes > 0].astype(np.float64)
         out["local_test_loss"] = float(held @ np.array([t[0] for t in test_scores]) / held.sum())
         if all(t[1] is not None for t in test_scores):
             hits = np.array([t[1] for t in test_scores])

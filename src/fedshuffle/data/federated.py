@@ -111,11 +111,11 @@ class FederatedDataset(PopulationCounts):
             if self.test_client_sizes.shape != (self.num_clients,) or self.test_client_sizes.min() < 0 or self.test_client_sizes.sum() != held:
                 raise ConfigError("data", f"test_client_sizes must give each of the {self.num_clients} clients its count of the {held} test samples")
 
-    def client_test_rows(self) -> list[np.ndarray] | None:
+    def client_test_rows(self) -> ClientRows | None:
         """Each client's rows of ``test_features`` (None where the test set is pooled)."""
         if self.test_client_sizes is None:
             return None
-        return list(ClientRows(self.test_client_sizes))
+        return ClientRows(self.test_client_sizes)
 
     def sample_weights(self) -> torch.Tensor:
         """Per-sample weights s_j = w_i/|D_i| for j ∈ D_i, so that f(x) = Σ_j s_j f_j(x)."""
