@@ -122,7 +122,7 @@ def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Te
     float_labels = np.zeros(1) if integer else lab.astype(np.float64)
     int_labels = lab.astype(np.int64) if integer else np.zeros(1, dtype=np.int64)
     ys = np.array(starts, order="C")
-    shape = (len(widths) + 2, batch * int(widths.max())) if kind == MULTILAYER else (1, max(int(widths.sum()), 1))
+    shape = (len(widths) + 2, batch * int(widths.max())) if kind == MULTILAYER else (1, max(int(widths.sum()), batch))
     scratch = np.empty(shape, dtype=ys.dtype)
     centers, x = np.ascontiguousarray(centers), np.ascontiguousarray(x)
     if kind == MULTILAYER:
@@ -145,61 +145,71 @@ def _jit(function=None, **options):
     return numba.njit(cache=True, error_model="numpy", **options)(function) if numba is not None else function
 
 
-@_jit
+@_jit(fastmath=REASSOCIATE)
 def _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows, g, scratch):
-    """g = Σ_b v_b ∇f(y; a_b) over the real rows of one minibatch, v_b = 1/n (the linear problems' closed forms)."""
+    """g = Σ_b v_b ∇f(y; a_b) over the real rows of one minibatch, v_b = 1/n (the linear problems' closed forms).
+    ``scratch`` (1, max(B, K)): the rows' logistic coefficients, or one row's softmax scores."""
     d = y.shape[0]
     n = 0
     for r in rows:
         if r >= 0:
             n += 1
     w = 1.0 / max(n, 1)
-    g[:] = 0.0
     if kind == 0:  # quadratic: y·Σv − Σ v_b e_b
+        for j in range(d):
+            g[j] = y[j] * (w * n)
         for r in rows:
             if r >= 0:
                 for j in range(d):
                     g[j] -= w * x[r, j]
-        for j in range(d):
-            g[j] += y[j] * (w * n)
         return
-    if kind == 1:  # logistic: −Σ v_b b_b σ(−b_b a_bᵀy) a_b + λ(Σv)y
+    if kind == 1:  # logistic: −Σ v_b b_b σ(−b_b a_bᵀy) a_b + λ(Σv)y, the coefficients first, then one pass over g
+        coefs = scratch[0]
+        b = 0
         for r in rows:
             if r >= 0:
-                b = float_labels[r]
                 margin = 0.0
                 for j in range(d):
                     margin += x[r, j] * y[j]
-                coef = b * w / (1.0 + np.exp(b * margin))
-                for j in range(d):
-                    g[j] -= coef * x[r, j]
-    elif kind == 2:  # softmax: (W (p×K) row-major, c (K)); ∂/∂W = Σ v_b a_b(s_b − e_{y_b})ᵀ + λ(Σv)W, ∂/∂c = Σ v_b(s_b − e_{y_b})
-        k = widths[0]
-        p = x.shape[1]
-        scores = scratch[0]
+                coefs[b] = float_labels[r] * w / (1.0 + np.exp(float_labels[r] * margin))
+                b += 1
+        for j in range(d):
+            g[j] = (w * n) * l2 * y[j]
+        b = 0
         for r in rows:
             if r >= 0:
-                top = -np.inf
-                for m in range(k):
-                    s = y[p * k + m]
-                    for j in range(p):
-                        s += x[r, j] * y[j * k + m]
-                    scores[m] = s
-                    top = max(top, s)
-                total = 0.0
-                for m in range(k):
-                    scores[m] = np.exp(scores[m] - top)
-                    total += scores[m]
-                for m in range(k):
-                    scores[m] = w * (scores[m] / total - (1.0 if m == int_labels[r] else 0.0))
-                    g[p * k + m] += scores[m]
+                coef = coefs[b]
+                for j in range(d):
+                    g[j] -= coef * x[r, j]
+                b += 1
+        return
+    # softmax: (W (p×K) row-major, c (K)); ∂/∂W = Σ v_b a_b(s_b − e_{y_b})ᵀ + λ(Σv)W, ∂/∂c = Σ v_b(s_b − e_{y_b})
+    k = widths[0]
+    p = x.shape[1]
+    scores = scratch[0]
+    for j in range(p * k):
+        g[j] = (w * n) * l2 * y[j]
+    for j in range(p * k, d):
+        g[j] = 0.0
+    for r in rows:
+        if r >= 0:
+            top = -np.inf
+            for m in range(k):
+                s = y[p * k + m]
                 for j in range(p):
-                    for m in range(k):
-                        g[j * k + m] += x[r, j] * scores[m]
-        d = p * k
-    if l2 != 0.0:
-        for j in range(d):
-            g[j] += (w * n) * l2 * y[j]
+                    s += x[r, j] * y[j * k + m]
+                scores[m] = s
+                top = max(top, s)
+            total = 0.0
+            for m in range(k):
+                scores[m] = np.exp(scores[m] - top)
+                total += scores[m]
+            for m in range(k):
+                scores[m] = w * (scores[m] / total - (1.0 if m == int_labels[r] else 0.0))
+                g[p * k + m] += scores[m]
+            for j in range(p):
+                for m in range(k):
+                    g[j * k + m] += x[r, j] * scores[m]
 
 
 @_jit(fastmath=REASSOCIATE)
@@ -323,32 +333,50 @@ def _corrected(ops):
     return False
 
 
-@_jit
+@_jit(fastmath=REASSOCIATE)
 def _step(ops, values, momentum, g, gx, velocity, y, center, offset, has_offset, corrected, lr):
-    """The chain's transforms in order on g (and g_x), then y ← y − η_i·g."""
+    """The chain's transforms in order on g (and g_x), then y ← y − η_i·g. Written as loops over the coordinates: array
+    expressions here would keep the call from being inlined into the step loop, which then costs more than the step."""
+    d = g.shape[0]
     for o in range(ops.shape[0]):
         op, value = ops[o], values[o]
-        if op == CLIP:  # g and g_x each by its own norm
-            scale = min(value / (np.sqrt(np.sum(g * g)) + 1e-12), 1.0)
-            g *= scale
+        if op == CLIP:  # g and g_x each by its own norm: g ← g·min(1, c/(‖g‖+1e-12))
+            squares = 0.0
+            for j in range(d):
+                squares += g[j] * g[j]
+            scale = min(value / (np.sqrt(squares) + 1e-12), 1.0)
+            for j in range(d):
+                g[j] *= scale
             if corrected:
-                gx *= min(value / (np.sqrt(np.sum(gx * gx)) + 1e-12), 1.0)
+                squares = 0.0
+                for j in range(d):
+                    squares += gx[j] * gx[j]
+                scale = min(value / (np.sqrt(squares) + 1e-12), 1.0)
+                for j in range(d):
+                    gx[j] *= scale
         elif op == DECAY:
-            g += value * y
+            for j in range(d):
+                g[j] += value * y[j]
             if corrected:
-                gx += value * center
+                for j in range(d):
+                    gx[j] += value * center[j]
         elif op == DRIFT:
-            g[:] = value * g + (1 - value) * momentum
+            for j in range(d):
+                g[j] = value * g[j] + (1 - value) * momentum[j]
         elif op == DRIFT_CORRECTED:  # FedShuffleMVR's correction
-            g += (1 - value) * (momentum - gx)
+            for j in range(d):
+                g[j] += (1 - value) * (momentum[j] - gx[j])
         elif op == PROX:
-            for j in range(g.shape[0]):
+            for j in range(d):
                 g[j] += value * (y[j] - center[j])
         elif op == OFFSET:
             if has_offset:
-                g += offset
+                for j in range(d):
+                    g[j] += offset[j]
         else:  # local heavy-ball momentum
-            velocity[:] = value * velocity + g
-            g[:] = velocity
-    for j in range(g.shape[0]):
+            for j in range(d):
+                velocity[j] = value * velocity[j] + g[j]
+                g[j] = velocity[j]
+    for j in range(d):
         y[j] -= lr * g[j]
+

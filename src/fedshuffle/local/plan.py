@@ -256,6 +256,8 @@ class LocalPlanner:
 
     def _batches(self, rows: np.ndarray, steps: int, rng: np.random.Generator, client: int, seed: int) -> np.ndarray:
         n, b = len(rows), self.batch_width(len(rows))  # a batch beyond the client's data is all of it: no padding columns
+        if self.order == "reshuffle" and self.epoch_batches is None and n % b == 0 and steps * b <= n:
+            return rows[rng.permutation(n)].astype(np.int64, copy=False).reshape(n // b, b)[:steps]  # one epoch, no padding: the loop below, short
         if self.order == "with_replacement":
             picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
             return rows[picks]
