@@ -176,6 +176,27 @@ def test_batched_generators_are_the_keyed_generators():
             assert np.array_equal(g.permutation(30), generator(seed, Stream.DATA_ORDER, *row).permutation(30))
 
 
+def test_batched_permutations_are_the_keyed_generators_permutations(monkeypatch):
+    """streams.permutations (PCG64 and NumPy's shuffle compiled) gives each key's generator's successive permutations —
+    lengths 1 to past 2¹⁶ (masks of several widths), repeats carrying the 32-bit buffer, keys past one word — and the
+    same numbers when it falls back to the generators (no numba, or a NumPy whose shuffle it does not reproduce)."""
+    from fedshuffle.core import streams
+    from fedshuffle.core.streams import Stream, generator, permutations
+
+    rng = np.random.default_rng(1)
+    keys = np.concatenate([rng.integers(0, 2**32, (25, 2)), rng.integers(0, 3, (25, 1))], axis=1)
+    lengths = np.concatenate([[1, 2, 3, 70_000], rng.integers(1, 600, 21)])
+    repeats = rng.integers(1, 4, 25)
+    for seed, rows in ((3, keys), (2**33, keys[:3]), (0, np.array([[2**40, 1, 0]]))):
+        expected = [np.stack([g.permutation(n) for _ in range(r)]) for g, n, r in zip((generator(seed, Stream.DATA_ORDER, *k) for k in rows.tolist()), lengths.tolist(), repeats.tolist())]
+        for compiled in (True, False):
+            monkeypatch.setattr(streams, "_COMPILED_AGREES", compiled and streams._compiled_shuffles is not None)
+            got = permutations(seed, Stream.DATA_ORDER, rows, lengths[: len(rows)], repeats[: len(rows)])
+            assert all(a.dtype == np.int64 and np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    if streams._compiled_shuffles is not None:
+        assert streams._agrees_with_numpy()
+
+
 def test_the_planners_population_scan_is_kept_per_sizes_array_and_never_pickled():
     """τ_max = max epochs · max_j ⌈|D_j|/B⌉ is scanned once per population (planning a round is O(cohort)); another sizes
     array is scanned afresh, and a pickled planner (sent to workers) carries no population."""

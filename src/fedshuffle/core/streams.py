@@ -118,3 +118,97 @@ def generators(seed: int, stream: Stream, keys: np.ndarray):
     for state, inc in _pcg64_states(entropy):
         bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0}
         yield rng
+
+
+# -- many permutations of one stream at once --------------------------------------------------------
+#
+# Planning random reshuffling draws ``rng.permutation(n)`` from each member's generator, once per epoch. At batch-1
+# convex sizes, setting each generator's state and calling NumPy per member is most of the planning. ``permutations``
+# gives the same numbers for a whole cohort in one compiled call: PCG64's 128-bit step and XSL-RR output (pcg64.h) on
+# pairs of 64-bit words, its buffered 32-bit draws, and ``Generator.shuffle``'s Fisher–Yates with masked rejection
+# (``random_interval``, distributions.c). It is checked against NumPy before its first use and not used if they differ
+# (a NumPy release that changes its shuffle): the generators' loop then runs.
+
+try:
+    import numba
+except ImportError:  # the optional dependency: without it, each member's generator
+    numba = None
+
+_M64 = (1 << 64) - 1
+
+
+def _compiled_shuffles(state_words, lengths, repeats, out):
+    """For member k: ``repeats[k]`` successive permutations of ``lengths[k]`` from PCG64 state
+    ``state_words[k]`` = (state high, state low, inc high, inc low), written one after another into ``out``."""
+    mult_high, mult_low = np.uint64(2549297995355413924), np.uint64(4865540595714422341)
+    low32, one, zero = np.uint64(0xFFFFFFFF), np.uint64(1), np.uint64(0)
+    shift32, shift58, bits63 = np.uint64(32), np.uint64(58), np.uint64(63)
+    at = 0
+    for k in range(lengths.shape[0]):
+        high, low, inc_high, inc_low = state_words[k, 0], state_words[k, 1], state_words[k, 2], state_words[k, 3]
+        buffered, has_buffered = zero, False
+        n = lengths[k]
+        for _ in range(repeats[k]):
+            perm = out[at : at + n]
+            for i in range(n):
+                perm[i] = i
+            for i in range(n - 1, 0, -1):
+                bound = np.uint64(i)
+                mask = bound
+                for s in (1, 2, 4, 8, 16, 32):
+                    mask |= mask >> np.uint64(s)
+                while True:
+                    if has_buffered:  # the upper half of the last 64-bit output
+                        draw, has_buffered = buffered, False
+                    else:  # state ← state·M + inc (mod 2¹²⁸), then XSL-RR: rotr(high ⊕ low, state >> 122)
+                        a_low, a_high, b_low, b_high = low & low32, low >> shift32, mult_low & low32, mult_low >> shift32
+                        p0, p1, p2 = a_low * b_low, a_low * b_high, a_high * b_low
+                        middle = (p0 >> shift32) + (p1 & low32) + (p2 & low32)
+                        product_low = (p0 & low32) | (middle << shift32)
+                        product_high = a_high * b_high + (p1 >> shift32) + (p2 >> shift32) + (middle >> shift32) + low * mult_high + high * mult_low
+                        low = product_low + inc_low
+                        high = product_high + inc_high + (one if low < product_low else zero)
+                        x, rotation = high ^ low, high >> shift58
+                        output = (x >> rotation) | (x << ((np.uint64(64) - rotation) & bits63))
+                        draw, buffered, has_buffered = output & low32, output >> shift32, True
+                    value = draw & mask
+                    if value <= bound:
+                        break
+                j = np.int64(value)
+                perm[i], perm[j] = perm[j], perm[i]
+            at += n
+
+
+_compiled_shuffles = numba.njit(cache=True)(_compiled_shuffles) if numba is not None else None
+_COMPILED_AGREES: bool | None = None
+
+
+def permutations(seed: int, stream: Stream, keys: np.ndarray, lengths: np.ndarray, repeats: np.ndarray) -> list[np.ndarray]:
+    """For each row k of ``keys``: ``repeats[k]`` successive ``permutation(lengths[k])`` of the generator
+    ``generator(seed, stream, *keys[k])``, as a ``(repeats[k], lengths[k])`` array (int64)."""
+    global _COMPILED_AGREES
+    keys = np.asarray(keys, dtype=np.int64).reshape(len(keys), -1)
+    lengths, repeats = np.asarray(lengths, dtype=np.int64), np.asarray(repeats, dtype=np.int64)
+    if _COMPILED_AGREES is None:
+        _COMPILED_AGREES = _compiled_shuffles is not None and _agrees_with_numpy()
+    if not _COMPILED_AGREES or seed >= 2**32 or (keys.size and keys.max() >= 2**32) or (lengths.size and lengths.max() >= 2**32):
+        return [np.stack([rng.permutation(n) for _ in range(r)]).astype(np.int64, copy=False) for rng, n, r in zip(generators(seed, stream, keys), lengths.tolist(), repeats.tolist())]
+    entropy = np.concatenate([np.full((len(keys), 2), [seed, int(stream)], dtype=np.int64), keys], axis=1)
+    words = np.array([(s >> 64, s & _M64, i >> 64, i & _M64) for s, i in _pcg64_states(entropy)], dtype=np.uint64).reshape(-1, 4)
+    sizes = lengths * repeats
+    out = np.empty(int(sizes.sum()), dtype=np.int64)
+    _compiled_shuffles(words, lengths, repeats, out)
+    ends = np.cumsum(sizes).tolist()
+    return [out[end - n * r : end].reshape(r, n) for end, n, r in zip(ends, lengths.tolist(), repeats.tolist())]
+
+
+def _agrees_with_numpy() -> bool:
+    """Whether the compiled shuffles give NumPy's permutations (sizes up to 2³² − 1, several in a row)."""
+    keys = np.array([[0, 1], [7, 3], [123, 4567]], dtype=np.int64)
+    lengths, repeats = np.array([1, 37, 1000]), np.array([2, 3, 2])
+    entropy = np.concatenate([np.full((3, 2), [5, int(Stream.DATA_ORDER)], dtype=np.int64), keys], axis=1)
+    words = np.array([(s >> 64, s & _M64, i >> 64, i & _M64) for s, i in _pcg64_states(entropy)], dtype=np.uint64)
+    out = np.empty(int((lengths * repeats).sum()), dtype=np.int64)
+    _compiled_shuffles(words, lengths, repeats, out)
+    expected = [rng.permutation(n) for rng, n, r in zip(generators(5, Stream.DATA_ORDER, keys), lengths.tolist(), repeats.tolist()) for _ in range(r)]
+    return bool(np.array_equal(out, np.concatenate(expected)))

@@ -15,6 +15,7 @@ that the server step x ← x − η_g Σ ω_iΔ_i reduces to FedAvg for η_g = 1
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
@@ -26,7 +27,7 @@ from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Entry, settings_model
 from fedshuffle.local.steps import StepChain, standard_chain
-from fedshuffle.core.streams import Stream, generator, generators
+from fedshuffle.core.streams import Stream, generator, generators, permutations
 
 ORDERS = ("reshuffle", "shuffle_once", "with_replacement")
 STEP_NORMALIZATIONS = ("none", "local_work", "max_local_work")
@@ -246,27 +247,34 @@ class LocalPlanner:
             occurrences.append(seen.setdefault(i, -1) + 1)
             seen[i] = occurrences[-1]
         keys = np.stack([np.full(len(cohort), round_index), cohort, occurrences], axis=1)
+        if self.order == "reshuffle":  # every epoch's permutation of every member, drawn at once from the members' streams
+            epochs_run = -(-planned // self.epoch_steps(sizes[cohort]))
+            draws = zip(itertools.repeat(None), permutations(seed, Stream.DATA_ORDER, keys, sizes[cohort], epochs_run))
+        else:
+            draws = zip(generators(seed, Stream.DATA_ORDER, keys), itertools.repeat(None))
         chain = self.chain()
         plans = []
-        for i, tau, lr, occurrence, rng in zip(cohort.tolist(), planned.tolist(), lrs.tolist(), occurrences, generators(seed, Stream.DATA_ORDER, keys)):
-            rows = self._batches(client_indices[i], int(tau), rng, i, seed)
+        for i, tau, lr, occurrence, (rng, epoch_orders) in zip(cohort.tolist(), planned.tolist(), lrs.tolist(), occurrences, draws):
+            rows = self._batches(client_indices[i], int(tau), rng, epoch_orders, i, seed)
             done = self._completed_steps(int(tau), i, occurrence, round_index, seed)
             plans.append(ClientPlan(i, rows[:done], lr, int(tau), chain.a_l1(done, lr), (seed, round_index, i, occurrence)))
         return plans
 
-    def _batches(self, rows: np.ndarray, steps: int, rng: np.random.Generator, client: int, seed: int) -> np.ndarray:
+    def _batches(self, rows: np.ndarray, steps: int, rng: np.random.Generator | None, epoch_orders: np.ndarray | None, client: int, seed: int) -> np.ndarray:
+        """The minibatch rows ``(steps, width)`` of one member: drawn with replacement from ``rng``, or cut from each
+        epoch's permutation (``epoch_orders[e]`` under reshuffling, the client's one permutation under shuffle-once)."""
         n, b = len(rows), self.batch_width(len(rows))  # a batch beyond the client's data is all of it: no padding columns
-        if self.order == "reshuffle" and self.epoch_batches is None and n % b == 0 and steps * b <= n:
-            return rows[rng.permutation(n)].astype(np.int64, copy=False).reshape(n // b, b)[:steps]  # one epoch, no padding: the loop below, short
         if self.order == "with_replacement":
             picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
             return rows[picks]
+        if epoch_orders is not None and self.epoch_batches is None and n % b == 0 and steps * b <= n:
+            return rows[epoch_orders[0]].astype(np.int64, copy=False).reshape(n // b, b)[:steps]  # one epoch, no padding: the loop below, short
         per_epoch = self.epoch_steps(n)
         padded = per_epoch * b
         fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "shuffle_once" else None
         epochs = []
-        for _ in range(-(-steps // per_epoch)):
-            perm = fixed if fixed is not None else rng.permutation(n)
+        for e in range(-(-steps // per_epoch)):
+            perm = fixed if fixed is not None else epoch_orders[e]
             if padded == n:  # minibatches tile the epoch exactly: no padding
                 epoch = rows[perm].astype(np.int64, copy=False)
             else:
