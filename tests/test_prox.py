@@ -113,7 +113,8 @@ def test_a_cohort_solve_equals_each_member_solved_alone(make):
 
 def textbook_lbfgs(objective, center, eta, tol, max_iter, memory=10):
     """One row's L-BFGS as the solver's docstring states it, unbatched: the pairs of the last ``memory`` iterations
-    (None where sᵀy ≤ 0 left a pair out), the two-loop recursion, Armijo backtracking by halving."""
+    (None where sᵀy ≤ 0 left a pair out), the two-loop recursion, Armijo backtracking by halving (a shrinking ‖∇h‖
+    instead, where h changes by less than its value's resolution)."""
     def h(z):
         value, gradient = objective(z[None], torch.tensor([0]))
         return float(value[0] + (z - center).square().sum() / (2 * eta)), gradient[0] + (z - center) / eta
@@ -138,7 +139,10 @@ def textbook_lbfgs(objective, center, eta, tol, max_iter, memory=10):
         for halving in range(40):
             step = 0.5**halving
             trial_value, trial_gradient = h(z + step * direction)
-            if trial_value <= value + 1e-4 * step * float(gradient @ direction):
+            if abs(trial_value - value) <= 4 * torch.finfo(torch.float64).eps * abs(value):  # below the value's resolution
+                if float(trial_gradient.norm()) < float(gradient.norm()):
+                    break
+            elif trial_value <= value + 1e-4 * step * float(gradient @ direction):
                 break
         else:
             break
@@ -164,3 +168,18 @@ def test_the_batched_solver_follows_textbook_lbfgs_row_by_row(make, eta, iterati
     for row in range(len(clients)):
         reference = textbook_lbfgs(ClientObjectives(problem, data, clients[row : row + 1], centers.device), centers[row], eta, 1e-9, iterations, memory=3)
         torch.testing.assert_close(batched.points[row], reference, rtol=0, atol=1e-10)
+
+
+def test_a_tolerance_below_the_precision_limit_stops_the_solver_instead_of_wandering():
+    """Far from the origin (‖v‖ ≈ 10⁶) ‖∇h‖ cannot get below about 10⁶·ε: a tolerance of 10⁻¹⁴ is out of reach. The line
+    search then judges by ‖∇h‖, where h's change is below its resolution, so the solver stops at the precision
+    limit within a few iterations, not after ``max_iter`` steps accepted on rounding."""
+    problem, data, means = quadratic_population()
+    clients = np.arange(len(data.sizes))
+    centers = 1e6 * torch.randn(len(clients), problem.dim, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    eta = 1.5
+    solved = solve_prox(ClientObjectives(problem, data, clients, centers.device), centers, eta, 1e-14, 500)
+    exact = (centers + eta * means) / (1 + eta)
+    assert solved.iterations < 20
+    torch.testing.assert_close(solved.points, exact, rtol=1e-15, atol=0)
+    assert float(solved.residual.max()) < 1e-8

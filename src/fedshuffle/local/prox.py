@@ -105,7 +105,9 @@ def solve_prox(objectives: ClientObjectives, centers: torch.Tensor, eta: float, 
 
     Each iteration takes, for every unfinished row, the two-loop direction d = −H_i∇h_i (H⁰ = γI with
     γ = sᵀy/yᵀy of the newest pair; min(η, 1/‖∇h_i‖) before any pair), then the largest t ∈ {1, ½, ¼, …} with
-    h_i(z + t d) ≤ h_i(z) + 10⁻⁴·t·∇h_iᵀd. The pairs (s, y) of the last m iterations are kept in one ring shared
+    h_i(z + t d) ≤ h_i(z) + 10⁻⁴·t·∇h_iᵀd — or, where h_i changes by less than four ulps of its value (near the
+    solution a residual ε moves h_i by about ε², and that test would pass or fail on rounding), with ‖∇h_i‖ smaller
+    than before. The pairs (s, y) of the last m iterations are kept in one ring shared
     by all rows, written in place; a row's pair is left out (its slot empty) unless sᵀy > 0 (h_i need not be
     convex), so a row keeps at most m pairs, fewer after such an iteration. The ring, not a per-row history
     shifted each iteration, makes the bookkeeping cost one (C, d) write per iteration instead of copies of the
@@ -155,7 +157,11 @@ def solve_prox(objectives: ClientObjectives, centers: torch.Tensor, eta: float, 
         for _ in range(halvings):
             trial = pending.nonzero().squeeze(1)
             v, gr = h(points[rows[trial]] + step[trial, None] * direction[trial], rows[trial])
-            accepted = v <= value[rows[trial]] + armijo * step[trial] * slope[trial]
+            before = value[rows[trial]]
+            # Armijo's sufficient decrease; where the change of h_i is below its value's resolution (near the solution,
+            # where a residual ε changes h_i by about ε²), that test passes or fails on rounding, and ‖∇h_i‖ decides
+            unresolved = (v - before).abs() <= 4 * torch.finfo(dtype).eps * before.abs()
+            accepted = torch.where(unresolved, gr.norm(dim=1) < g[trial].norm(dim=1), v <= before + armijo * step[trial] * slope[trial])
             new_value[trial[accepted]], new_gradient[trial[accepted]] = v[accepted], gr[accepted]
             pending[trial[accepted]] = False
             if not bool(pending.any()):
