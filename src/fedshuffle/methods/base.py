@@ -208,8 +208,8 @@ class Method:
 
 
 def sample_gradients(plans: Sequence[ClientPlan]) -> int:
-    """Per-sample gradient evaluations of the planned local steps."""
-    return sum(p.sample_gradients for p in plans)
+    """Per-sample gradient evaluations of the planned local steps (the plans' real rows, counted at once)."""
+    return int(np.count_nonzero(np.concatenate([p.batches.ravel() for p in plans]) >= 0)) if plans else 0
 
 
 #: Methods by name. A method's own settings are its constructor's keyword parameters after the aggregator
