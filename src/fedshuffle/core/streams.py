@@ -54,7 +54,8 @@ def step_seed(key: tuple[int, ...], step: int) -> int:
 
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
 _MIX_L, _MIX_R, _POOL = 0xCA01F9DD, 0x4973F715, 4
-_PCG_MULT = (2549297995355413924 << 64) + 4865540595714422341
+_PCG_MULT_HIGH, _PCG_MULT_LOW = 2549297995355413924, 4865540595714422341
+_PCG_MULT = (_PCG_MULT_HIGH << 64) + _PCG_MULT_LOW
 _MASK128 = (1 << 128) - 1
 
 
@@ -123,30 +124,104 @@ def generators(seed: int, stream: Stream, keys: np.ndarray):
 # -- many permutations of one stream at once --------------------------------------------------------
 #
 # Planning random reshuffling draws ``rng.permutation(n)`` from each member's generator, once per epoch. At batch-1
-# convex sizes, setting each generator's state and calling NumPy per member is most of the planning. ``permutations``
-# gives the same numbers for a whole cohort in one compiled call: PCG64's 128-bit step and XSL-RR output (pcg64.h) on
-# pairs of 64-bit words, its buffered 32-bit draws, and ``Generator.shuffle``'s Fisher–Yates with masked rejection
-# (``random_interval``, distributions.c). It is checked against NumPy before its first use and not used if they differ
-# (a NumPy release that changes its shuffle): the generators' loop then runs.
+# convex sizes, seeding each generator and calling NumPy per member is most of the planning. ``permutations`` gives
+# the same numbers for a whole cohort in one compiled call: the SeedSequence hash and PCG64's seeding as above, then
+# PCG64's 128-bit step and XSL-RR output (pcg64.h) on pairs of 64-bit words, its buffered 32-bit draws, and
+# ``Generator.shuffle``'s Fisher–Yates with masked rejection (``random_interval``, distributions.c). It is checked
+# against NumPy before its first use and not used if they differ (a NumPy release that changes its shuffle): the
+# generators' loop then runs.
 
 try:
     import numba
 except ImportError:  # the optional dependency: without it, each member's generator
     numba = None
 
-_M64 = (1 << 64) - 1
+
+def _njit(function):
+    return numba.njit(cache=True)(function) if numba is not None else None
+
+
+def _times128(high, low, factor_high, factor_low):
+    """(high, low) · (factor_high, factor_low) mod 2¹²⁸, on 64-bit words (the low product from 32-bit halves)."""
+    half = np.uint64(0xFFFFFFFF)
+    a_low, a_high, b_low, b_high = low & half, low >> np.uint64(32), factor_low & half, factor_low >> np.uint64(32)
+    p0, p1, p2 = a_low * b_low, a_low * b_high, a_high * b_low
+    middle = (p0 >> np.uint64(32)) + (p1 & half) + (p2 & half)
+    product_low = (p0 & half) | (middle << np.uint64(32))
+    product_high = a_high * b_high + (p1 >> np.uint64(32)) + (p2 >> np.uint64(32)) + (middle >> np.uint64(32)) + low * factor_high + high * factor_low
+    return product_high, product_low
+
+
+def _plus128(high, low, add_high, add_low):
+    """(high, low) + (add_high, add_low) mod 2¹²⁸."""
+    total = low + add_low
+    return high + add_high + (np.uint64(1) if total < low else np.uint64(0)), total
+
+
+_times128, _plus128 = _njit(_times128), _njit(_plus128)
+
+
+def _compiled_states(entropy):
+    """``PCG64(SeedSequence(row))``'s (state high, state low, inc high, inc low) for each row of 32-bit words:
+    :func:`_pcg64_states` row by row on 32-bit words held in 64-bit integers."""
+    low32, shift = np.uint64(0xFFFFFFFF), np.uint64(16)
+    multiplier_high, multiplier_low = np.uint64(_PCG_MULT_HIGH), np.uint64(_PCG_MULT_LOW)
+    out = np.empty((entropy.shape[0], 4), dtype=np.uint64)
+    mixer = np.empty(_POOL, dtype=np.uint64)
+    words = np.empty(8, dtype=np.uint64)
+    for row in range(entropy.shape[0]):
+        hash_const = np.uint64(_INIT_A)
+        count = max(entropy.shape[1], _POOL)
+        for i in range(count):
+            value = (np.uint64(entropy[row, i]) if i < entropy.shape[1] else np.uint64(0)) ^ hash_const
+            hash_const = (hash_const * np.uint64(_MULT_A)) & low32
+            value = (value * hash_const) & low32
+            value ^= value >> shift
+            if i < _POOL:
+                mixer[i] = value
+                if i == _POOL - 1:  # the pool filled: mix it with itself
+                    for source in range(_POOL):
+                        for target in range(_POOL):
+                            if source != target:
+                                hashed = mixer[source] ^ hash_const
+                                hash_const = (hash_const * np.uint64(_MULT_A)) & low32
+                                hashed = (hashed * hash_const) & low32
+                                hashed ^= hashed >> shift
+                                mixed = (np.uint64(_MIX_L) * mixer[target] - np.uint64(_MIX_R) * hashed) & low32
+                                mixer[target] = mixed ^ (mixed >> shift)
+            else:  # a word past the pool: hashed once per pool slot (a fresh hash constant each time)
+                for target in range(_POOL):
+                    if target:
+                        value = np.uint64(entropy[row, i]) ^ hash_const
+                        hash_const = (hash_const * np.uint64(_MULT_A)) & low32
+                        value = (value * hash_const) & low32
+                        value ^= value >> shift
+                    mixed = (np.uint64(_MIX_L) * mixer[target] - np.uint64(_MIX_R) * value) & low32
+                    mixer[target] = mixed ^ (mixed >> shift)
+        hash_const = np.uint64(_INIT_B)
+        for i in range(8):  # generate_state(4, uint64)
+            value = mixer[i % _POOL] ^ hash_const
+            hash_const = (hash_const * np.uint64(_MULT_B)) & low32
+            value = (value * hash_const) & low32
+            words[i] = value ^ (value >> shift)
+        seeds = [(words[2 * k + 1] << np.uint64(32)) | words[2 * k] for k in range(4)]
+        inc_high, inc_low = (seeds[2] << np.uint64(1)) | (seeds[3] >> np.uint64(63)), (seeds[3] << np.uint64(1)) | np.uint64(1)
+        high, low = _plus128(inc_high, inc_low, seeds[0], seeds[1])  # state = 0; step (state = inc); += initstate; step
+        high, low = _times128(high, low, multiplier_high, multiplier_low)
+        out[row, 0], out[row, 1] = _plus128(high, low, inc_high, inc_low)
+        out[row, 2], out[row, 3] = inc_high, inc_low
+    return out
 
 
 def _compiled_shuffles(state_words, lengths, repeats, out):
     """For member k: ``repeats[k]`` successive permutations of ``lengths[k]`` from PCG64 state
     ``state_words[k]`` = (state high, state low, inc high, inc low), written one after another into ``out``."""
-    mult_high, mult_low = np.uint64(2549297995355413924), np.uint64(4865540595714422341)
-    low32, one, zero = np.uint64(0xFFFFFFFF), np.uint64(1), np.uint64(0)
-    shift32, shift58, bits63 = np.uint64(32), np.uint64(58), np.uint64(63)
+    multiplier_high, multiplier_low = np.uint64(_PCG_MULT_HIGH), np.uint64(_PCG_MULT_LOW)
+    low32 = np.uint64(0xFFFFFFFF)
     at = 0
     for k in range(lengths.shape[0]):
         high, low, inc_high, inc_low = state_words[k, 0], state_words[k, 1], state_words[k, 2], state_words[k, 3]
-        buffered, has_buffered = zero, False
+        buffered, has_buffered = np.uint64(0), False
         n = lengths[k]
         for _ in range(repeats[k]):
             perm = out[at : at + n]
@@ -161,16 +236,11 @@ def _compiled_shuffles(state_words, lengths, repeats, out):
                     if has_buffered:  # the upper half of the last 64-bit output
                         draw, has_buffered = buffered, False
                     else:  # state ← state·M + inc (mod 2¹²⁸), then XSL-RR: rotr(high ⊕ low, state >> 122)
-                        a_low, a_high, b_low, b_high = low & low32, low >> shift32, mult_low & low32, mult_low >> shift32
-                        p0, p1, p2 = a_low * b_low, a_low * b_high, a_high * b_low
-                        middle = (p0 >> shift32) + (p1 & low32) + (p2 & low32)
-                        product_low = (p0 & low32) | (middle << shift32)
-                        product_high = a_high * b_high + (p1 >> shift32) + (p2 >> shift32) + (middle >> shift32) + low * mult_high + high * mult_low
-                        low = product_low + inc_low
-                        high = product_high + inc_high + (one if low < product_low else zero)
-                        x, rotation = high ^ low, high >> shift58
-                        output = (x >> rotation) | (x << ((np.uint64(64) - rotation) & bits63))
-                        draw, buffered, has_buffered = output & low32, output >> shift32, True
+                        high, low = _times128(high, low, multiplier_high, multiplier_low)
+                        high, low = _plus128(high, low, inc_high, inc_low)
+                        x, rotation = high ^ low, high >> np.uint64(58)
+                        output = (x >> rotation) | (x << ((np.uint64(64) - rotation) & np.uint64(63)))
+                        draw, buffered, has_buffered = output & low32, output >> np.uint64(32), True
                     value = draw & mask
                     if value <= bound:
                         break
@@ -179,7 +249,7 @@ def _compiled_shuffles(state_words, lengths, repeats, out):
             at += n
 
 
-_compiled_shuffles = numba.njit(cache=True)(_compiled_shuffles) if numba is not None else None
+_compiled_states, _compiled_shuffles = _njit(_compiled_states), _njit(_compiled_shuffles)
 _COMPILED_AGREES: bool | None = None
 
 
@@ -190,25 +260,27 @@ def permutations(seed: int, stream: Stream, keys: np.ndarray, lengths: np.ndarra
     keys = np.asarray(keys, dtype=np.int64).reshape(len(keys), -1)
     lengths, repeats = np.asarray(lengths, dtype=np.int64), np.asarray(repeats, dtype=np.int64)
     if _COMPILED_AGREES is None:
-        _COMPILED_AGREES = _compiled_shuffles is not None and _agrees_with_numpy()
+        _COMPILED_AGREES = numba is not None and _agrees_with_numpy()
     if not _COMPILED_AGREES or seed >= 2**32 or (keys.size and keys.max() >= 2**32) or (lengths.size and lengths.max() >= 2**32):
         return [np.stack([rng.permutation(n) for _ in range(r)]).astype(np.int64, copy=False) for rng, n, r in zip(generators(seed, stream, keys), lengths.tolist(), repeats.tolist())]
-    entropy = np.concatenate([np.full((len(keys), 2), [seed, int(stream)], dtype=np.int64), keys], axis=1)
-    words = np.array([(s >> 64, s & _M64, i >> 64, i & _M64) for s, i in _pcg64_states(entropy)], dtype=np.uint64).reshape(-1, 4)
-    sizes = lengths * repeats
-    out = np.empty(int(sizes.sum()), dtype=np.int64)
-    _compiled_shuffles(words, lengths, repeats, out)
-    ends = np.cumsum(sizes).tolist()
-    return [out[end - n * r : end].reshape(r, n) for end, n, r in zip(ends, lengths.tolist(), repeats.tolist())]
+    flat = _shuffled(np.concatenate([np.full((len(keys), 2), [seed, int(stream)], dtype=np.int64), keys], axis=1), lengths, repeats)
+    ends = np.cumsum(lengths * repeats).tolist()
+    return [flat[end - n * r : end].reshape(r, n) for end, n, r in zip(ends, lengths.tolist(), repeats.tolist())]
+
+
+def _shuffled(entropy: np.ndarray, lengths: np.ndarray, repeats: np.ndarray) -> np.ndarray:
+    out = np.empty(int((lengths * repeats).sum()), dtype=np.int64)
+    _compiled_shuffles(_compiled_states(entropy), lengths, repeats, out)
+    return out
 
 
 def _agrees_with_numpy() -> bool:
-    """Whether the compiled shuffles give NumPy's permutations (sizes up to 2³² − 1, several in a row)."""
-    keys = np.array([[0, 1], [7, 3], [123, 4567]], dtype=np.int64)
+    """Whether the compiled seeding and shuffles give NumPy's permutations (keys of 2 to 5 words, several in a row)."""
+    entropy = np.array([[5, 3, 0, 1, 0], [0, 0, 7, 3, 2], [2**32 - 1, 9, 123, 4567, 1]], dtype=np.int64)
     lengths, repeats = np.array([1, 37, 1000]), np.array([2, 3, 2])
-    entropy = np.concatenate([np.full((3, 2), [5, int(Stream.DATA_ORDER)], dtype=np.int64), keys], axis=1)
-    words = np.array([(s >> 64, s & _M64, i >> 64, i & _M64) for s, i in _pcg64_states(entropy)], dtype=np.uint64)
-    out = np.empty(int((lengths * repeats).sum()), dtype=np.int64)
-    _compiled_shuffles(words, lengths, repeats, out)
-    expected = [rng.permutation(n) for rng, n, r in zip(generators(5, Stream.DATA_ORDER, keys), lengths.tolist(), repeats.tolist()) for _ in range(r)]
-    return bool(np.array_equal(out, np.concatenate(expected)))
+    expected = []
+    for row, n, r in zip(entropy.tolist(), lengths.tolist(), repeats.tolist()):
+        rng = np.random.default_rng(np.random.SeedSequence(row))
+        expected += [rng.permutation(n) for _ in range(r)]
+    short = _shuffled(entropy[:, :2], np.array([50]), np.array([1]))
+    return bool(np.array_equal(_shuffled(entropy, lengths, repeats), np.concatenate(expected))) and bool(np.array_equal(short, np.random.default_rng(np.random.SeedSequence([5, 3])).permutation(50)))
