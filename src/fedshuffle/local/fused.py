@@ -21,7 +21,8 @@ gradient at the center, when FedShuffleMVR's correction asks for it):
     drift       g ← a·g + (1−a)m, or g + (1−a)(m − g_x)   prox   g ← g + μ(y − x)
     offset      g ← g + o_i                          momentum      v ← ρv + g, g ← v
 
-then y ← y − η_i·g. The backend is used when numba is installed (``pip install 'fedshuffle[fast]'``),
+then y ← y − η_i·g (plain SGD on the quadratic and logistic problems, whose chain is empty, updates y in one pass
+per minibatch row without forming g). The backend is used when numba is installed (``pip install 'fedshuffle[fast]'``),
 the run is on the CPU (float64; the MLP float32 too, its arrays kept in the run's dtype) and every
 transform is one of these; otherwise the torch loop runs. It gives the torch loop's trajectory up to
 floating-point rounding: sums in another order, and in float32 runs some intermediate products in float64
@@ -296,17 +297,54 @@ def _mlp_gradient(l2, widths, y, x, int_labels, rows, g, scratch):
 @_jit
 def _loop(kind, l2, widths, ys, centers, offsets, has_offset, x, float_labels, int_labels, rows, steps, lrs, ops, values, momentum, scratch):
     """Every member's steps on a linear problem: the minibatch gradient (and at the center, for a corrected drift), then
-    :func:`_step`."""
+    :func:`_step`; plain SGD on the quadratic or logistic problem as :func:`_sgd_step`."""
     g, gx, velocity = np.empty_like(ys[0]), np.empty_like(ys[0]), np.empty_like(ys[0])
     corrected = _corrected(ops)
+    plain = ops.shape[0] == 0 and kind != SOFTMAX
     for c in range(ys.shape[0]):
         y, center, offset = ys[c], centers[c], offsets[c if has_offset else 0]
         velocity[:] = 0.0
         for t in range(steps[c]):
+            if plain:
+                _sgd_step(kind, l2, y, x, float_labels, rows[c, t], lrs[c], scratch[0])
+                continue
             _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows[c, t], g, scratch)
             if corrected:
                 _gradient(kind, l2, widths, center, x, float_labels, int_labels, rows[c, t], gx, scratch)
             _step(ops, values, momentum, g, gx, velocity, y, center, offset, has_offset, corrected, lrs[c])
+
+
+@_jit(fastmath=REASSOCIATE)
+def _sgd_step(kind, l2, y, x, float_labels, rows, lr, coefs):
+    """y ← y − η·g of plain SGD without forming g: y ← (1 − η·s·Σv)·y + η Σ_b c_b a_b, with s = λ and
+    c_b = v_b b_b σ(−b_b a_bᵀy) for the logistic problem, s = 1 and c_b = v_b (a_b = e_b) for the quadratic — the
+    gradients of :func:`_gradient`, one pass over y per row instead of three."""
+    n = 0
+    for r in rows:
+        if r >= 0:
+            n += 1
+    w = 1.0 / max(n, 1)
+    b = 0
+    for r in rows:
+        if r >= 0:
+            if kind == QUADRATIC:
+                coefs[b] = lr * w
+            else:
+                margin = 0.0
+                for j in range(y.shape[0]):
+                    margin += x[r, j] * y[j]
+                coefs[b] = lr * float_labels[r] * w / (1.0 + np.exp(float_labels[r] * margin))
+            b += 1
+    shrink = 1.0 - lr * (w * n) * (1.0 if kind == QUADRATIC else l2)
+    for j in range(y.shape[0]):
+        y[j] *= shrink
+    b = 0
+    for r in rows:
+        if r >= 0:
+            coef = coefs[b]
+            for j in range(y.shape[0]):
+                y[j] += coef * x[r, j]
+            b += 1
 
 
 @_jit
