@@ -107,12 +107,11 @@ def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Te
     plans = work.plans
     kind, l2, widths = problem_code(problem)
     ops, values, momentum = chain_code(work.chain, work.start.shape[-1])
-    shapes = [p.batches.shape for p in plans]
-    steps = np.array([s[0] for s in shapes], dtype=np.int64)
-    batch = max(s[1] for s in shapes)
-    rows = np.full((len(plans), int(steps.max()), batch), -1, dtype=np.int64)
-    for c, (plan, (tau, width)) in enumerate(zip(plans, shapes)):
-        rows[c, :tau, :width] = plan.batches
+    plan_shapes = np.array([p.batches.shape for p in plans], dtype=np.int64).reshape(len(plans), 2)
+    steps, row_widths = plan_shapes[:, 0].copy(), plan_shapes[:, 1].copy()
+    batch = int(row_widths.max())
+    rows = np.concatenate([p.batches.ravel() for p in plans]).astype(np.int64, copy=False)  # member after member, step after step
+    row_starts = np.concatenate([[0], np.cumsum(steps * row_widths)[:-1]]).astype(np.int64)
     starts = work.rows("start").detach().cpu().numpy()
     centers = starts if work.center is None else np.ascontiguousarray(work.rows("center").detach().cpu().numpy())
     offsets = np.zeros((1, starts.shape[1]), dtype=starts.dtype) if work.offset is None else np.ascontiguousarray(work.rows("offset").detach().cpu().numpy())
@@ -120,16 +119,16 @@ def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Te
     x = features.detach().cpu().numpy().reshape(features.shape[0], -1)
     lab = labels.detach().cpu().numpy()
     integer = kind in (SOFTMAX, MULTILAYER)
-    float_labels = np.zeros(1) if integer else lab.astype(np.float64)
-    int_labels = lab.astype(np.int64) if integer else np.zeros(1, dtype=np.int64)
+    float_labels = np.zeros(1) if integer else np.asarray(lab, dtype=np.float64)
+    int_labels = np.asarray(lab, dtype=np.int64) if integer else np.zeros(1, dtype=np.int64)
     ys = np.array(starts, order="C")
     shape = (len(widths) + 2, batch * int(widths.max())) if kind == MULTILAYER else (1, max(int(widths.sum()), batch))
     scratch = np.empty(shape, dtype=ys.dtype)
     centers, x = np.ascontiguousarray(centers), np.ascontiguousarray(x)
     if kind == MULTILAYER:
-        _mlp_loop(l2, widths, ys, centers, offsets, work.offset is not None, x, int_labels, rows, steps, lrs, ops, values, momentum, scratch)
+        _mlp_loop(l2, widths, ys, centers, offsets, work.offset is not None, x, int_labels, rows, row_starts, row_widths, steps, lrs, ops, values, momentum, scratch)
     else:
-        _loop(kind, l2, widths, ys, centers, offsets, work.offset is not None, x, float_labels, int_labels, rows, steps, lrs, ops, values, momentum, scratch)
+        _loop(kind, l2, widths, ys, centers, offsets, work.offset is not None, x, float_labels, int_labels, rows, row_starts, row_widths, steps, lrs, ops, values, momentum, scratch)
     return work.rows("start") - torch.from_numpy(ys).to(work.start.device)
 
 
@@ -295,9 +294,10 @@ def _mlp_gradient(l2, widths, y, x, int_labels, rows, g, scratch):
 
 
 @_jit
-def _loop(kind, l2, widths, ys, centers, offsets, has_offset, x, float_labels, int_labels, rows, steps, lrs, ops, values, momentum, scratch):
+def _loop(kind, l2, widths, ys, centers, offsets, has_offset, x, float_labels, int_labels, rows, row_starts, row_widths, steps, lrs, ops, values, momentum, scratch):
     """Every member's steps on a linear problem: the minibatch gradient (and at the center, for a corrected drift), then
-    :func:`_step`; plain SGD on the quadratic or logistic problem as :func:`_sgd_step`."""
+    :func:`_step`; plain SGD on the quadratic or logistic problem as :func:`_sgd_step`. Member c's step t uses the
+    ``row_widths[c]`` sample rows at ``rows[row_starts[c] + t·row_widths[c]:]`` (−1: padding)."""
     g, gx, velocity = np.empty_like(ys[0]), np.empty_like(ys[0]), np.empty_like(ys[0])
     corrected = _corrected(ops)
     plain = ops.shape[0] == 0 and kind != SOFTMAX
@@ -305,12 +305,13 @@ def _loop(kind, l2, widths, ys, centers, offsets, has_offset, x, float_labels, i
         y, center, offset = ys[c], centers[c], offsets[c if has_offset else 0]
         velocity[:] = 0.0
         for t in range(steps[c]):
+            batch = rows[row_starts[c] + t * row_widths[c] : row_starts[c] + (t + 1) * row_widths[c]]
             if plain:
-                _sgd_step(kind, l2, y, x, float_labels, rows[c, t], lrs[c], scratch[0])
+                _sgd_step(kind, l2, y, x, float_labels, batch, lrs[c], scratch[0])
                 continue
-            _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows[c, t], g, scratch)
+            _gradient(kind, l2, widths, y, x, float_labels, int_labels, batch, g, scratch)
             if corrected:
-                _gradient(kind, l2, widths, center, x, float_labels, int_labels, rows[c, t], gx, scratch)
+                _gradient(kind, l2, widths, center, x, float_labels, int_labels, batch, gx, scratch)
             _step(ops, values, momentum, g, gx, velocity, y, center, offset, has_offset, corrected, lrs[c])
 
 
@@ -348,7 +349,7 @@ def _sgd_step(kind, l2, y, x, float_labels, rows, lr, coefs):
 
 
 @_jit
-def _mlp_loop(l2, widths, ys, centers, offsets, has_offset, x, int_labels, rows, steps, lrs, ops, values, momentum, scratch):
+def _mlp_loop(l2, widths, ys, centers, offsets, has_offset, x, int_labels, rows, row_starts, row_widths, steps, lrs, ops, values, momentum, scratch):
     """:func:`_loop` for the MLP (compiled apart, so that neither problem family pays for compiling the other)."""
     g, gx, velocity = np.empty_like(ys[0]), np.empty_like(ys[0]), np.empty_like(ys[0])
     corrected = _corrected(ops)
@@ -356,9 +357,10 @@ def _mlp_loop(l2, widths, ys, centers, offsets, has_offset, x, int_labels, rows,
         y, center, offset = ys[c], centers[c], offsets[c if has_offset else 0]
         velocity[:] = 0.0
         for t in range(steps[c]):
-            _mlp_gradient(l2, widths, y, x, int_labels, rows[c, t], g, scratch)
+            batch = rows[row_starts[c] + t * row_widths[c] : row_starts[c] + (t + 1) * row_widths[c]]
+            _mlp_gradient(l2, widths, y, x, int_labels, batch, g, scratch)
             if corrected:
-                _mlp_gradient(l2, widths, center, x, int_labels, rows[c, t], gx, scratch)
+                _mlp_gradient(l2, widths, center, x, int_labels, batch, gx, scratch)
             _step(ops, values, momentum, g, gx, velocity, y, center, offset, has_offset, corrected, lrs[c])
 
 
