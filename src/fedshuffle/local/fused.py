@@ -381,19 +381,14 @@ def _step(ops, values, momentum, g, gx, velocity, y, center, offset, has_offset,
     for o in range(ops.shape[0]):
         op, value = ops[o], values[o]
         if op == CLIP:  # g and g_x each by its own norm: g ← g·min(1, c/(‖g‖+1e-12))
-            squares = 0.0
-            for j in range(d):
-                squares += g[j] * g[j]
-            scale = min(value / (np.sqrt(squares) + 1e-12), 1.0)
-            for j in range(d):
-                g[j] *= scale
-            if corrected:
+            for which in range(2 if corrected else 1):
+                v = g if which == 0 else gx
                 squares = 0.0
                 for j in range(d):
-                    squares += gx[j] * gx[j]
+                    squares += v[j] * v[j]
                 scale = min(value / (np.sqrt(squares) + 1e-12), 1.0)
                 for j in range(d):
-                    gx[j] *= scale
+                    v[j] *= scale
         elif op == DECAY:
             for j in range(d):
                 g[j] += value * y[j]
