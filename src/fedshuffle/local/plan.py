@@ -256,7 +256,7 @@ class LocalPlanner:
         plans = []
         for i, tau, lr, occurrence, (rng, epoch_orders) in zip(cohort.tolist(), planned.tolist(), lrs.tolist(), occurrences, draws):
             rows = self._batches(client_indices[i], int(tau), rng, epoch_orders, i, seed)
-            done = self._completed_steps(int(tau), i, occurrence, round_index, seed)
+            done = self._completed_steps(int(tau), i, occurrence, round_index, seed) if self.straggler_probability > 0 else max(1, tau - self.drop_last_steps)
             plans.append(ClientPlan(i, rows[:done], lr, int(tau), chain.a_l1(done, lr), (seed, round_index, i, occurrence)))
         return plans
 
@@ -288,11 +288,12 @@ class LocalPlanner:
         return (epochs[0] if len(epochs) == 1 else np.concatenate(epochs))[:steps]
 
     def _completed_steps(self, planned: int, client: int, occurrence: int, round_index: int, seed: int) -> int:
+        """Steps a straggling member completes: its planned steps less ``drop_last_steps`` (at least one), or with
+        ``straggler_probability`` only U{1..τ_i} of them."""
         done = max(1, planned - self.drop_last_steps)
-        if self.straggler_probability > 0:
-            rng = generator(seed, Stream.UNFINISHED, round_index, client, occurrence)
-            if rng.random() < self.straggler_probability:
-                done = min(done, int(rng.integers(1, planned + 1)))
+        rng = generator(seed, Stream.UNFINISHED, round_index, client, occurrence)
+        if rng.random() < self.straggler_probability:
+            done = min(done, int(rng.integers(1, planned + 1)))
         return done
 
     def chain(self) -> StepChain:
