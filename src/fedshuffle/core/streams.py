@@ -253,19 +253,18 @@ _compiled_states, _compiled_shuffles = _njit(_compiled_states), _njit(_compiled_
 _COMPILED_AGREES: bool | None = None
 
 
-def permutations(seed: int, stream: Stream, keys: np.ndarray, lengths: np.ndarray, repeats: np.ndarray) -> list[np.ndarray]:
+def permutations(seed: int, stream: Stream, keys: np.ndarray, lengths: np.ndarray, repeats: np.ndarray) -> np.ndarray:
     """For each row k of ``keys``: ``repeats[k]`` successive ``permutation(lengths[k])`` of the generator
-    ``generator(seed, stream, *keys[k])``, as a ``(repeats[k], lengths[k])`` array (int64)."""
+    ``generator(seed, stream, *keys[k])``, all in one flat int64 array (row after row, each row's in turn)."""
     global _COMPILED_AGREES
     keys = np.asarray(keys, dtype=np.int64).reshape(len(keys), -1)
     lengths, repeats = np.asarray(lengths, dtype=np.int64), np.asarray(repeats, dtype=np.int64)
     if _COMPILED_AGREES is None:
         _COMPILED_AGREES = numba is not None and _agrees_with_numpy()
     if not _COMPILED_AGREES or seed >= 2**32 or (keys.size and keys.max() >= 2**32) or (lengths.size and lengths.max() >= 2**32):
-        return [np.stack([rng.permutation(n) for _ in range(r)]).astype(np.int64, copy=False) for rng, n, r in zip(generators(seed, stream, keys), lengths.tolist(), repeats.tolist())]
-    flat = _shuffled(np.concatenate([np.full((len(keys), 2), [seed, int(stream)], dtype=np.int64), keys], axis=1), lengths, repeats)
-    ends = np.cumsum(lengths * repeats).tolist()
-    return [flat[end - n * r : end].reshape(r, n) for end, n, r in zip(ends, lengths.tolist(), repeats.tolist())]
+        drawn = [rng.permutation(n) for rng, n, r in zip(generators(seed, stream, keys), lengths.tolist(), repeats.tolist()) for _ in range(r)]
+        return np.concatenate(drawn).astype(np.int64, copy=False) if drawn else np.zeros(0, dtype=np.int64)
+    return _shuffled(np.concatenate([np.full((len(keys), 2), [seed, int(stream)], dtype=np.int64), keys], axis=1), lengths, repeats)
 
 
 def _shuffled(entropy: np.ndarray, lengths: np.ndarray, repeats: np.ndarray) -> np.ndarray:

@@ -15,7 +15,6 @@ that the server step x ← x − η_g Σ ω_iΔ_i reduces to FedAvg for η_g = 1
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
@@ -247,28 +246,39 @@ class LocalPlanner:
             occurrences.append(seen.setdefault(i, -1) + 1)
             seen[i] = occurrences[-1]
         keys = np.stack([np.full(len(cohort), round_index), cohort, occurrences], axis=1)
-        if self.order == "reshuffle":  # every epoch's permutation of every member, drawn at once from the members' streams
-            epochs_run = -(-planned // self.epoch_steps(sizes[cohort]))
-            draws = zip(itertools.repeat(None), permutations(seed, Stream.DATA_ORDER, keys, sizes[cohort], epochs_run))
-        else:
-            draws = zip(generators(seed, Stream.DATA_ORDER, keys), itertools.repeat(None))
         chain = self.chain()
         plans = []
-        for i, tau, lr, occurrence, (rng, epoch_orders) in zip(cohort.tolist(), planned.tolist(), lrs.tolist(), occurrences, draws):
-            rows = self._batches(client_indices[i], int(tau), rng, epoch_orders, i, seed)
-            done = self._completed_steps(int(tau), i, occurrence, round_index, seed) if self.straggler_probability > 0 else max(1, tau - self.drop_last_steps)
-            plans.append(ClientPlan(i, rows[:done], lr, int(tau), chain.a_l1(done, lr), (seed, round_index, i, occurrence)))
+        for i, tau, lr, occurrence, rows in zip(cohort.tolist(), planned.tolist(), lrs.tolist(), occurrences, self._cohort_batches(client_indices, cohort, planned, keys, sizes, seed)):
+            done = self._completed_steps(tau, i, occurrence, round_index, seed) if self.straggler_probability > 0 else max(1, tau - self.drop_last_steps)
+            plans.append(ClientPlan(i, rows[:done], lr, tau, chain.a_l1(done, lr), (seed, round_index, i, occurrence)))
         return plans
 
+    def _cohort_batches(self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, planned: np.ndarray, keys: np.ndarray, sizes: np.ndarray, seed: int) -> list[np.ndarray]:
+        """Each member's minibatch rows ``(τ_i, width)`` from its DATA_ORDER stream (keyed ``keys``). Under random
+        reshuffling every epoch's permutation of every member is drawn at once; where each member runs at most one
+        epoch and its minibatches tile it, the rows are gathered at once too."""
+        if self.order != "reshuffle":
+            return [self._batches(client_indices[i], tau, rng, None, i, seed) for i, tau, rng in zip(cohort.tolist(), planned.tolist(), generators(seed, Stream.DATA_ORDER, keys))]
+        counts = sizes[cohort]
+        epochs_run = -(-planned // self.epoch_steps(counts))
+        orders = permutations(seed, Stream.DATA_ORDER, keys, counts, epochs_run)
+        ends = np.cumsum(counts * epochs_run)
+        widths = np.minimum(self.batch_size, counts)
+        if self.epoch_batches is None and bool(np.all(counts % widths == 0)) and bool(np.all(planned * widths <= counts)):
+            rows = np.concatenate([client_indices[i] for i in cohort.tolist()])[orders + np.repeat(ends - counts, counts)].astype(np.int64, copy=False)
+            return [rows[end - n : end].reshape(n // b, b)[:tau] for end, n, b, tau in zip(ends.tolist(), counts.tolist(), widths.tolist(), planned.tolist())]
+        return [
+            self._batches(client_indices[i], tau, None, orders[end - n * r : end].reshape(r, n), i, seed)
+            for i, tau, end, n, r in zip(cohort.tolist(), planned.tolist(), ends.tolist(), counts.tolist(), epochs_run.tolist())
+        ]
+
     def _batches(self, rows: np.ndarray, steps: int, rng: np.random.Generator | None, epoch_orders: np.ndarray | None, client: int, seed: int) -> np.ndarray:
-        """The minibatch rows ``(steps, width)`` of one member: drawn with replacement from ``rng``, or cut from each
+        """One member's minibatch rows ``(steps, width)``: drawn with replacement from ``rng``, or cut from each
         epoch's permutation (``epoch_orders[e]`` under reshuffling, the client's one permutation under shuffle-once)."""
         n, b = len(rows), self.batch_width(len(rows))  # a batch beyond the client's data is all of it: no padding columns
         if self.order == "with_replacement":
             picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
             return rows[picks]
-        if epoch_orders is not None and self.epoch_batches is None and n % b == 0 and steps * b <= n:
-            return rows[epoch_orders[0]].astype(np.int64, copy=False).reshape(n // b, b)[:steps]  # one epoch, no padding: the loop below, short
         per_epoch = self.epoch_steps(n)
         padded = per_epoch * b
         fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "shuffle_once" else None
