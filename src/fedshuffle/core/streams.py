@@ -281,5 +281,5 @@ def _agrees_with_numpy() -> bool:
     for row, n, r in zip(entropy.tolist(), lengths.tolist(), repeats.tolist()):
         rng = np.random.default_rng(np.random.SeedSequence(row))
         expected += [rng.permutation(n) for _ in range(r)]
-    short = _shuffled(entropy[:, :2], np.array([50]), np.array([1]))
+    short = _shuffled(entropy[:1, :2], np.array([50]), np.array([1]))
     return bool(np.array_equal(_shuffled(entropy, lengths, repeats), np.concatenate(expected))) and bool(np.array_equal(short, np.random.default_rng(np.random.SeedSequence([5, 3])).permutation(50)))
