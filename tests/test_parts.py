@@ -195,6 +195,8 @@ def test_batched_permutations_are_the_keyed_generators_permutations(monkeypatch)
             assert got.dtype == np.int64 and np.array_equal(got, expected)
     if streams._compiled_shuffles is not None:
         assert streams._agrees_with_numpy()
+    with pytest.raises(ValueError, match="non-negative"):  # as the generators refuse them, on either path
+        permutations(-1, Stream.DATA_ORDER, keys[:1], lengths[:1], repeats[:1])
 
 
 def test_the_planners_population_scan_is_kept_per_sizes_array_and_never_pickled():

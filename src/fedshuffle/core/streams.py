@@ -259,6 +259,8 @@ def permutations(seed: int, stream: Stream, keys: np.ndarray, lengths: np.ndarra
     global _COMPILED_AGREES
     keys = np.asarray(keys, dtype=np.int64).reshape(len(keys), -1)
     lengths, repeats = np.asarray(lengths, dtype=np.int64), np.asarray(repeats, dtype=np.int64)
+    if seed < 0 or (keys.size and keys.min() < 0):
+        raise ValueError(f"seed and stream keys must be non-negative, got {seed}, {keys.min()}")
     if _COMPILED_AGREES is None:
         _COMPILED_AGREES = numba is not None and _agrees_with_numpy()
     if not _COMPILED_AGREES or seed >= 2**32 or (keys.size and keys.max() >= 2**32) or (lengths.size and lengths.max() >= 2**32):

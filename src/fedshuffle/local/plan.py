@@ -259,7 +259,7 @@ class LocalPlanner:
         epoch and its minibatches tile it, the rows are gathered at once too."""
         if self.order != "reshuffle":
             return [self._batches(client_indices[i], tau, rng, None, i, seed) for i, tau, rng in zip(cohort.tolist(), planned.tolist(), generators(seed, Stream.DATA_ORDER, keys))]
-        counts = sizes[cohort]
+        counts = sizes[cohort].astype(np.int64)
         epochs_run = -(-planned // self.epoch_steps(counts))
         orders = permutations(seed, Stream.DATA_ORDER, keys, counts, epochs_run)
         ends = np.cumsum(counts * epochs_run)
