@@ -161,53 +161,51 @@ def _plus128(high, low, add_high, add_low):
 _times128, _plus128 = _njit(_times128), _njit(_plus128)
 
 
+def _hashed(value, hash_const, multiplier):
+    """SeedSequence's hashmix of one 32-bit word (held in 64 bits), and the hash constant it leaves for the next."""
+    low32 = np.uint64(0xFFFFFFFF)
+    value ^= hash_const
+    hash_const = (hash_const * multiplier) & low32
+    value = (value * hash_const) & low32
+    return value ^ (value >> np.uint64(16)), hash_const
+
+
+def _mixed(into, value):
+    """SeedSequence's mix of ``value`` into a pool word."""
+    mixed = (np.uint64(_MIX_L) * into - np.uint64(_MIX_R) * value) & np.uint64(0xFFFFFFFF)
+    return mixed ^ (mixed >> np.uint64(16))
+
+
+_hashed, _mixed = _njit(_hashed), _njit(_mixed)
+
+
 def _compiled_states(entropy):
     """``PCG64(SeedSequence(row))``'s (state high, state low, inc high, inc low) for each row of 32-bit words:
     :func:`_pcg64_states` row by row on 32-bit words held in 64-bit integers."""
-    low32, shift = np.uint64(0xFFFFFFFF), np.uint64(16)
-    multiplier_high, multiplier_low = np.uint64(_PCG_MULT_HIGH), np.uint64(_PCG_MULT_LOW)
+    multiplier_a, multiplier_b = np.uint64(_MULT_A), np.uint64(_MULT_B)
     out = np.empty((entropy.shape[0], 4), dtype=np.uint64)
     mixer = np.empty(_POOL, dtype=np.uint64)
     words = np.empty(8, dtype=np.uint64)
     for row in range(entropy.shape[0]):
         hash_const = np.uint64(_INIT_A)
-        count = max(entropy.shape[1], _POOL)
-        for i in range(count):
-            value = (np.uint64(entropy[row, i]) if i < entropy.shape[1] else np.uint64(0)) ^ hash_const
-            hash_const = (hash_const * np.uint64(_MULT_A)) & low32
-            value = (value * hash_const) & low32
-            value ^= value >> shift
-            if i < _POOL:
-                mixer[i] = value
-                if i == _POOL - 1:  # the pool filled: mix it with itself
-                    for source in range(_POOL):
-                        for target in range(_POOL):
-                            if source != target:
-                                hashed = mixer[source] ^ hash_const
-                                hash_const = (hash_const * np.uint64(_MULT_A)) & low32
-                                hashed = (hashed * hash_const) & low32
-                                hashed ^= hashed >> shift
-                                mixed = (np.uint64(_MIX_L) * mixer[target] - np.uint64(_MIX_R) * hashed) & low32
-                                mixer[target] = mixed ^ (mixed >> shift)
-            else:  # a word past the pool: hashed once per pool slot (a fresh hash constant each time)
-                for target in range(_POOL):
-                    if target:
-                        value = np.uint64(entropy[row, i]) ^ hash_const
-                        hash_const = (hash_const * np.uint64(_MULT_A)) & low32
-                        value = (value * hash_const) & low32
-                        value ^= value >> shift
-                    mixed = (np.uint64(_MIX_L) * mixer[target] - np.uint64(_MIX_R) * value) & low32
-                    mixer[target] = mixed ^ (mixed >> shift)
+        for i in range(_POOL):  # the pool: the first words hashed (zeros past the entropy's end), then mixed together
+            mixer[i], hash_const = _hashed(np.uint64(entropy[row, i]) if i < entropy.shape[1] else np.uint64(0), hash_const, multiplier_a)
+        for source in range(_POOL):
+            for target in range(_POOL):
+                if source != target:
+                    hashed, hash_const = _hashed(mixer[source], hash_const, multiplier_a)
+                    mixer[target] = _mixed(mixer[target], hashed)
+        for i in range(_POOL, entropy.shape[1]):  # a word past the pool: hashed anew for each pool slot
+            for target in range(_POOL):
+                hashed, hash_const = _hashed(np.uint64(entropy[row, i]), hash_const, multiplier_a)
+                mixer[target] = _mixed(mixer[target], hashed)
         hash_const = np.uint64(_INIT_B)
         for i in range(8):  # generate_state(4, uint64)
-            value = mixer[i % _POOL] ^ hash_const
-            hash_const = (hash_const * np.uint64(_MULT_B)) & low32
-            value = (value * hash_const) & low32
-            words[i] = value ^ (value >> shift)
+            words[i], hash_const = _hashed(mixer[i % _POOL], hash_const, multiplier_b)
         seeds = [(words[2 * k + 1] << np.uint64(32)) | words[2 * k] for k in range(4)]
         inc_high, inc_low = (seeds[2] << np.uint64(1)) | (seeds[3] >> np.uint64(63)), (seeds[3] << np.uint64(1)) | np.uint64(1)
         high, low = _plus128(inc_high, inc_low, seeds[0], seeds[1])  # state = 0; step (state = inc); += initstate; step
-        high, low = _times128(high, low, multiplier_high, multiplier_low)
+        high, low = _times128(high, low, np.uint64(_PCG_MULT_HIGH), np.uint64(_PCG_MULT_LOW))
         out[row, 0], out[row, 1] = _plus128(high, low, inc_high, inc_low)
         out[row, 2], out[row, 3] = inc_high, inc_low
     return out

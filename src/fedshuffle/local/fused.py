@@ -155,7 +155,7 @@ def _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows, g, scratch
         if r >= 0:
             n += 1
     w = 1.0 / max(n, 1)
-    if kind == 0:  # quadratic: y·Σv − Σ v_b e_b
+    if kind == QUADRATIC:  # y·Σv − Σ v_b e_b
         for j in range(d):
             g[j] = y[j] * (w * n)
         for r in rows:
@@ -163,7 +163,7 @@ def _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows, g, scratch
                 for j in range(d):
                     g[j] -= w * x[r, j]
         return
-    if kind == 1:  # logistic: −Σ v_b b_b σ(−b_b a_bᵀy) a_b + λ(Σv)y, the coefficients first, then one pass over g
+    if kind == LOGISTIC:  # −Σ v_b b_b σ(−b_b a_bᵀy) a_b + λ(Σv)y, the coefficients first, then one pass over g
         coefs = scratch[0]
         b = 0
         for r in rows:

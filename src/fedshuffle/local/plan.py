@@ -249,7 +249,7 @@ class LocalPlanner:
         chain = self.chain()
         plans = []
         for i, tau, lr, occurrence, rows in zip(cohort.tolist(), planned.tolist(), lrs.tolist(), occurrences, self._cohort_batches(client_indices, cohort, planned, keys, sizes, seed)):
-            done = self._completed_steps(tau, i, occurrence, round_index, seed) if self.straggler_probability > 0 else max(1, tau - self.drop_last_steps)
+            done = self._completed_steps(tau, i, occurrence, round_index, seed)
             plans.append(ClientPlan(i, rows[:done], lr, tau, chain.a_l1(done, lr), (seed, round_index, i, occurrence)))
         return plans
 
@@ -298,12 +298,13 @@ class LocalPlanner:
         return (epochs[0] if len(epochs) == 1 else np.concatenate(epochs))[:steps]
 
     def _completed_steps(self, planned: int, client: int, occurrence: int, round_index: int, seed: int) -> int:
-        """Steps a straggling member completes: its planned steps less ``drop_last_steps`` (at least one), or with
-        ``straggler_probability`` only U{1..τ_i} of them."""
+        """Steps a member completes: its planned steps less ``drop_last_steps`` (at least one), or with
+        ``straggler_probability`` only U{1..τ_i} of them (its UNFINISHED stream drawn only then)."""
         done = max(1, planned - self.drop_last_steps)
-        rng = generator(seed, Stream.UNFINISHED, round_index, client, occurrence)
-        if rng.random() < self.straggler_probability:
-            done = min(done, int(rng.integers(1, planned + 1)))
+        if self.straggler_probability > 0:
+            rng = generator(seed, Stream.UNFINISHED, round_index, client, occurrence)
+            if rng.random() < self.straggler_probability:
+                done = min(done, int(rng.integers(1, planned + 1)))
         return done
 
     def chain(self) -> StepChain:
