@@ -71,7 +71,7 @@ from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, Federa
 from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, rows_digest
 from fedshuffle.integrations.flower.secagg import SecureAggregation, refuse_individual_updates, rescaling, secure_sum, sum_metrics
 from fedshuffle.local.plan import ClientPlan
-from fedshuffle.methods.base import ClientResult, Method, RoundInfo
+from fedshuffle.methods.base import ClientResult, Method, RoundInfo, sample_gradients
 from fedshuffle.methods.fedcdr import FedCDR
 from fedshuffle.simulation import RoundRecord, Server
 
@@ -99,7 +99,7 @@ def work_bound(method: Method, plans: Sequence[ClientPlan], size: int) -> int:
     """
     inner = getattr(method, "inner", method)
     passes = 1 + (2 * (1 + _PROX_TRIALS * inner.prox_max_iter) if isinstance(inner, FedCDR) else 0)
-    return 4 * sum(p.sample_gradients for p in plans) + len(plans) * passes * size
+    return 4 * sample_gradients(plans) + len(plans) * passes * size
 
 
 class ClientStateLost(FederationError):
