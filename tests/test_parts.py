@@ -163,6 +163,30 @@ def test_executor_independence_of_streams():
     assert any(not np.array_equal(a.batches, b.batches) for a, b in itertools.pairwise([together[0], solver.plan(clients, np.array([0]), 8, seed=3)[0]]))
 
 
+def test_a_cohort_plan_is_its_members_plans_and_selects_joins_and_pickles_them_without_mixing_rows():
+    """The planner's columns read back as the members' own plans (rows, η_i, ‖a_i‖₁, key), also where a short batch is
+    padded, a member stops early or a client is drawn twice; take, joined and a pickle keep each member's rows."""
+    import pickle
+
+    from fedshuffle.local.plan import CohortPlan
+
+    clients = [np.arange(0, 7), np.arange(7, 10), np.arange(10, 22)]
+    cohort = np.array([2, 0, 2, 1])
+    for settings in ({"batch_size": 1}, {"batch_size": 5, "epochs": 2, "straggler_probability": 0.7}, {"epoch_batches": 3, "momentum": 0.5}):
+        plans = LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, seed=9)
+        members = [plans[c] for c in range(len(plans))]
+        assert [p.key for p in members] == [(9, 4, 2, 0), (9, 4, 0, 0), (9, 4, 2, 1), (9, 4, 1, 0)]
+        assert not np.array_equal(members[0].batches, members[2].batches)  # a client drawn twice: two independent runs
+        rebuilt = CohortPlan.of(members)
+        assert plans.sample_gradients == rebuilt.sample_gradients == sum(p.sample_gradients for p in members)
+        for columns in (rebuilt, pickle.loads(pickle.dumps(plans.take([3, 0]))), CohortPlan.joined([plans.take([3]), members[:1]]), plans[::3][::-1]):
+            picked = [members[3], members[0]] if len(columns) == 2 else members
+            for got, want in zip(columns, picked, strict=True):
+                assert np.array_equal(got.batches, want.batches) and got.key == want.key
+                assert (got.client, got.lr, got.planned_steps, got.a_l1, got.steps) == (want.client, want.lr, want.planned_steps, want.a_l1, want.steps)
+        assert len(pickle.dumps(plans.take([1]))) < len(pickle.dumps(plans))  # a worker gets its own members' rows only
+
+
 def test_batched_generators_are_the_keyed_generators():
     """streams.generators (SeedSequence hash vectorized, PCG64 seeded by hand) draws what streams.generator draws,
     key by key — also for keys beyond one 32-bit word and for seeds past 2³¹."""

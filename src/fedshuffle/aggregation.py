@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.local.plan import ClientPlan
+from fedshuffle.local.plan import ClientPlan, CohortPlan
 
 WEIGHTINGS = ("data", "uniform", "normalized")
 NORMALIZATIONS = ("unbiased", "sum_one")
@@ -99,14 +99,15 @@ class Aggregator:
         planned_tau_eff: float | None = None,
     ) -> np.ndarray:
         """ω for each member of the cohort, in the order of ``plans``."""
-        if not plans:
+        if not len(plans):
             return np.zeros(0)
-        clients = np.array([p.client for p in plans])
+        columns = CohortPlan.of(plans)
+        clients = columns.clients
         w = objective_weights[clients]
         if self.weighting != "normalized":
             base = self.fixed_weights(clients, objective_weights)
         else:
-            progress = np.array([p.a_l1 * p.lr / base_lr for p in plans])
+            progress = columns.a_l1 * columns.lrs / base_lr
             if self.normalization == "sum_one":
                 tau = 1.0  # cancels
             elif self.tau_eff == "planned":
@@ -122,5 +123,5 @@ class Aggregator:
             total = base.sum()
             omega = base / total if total > 0 else base
         if self.direction == "mean_gradient":
-            omega = omega / np.array([p.lr * p.steps for p in plans])
+            omega = omega / (columns.lrs * columns.steps)
         return omega

@@ -47,6 +47,7 @@ from fedshuffle.executors.choice import run_threads
 from fedshuffle.executors.local import LocalExecutor, ThreadedExecutor
 from fedshuffle.local import fused
 from fedshuffle.local.loop import LocalWork
+from fedshuffle.local.plan import CohortPlan
 from fedshuffle.local.steps import StepChain
 from fedshuffle.problems import Problem
 from fedshuffle.simulation import RoundRecord, Simulation
@@ -95,8 +96,9 @@ def same_rows_in_any_chunk(executor: Any, problem: Problem, data: Any, work: Loc
         return True
     if executor.compiled and fused.usable(problem, data.features, work):
         return True
+    planned = CohortPlan.of(work.plans).steps
     for members in executor.chunks(data, work):
-        steps = sorted((work.plans[i].steps for i in members), reverse=True)
+        steps = sorted(planned[members].tolist(), reverse=True)
         if len(steps) < 2 or steps[0] != steps[1]:
             return False
     return True
@@ -218,7 +220,7 @@ class Gathering:
         if len(group) > 1 and all(_same_data(c.data, first.data) for c in group):
             works = [c.work for c in group]
             combined = LocalWork(
-                [plan for work in works for plan in work.plans], torch.cat([work.rows("start") for work in works]), first.work.chain,
+                CohortPlan.joined([work.plans for work in works]), torch.cat([work.rows("start") for work in works]), first.work.chain,
                 None if first.work.center is None else torch.cat([work.rows("center") for work in works]),
                 None if first.work.offset is None else torch.cat([work.rows("offset") for work in works]),
             )

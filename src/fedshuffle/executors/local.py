@@ -24,7 +24,7 @@ from fedshuffle.core.threads import operator_threads
 from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.data.federated import client_rows, localized
 from fedshuffle.local.loop import LocalWork, run_local
-from fedshuffle.local.plan import ClientPlan
+from fedshuffle.local.plan import ClientPlan, CohortPlan
 from fedshuffle.problems import Problem
 
 
@@ -47,11 +47,11 @@ class Executor(Protocol):
 Data = FederatedDataset | LazyFederatedDataset
 
 
-def rows_of(data: Data, plans: Sequence[ClientPlan]) -> tuple[torch.Tensor, torch.Tensor, list[ClientPlan]]:
+def rows_of(data: Data, plans: Sequence[ClientPlan]) -> tuple[torch.Tensor, torch.Tensor, Sequence[ClientPlan]]:
     """The sample tensors the plans index, and the plans: as they are for in-memory data; for lazy
     data, only the rows the plans use, generated now, with the plans' rows renumbered into them."""
     if not isinstance(data, LazyFederatedDataset):
-        return data.features, data.labels, list(plans)
+        return data.features, data.labels, plans
     features, labels, batches = localized(data, [p.batches for p in plans])
     return features, labels, [replace(p, batches=b) for p, b in zip(plans, batches)]
 
@@ -131,18 +131,19 @@ class LocalExecutor:
 
     def chunks(self, data: Data, work: LocalWork) -> list[np.ndarray]:
         """The members of ``work`` in the chunks this executor runs, longest plans first (chunks of similar length)."""
-        plans = work.plans
-        batch, steps = max(p.batches.shape[1] for p in plans), max(p.steps for p in plans)
+        plans = CohortPlan.of(work.plans)
+        batch, steps = int(plans.widths.max()), int(plans.steps.max())
         size = self.chunk_for(data, work.start.shape[-1], batch, steps)
         limits.check_fits(3 * len(plans) * work.start[0].nbytes, "sampler.cohort", f"the updates of a cohort of {len(plans)}")
         self.check_chunk(data, work.start.shape[-1], batch, steps, min(size, len(plans)))
-        order = np.argsort([-p.steps for p in plans], kind="stable")
+        order = np.argsort(-plans.steps, kind="stable")
         return [order[k : k + size] for k in range(0, len(plans), size)]
 
     def chunk_deltas(self, problem: Problem, data: Data, work: LocalWork, members: np.ndarray) -> torch.Tensor:
         """The members' updates ``(len(members), d)``, their local work run as one masked loop."""
-        features, labels, chunk_plans = rows_of(data, [work.plans[i] for i in members])
-        return run_local(problem, features, labels, work.subset(members, chunk_plans), self.compiled)
+        chunk = work.subset(members)
+        features, labels, plans = rows_of(data, chunk.plans)
+        return run_local(problem, features, labels, replace(chunk, plans=plans), self.compiled)
 
     def run_chunk(self, problem: Problem, data: Data, work: LocalWork, members: np.ndarray, deltas: torch.Tensor) -> None:
         """Write the members' updates into their rows of ``deltas``."""

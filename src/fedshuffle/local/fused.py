@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedshuffle.local.plan import CohortPlan
 from fedshuffle.local.steps import Clip, Drift, Momentum, Offset, Prox, StepChain, WeightDecay
 from fedshuffle.problems.convex import LogisticRegression, Quadratic, SoftmaxRegression
 from fedshuffle.problems.networks import MLP
@@ -95,7 +96,7 @@ def usable(problem, features: torch.Tensor, work) -> bool:
     if numba is None or code is None or start.device.type != "cpu" or features.dtype != start.dtype or problem.stochastic:
         return False
     if code[0] == MULTILAYER:
-        batch = max(p.batches.shape[1] for p in work.plans)
+        batch = int(CohortPlan.of(work.plans).widths.max())
         fits = start.dtype in (torch.float32, torch.float64) and start.shape[-1] * batch <= MLP_STEP_LIMIT
     else:
         fits = start.dtype == torch.float64 and features.dim() == 2
@@ -104,18 +105,15 @@ def usable(problem, features: torch.Tensor, work) -> bool:
 
 def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Tensor:
     """Δ_i = s_i − y_{τ_i} of every member (``(C, d)``, the order of ``work.plans``), computed by the compiled loop."""
-    plans = work.plans
+    plans = CohortPlan.of(work.plans)
     kind, l2, widths = problem_code(problem)
     ops, values, momentum = chain_code(work.chain, work.start.shape[-1])
-    plan_shapes = np.array([p.batches.shape for p in plans], dtype=np.int64).reshape(len(plans), 2)
-    steps, row_widths = plan_shapes[:, 0].copy(), plan_shapes[:, 1].copy()
+    rows, row_starts, row_widths, steps = plans.rows, plans.row_starts, plans.widths, plans.steps
     batch = int(row_widths.max())
-    rows = np.concatenate([p.batches.ravel() for p in plans]).astype(np.int64, copy=False)  # member after member, step after step
-    row_starts = np.concatenate([[0], np.cumsum(steps * row_widths)[:-1]]).astype(np.int64)
     starts = work.rows("start").detach().cpu().numpy()
     centers = starts if work.center is None else np.ascontiguousarray(work.rows("center").detach().cpu().numpy())
     offsets = np.zeros((1, starts.shape[1]), dtype=starts.dtype) if work.offset is None else np.ascontiguousarray(work.rows("offset").detach().cpu().numpy())
-    lrs = np.array([p.lr for p in plans], dtype=np.float64)
+    lrs = plans.lrs
     x = features.detach().cpu().numpy().reshape(features.shape[0], -1)
     lab = labels.detach().cpu().numpy()
     integer = kind in (SOFTMAX, MULTILAYER)

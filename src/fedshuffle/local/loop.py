@@ -20,7 +20,7 @@ import torch
 
 from fedshuffle.core.streams import step_seed
 from fedshuffle.local import fused
-from fedshuffle.local.plan import ClientPlan
+from fedshuffle.local.plan import ClientPlan, CohortPlan
 from fedshuffle.local.steps import Step, StepChain
 from fedshuffle.problems import Problem
 
@@ -51,7 +51,9 @@ class LocalWork:
         """The work of the given members (in that order), optionally with their plans replaced."""
         index = torch.as_tensor(np.asarray(members, dtype=np.int64), device=self.start.device)
         pick = {k: (v if v is None or v.dim() == 1 else v.index_select(0, index)) for k, v in (("start", self.start), ("center", self.center), ("offset", self.offset))}
-        return replace(self, plans=list(plans) if plans is not None else [self.plans[i] for i in members], **pick)
+        if plans is None:
+            plans = self.plans.take(members) if isinstance(self.plans, CohortPlan) else [self.plans[i] for i in members]
+        return replace(self, plans=plans, **pick)
 
 
 def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork, compiled: bool = False) -> torch.Tensor:
@@ -66,7 +68,7 @@ def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, wo
         return work.start.new_zeros((0, work.start.shape[-1]))
     if compiled and fused.usable(problem, features, work):
         return fused.run(problem, features, labels, work)
-    order = np.argsort([-p.steps for p in plans], kind="stable")
+    order = np.argsort(-CohortPlan.of(plans).steps, kind="stable")
     if np.array_equal(order, np.arange(len(plans))):
         return _run_sorted(problem, features, labels, work)
     deltas = _run_sorted(problem, features, labels, work.subset(order))

@@ -39,6 +39,24 @@ def _epoch_range(epochs: int | Sequence[int]) -> int | Sequence[int]:
     return epochs
 
 
+def _flattened(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Members' ``(steps, width)`` minibatch rows as one flat array, member after member, with each member's start and width."""
+    shapes = np.array([b.shape for b in batches], dtype=np.int64).reshape(len(batches), 2)
+    sizes = shapes[:, 0] * shapes[:, 1]
+    rows = np.concatenate([b.ravel() for b in batches]).astype(np.int64, copy=False) if len(batches) else np.zeros(0, dtype=np.int64)
+    return rows, np.cumsum(sizes) - sizes, shapes[:, 1].copy()
+
+
+def _occurrences(cohort: np.ndarray) -> np.ndarray:
+    """How many times each member's client appeared earlier in ``cohort`` (0 for a first appearance)."""
+    order = np.argsort(cohort, kind="stable")
+    ranked = cohort[order]
+    firsts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    occurrences = np.empty(len(cohort), dtype=np.int64)
+    occurrences[order] = np.arange(len(cohort)) - np.repeat(firsts, np.diff(np.r_[firsts, len(cohort)]))
+    return occurrences
+
+
 def local_settings() -> Entry:
     """The local settings as a part's settings model (:mod:`fedshuffle.core.registry`), derived once from
     :class:`LocalPlanner`'s annotated fields: the configuration's ``[local]`` section and the planner
@@ -77,6 +95,82 @@ class ClientPlan:
     def sample_gradients(self) -> int:
         """Per-sample gradient evaluations of the local steps."""
         return int(np.count_nonzero(self.batches >= 0))
+
+
+@dataclass(frozen=True, eq=False)
+class CohortPlan(Sequence[ClientPlan]):
+    """Every member's plan of one round as columns, the form :meth:`LocalPlanner.plan` returns.
+
+    Member c runs ``steps[c]`` steps on the minibatch rows ``rows[row_starts[c] : row_starts[c] + steps[c]·widths[c]]``
+    read as ``(steps[c], widths[c])``; ``keys[c]`` is its (seed, round, client, occurrence). It is a sequence of
+    :class:`ClientPlan` (made on indexing), and :meth:`take` selects members without copying their rows: executors and
+    the aggregation read the columns, so a cohort of many small clients costs no Python object per member there.
+    """
+
+    rows: np.ndarray
+    row_starts: np.ndarray
+    steps: np.ndarray
+    widths: np.ndarray
+    lrs: np.ndarray
+    planned_steps: np.ndarray
+    a_l1: np.ndarray
+    keys: np.ndarray
+
+    @classmethod
+    def of(cls, plans: Sequence[ClientPlan]) -> CohortPlan:
+        """The columns of ``plans`` (themselves when they are a CohortPlan already)."""
+        if isinstance(plans, CohortPlan):
+            return plans
+        rows, row_starts, widths = _flattened([p.batches for p in plans])
+        return cls(
+            rows, row_starts, np.array([p.steps for p in plans], dtype=np.int64), widths, np.array([p.lr for p in plans], dtype=np.float64),
+            np.array([p.planned_steps for p in plans], dtype=np.int64), np.array([p.a_l1 for p in plans], dtype=np.float64),
+            np.array([p.key for p in plans], dtype=np.int64).reshape(len(plans), 4),
+        )
+
+    @property
+    def clients(self) -> np.ndarray:
+        return self.keys[:, 2]
+
+    def __reduce__(self):
+        """Pickled (to a worker process) with its own members' rows only, not the whole round's that :meth:`take` shares."""
+        used = self.steps * self.widths
+        rows = np.concatenate([self.rows[s : s + n] for s, n in zip(self.row_starts.tolist(), used.tolist())]) if len(self) else self.rows[:0]
+        return CohortPlan, (rows, np.cumsum(used) - used, self.steps, self.widths, self.lrs, self.planned_steps, self.a_l1, self.keys)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, index):  # a ClientPlan, or a CohortPlan of a slice
+        if isinstance(index, slice):
+            return self.take(np.arange(len(self))[index])
+        c = range(len(self))[index]
+        start, steps, width = int(self.row_starts[c]), int(self.steps[c]), int(self.widths[c])
+        batches = self.rows[start : start + steps * width].reshape(steps, width)
+        return ClientPlan(int(self.keys[c, 2]), batches, float(self.lrs[c]), int(self.planned_steps[c]), float(self.a_l1[c]), tuple(self.keys[c].tolist()))
+
+    @staticmethod
+    def joined(parts: Sequence[Sequence[ClientPlan]]) -> CohortPlan:
+        """The plans of ``parts``, one after another, as one CohortPlan."""
+        columns = [CohortPlan.of(part) for part in parts]
+        shifts = np.cumsum([0] + [len(c.rows) for c in columns[:-1]])
+        return CohortPlan(
+            np.concatenate([c.rows for c in columns]), np.concatenate([c.row_starts + shift for c, shift in zip(columns, shifts.tolist())]),
+            *(np.concatenate([getattr(c, name) for c in columns]) for name in ("steps", "widths", "lrs", "planned_steps", "a_l1", "keys")),
+        )
+
+    def take(self, members: Sequence[int] | np.ndarray) -> CohortPlan:
+        """The plans of ``members`` (positions, in that order), on the same ``rows``."""
+        m = np.asarray(members, dtype=np.int64)
+        return CohortPlan(self.rows, self.row_starts[m], self.steps[m], self.widths[m], self.lrs[m], self.planned_steps[m], self.a_l1[m], self.keys[m])
+
+    @property
+    def sample_gradients(self) -> int:
+        """Per-sample gradient evaluations of the members' steps (−1 pads a short batch)."""
+        used = self.steps * self.widths
+        if not bool(np.any(self.rows < 0)):
+            return int(used.sum())
+        return sum(int(np.count_nonzero(self.rows[s : s + n] >= 0)) for s, n in zip(self.row_starts.tolist(), used.tolist()))
 
 
 @dataclass(frozen=True)
@@ -218,14 +312,15 @@ class LocalPlanner:
 
     def plan(
         self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, lr_scale: float = 1.0, sizes: np.ndarray | None = None
-    ) -> list[ClientPlan]:
+    ) -> CohortPlan:
         """Plans for every member of ``cohort`` (a repeated client gets independent runs); η_i = lr_scale·η_l/c_i.
 
         ``sizes`` (|D_i| of all clients) saves counting ``client_indices`` when the population is large.
         """
         sizes = np.array([len(ix) for ix in client_indices]) if sizes is None else sizes
+        cohort = np.asarray(cohort, dtype=np.int64)
         if len(cohort) == 0:
-            return []
+            return CohortPlan.of([])
         low, high = self._epoch_range
         epochs = np.full(len(cohort), low) if low == high else np.array([self.draw_epochs(int(i), round_index, seed) for i in cohort])
         epoch_based = epochs * self.epoch_steps(sizes[cohort])
@@ -237,40 +332,39 @@ class LocalPlanner:
             planned = np.full(len(cohort), max(1, int(np.floor(epoch_based.mean() + 0.5))))
         else:
             planned = np.full(len(cohort), self.steps)
+        planned = planned.astype(np.int64, copy=False)
         width = self.batch_width(int(np.max(sizes[cohort])))
         limits.check_fits(4 * limits.array_bytes(float(np.sum(planned)), width), "local.steps" if isinstance(self.steps, int) else "local.epochs", "one round's minibatch plans")
         lrs = self.lr * lr_scale / self.normalizations(planned, cohort, sizes)
-        seen: dict[int, int] = {}
-        occurrences = []
-        for i in cohort.tolist():
-            occurrences.append(seen.setdefault(i, -1) + 1)
-            seen[i] = occurrences[-1]
-        keys = np.stack([np.full(len(cohort), round_index), cohort, occurrences], axis=1)
+        keys = np.stack([np.full(len(cohort), seed), np.full(len(cohort), round_index), cohort, _occurrences(cohort)], axis=1)
+        rows, row_starts, widths = self._cohort_batches(client_indices, cohort, planned, keys[:, 1:], sizes, seed)
+        done = self._completed_steps(planned, keys)
         chain = self.chain()
-        plans = []
-        for i, tau, lr, occurrence, rows in zip(cohort.tolist(), planned.tolist(), lrs.tolist(), occurrences, self._cohort_batches(client_indices, cohort, planned, keys, sizes, seed)):
-            done = self._completed_steps(tau, i, occurrence, round_index, seed)
-            plans.append(ClientPlan(i, rows[:done], lr, tau, chain.a_l1(done, lr), (seed, round_index, i, occurrence)))
-        return plans
+        a_l1 = np.array([chain.a_l1(n, lr) for n, lr in zip(done.tolist(), lrs.tolist())]) if chain.transforms else done.astype(np.float64)
+        return CohortPlan(rows, row_starts, done, widths, lrs.astype(np.float64, copy=False), planned, a_l1, keys)
 
-    def _cohort_batches(self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, planned: np.ndarray, keys: np.ndarray, sizes: np.ndarray, seed: int) -> list[np.ndarray]:
-        """Each member's minibatch rows ``(τ_i, width)`` from its DATA_ORDER stream (keyed ``keys``). Under random
-        reshuffling every epoch's permutation of every member is drawn at once; where each member runs at most one
-        epoch and its minibatches tile it, the rows are gathered at once too."""
-        if self.order != "reshuffle":
-            return [self._batches(client_indices[i], tau, rng, None, i, seed) for i, tau, rng in zip(cohort.tolist(), planned.tolist(), generators(seed, Stream.DATA_ORDER, keys))]
-        counts = sizes[cohort].astype(np.int64)
-        epochs_run = -(-planned // self.epoch_steps(counts))
-        orders = permutations(seed, Stream.DATA_ORDER, keys, counts, epochs_run)
-        ends = np.cumsum(counts * epochs_run)
-        widths = np.minimum(self.batch_size, counts)
-        if self.epoch_batches is None and bool(np.all(counts % widths == 0)) and bool(np.all(planned * widths <= counts)):
-            rows = np.concatenate([client_indices[i] for i in cohort.tolist()])[orders + np.repeat(ends - counts, counts)].astype(np.int64, copy=False)
-            return [rows[end - n : end].reshape(n // b, b)[:tau] for end, n, b, tau in zip(ends.tolist(), counts.tolist(), widths.tolist(), planned.tolist())]
-        return [
-            self._batches(client_indices[i], tau, None, orders[end - n * r : end].reshape(r, n), i, seed)
-            for i, tau, end, n, r in zip(cohort.tolist(), planned.tolist(), ends.tolist(), counts.tolist(), epochs_run.tolist())
-        ]
+    def _cohort_batches(
+        self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, planned: np.ndarray, keys: np.ndarray, sizes: np.ndarray, seed: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every member's τ_i minibatches from its DATA_ORDER stream (keyed ``keys``), as ``(rows, row_starts, widths)``
+        of a :class:`CohortPlan`. Under random reshuffling every epoch's permutation of every member is drawn at once;
+        where each member runs at most one epoch and its minibatches tile it, the rows are gathered at once too."""
+        if self.order == "reshuffle":
+            counts = sizes[cohort].astype(np.int64)
+            epochs_run = -(-planned // self.epoch_steps(counts))
+            orders = permutations(seed, Stream.DATA_ORDER, keys, counts, epochs_run)
+            ends = np.cumsum(counts * epochs_run)
+            widths = np.minimum(self.batch_size, counts)
+            if self.epoch_batches is None and bool(np.all(counts % widths == 0)) and bool(np.all(planned * widths <= counts)):
+                rows = np.concatenate([client_indices[i] for i in cohort.tolist()])[orders + np.repeat(ends - counts, counts)].astype(np.int64, copy=False)
+                return rows, ends - counts, widths
+            batches = [
+                self._batches(client_indices[i], tau, None, orders[end - n * r : end].reshape(r, n), i, seed)
+                for i, tau, end, n, r in zip(cohort.tolist(), planned.tolist(), ends.tolist(), counts.tolist(), epochs_run.tolist())
+            ]
+        else:
+            batches = [self._batches(client_indices[i], tau, rng, None, i, seed) for i, tau, rng in zip(cohort.tolist(), planned.tolist(), generators(seed, Stream.DATA_ORDER, keys))]
+        return _flattened(batches)
 
     def _batches(self, rows: np.ndarray, steps: int, rng: np.random.Generator | None, epoch_orders: np.ndarray | None, client: int, seed: int) -> np.ndarray:
         """One member's minibatch rows ``(steps, width)``: drawn with replacement from ``rng``, or cut from each
@@ -297,14 +391,15 @@ class LocalPlanner:
             epochs.append(epoch.reshape(per_epoch, b))
         return (epochs[0] if len(epochs) == 1 else np.concatenate(epochs))[:steps]
 
-    def _completed_steps(self, planned: int, client: int, occurrence: int, round_index: int, seed: int) -> int:
-        """Steps a member completes: its planned steps less ``drop_last_steps`` (at least one), or with
-        ``straggler_probability`` only U{1..τ_i} of them (its UNFINISHED stream drawn only then)."""
-        done = max(1, planned - self.drop_last_steps)
+    def _completed_steps(self, planned: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Steps each member completes: its planned steps less ``drop_last_steps`` (at least one), or with
+        ``straggler_probability`` only U{1..τ_i} of them (its UNFINISHED stream, keyed (round, client, occurrence), drawn only then)."""
+        done = np.maximum(1, planned - self.drop_last_steps)
         if self.straggler_probability > 0:
-            rng = generator(seed, Stream.UNFINISHED, round_index, client, occurrence)
-            if rng.random() < self.straggler_probability:
-                done = min(done, int(rng.integers(1, planned + 1)))
+            for c, (seed, round_index, client, occurrence) in enumerate(keys.tolist()):
+                rng = generator(seed, Stream.UNFINISHED, round_index, client, occurrence)
+                if rng.random() < self.straggler_probability:
+                    done[c] = min(done[c], int(rng.integers(1, planned[c] + 1)))
         return done
 
     def chain(self) -> StepChain:

@@ -25,7 +25,7 @@ import torch
 from fedshuffle.aggregation import Aggregator
 from fedshuffle.core.registry import Registry
 from fedshuffle.local.loop import LocalWork
-from fedshuffle.local.plan import ClientPlan, LocalPlanner
+from fedshuffle.local.plan import ClientPlan, CohortPlan, LocalPlanner
 from fedshuffle.local.steps import Drift, standard_chain
 from fedshuffle.problems import Problem
 
@@ -100,13 +100,13 @@ class Trainer:
         local = self.local
         mu = local.prox_mu if prox_mu is None else prox_mu
         chain = standard_chain(local.weight_decay, local.clip_norm, mu, local.momentum, self.drift, offset is not None)
-        return self.executor.run(self.problem, self.data, LocalWork(list(plans), start, chain, center, offset), weights)
+        return self.executor.run(self.problem, self.data, LocalWork(plans, start, chain, center, offset), weights)
 
     def gradients(self, points: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         """Full local gradients ∇f_i at ``points`` (one model, or one per client)."""
         return self.executor.client_gradients(self.problem, self.data, points, clients)
 
-    def plan(self, clients: np.ndarray, round_key: int) -> list[ClientPlan]:
+    def plan(self, clients: np.ndarray, round_key: int) -> CohortPlan:
         """Plans for extra local work (FedCDR's initial prox solves), keyed apart from the round's."""
         return self.local.plan(self.data.client_indices, clients, round_key, self.seed, self.lr_scale, self.data.sizes)
 
@@ -209,7 +209,7 @@ class Method:
 
 def sample_gradients(plans: Sequence[ClientPlan]) -> int:
     """Per-sample gradient evaluations of the planned local steps (the plans' real rows, counted at once)."""
-    return int(np.count_nonzero(np.concatenate([p.batches.ravel() for p in plans]) >= 0)) if plans else 0
+    return CohortPlan.of(plans).sample_gradients
 
 
 #: Methods by name. A method's own settings are its constructor's keyword parameters after the aggregator

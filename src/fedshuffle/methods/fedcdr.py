@@ -9,6 +9,7 @@ from pydantic import Field
 import torch
 
 from fedshuffle.aggregation import Aggregator
+from fedshuffle.local.plan import CohortPlan
 from fedshuffle.local.prox import SOLVERS, ClientObjectives, solve_prox
 from fedshuffle.metrics import metric
 from fedshuffle.methods.base import METHODS, ClientResult, Method, Trainer, sample_gradients
@@ -104,7 +105,7 @@ class FedCDR(Method):
         return starts - deltas, sample_gradients(plans)
 
     def client_update(self, broadcast, plans, rows, trainer):
-        clients = np.array([p.client for p in plans], dtype=np.int64)
+        clients = CohortPlan.of(plans).clients
         y, x_i, xhat = rows["y"].clone(), rows["x"].clone(), rows["xhat"].clone()
         new = ~rows["created"].to(torch.bool)
         spent = 0

@@ -70,7 +70,7 @@ from fedshuffle.integrations.flower.bundle import installed_version
 from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population, check_evaluation, format_clients
 from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, rows_digest
 from fedshuffle.integrations.flower.secagg import SecureAggregation, refuse_individual_updates, rescaling, secure_sum, sum_metrics
-from fedshuffle.local.plan import ClientPlan
+from fedshuffle.local.plan import ClientPlan, CohortPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo, sample_gradients
 from fedshuffle.methods.fedcdr import FedCDR
 from fedshuffle.simulation import RoundRecord, Server
@@ -150,7 +150,7 @@ def keep_members(rnd: RoundInfo, keep: np.ndarray) -> RoundInfo:
     if keep.all():
         return rnd
     first = rnd.first_time[keep] if len(rnd.first_time) else rnd.first_time
-    return replace(rnd, cohort=rnd.cohort[keep], plans=[p for p, k in zip(rnd.plans, keep) if k], first_time=first)
+    return replace(rnd, cohort=rnd.cohort[keep], plans=CohortPlan.of(rnd.plans).take(np.flatnonzero(keep)), first_time=first)
 
 
 @dataclass
