@@ -214,13 +214,18 @@ def test_reproduce_runs_judges_and_reports(tmp_path, monkeypatch):
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "“FedShuffle dominates”" in md and "## tiny: Tiny et al., Fig. 0" in md and "**not run**" in md
     assert "data:image/png;base64,iVBORyBzdGFuZC1pbg==" in page and "<blockquote>“converges”</blockquote>" in page
-    # again: the runs are kept and the verdicts are the same
+    spent = json.loads((out / "verdicts.json").read_text())["presets"]["tiny"]["seconds"]
+    assert spent["runs"] > 0 and spent["tuning"] >= 0 and "running it took" in md and "Wall time of 1 presets" in md
+    # again: the runs are kept and the verdicts are the same; the time of continuing them adds to the time they took
     again = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out), "--json"])
     assert again.exit_code == 0 and json.loads(again.output)["claims"] == claims[:2]
-    # judged without running: what is there, and the others said to be missing
+    continued = json.loads((out / "verdicts.json").read_text())["presets"]["tiny"]["seconds"]
+    assert continued["runs"] >= spent["runs"]
+    # judged without running: what is there, and the others said to be missing; the time running took is kept
     judged = CliRunner().invoke(app, ["reproduce", str(cfg), str(gpu), "--out", str(out), "--json", "--no-run"])
     rows = json.loads(judged.output)["claims"]
     assert rows[:2] == claims[:2] and rows[2]["verdict"] == "not run" and "no finished results in" in rows[2]["why"]
+    assert json.loads((out / "verdicts.json").read_text())["presets"]["tiny"]["seconds"] == continued
     # a folder holding another experiment is refused
     cfg.write_text(TINY.format(budget="", metric="f_gap").replace("lr = 0.02", "lr = 0.01"))
     refused = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out)])

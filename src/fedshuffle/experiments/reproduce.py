@@ -20,6 +20,7 @@ import base64
 import datetime
 import html
 import json
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -272,11 +273,14 @@ def _provenance(out: Path, folder: Path, tunings: Sequence[Tuning]) -> dict[str,
 
 
 def _record(name: str, experiment: Experiment, rows: Sequence[ClaimResult], *, provenance: Mapping[str, Any] | None = None, tunings: Sequence[Tuning] = (),
-            robust: Sequence[Robustness] = (), extra: Sequence[Diagnostic] = (), plot: str | None = None) -> dict[str, Any]:
+            robust: Sequence[Robustness] = (), extra: Sequence[Diagnostic] = (), plot: str | None = None, seconds: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """A preset's entry of the store; ``seconds``: the wall time spent on its tuning grids and its runs by the calls that built
+    its folders (None: this call ran nothing)."""
     meta = experiment.experiment
     return {"name": name, "paper": meta.paper, "figure": meta.figure, "title": meta.title, "deviations": list(meta.deviations), "computed": _now(),
             "provenance": dict(provenance or {}), "claims": [asdict(r) for r in rows], "tuning": [asdict(t) for t in tunings],
-            "robustness": [asdict(r) for r in robust], "diagnostics": [asdict(d) for d in extra], "plot": plot}
+            "robustness": [asdict(r) for r in robust], "diagnostics": [asdict(d) for d in extra], "plot": plot,
+            "seconds": None if seconds is None else {k: round(v, 1) for k, v in seconds.items()}}
 
 
 def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, workers: int, show_progress: bool, note: Any) -> tuple[dict[str, Any], bool]:
@@ -289,23 +293,30 @@ def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, wo
         reason = f"sized for a GPU (budget = gpu, about {experiment.experiment.expected_minutes or '?'} min there); run with --budget gpu"
         return _record(name, experiment, _skipped(name, experiment, reason)), False
     folder = Path(out) / name
+    continued = folder.exists() or Path(out, f"{name}.tuning").exists()  # this call's time adds to the time already spent on these folders
+    spent = (load_store(Path(out)).get(name, {}).get("seconds") if continued else None) or {"tuning": 0.0, "runs": 0.0}
+    started = time.perf_counter()
     tunings, tuning_runs = tune(name, experiment, out, run=run, workers=workers, show_progress=show_progress)
+    seconds = {"tuning": spent["tuning"] + time.perf_counter() - started, "runs": spent["runs"]} if run else None
     unselected = [t.variant for t in tunings if t.selected is None]
     if unselected:
         verdict = "not run" if not run else "not measured"
         reason = f"tuning chose no point for {', '.join(unselected)}: " + ("no finished tuning runs (judged without running)" if not run else "at no grid point did every tuning seed complete")
-        return _record(name, experiment, _skipped(name, experiment, reason, verdict), tunings=tunings), run
+        return _record(name, experiment, _skipped(name, experiment, reason, verdict), tunings=tunings, seconds=seconds), run
     judged = at_selected(experiment, tunings)
     if not run and not (folder / "summary.json").is_file():  # written once every run of the preset has ended
         return _record(name, experiment, _skipped(name, experiment, f"no finished results in {folder} (judged without running)"), tunings=tunings), False
     if run:
         if note:
             note(f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}" + (f" ({', '.join(f'{t.variant} at {_point_text(t.selected)}' for t in tunings)})" if tunings else ""))
+        started = time.perf_counter()
         run_experiment(judged, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress, workers=workers)
+        seconds["runs"] += time.perf_counter() - started
     rows = judge(name, judged, folder)
     robust = robustness(judged, tunings, tuning_runs, _complete_runs(folder)) if tunings else []
     plot = f"{name}/plot.png" if (folder / "plot.png").is_file() else None
-    return _record(name, experiment, rows, provenance=_provenance(Path(out), folder, tunings), tunings=tunings, robust=robust, extra=diagnostics(name, folder), plot=plot), True
+    return _record(name, experiment, rows, provenance=_provenance(Path(out), folder, tunings), tunings=tunings, robust=robust, extra=diagnostics(name, folder),
+                   plot=plot, seconds=seconds), True
 
 
 def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, run: bool = True, show_progress: bool = True, note: Any = None, workers: int = 1) -> list[ClaimResult]:
@@ -361,8 +372,9 @@ def save(out: Path, record: Mapping[str, Any], *, replace: bool = True) -> dict[
     try:
         with FolderLock(out):
             store = load_store(out)
-            if replace or record["name"] not in store:
-                store[record["name"]] = dict(record)
+            earlier = store.get(record["name"], {})
+            if replace or not earlier:
+                store[record["name"]] = {**record, "seconds": record.get("seconds") or earlier.get("seconds")}  # judging alone keeps the time that running took
             write_atomic(out / STORE, json.dumps({"format": 1, "presets": store}, indent=1, ensure_ascii=False))
             write_reports(store, out)
     except OSError as exc:
@@ -429,7 +441,24 @@ def _provenance_text(record: Mapping[str, Any]) -> str:
     tuning = prov.get("tuning_runs") or {}
     if tuning:
         text += f"; tuning: {sum(tuning.values())} runs in {record['name']}.tuning/"
+    seconds = record.get("seconds")
+    if seconds:
+        text += f"; running it took {_minutes(seconds['tuning'] + seconds['runs'])} (tuning {_minutes(seconds['tuning'])}, runs {_minutes(seconds['runs'])})"
     return text
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def _time_line(store: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The wall time spent on the presets' tuning grids and runs (every call that built their folders, added up)."""
+    timed = [r["seconds"] for r in store.values() if r.get("seconds")]
+    if not timed:
+        return []
+    tuning, runs = sum(t["tuning"] for t in timed), sum(t["runs"] for t in timed)
+    return ["", f"Wall time of {len(timed)} presets, every `reproduce` call that built their folders added up: {_minutes(tuning + runs)} "
+                f"(tuning grids {_minutes(tuning)}, judged runs {_minutes(runs)})."]
 
 
 def markdown(store: Mapping[str, Mapping[str, Any]]) -> str:
@@ -448,6 +477,7 @@ def markdown(store: Mapping[str, Mapping[str, Any]]) -> str:
         for paper, roles in others.items():
             for role, c in roles.items():
                 lines.append(f"| {_cell(paper)} | {role} | " + " | ".join(str(c.get(v, 0)) for v in COLUMNS) + " |")
+    lines += _time_line(store)
     for record in store.values():
         lines += ["", f"## {record['name']}: {_cell(record.get('paper', ''))}, {_cell(record.get('figure', ''))}", "", _provenance_text(record) + "."]
         if record.get("deviations"):
@@ -494,7 +524,7 @@ def html_page(store: Mapping[str, Mapping[str, Any]], out: Path) -> str:
     """The report as one HTML page, the plots (``out/<preset>/plot.png``) inside it as base64 PNG."""
     e = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Reproduction of the papers' claims</title><style>{_STYLE}</style></head><body>",
-             "<h1>Reproduction of the papers' claims</h1>", *_totals_html(_all_rows(store))]
+             "<h1>Reproduction of the papers' claims</h1>", *_totals_html(_all_rows(store)), *(f"<p>{html.escape(t)}</p>" for t in _time_line(store) if t)]
     for record in store.values():
         name = record["name"]
         parts.append(f"<h2 id='{e(name)}'>{e(name)}: {e(record.get('paper', ''))}, {e(record.get('figure', ''))}</h2><p class='meta'>{e(_provenance_text(record))}</p>")
