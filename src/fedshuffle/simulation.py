@@ -169,9 +169,9 @@ class Server:
         if result is not None and members:
             payload, extras = result.payload, dict(result.extras)
             grads_used += result.sample_gradients
-            sent_up = [t.expand(members, *t.shape) if name.endswith("_sum") else t for name, t in payload.items()]  # each member sent its own
-            up += _bytes(sent_up)
-            worker_up += _elements(sent_up) // members
+            senders = [members if name.endswith("_sum") else 1 for name in payload]  # a summed row: each member sent its own
+            up += sum(n * _bytes([t]) for n, t in zip(senders, payload.values()))
+            worker_up += sum(n * t.numel() for n, t in zip(senders, payload.values())) // members
         else:
             payload, extras = {}, {}
         direction, self.method_state, more = self.method.aggregate(rnd, self.params, self.method_state, payload)

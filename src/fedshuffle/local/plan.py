@@ -47,13 +47,13 @@ def _flattened(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, n
     return rows, np.cumsum(sizes) - sizes, shapes[:, 1].copy()
 
 
-def _occurrences(cohort: np.ndarray) -> np.ndarray:
+def _occurrences(cohort: np.ndarray) -> list[int]:
     """How many times each member's client appeared earlier in ``cohort`` (0 for a first appearance)."""
-    order = np.argsort(cohort, kind="stable")
-    ranked = cohort[order]
-    firsts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
-    occurrences = np.empty(len(cohort), dtype=np.int64)
-    occurrences[order] = np.arange(len(cohort)) - np.repeat(firsts, np.diff(np.r_[firsts, len(cohort)]))
+    seen: dict[int, int] = {}
+    occurrences = []
+    for i in cohort.tolist():
+        occurrences.append(seen.get(i, -1) + 1)
+        seen[i] = occurrences[-1]
     return occurrences
 
 
@@ -168,9 +168,8 @@ class CohortPlan(Sequence[ClientPlan]):
     def sample_gradients(self) -> int:
         """Per-sample gradient evaluations of the members' steps (−1 pads a short batch)."""
         used = self.steps * self.widths
-        if not bool(np.any(self.rows < 0)):
-            return int(used.sum())
-        return sum(int(np.count_nonzero(self.rows[s : s + n] >= 0)) for s, n in zip(self.row_starts.tolist(), used.tolist()))
+        real = np.concatenate([[0], np.cumsum(self.rows >= 0)])  # real[k]: real rows before position k
+        return int(np.sum(real[self.row_starts + used] - real[self.row_starts]))
 
 
 @dataclass(frozen=True)
@@ -346,50 +345,52 @@ class LocalPlanner:
     def _cohort_batches(
         self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, planned: np.ndarray, keys: np.ndarray, sizes: np.ndarray, seed: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every member's τ_i minibatches from its DATA_ORDER stream (keyed ``keys``), as ``(rows, row_starts, widths)``
-        of a :class:`CohortPlan`. Under random reshuffling every epoch's permutation of every member is drawn at once;
-        where each member runs at most one epoch and its minibatches tile it, the rows are gathered at once too."""
-        if self.order == "reshuffle":
-            counts = sizes[cohort].astype(np.int64)
-            epochs_run = -(-planned // self.epoch_steps(counts))
-            orders = permutations(seed, Stream.DATA_ORDER, keys, counts, epochs_run)
-            ends = np.cumsum(counts * epochs_run)
-            widths = np.minimum(self.batch_size, counts)
-            if self.epoch_batches is None and bool(np.all(counts % widths == 0)) and bool(np.all(planned * widths <= counts)):
-                rows = np.concatenate([client_indices[i] for i in cohort.tolist()])[orders + np.repeat(ends - counts, counts)].astype(np.int64, copy=False)
-                return rows, ends - counts, widths
-            batches = [
-                self._batches(client_indices[i], tau, None, orders[end - n * r : end].reshape(r, n), i, seed)
-                for i, tau, end, n, r in zip(cohort.tolist(), planned.tolist(), ends.tolist(), counts.tolist(), epochs_run.tolist())
-            ]
-        else:
-            batches = [self._batches(client_indices[i], tau, rng, None, i, seed) for i, tau, rng in zip(cohort.tolist(), planned.tolist(), generators(seed, Stream.DATA_ORDER, keys))]
-        return _flattened(batches)
+        """Every member's τ_i minibatches as ``(rows, row_starts, widths)`` of a :class:`CohortPlan`.
 
-    def _batches(self, rows: np.ndarray, steps: int, rng: np.random.Generator | None, epoch_orders: np.ndarray | None, client: int, seed: int) -> np.ndarray:
-        """One member's minibatch rows ``(steps, width)``: drawn with replacement from ``rng``, or cut from each
-        epoch's permutation (``epoch_orders[e]`` under reshuffling, the client's one permutation under shuffle-once)."""
-        n, b = len(rows), self.batch_width(len(rows))  # a batch beyond the client's data is all of it: no padding columns
+        With replacement, each member draws from its DATA_ORDER stream (keyed ``keys``). Otherwise the permutations
+        of every epoch a member starts are drawn at once — a fresh one per epoch from its DATA_ORDER stream under
+        random reshuffling, the client's one permutation (its SHUFFLE_ONCE stream) every epoch under shuffle-once — and
+        cut into minibatches: B rows each, the last one of an epoch padded with −1 to B; or, with ``epoch_batches``, K
+        nearly equal parts."""
         if self.order == "with_replacement":
-            picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
-            return rows[picks]
-        per_epoch = self.epoch_steps(n)
-        padded = per_epoch * b
-        fixed = generator(seed, Stream.SHUFFLE_ONCE, client).permutation(n) if self.order == "shuffle_once" else None
-        epochs = []
-        for e in range(-(-steps // per_epoch)):
-            perm = fixed if fixed is not None else epoch_orders[e]
-            if padded == n:  # minibatches tile the epoch exactly: no padding
-                epoch = rows[perm].astype(np.int64, copy=False)
-            else:
-                epoch = np.full(padded, -1, dtype=np.int64)
-                if self.epoch_batches is None:
-                    epoch[:n] = rows[perm]
-                else:  # K parts of ⌈n/K⌉ or ⌊n/K⌋ samples, each padded to ⌈n/K⌉
-                    for k, part in enumerate(np.array_split(rows[perm], per_epoch)):
-                        epoch[k * b : k * b + len(part)] = part
-            epochs.append(epoch.reshape(per_epoch, b))
-        return (epochs[0] if len(epochs) == 1 else np.concatenate(epochs))[:steps]
+            return _flattened([self._with_replacement(client_indices[i], tau, rng) for i, tau, rng in zip(cohort.tolist(), planned.tolist(), generators(seed, Stream.DATA_ORDER, keys))])
+        counts = sizes[cohort].astype(np.int64)
+        epochs_run = -(-planned // self.epoch_steps(counts))
+        run = counts * epochs_run  # the samples of the epochs each member starts
+        within = np.arange(int(run.sum())) - np.repeat(np.cumsum(run) - run, run)  # a sample's place in its member's epochs
+        size = np.repeat(counts, run)
+        epoch, place = within // size, within % size
+        member_starts = np.repeat(np.cumsum(counts) - counts, run)
+        if self.order == "reshuffle":
+            orders = permutations(seed, Stream.DATA_ORDER, keys, counts, epochs_run)
+        else:
+            orders = permutations(seed, Stream.SHUFFLE_ONCE, cohort[:, None], counts, np.ones_like(counts))[member_starts + place]
+        samples = np.concatenate([client_indices[i] for i in cohort.tolist()])[member_starts + orders].astype(np.int64, copy=False)
+        if self.epoch_batches is not None:
+            ends = np.cumsum(run).tolist()
+            return _flattened([self._parts(samples[end - n * r : end].reshape(r, n), tau) for tau, end, n, r in zip(planned.tolist(), ends, counts.tolist(), epochs_run.tolist())])
+        widths = np.minimum(self.batch_size, counts)
+        padded = -(-counts // widths) * widths  # an epoch's ⌈n/B⌉ minibatches of B rows
+        starts = np.cumsum(padded * epochs_run) - padded * epochs_run
+        rows = np.full(int((padded * epochs_run).sum()), -1, dtype=np.int64)
+        rows[np.repeat(starts, run) + epoch * np.repeat(padded, run) + place] = samples
+        return rows, starts, widths
+
+    def _with_replacement(self, rows: np.ndarray, steps: int, rng: np.random.Generator) -> np.ndarray:
+        """One member's ``(steps, width)`` minibatch rows, each step's drawn without replacement within the step."""
+        n, b = len(rows), self.batch_width(len(rows))  # a batch beyond the client's data is all of it: no padding columns
+        picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
+        return rows[picks]
+
+    def _parts(self, epochs: np.ndarray, steps: int) -> np.ndarray:
+        """One member's first ``steps`` minibatches when each epoch (a row of ``epochs``, its samples in order) is
+        ``epoch_batches`` = K parts of ⌈n/K⌉ or ⌊n/K⌋ samples (``numpy.array_split``), each padded with −1 to ⌈n/K⌉."""
+        n = epochs.shape[1]
+        out = np.full((len(epochs), self.epoch_batches, self.batch_width(n)), -1, dtype=np.int64)
+        for e, epoch in enumerate(epochs):
+            for k, part in enumerate(np.array_split(epoch, self.epoch_batches)):
+                out[e, k, : len(part)] = part
+        return out.reshape(-1, out.shape[2])[:steps]
 
     def _completed_steps(self, planned: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """Steps each member completes: its planned steps less ``drop_last_steps`` (at least one), or with
