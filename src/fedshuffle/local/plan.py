@@ -130,6 +130,7 @@ class CohortPlan(Sequence[ClientPlan]):
 
     @property
     def clients(self) -> np.ndarray:
+        """The members' clients, in cohort order."""
         return self.keys[:, 2]
 
     def __reduce__(self):
@@ -141,7 +142,8 @@ class CohortPlan(Sequence[ClientPlan]):
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __getitem__(self, index):  # a ClientPlan, or a CohortPlan of a slice
+    def __getitem__(self, index: int | slice) -> ClientPlan | CohortPlan:
+        """Member ``index``'s plan, or the CohortPlan of a slice of members."""
         if isinstance(index, slice):
             return self.take(np.arange(len(self))[index])
         c = range(len(self))[index]
