@@ -168,7 +168,7 @@ def test_a_cohort_plan_is_its_members_plans_and_selects_joins_and_pickles_them_w
     padded, a member stops early or a client is drawn twice; take, joined and a pickle keep each member's rows."""
     import pickle
 
-    from fedshuffle.local.plan import CohortPlan
+    from fedshuffle.local.plan import ClientPlan, CohortPlan
 
     clients = [np.arange(0, 7), np.arange(7, 10), np.arange(10, 22)]
     cohort = np.array([2, 0, 2, 1])
@@ -185,6 +185,11 @@ def test_a_cohort_plan_is_its_members_plans_and_selects_joins_and_pickles_them_w
                 assert np.array_equal(got.batches, want.batches) and got.key == want.key
                 assert (got.client, got.lr, got.planned_steps, got.a_l1, got.steps) == (want.client, want.lr, want.planned_steps, want.a_l1, want.steps)
         assert len(pickle.dumps(plans.take([1]))) < len(pickle.dumps(plans))  # a worker gets its own members' rows only
+    # plans made by hand keep their clients whatever their keys; a seed past 64 bits stays in the keys exactly
+    by_hand = CohortPlan.of([ClientPlan(5, np.zeros((2, 1), dtype=np.int64), 0.1, 2, 2.0), ClientPlan(2, np.ones((2, 1), dtype=np.int64), 0.1, 2, 2.0)])
+    assert by_hand.clients.tolist() == [5, 2] and [p.client for p in by_hand] == [5, 2]
+    huge = LocalPlanner(lr=0.1).plan(clients, cohort, 4, seed=2**64 + 5)
+    assert [p.key for p in huge][2] == (2**64 + 5, 4, 2, 1) and huge.clients.tolist() == cohort.tolist()
 
 
 def test_batched_generators_are_the_keyed_generators():

@@ -108,12 +108,13 @@ def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Te
     plans = CohortPlan.of(work.plans)
     kind, l2, widths = problem_code(problem)
     ops, values, momentum = chain_code(work.chain, work.start.shape[-1])
-    rows, row_starts, row_widths, steps = plans.rows, plans.row_starts, plans.widths, plans.steps
+    # writable int64/float64 copies only where needed (arrays a worker received zero-copy are read-only: another numba specialization)
+    rows, row_starts, row_widths, steps = (np.require(a, np.int64, ["C", "W"]) for a in (plans.rows, plans.row_starts, plans.widths, plans.steps))
     batch = int(row_widths.max())
     starts = work.rows("start").detach().cpu().numpy()
     centers = starts if work.center is None else np.ascontiguousarray(work.rows("center").detach().cpu().numpy())
     offsets = np.zeros((1, starts.shape[1]), dtype=starts.dtype) if work.offset is None else np.ascontiguousarray(work.rows("offset").detach().cpu().numpy())
-    lrs = plans.lrs
+    lrs = np.require(plans.lrs, np.float64, ["C", "W"])
     x = features.detach().cpu().numpy().reshape(features.shape[0], -1)
     lab = labels.detach().cpu().numpy()
     integer = kind in (SOFTMAX, MULTILAYER)

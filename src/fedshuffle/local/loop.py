@@ -94,11 +94,12 @@ def _run_sorted(problem: Problem, features: torch.Tensor, labels: torch.Tensor, 
     ys = starts.clone()
     chain = work.chain
     states = chain.init(ys)
+    keys = [p.key for p in plans] if problem.stochastic else []
     for t in range(steps):
         k = int(working[t])
         idx = safe[:k, t]
         y, f, lab, m = ys[:k], features[idx], labels[idx], weights[:k, t]
-        seeds = [step_seed(p.key, t) for p in plans[:k]] if problem.stochastic else None
+        seeds = [step_seed(key, t) for key in keys[:k]] if problem.stochastic else None
         if not chain.transforms:  # plain SGD: the problem's in-place step (modules: piece by piece)
             problem.descend(y, f, lab, m, lrs[:k], seeds)
             continue

@@ -47,6 +47,14 @@ def _flattened(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, n
     return rows, np.cumsum(sizes) - sizes, shapes[:, 1].copy()
 
 
+def _key_rows(keys: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """Stream keys (seed, round, client, occurrence) as a ``(C, 4)`` array of Python integers (a seed may exceed 64 bits)."""
+    rows = np.empty((len(keys), 4), dtype=object)
+    for c, key in enumerate(keys):
+        rows[c] = key
+    return rows
+
+
 def _occurrences(cohort: np.ndarray) -> list[int]:
     """How many times each member's client appeared earlier in ``cohort`` (0 for a first appearance)."""
     seen: dict[int, int] = {}
@@ -101,12 +109,14 @@ class ClientPlan:
 class CohortPlan(Sequence[ClientPlan]):
     """Every member's plan of one round as columns, the form :meth:`LocalPlanner.plan` returns.
 
-    Member c runs ``steps[c]`` steps on the minibatch rows ``rows[row_starts[c] : row_starts[c] + steps[c]·widths[c]]``
-    read as ``(steps[c], widths[c])``; ``keys[c]`` is its (seed, round, client, occurrence). It is a sequence of
+    Member c (client ``clients[c]``) runs ``steps[c]`` steps on the minibatch rows ``rows[row_starts[c] : row_starts[c] +
+    steps[c]·widths[c]]`` read as ``(steps[c], widths[c])``; ``keys[c]`` is its (seed, round, client, occurrence), Python
+    integers (a seed may exceed 64 bits). It is a sequence of
     :class:`ClientPlan` (made on indexing), and :meth:`take` selects members without copying their rows: executors and
     the aggregation read the columns, so a cohort of many small clients costs no Python object per member there.
     """
 
+    clients: np.ndarray
     rows: np.ndarray
     row_starts: np.ndarray
     steps: np.ndarray
@@ -123,21 +133,16 @@ class CohortPlan(Sequence[ClientPlan]):
             return plans
         rows, row_starts, widths = _flattened([p.batches for p in plans])
         return cls(
-            rows, row_starts, np.array([p.steps for p in plans], dtype=np.int64), widths, np.array([p.lr for p in plans], dtype=np.float64),
-            np.array([p.planned_steps for p in plans], dtype=np.int64), np.array([p.a_l1 for p in plans], dtype=np.float64),
-            np.array([p.key for p in plans], dtype=np.int64).reshape(len(plans), 4),
+            np.array([p.client for p in plans], dtype=np.int64), rows, row_starts, np.array([p.steps for p in plans], dtype=np.int64), widths,
+            np.array([p.lr for p in plans], dtype=np.float64), np.array([p.planned_steps for p in plans], dtype=np.int64),
+            np.array([p.a_l1 for p in plans], dtype=np.float64), _key_rows([p.key for p in plans]),
         )
-
-    @property
-    def clients(self) -> np.ndarray:
-        """The members' clients, in cohort order."""
-        return self.keys[:, 2]
 
     def __reduce__(self):
         """Pickled (to a worker process) with its own members' rows only, not the whole round's that :meth:`take` shares."""
         used = self.steps * self.widths
         rows = np.concatenate([self.rows[s : s + n] for s, n in zip(self.row_starts.tolist(), used.tolist())]) if len(self) else self.rows[:0]
-        return CohortPlan, (rows, np.cumsum(used) - used, self.steps, self.widths, self.lrs, self.planned_steps, self.a_l1, self.keys)
+        return CohortPlan, (self.clients, rows, np.cumsum(used) - used, self.steps, self.widths, self.lrs, self.planned_steps, self.a_l1, self.keys)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -149,7 +154,8 @@ class CohortPlan(Sequence[ClientPlan]):
         c = range(len(self))[index]
         start, steps, width = int(self.row_starts[c]), int(self.steps[c]), int(self.widths[c])
         batches = self.rows[start : start + steps * width].reshape(steps, width)
-        return ClientPlan(int(self.keys[c, 2]), batches, float(self.lrs[c]), int(self.planned_steps[c]), float(self.a_l1[c]), tuple(self.keys[c].tolist()))
+        batches.flags.writeable = False  # a view of the round's rows, which other members' plans share
+        return ClientPlan(int(self.clients[c]), batches, float(self.lrs[c]), int(self.planned_steps[c]), float(self.a_l1[c]), tuple(self.keys[c].tolist()))
 
     @staticmethod
     def joined(parts: Sequence[Sequence[ClientPlan]]) -> CohortPlan:
@@ -157,14 +163,15 @@ class CohortPlan(Sequence[ClientPlan]):
         columns = [CohortPlan.of(part) for part in parts]
         shifts = np.cumsum([0] + [len(c.rows) for c in columns[:-1]])
         return CohortPlan(
-            np.concatenate([c.rows for c in columns]), np.concatenate([c.row_starts + shift for c, shift in zip(columns, shifts.tolist())]),
+            np.concatenate([c.clients for c in columns]), np.concatenate([c.rows for c in columns]),
+            np.concatenate([c.row_starts + shift for c, shift in zip(columns, shifts.tolist())]),
             *(np.concatenate([getattr(c, name) for c in columns]) for name in ("steps", "widths", "lrs", "planned_steps", "a_l1", "keys")),
         )
 
     def take(self, members: Sequence[int] | np.ndarray) -> CohortPlan:
         """The plans of ``members`` (positions, in that order), on the same ``rows``."""
         m = np.asarray(members, dtype=np.int64)
-        return CohortPlan(self.rows, self.row_starts[m], self.steps[m], self.widths[m], self.lrs[m], self.planned_steps[m], self.a_l1[m], self.keys[m])
+        return CohortPlan(self.clients[m], self.rows, self.row_starts[m], self.steps[m], self.widths[m], self.lrs[m], self.planned_steps[m], self.a_l1[m], self.keys[m])
 
     @property
     def sample_gradients(self) -> int:
@@ -337,12 +344,14 @@ class LocalPlanner:
         width = self.batch_width(int(np.max(sizes[cohort])))
         limits.check_fits(4 * limits.array_bytes(float(np.sum(planned)), width), "local.steps" if isinstance(self.steps, int) else "local.epochs", "one round's minibatch plans")
         lrs = self.lr * lr_scale / self.normalizations(planned, cohort, sizes)
-        keys = np.stack([np.full(len(cohort), seed), np.full(len(cohort), round_index), cohort, _occurrences(cohort)], axis=1)
-        rows, row_starts, widths = self._cohort_batches(client_indices, cohort, planned, keys[:, 1:], sizes, seed)
-        done = self._completed_steps(planned, keys)
+        occurrences = _occurrences(cohort)
+        stream_keys = np.stack([np.full(len(cohort), round_index), cohort, occurrences], axis=1)  # (round, client, occurrence)
+        rows, row_starts, widths = self._cohort_batches(client_indices, cohort, planned, stream_keys, sizes, seed)
+        done = self._completed_steps(planned, stream_keys.tolist(), seed)
         chain = self.chain()
         a_l1 = np.array([chain.a_l1(n, lr) for n, lr in zip(done.tolist(), lrs.tolist())]) if chain.transforms else done.astype(np.float64)
-        return CohortPlan(rows, row_starts, done, widths, lrs.astype(np.float64, copy=False), planned, a_l1, keys)
+        keys = _key_rows([(seed, round_index, i, k) for i, k in zip(cohort.tolist(), occurrences)])
+        return CohortPlan(cohort, rows, row_starts, done, widths, lrs.astype(np.float64, copy=False), planned, a_l1, keys)
 
     def _cohort_batches(
         self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, planned: np.ndarray, keys: np.ndarray, sizes: np.ndarray, seed: int
@@ -359,6 +368,7 @@ class LocalPlanner:
         counts = sizes[cohort].astype(np.int64)
         epochs_run = -(-planned // self.epoch_steps(counts))
         run = counts * epochs_run  # the samples of the epochs each member starts
+        limits.check_fits(10 * limits.array_bytes(float(run.sum())), "local.epochs" if self.steps is None else "local.steps", "one round's epoch permutations")
         within = np.arange(int(run.sum())) - np.repeat(np.cumsum(run) - run, run)  # a sample's place in its member's epochs
         size = np.repeat(counts, run)
         epoch, place = within // size, within % size
@@ -394,12 +404,12 @@ class LocalPlanner:
                 out[e, k, : len(part)] = part
         return out.reshape(-1, out.shape[2])[:steps]
 
-    def _completed_steps(self, planned: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    def _completed_steps(self, planned: np.ndarray, keys: Sequence[Sequence[int]], seed: int) -> np.ndarray:
         """Steps each member completes: its planned steps less ``drop_last_steps`` (at least one), or with
         ``straggler_probability`` only U{1..τ_i} of them (its UNFINISHED stream, keyed (round, client, occurrence), drawn only then)."""
         done = np.maximum(1, planned - self.drop_last_steps)
         if self.straggler_probability > 0:
-            for c, (seed, round_index, client, occurrence) in enumerate(keys.tolist()):
+            for c, (round_index, client, occurrence) in enumerate(keys):
                 rng = generator(seed, Stream.UNFINISHED, round_index, client, occurrence)
                 if rng.random() < self.straggler_probability:
                     done[c] = min(done[c], int(rng.integers(1, planned[c] + 1)))

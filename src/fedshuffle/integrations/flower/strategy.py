@@ -286,11 +286,13 @@ class FedShuffleStrategy(Strategy):
         shared = tensors_record(broadcast)
         messages, clients = [], self._reachable(np.unique(rnd.cohort).tolist(), server_round)
         weights = half.method.sum_weights(rnd) if self.secure is not None else None
+        plans = CohortPlan.of(rnd.plans)
         for client in clients:
-            plans_config, batches = plans_records([plan for plan in rnd.plans if plan.client == client])
+            members = np.flatnonzero(plans.clients == client)
+            plans_config, batches = plans_records(plans.take(members))
             plans_config.update({"run": self.run.index, "round": rnd.index, "client": client, "lr-scale": float(rnd.lr_scale), "last-round": int(half.last_round[client])})
             if weights is not None:  # the node keeps Σ ν_iΔ_i of the client's members for the SecAgg+ exchange
-                plans_config["weights"] = [float(w) for w, plan in zip(weights, rnd.plans) if plan.client == client]
+                plans_config["weights"] = [float(w) for w in np.asarray(weights)[members]]
             content = RecordDict({"broadcast": shared, "plans": batches, "instructions": plans_config})
             messages.append(Message(content, self.nodes[client], TRAIN, group_id=str(server_round), ttl=self._ttl()))
         self._open = _OpenRound(rnd, points, broadcast, messages, clients, dropped, started, grid, weights)
@@ -306,10 +308,10 @@ class FedShuffleStrategy(Strategy):
             raise FederationError("aggregate_train without configure_train")
         state, self._open = self._open, None
         rnd = state.rnd
-        decoded = {}
+        decoded, plans = {}, CohortPlan.of(rnd.plans)
         for client, reply in self._answers(state.messages, state.clients, replies).items():
             try:
-                decoded[client] = self._read_train_reply(reply, client, [p for p in rnd.plans if p.client == client], rnd.index)
+                decoded[client] = self._read_train_reply(reply, client, plans.take(np.flatnonzero(plans.clients == client)), rnd.index)
             except InvalidReply as exc:
                 self._reject(server_round, client, exc)
         keep = np.array([int(i) in decoded for i in rnd.cohort], dtype=bool)
