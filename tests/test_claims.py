@@ -2,6 +2,7 @@
 ``fedshuffle reproduce`` end to end on a tiny experiment."""
 
 import json
+import time
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 
 from fedshuffle.cli import app
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.experiments import reproduce as reproduce_module
 from fedshuffle.experiments.claims import CLAIMS, compare, parse_claims, Stat
 from fedshuffle.experiments.results import write_metrics
 from fedshuffle.experiments.schema import load_experiment, preset_names
@@ -214,18 +216,33 @@ def test_reproduce_runs_judges_and_reports(tmp_path, monkeypatch):
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "“FedShuffle dominates”" in md and "## tiny: Tiny et al., Fig. 0" in md and "**not run**" in md
     assert "data:image/png;base64,iVBORyBzdGFuZC1pbg==" in page and "<blockquote>“converges”</blockquote>" in page
-    spent = json.loads((out / "verdicts.json").read_text())["presets"]["tiny"]["seconds"]
-    assert spent["runs"] > 0 and spent["tuning"] >= 0 and "running it took" in md and "Wall time of 1 presets" in md
-    # again: the runs are kept and the verdicts are the same; the time of continuing them adds to the time they took
+    def seconds():
+        return json.loads((out / "verdicts.json").read_text())["seconds"]
+
+    spent = seconds()
+    assert set(spent) == {"tiny"} and spent["tiny"]["runs"] > 0 and "running it took" in md and "Wall time of 1 presets" in md
+    # again: the runs are kept and the verdicts are the same; the time of continuing them adds to the time they took,
+    # also when the call is interrupted
     again = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out), "--json"])
     assert again.exit_code == 0 and json.loads(again.output)["claims"] == claims[:2]
-    continued = json.loads((out / "verdicts.json").read_text())["presets"]["tiny"]["seconds"]
-    assert continued["runs"] >= spent["runs"]
+    continued = seconds()
+    assert continued["tiny"]["runs"] >= spent["tiny"]["runs"]
+
+    def interrupted(*_, **__):
+        time.sleep(0.3)
+        raise KeyboardInterrupt
+
+    run_experiment = reproduce_module.run_experiment
+    monkeypatch.setattr(reproduce_module, "run_experiment", interrupted)
+    assert CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out)]).exit_code == 130
+    monkeypatch.setattr(reproduce_module, "run_experiment", run_experiment)
+    continued = seconds()
+    assert continued["tiny"]["runs"] >= spent["tiny"]["runs"] + 0.3
     # judged without running: what is there, and the others said to be missing; the time running took is kept
     judged = CliRunner().invoke(app, ["reproduce", str(cfg), str(gpu), "--out", str(out), "--json", "--no-run"])
     rows = json.loads(judged.output)["claims"]
     assert rows[:2] == claims[:2] and rows[2]["verdict"] == "not run" and "no finished results in" in rows[2]["why"]
-    assert json.loads((out / "verdicts.json").read_text())["presets"]["tiny"]["seconds"] == continued
+    assert seconds() == continued
     # a folder holding another experiment is refused
     cfg.write_text(TINY.format(budget="", metric="f_gap").replace("lr = 0.02", "lr = 0.01"))
     refused = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out)])

@@ -273,18 +273,30 @@ def _provenance(out: Path, folder: Path, tunings: Sequence[Tuning]) -> dict[str,
 
 
 def _record(name: str, experiment: Experiment, rows: Sequence[ClaimResult], *, provenance: Mapping[str, Any] | None = None, tunings: Sequence[Tuning] = (),
-            robust: Sequence[Robustness] = (), extra: Sequence[Diagnostic] = (), plot: str | None = None, seconds: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """A preset's entry of the store; ``seconds``: the wall time spent on its tuning grids and its runs by the calls that built
-    its folders (None: this call ran nothing)."""
+            robust: Sequence[Robustness] = (), extra: Sequence[Diagnostic] = (), plot: str | None = None) -> dict[str, Any]:
     meta = experiment.experiment
     return {"name": name, "paper": meta.paper, "figure": meta.figure, "title": meta.title, "deviations": list(meta.deviations), "computed": _now(),
             "provenance": dict(provenance or {}), "claims": [asdict(r) for r in rows], "tuning": [asdict(t) for t in tunings],
-            "robustness": [asdict(r) for r in robust], "diagnostics": [asdict(d) for d in extra], "plot": plot,
-            "seconds": None if seconds is None else {k: round(v, 1) for k, v in seconds.items()}}
+            "robustness": [asdict(r) for r in robust], "diagnostics": [asdict(d) for d in extra], "plot": plot}
 
 
-def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, workers: int, show_progress: bool, note: Any) -> tuple[dict[str, Any], bool]:
-    """The record of one preset, and whether it holds verdicts (False: skipped, nothing judged)."""
+class Stopwatch:
+    """Wall seconds per phase of a preset: :meth:`lap` ends the phase running (if any) and starts the next."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._phase: str | None = None
+        self._started = 0.0
+
+    def lap(self, phase: str | None) -> None:
+        now = time.perf_counter()
+        if self._phase is not None:
+            self.seconds[self._phase] = self.seconds.get(self._phase, 0.0) + now - self._started
+        self._phase, self._started = phase, now
+
+
+def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, workers: int, show_progress: bool, note: Any, watch: Stopwatch) -> tuple[dict[str, Any], bool]:
+    """The record of one preset, and whether it holds verdicts (False: skipped, nothing judged); ``watch`` times its tuning and runs."""
     name = experiment.experiment.name
     sized = experiment.experiment.budget or "cpu"
     if budget == "cpu" and sized == "gpu":
@@ -293,30 +305,25 @@ def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, wo
         reason = f"sized for a GPU (budget = gpu, about {experiment.experiment.expected_minutes or '?'} min there); run with --budget gpu"
         return _record(name, experiment, _skipped(name, experiment, reason)), False
     folder = Path(out) / name
-    continued = folder.exists() or Path(out, f"{name}.tuning").exists()  # this call's time adds to the time already spent on these folders
-    spent = (load_store(Path(out)).get(name, {}).get("seconds") if continued else None) or {"tuning": 0.0, "runs": 0.0}
-    started = time.perf_counter()
+    watch.lap("tuning")
     tunings, tuning_runs = tune(name, experiment, out, run=run, workers=workers, show_progress=show_progress)
-    seconds = {"tuning": spent["tuning"] + time.perf_counter() - started, "runs": spent["runs"]} if run else None
     unselected = [t.variant for t in tunings if t.selected is None]
     if unselected:
         verdict = "not run" if not run else "not measured"
         reason = f"tuning chose no point for {', '.join(unselected)}: " + ("no finished tuning runs (judged without running)" if not run else "at no grid point did every tuning seed complete")
-        return _record(name, experiment, _skipped(name, experiment, reason, verdict), tunings=tunings, seconds=seconds), run
+        return _record(name, experiment, _skipped(name, experiment, reason, verdict), tunings=tunings), run
     judged = at_selected(experiment, tunings)
     if not run and not (folder / "summary.json").is_file():  # written once every run of the preset has ended
         return _record(name, experiment, _skipped(name, experiment, f"no finished results in {folder} (judged without running)"), tunings=tunings), False
     if run:
         if note:
             note(f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}" + (f" ({', '.join(f'{t.variant} at {_point_text(t.selected)}' for t in tunings)})" if tunings else ""))
-        started = time.perf_counter()
+        watch.lap("runs")
         run_experiment(judged, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress, workers=workers)
-        seconds["runs"] += time.perf_counter() - started
     rows = judge(name, judged, folder)
     robust = robustness(judged, tunings, tuning_runs, _complete_runs(folder)) if tunings else []
     plot = f"{name}/plot.png" if (folder / "plot.png").is_file() else None
-    return _record(name, experiment, rows, provenance=_provenance(Path(out), folder, tunings), tunings=tunings, robust=robust, extra=diagnostics(name, folder),
-                   plot=plot, seconds=seconds), True
+    return _record(name, experiment, rows, provenance=_provenance(Path(out), folder, tunings), tunings=tunings, robust=robust, extra=diagnostics(name, folder), plot=plot), True
 
 
 def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, run: bool = True, show_progress: bool = True, note: Any = None, workers: int = 1) -> list[ClaimResult]:
@@ -335,7 +342,14 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
     loaded = [load_experiment(p) for p in presets]  # every config checked before anything runs
     rows: list[ClaimResult] = []
     for experiment in loaded:
-        record, has_verdicts = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note)
+        name, watch = experiment.experiment.name, Stopwatch()
+        continued = (Path(out) / name).exists() or (Path(out) / f"{name}.tuning").exists()  # this call's time adds to that spent on these folders
+        try:
+            record, has_verdicts = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note, watch=watch)
+        finally:  # also when interrupted: a later call continues these folders and adds its own time
+            watch.lap(None)
+            if run and watch.seconds:
+                add_time(Path(out), name, watch.seconds, continued)
         rows += [ClaimResult(**r) for r in record["claims"]]
         save(Path(out), record, replace=has_verdicts)
     return rows
@@ -344,11 +358,11 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
 # -- the store of verdicts ------------------------------------------------------------------------------
 
 
-def load_store(out: Path) -> dict[str, dict[str, Any]]:
-    """preset name → its record, as kept in ``out/verdicts.json`` (empty when there is none)."""
+def _load(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]]]:
+    """The records and the seconds kept in ``out/verdicts.json``, each checked (empty when there is no file)."""
     path = Path(out) / STORE
     if not path.is_file():
-        return {}
+        return {}, {}
     try:
         doc = json.loads(read_text(path))  # a regular file only: never blocks on a FIFO
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -362,7 +376,30 @@ def load_store(out: Path) -> dict[str, dict[str, Any]]:
             [Diagnostic(**d) for d in record.get("diagnostics", [])]
     except TypeError as exc:
         raise ConfigError(str(path), f"a verdict of another form ({exc}); remove it to start the report afresh") from None
-    return presets
+    seconds = doc.get("seconds", {})
+    if not isinstance(seconds, dict) or not all(
+        isinstance(t, dict) and set(t) == {"tuning", "runs"} and all(isinstance(v, (int, float)) for v in t.values()) for t in seconds.values()
+    ):
+        raise ConfigError(str(path), "'seconds' is not preset → {tuning, runs} seconds; remove it to start the report afresh")
+    return presets, seconds
+
+
+def _write_store(out: Path, store: Mapping[str, Any], seconds: Mapping[str, Any]) -> None:
+    write_atomic(out / STORE, json.dumps({"format": 1, "presets": store, "seconds": seconds}, indent=1, ensure_ascii=False))
+
+
+def add_time(out: Path, name: str, seconds: Mapping[str, float], continued: bool) -> None:
+    """Add a call's wall ``seconds`` (``tuning``, ``runs``) to the preset's time in ``out`` (in place of it when the call
+    started the preset's folders afresh), holding the folder's lock."""
+    out = Path(out)
+    try:
+        with FolderLock(out):
+            store, times = _load(out)
+            earlier = times.get(name, {}) if continued else {}
+            times[name] = {k: round(earlier.get(k, 0.0) + seconds.get(k, 0.0), 1) for k in ("tuning", "runs")}
+            _write_store(out, store, times)
+    except OSError as exc:
+        raise ResultsError(f"cannot write the report into {out} ({exc.strerror or exc}); the runs' results are kept") from None
 
 
 def save(out: Path, record: Mapping[str, Any], *, replace: bool = True) -> dict[str, dict[str, Any]]:
@@ -371,12 +408,11 @@ def save(out: Path, record: Mapping[str, Any], *, replace: bool = True) -> dict[
     out = Path(out)
     try:
         with FolderLock(out):
-            store = load_store(out)
-            earlier = store.get(record["name"], {})
-            if replace or not earlier:
-                store[record["name"]] = {**record, "seconds": record.get("seconds") or earlier.get("seconds")}  # judging alone keeps the time that running took
-            write_atomic(out / STORE, json.dumps({"format": 1, "presets": store}, indent=1, ensure_ascii=False))
-            write_reports(store, out)
+            store, times = _load(out)
+            if replace or record["name"] not in store:
+                store[record["name"]] = dict(record)
+            _write_store(out, store, times)
+            write_reports({name: {**r, "seconds": times.get(name)} for name, r in store.items()}, out)
     except OSError as exc:
         raise ResultsError(f"cannot write the report into {out} ({exc.strerror or exc}); the runs' results are kept") from None
     return store
