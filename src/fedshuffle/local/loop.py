@@ -76,25 +76,25 @@ def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, wo
 
 
 def _run_sorted(problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork) -> torch.Tensor:
-    plans = work.plans
+    plans = CohortPlan.of(work.plans)
     device, dtype = work.start.device, work.start.dtype
-    steps, batch = plans[0].steps, max(p.batches.shape[1] for p in plans)
+    steps, batch = int(plans.steps[0]), int(plans.widths.max())
     rows = np.full((len(plans), steps, batch), -1, dtype=np.int64)
-    for c, plan in enumerate(plans):
-        rows[c, : plan.steps, : plan.batches.shape[1]] = plan.batches
+    for c, (start, tau, width) in enumerate(zip(plans.row_starts.tolist(), plans.steps.tolist(), plans.widths.tolist())):
+        rows[c, :tau, :width] = plans.rows[start : start + tau * width].reshape(tau, width)
     rows_t = torch.from_numpy(rows).to(device)
     mask = (rows_t >= 0).to(dtype)
     weights = mask / mask.sum(-1, keepdim=True).clamp(min=1)
     safe = rows_t.clamp(min=0)
-    working = np.searchsorted(-np.array([p.steps for p in plans]), -np.arange(steps), side="left")  # k_t = #{c: τ_c > t}
-    lrs = torch.tensor([p.lr for p in plans], dtype=dtype, device=device).unsqueeze(1)
+    working = np.searchsorted(-plans.steps, -np.arange(steps), side="left")  # k_t = #{c: τ_c > t}
+    lrs = torch.tensor(plans.lrs, dtype=dtype, device=device).unsqueeze(1)
     starts = work.rows("start")
     centers = work.rows("center") if work.center is not None else starts
     offsets = work.rows("offset")
     ys = starts.clone()
     chain = work.chain
     states = chain.init(ys)
-    keys = [p.key for p in plans] if problem.stochastic else []
+    keys = [tuple(key) for key in plans.keys.tolist()] if problem.stochastic else []
     for t in range(steps):
         k = int(working[t])
         idx = safe[:k, t]
