@@ -162,9 +162,14 @@ def judge(name: str, experiment: Experiment, folder: Path) -> list[ClaimResult]:
 # -- tuning ---------------------------------------------------------------------------------------------
 
 
+def tuning_root(out: Path, name: str) -> Path:
+    """The folder of a preset's tuning sweeps: beside the judged runs, never inside their folder."""
+    return Path(out) / f"{name}.tuning"
+
+
 def tuning_folder(out: Path, name: str, label: str) -> Path:
-    """Where a variant's tuning sweep lives: beside the judged runs, never inside their folder."""
-    return Path(out) / f"{name}.tuning" / folder_name(label)
+    """Where a variant's tuning sweep lives."""
+    return tuning_root(out, name) / folder_name(label)
 
 
 def _point_key(point: Mapping[str, Any]) -> str:
@@ -343,7 +348,7 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
     rows: list[ClaimResult] = []
     for experiment in loaded:
         name, watch = experiment.experiment.name, Stopwatch()
-        continued = (Path(out) / name).exists() or (Path(out) / f"{name}.tuning").exists()  # this call's time adds to that spent on these folders
+        continued = (Path(out) / name).exists() or tuning_root(out, name).exists()  # this call's time adds to that spent on these folders
         try:
             record, has_verdicts = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note, watch=watch)
         finally:  # also when interrupted: a later call continues these folders and adds its own time

@@ -80,8 +80,9 @@ def _run_sorted(problem: Problem, features: torch.Tensor, labels: torch.Tensor, 
     device, dtype = work.start.device, work.start.dtype
     steps, batch = int(plans.steps[0]), int(plans.widths.max())
     rows = np.full((len(plans), steps, batch), -1, dtype=np.int64)
-    for c, (start, tau, width) in enumerate(zip(plans.row_starts.tolist(), plans.steps.tolist(), plans.widths.tolist())):
-        rows[c, :tau, :width] = plans.rows[start : start + tau * width].reshape(tau, width)
+    for c in range(len(plans)):
+        member = plans.batches(c)
+        rows[c, : member.shape[0], : member.shape[1]] = member
     rows_t = torch.from_numpy(rows).to(device)
     mask = (rows_t >= 0).to(dtype)
     weights = mask / mask.sum(-1, keepdim=True).clamp(min=1)

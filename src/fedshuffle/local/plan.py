@@ -138,11 +138,17 @@ class CohortPlan(Sequence[ClientPlan]):
             np.array([p.a_l1 for p in plans], dtype=np.float64), _key_rows([p.key for p in plans]),
         )
 
+    def batches(self, c: int) -> np.ndarray:
+        """Member c's minibatch rows ``(steps[c], widths[c])``: a read-only view of the round's rows, which other members' plans share."""
+        start, steps, width = int(self.row_starts[c]), int(self.steps[c]), int(self.widths[c])
+        view = self.rows[start : start + steps * width].reshape(steps, width)
+        view.flags.writeable = False
+        return view
+
     def __reduce__(self):
         """Pickled (to a worker process) with its own members' rows only, not the whole round's that :meth:`take` shares."""
-        used = self.steps * self.widths
-        rows = np.concatenate([self.rows[s : s + n] for s, n in zip(self.row_starts.tolist(), used.tolist())]) if len(self) else self.rows[:0]
-        return CohortPlan, (self.clients, rows, np.cumsum(used) - used, self.steps, self.widths, self.lrs, self.planned_steps, self.a_l1, self.keys)
+        rows, row_starts, _ = _flattened([self.batches(c) for c in range(len(self))])
+        return CohortPlan, (self.clients, rows, row_starts, self.steps, self.widths, self.lrs, self.planned_steps, self.a_l1, self.keys)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -152,10 +158,7 @@ class CohortPlan(Sequence[ClientPlan]):
         if isinstance(index, slice):
             return self.take(np.arange(len(self))[index])
         c = range(len(self))[index]
-        start, steps, width = int(self.row_starts[c]), int(self.steps[c]), int(self.widths[c])
-        batches = self.rows[start : start + steps * width].reshape(steps, width)
-        batches.flags.writeable = False  # a view of the round's rows, which other members' plans share
-        return ClientPlan(int(self.clients[c]), batches, float(self.lrs[c]), int(self.planned_steps[c]), float(self.a_l1[c]), tuple(self.keys[c].tolist()))
+        return ClientPlan(int(self.clients[c]), self.batches(c), float(self.lrs[c]), int(self.planned_steps[c]), float(self.a_l1[c]), tuple(self.keys[c].tolist()))
 
     @staticmethod
     def joined(parts: Sequence[Sequence[ClientPlan]]) -> CohortPlan:
