@@ -188,6 +188,25 @@ def test_a_part_defined_in_the_script_cannot_go_to_worker_processes(tmp_path):
     assert "refused: data.source: 'blobs' is defined in the script being run" in done.stdout, done.stdout + done.stderr
 
 
+def test_workers_take_the_callers_environment_and_the_fork_servers_preload_starts_no_thread(monkeypatch):
+    """Workers fork from a fork server started earlier, with the environment of then: each takes the caller's
+    environment of now. Its preload (PyTorch, the parts, the compiled streams) leaves one thread, so forking is safe."""
+    import multiprocessing.forkserver
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fedshuffle.experiments import sweep
+
+    context = sweep.worker_context()
+    if context.get_start_method() == "forkserver":
+        multiprocessing.forkserver.ensure_running()
+    monkeypatch.setenv("FEDSHUFFLE_WORKER_PROBE", "set after the server started")
+    with ProcessPoolExecutor(1, mp_context=context, initializer=sweep._start_worker, initargs=((), dict(os.environ))) as pool:
+        assert pool.submit(os.getenv, "FEDSHUFFLE_WORKER_PROBE").result(timeout=120) == "set after the server started"
+    preload = subprocess.run([sys.executable, "-c", f"import threading, {sweep.PRELOAD}; print(threading.active_count())"], capture_output=True, text=True, timeout=300)
+    assert preload.returncode == 0 and preload.stdout.strip() == "1", preload.stderr[-2000:]
+
+
 def test_settings_the_chosen_part_does_not_take_are_refused_for_every_registered_part():
     """For every entry of every configured registry: another entry's setting is refused naming the part."""
     sections = {"method": (METHODS, "name"), "problem": (PROBLEMS, "name"), "sampler": (SAMPLERS, "name"), "server": (SERVER_OPTIMIZERS, "optimizer")}

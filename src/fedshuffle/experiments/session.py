@@ -6,7 +6,9 @@ First the arguments, read alike by the command line and the API: the results fol
 (:func:`normalize_overrides`, :func:`~fedshuffle.experiments.sweep.merge_overrides`, :func:`extend_rounds`). Then, in this order,
 
 1. plan every job and build every distinct run once (:func:`~fedshuffle.experiments.runner.preflight`):
-   bad input stops here, before any folder is created (exit status 2);
+   bad input stops here, before any folder is created (exit status 2); where the jobs will run in worker
+   processes, the fork server they start from loads what they need meanwhile
+   (:func:`~fedshuffle.experiments.sweep.start_workers_early`);
 2. open the results folder (:class:`ResultsFolder`): create it, take its lock, remove temporary
    files of writes cut short, check that it may take these runs (same experiment, same settings per
    run, rounds only extended when asked), write the manifest;
@@ -32,7 +34,7 @@ from fedshuffle.experiments import folders, report
 from fedshuffle.experiments.results import check_metrics
 from fedshuffle.experiments.runner import ensure_writable, preflight, run_identity, sharing_builds
 from fedshuffle.experiments.schema import SECTIONS, Experiment, parse_overrides
-from fedshuffle.experiments.sweep import Job, Outcome, check_seeds, check_workers, jobs_for, merge_overrides, parse_integers, run_jobs, select_best
+from fedshuffle.experiments.sweep import Job, Outcome, check_seeds, check_workers, jobs_for, merge_overrides, parse_integers, run_jobs, select_best, start_workers_early
 
 
 # -- the arguments ---------------------------------------------------------------------------------------
@@ -236,6 +238,7 @@ def run_experiment(
     jobs = jobs_for(experiment, out_dir, [{}], seeds=seeds, overrides=overrides)
     plot = jobs[0].spec.plot
     plotted = check_metrics([plot.metric] if isinstance(plot.metric, str) else plot.metric, "plot.metric")
+    start_workers_early(jobs, workers)
     preflight(jobs, plotted if "metric" in plot.model_fields_set else ())  # a metric asked for must be one the runs record
     name = experiment.experiment.name
     with ResultsFolder(out_dir, "run", experiment, overrides, jobs, resume=resume, extend=extend) as folder:
@@ -266,6 +269,7 @@ def run_sweep(
     """Every grid point × variant × seed into ``out_dir`` (finished runs are kept), then ``sweep.json``."""
     check_workers(workers)
     jobs = jobs_for(experiment, Path(out_dir), points, seeds, overrides, variants)
+    start_workers_early(jobs, workers)
     preflight(jobs)
     name = experiment.experiment.name
     with ResultsFolder(Path(out_dir), "sweep", experiment, overrides, jobs, resume=True, extend=extend) as folder:

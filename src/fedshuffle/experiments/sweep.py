@@ -4,7 +4,7 @@ A job is one (grid point, variant, seed) of an experiment, with its own results 
 
     OUT/[<point>/]<variant>/seed-<s>/
 
-Jobs run in this process or in worker processes (spawned, so each has its own PyTorch state); every
+Jobs run in this process or in worker processes (each with its own PyTorch state, :func:`worker_context`); every
 job resumes from its checkpoint and a finished one is skipped, so a sweep started again continues
 where it stopped. Choosing the best grid point per variant by a metric is
 :func:`select_best` (FedShuffle paper, Appendix F: grid search over lr × weight decay × clipping).
@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import math
 import multiprocessing as mp
+import multiprocessing.forkserver
 import os
 import queue as queue_mod
 import re
@@ -240,9 +241,42 @@ def _execute_group(jobs: Sequence[Job], resume: bool, extend: bool, experiment: 
     return outcomes
 
 
-def _start_worker(plugin_modules: Sequence[str]) -> None:
-    """A worker imports the plugins the parent imported (their parts are registered by import), and
-    leaves Ctrl-C to the parent, which stops it (no traceback from every worker)."""
+#: the module a worker loads before its first job: imported once by the fork server the workers are forked from
+PRELOAD = "fedshuffle.experiments.preload"
+
+
+def worker_context() -> Any:
+    """How worker processes start: forked from a fork server that has loaded :mod:`fedshuffle.experiments.preload`
+    (PyTorch, the parts, the compiled streams) once, where the platform has one; spawned elsewhere. Either way a
+    worker has its own PyTorch state (the fork server runs no PyTorch operator), and :func:`_start_worker` gives it
+    this process' environment (the fork server keeps that of its own start); its working folder and ``sys.path`` are
+    this process' as for a spawned one. The fork server stays for later pools of this process, and ends with it."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload([PRELOAD])
+    return context
+
+
+def pool_workers(jobs: Sequence[Job], workers: int) -> int:
+    """How many worker processes :func:`run_jobs` starts for ``jobs`` (0: it runs them in this process)."""
+    workers = min(workers, len(spread(replica_groups([job.spec for job in jobs]), workers)))
+    return workers if workers > 1 else 0
+
+
+def start_workers_early(jobs: Sequence[Job], workers: int) -> None:
+    """Start the fork server now where ``jobs`` will run in worker processes, so that it loads what they need while
+    this process checks and builds the runs (the preflight): the workers fork from it warm once the runs start."""
+    if pool_workers(jobs, workers) and worker_context().get_start_method() == "forkserver":
+        multiprocessing.forkserver.ensure_running()
+
+
+def _start_worker(plugin_modules: Sequence[str], environment: Mapping[str, str]) -> None:
+    """A worker takes the parent's environment (a forked one has the fork server's), imports the plugins the
+    parent imported (their parts are registered by import), and leaves Ctrl-C to the parent, which stops it (no
+    traceback from every worker)."""
+    os.environ.clear()
+    os.environ.update(environment)
     plugins.load(plugin_modules)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -251,7 +285,7 @@ def _start_worker(plugin_modules: Sequence[str]) -> None:
 def _script_not_rerun() -> Iterator[None]:
     """Worker processes start without running the user's script again.
 
-    A ``spawn`` child imports the parent's ``__main__`` (by its module spec or file) before it runs a
+    A spawned or fork-server child imports the parent's ``__main__`` (by its module spec or file) before it runs a
     task, so a script without an ``if __name__ == "__main__":`` guard would run its experiment again in
     every worker. Nothing a worker runs comes from ``__main__`` (jobs name their parts; plugins are
     importable modules, :func:`fedshuffle.plugins.check_reachable`), so the children are started while
@@ -318,7 +352,7 @@ def run_jobs(
     check_workers(workers)
     groups = spread(replica_groups([job.spec for job in jobs]), workers)  # runs that differ only in step sizes or seed: one simulation per worker
     note = describe_groups(groups)
-    workers = min(workers, len(groups))
+    workers = pool_workers(jobs, workers)
     console = Console(stderr=True)
     outcomes: list[Outcome | None] = [None] * len(jobs)
     total = sum(job.spec.run.rounds for job in jobs)
@@ -335,7 +369,7 @@ def run_jobs(
 
         if note:
             console.print(note, highlight=False)
-        if workers == 1:
+        if not workers:
             for group in groups:
                 job = jobs[group[0]]
                 progress.update(task, description=f"{title or experiment}: {job.label or 'run'} (seed {job.seed}{f', {len(group)} replicas' if len(group) > 1 else ''})")
@@ -352,9 +386,9 @@ def run_jobs(
         threads = max(1, (os.cpu_count() or 1) // workers)
         for job in jobs:
             plugins.check_reachable(_parts(job.spec))
-        context = mp.get_context("spawn")
+        context = worker_context()
         with _script_not_rerun(), context.Manager() as manager:
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(plugins.imported(),))
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(plugins.imported(), dict(os.environ)))
             try:
                 ticks = manager.Queue()
                 futures: dict[Future, list[int]] = {
