@@ -192,6 +192,31 @@ def test_a_cohort_plan_is_its_members_plans_and_selects_joins_and_pickles_them_w
     assert [p.key for p in huge][2] == (2**64 + 5, 4, 2, 1) and huge.clients.tolist() == cohort.tolist()
 
 
+def test_runs_that_differ_in_step_sizes_share_each_rounds_draws():
+    """SharedDraws: a planner of another η_l (and so another ‖a_i‖₁ under a proximal term) plans from the rows another
+    made for the same seed, round and cohort — the same plans as its own, the rows read-only and not copied; another
+    seed, round, cohort or drawing setting draws its own; only the newest rounds are kept."""
+    from fedshuffle.local.plan import SharedDraws
+
+    clients = [np.arange(0, 7), np.arange(7, 10), np.arange(10, 22)]
+    cohort = np.array([2, 0, 2])
+    shared = SharedDraws()
+    settings = {"batch_size": 2, "epochs": (1, 3), "straggler_probability": 0.5, "prox_mu": 0.5}
+    first = LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, 9, shared=shared)
+    for lr, scale in ((0.3, 1.0), (0.1, 0.5)):
+        own, reused = (LocalPlanner(lr=lr, **settings).plan(clients, cohort, 4, 9, scale, shared=s) for s in (None, shared))
+        assert reused.rows is first.rows and not reused.rows.flags.writeable
+        for column in ("clients", "rows", "row_starts", "steps", "widths", "lrs", "planned_steps", "a_l1", "keys"):
+            assert np.array_equal(getattr(own, column), getattr(reused, column)), column
+        assert not np.array_equal(reused.lrs, first.lrs) and not np.array_equal(reused.a_l1, first.a_l1)
+    others = [LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, 10, shared=shared), LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 5, 9, shared=shared),
+              LocalPlanner(lr=0.1, **settings).plan(clients, cohort[:2], 4, 9, shared=shared),
+              LocalPlanner(lr=0.1, **{**settings, "batch_size": 3}).plan(clients, cohort, 4, 9, shared=shared)]
+    assert all(other.rows is not first.rows for other in others)
+    LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 6, 9, shared=shared)
+    assert LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, 9, shared=shared).rows is not first.rows  # round 4 is gone once round 6 is drawn
+
+
 def test_batched_generators_are_the_keyed_generators():
     """streams.generators (SeedSequence hash vectorized, PCG64 seeded by hand) draws what streams.generator draws,
     key by key — also for keys beyond one 32-bit word and for seeds past 2³¹."""

@@ -5,7 +5,8 @@ of seeds on the same data, model and sampler law are R runs whose rounds have th
 own :class:`~fedshuffle.simulation.Simulation` (model, server, method and client state, counters), and one step of
 the replicas is::
 
-    per replica r, at once:  its own round (cohort S_r, plans with η_{l,r}, broadcast, its client half, its state rows)
+    per replica r, at once:  its own round (cohort S_r, plans with η_{l,r}, broadcast, its client half, its state rows);
+                             replicas of one seed share the round's minibatch rows, drawn once (:class:`~fedshuffle.local.plan.SharedDraws`)
     every executor call:     waits until each replica still stepping waits in one (:class:`Gathering`); then the
                              waiting works run as ONE executor call where their step chains agree (per-member starts,
                              centers, offsets and plans with their own step sizes): R replicas × C clients per local step
@@ -47,7 +48,7 @@ from fedshuffle.executors.choice import run_threads
 from fedshuffle.executors.local import LocalExecutor, ThreadedExecutor
 from fedshuffle.local import fused
 from fedshuffle.local.loop import LocalWork
-from fedshuffle.local.plan import CohortPlan
+from fedshuffle.local.plan import CohortPlan, SharedDraws
 from fedshuffle.local.steps import StepChain
 from fedshuffle.problems import Problem
 from fedshuffle.simulation import RoundRecord, Simulation
@@ -315,6 +316,7 @@ class ReplicaGroup:
         self._batches: dict[frozenset[int], bool] = {}
         self._evaluating = threading.BoundedSemaphore(os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(members, thread_name_prefix="fedshuffle-replica-step") if members > 1 else None  # the gathered steps' threads
+        self._draws = SharedDraws()
         #: the group's steps, those in which two replicas or more shared an executor call, the most replicas in one step
         self.steps, self.batched, self.widest = 0, 0, 0
 
@@ -367,6 +369,8 @@ class ReplicaGroup:
             together = self._batches.get(frozenset(keys))
             if together is None:  # the same replicas batch alike at every step: asked once per set of replicas
                 together = self._batches[frozenset(keys)] = len(sims) > 1 and batches(sims)
+                for sim in sims if together else ():  # one data: the replicas of a seed draw each round's rows once
+                    sim.shared_draws = self._draws
             outcomes, together = step_replicas(sims, together, self._pool)
         except BaseException as exc:  # every waiting replica's run fails with it
             outcomes, together = [exc] * len(sims), False

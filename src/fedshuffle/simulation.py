@@ -36,6 +36,7 @@ import torch
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.streams import Stream, generator
+from fedshuffle.local.plan import SharedDraws
 from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.executors import Executor, SequentialExecutor
 from fedshuffle.methods.algorithm import Algorithm
@@ -98,6 +99,8 @@ class Server:
     seed: int = 0
     dtype: torch.dtype = torch.float64
     device: str = "cpu"
+    #: draws this run shares with runs of the same data that differ only in step sizes (replicas: set by their group)
+    shared_draws: SharedDraws | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -131,7 +134,7 @@ class Server:
         r, alg = self.counters.rounds, self.algorithm
         cohort = self.sampler.sample(r, self.seed)
         scale = alg.schedule(r, self.counters.sample_gradients / self.data.num_samples)
-        plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed, scale, self.data.sizes)
+        plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed, scale, self.data.sizes, self.shared_draws)
         first = ~self.participated(cohort)
         return RoundInfo(r, cohort, plans, scale, self.data.weights, self._expected_counts, alg.local.lr * scale, self._planned_tau_eff, first)
 

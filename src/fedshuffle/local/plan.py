@@ -15,9 +15,10 @@ that the server step x ← x − η_g Σ ω_iΔ_i reduces to FedAvg for η_g = 1
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
 from pydantic import AfterValidator, Field, PositiveFloat, PositiveInt
@@ -184,6 +185,51 @@ class CohortPlan(Sequence[ClientPlan]):
         return int(np.sum(real[self.row_starts + used] - real[self.row_starts]))
 
 
+class Draws(NamedTuple):
+    """A round's plans as the run's streams decide them (:meth:`LocalPlanner._draw`), before the step sizes."""
+
+    rows: np.ndarray
+    row_starts: np.ndarray
+    widths: np.ndarray
+    planned_steps: np.ndarray
+    steps: np.ndarray
+    keys: np.ndarray
+
+
+class SharedDraws:
+    """Rounds' draws that runs of the same data and seed share when they differ only in step sizes: replicas
+    (:mod:`fedshuffle.replicas`) of a grid of G step sizes draw every round's minibatch rows once per seed instead of
+    G times. Kept for the newest :data:`ROUNDS_KEPT` rounds (replicas step in lockstep); arrays made read-only, as
+    every run now reads the same ones. Safe across threads."""
+
+    ROUNDS_KEPT = 2
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._draws: dict[tuple[object, ...], Draws] = {}
+        self._newest = 0
+
+    def get(self, key: tuple[object, ...], draw: Callable[[], Draws]) -> Draws:
+        """The draws under ``key`` (whose third entry is the round), made by ``draw`` the first time."""
+        with self._lock:
+            found = self._draws.get(key)
+        if found is not None:
+            return found
+        made = Draws(*map(_read_only, draw()))
+        with self._lock:
+            self._newest = max(self._newest, key[2])
+            self._draws[key] = made
+            for old in [k for k in self._draws if k[2] <= self._newest - self.ROUNDS_KEPT]:
+                del self._draws[old]
+        return made
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 @dataclass(frozen=True)
 class LocalPlanner:
     """Plans client rounds (FedShuffle Algorithm 4, lines 4–11).
@@ -322,16 +368,35 @@ class LocalPlanner:
     # -- planning --------------------------------------------------------------------------------
 
     def plan(
-        self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, lr_scale: float = 1.0, sizes: np.ndarray | None = None
+        self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, lr_scale: float = 1.0, sizes: np.ndarray | None = None,
+        shared: SharedDraws | None = None,
     ) -> CohortPlan:
         """Plans for every member of ``cohort`` (a repeated client gets independent runs); η_i = lr_scale·η_l/c_i.
 
-        ``sizes`` (|D_i| of all clients) saves counting ``client_indices`` when the population is large.
+        ``sizes`` (|D_i| of all clients) saves counting ``client_indices`` when the population is large. ``shared``:
+        draws made for the same data by runs that differ from this one at most in step sizes (replicas), taken
+        from there where they were made already.
         """
         sizes = np.array([len(ix) for ix in client_indices]) if sizes is None else sizes
         cohort = np.asarray(cohort, dtype=np.int64)
         if len(cohort) == 0:
             return CohortPlan.of([])
+        if shared is None:
+            drawn = self._draw(client_indices, cohort, round_index, seed, sizes)
+        else:
+            drawn = shared.get((self._drawing(), seed, round_index, cohort.tobytes()), lambda: self._draw(client_indices, cohort, round_index, seed, sizes))
+        lrs = (self.lr * lr_scale / self.normalizations(drawn.planned_steps, cohort, sizes)).astype(np.float64, copy=False)
+        chain = self.chain()
+        a_l1 = np.array([chain.a_l1(n, lr) for n, lr in zip(drawn.steps.tolist(), lrs.tolist())]) if chain.transforms else drawn.steps.astype(np.float64)
+        return CohortPlan(cohort, drawn.rows, drawn.row_starts, drawn.steps, drawn.widths, lrs, drawn.planned_steps, a_l1, drawn.keys)
+
+    def _drawing(self) -> tuple[object, ...]:
+        """The settings that decide a round's draws (:meth:`_draw`): all but the step sizes."""
+        return self.order, self.batch_size, self.epoch_batches, self._epoch_range, self.steps, self.drop_last_steps, self.straggler_probability
+
+    def _draw(self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, sizes: np.ndarray) -> Draws:
+        """What the run's streams decide of a round's plans: each member's epochs, planned and completed steps, and
+        minibatch rows."""
         low, high = self._epoch_range
         epochs = np.full(len(cohort), low) if low == high else np.array([self.draw_epochs(int(i), round_index, seed) for i in cohort])
         epoch_based = epochs * self.epoch_steps(sizes[cohort])
@@ -346,15 +411,12 @@ class LocalPlanner:
         planned = planned.astype(np.int64, copy=False)
         width = self.batch_width(int(np.max(sizes[cohort])))
         limits.check_fits(4 * limits.array_bytes(float(np.sum(planned)), width), "local.steps" if isinstance(self.steps, int) else "local.epochs", "one round's minibatch plans")
-        lrs = self.lr * lr_scale / self.normalizations(planned, cohort, sizes)
         occurrences = _occurrences(cohort)
         stream_keys = np.stack([np.full(len(cohort), round_index), cohort, occurrences], axis=1)  # (round, client, occurrence)
         rows, row_starts, widths = self._cohort_batches(client_indices, cohort, planned, stream_keys, sizes, seed)
         done = self._completed_steps(planned, stream_keys.tolist(), seed)
-        chain = self.chain()
-        a_l1 = np.array([chain.a_l1(n, lr) for n, lr in zip(done.tolist(), lrs.tolist())]) if chain.transforms else done.astype(np.float64)
         keys = _key_rows([(seed, round_index, i, k) for i, k in zip(cohort.tolist(), occurrences)])
-        return CohortPlan(cohort, rows, row_starts, done, widths, lrs.astype(np.float64, copy=False), planned, a_l1, keys)
+        return Draws(rows, row_starts, widths, planned, done, keys)
 
     def _cohort_batches(
         self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, planned: np.ndarray, keys: np.ndarray, sizes: np.ndarray, seed: int
