@@ -42,7 +42,7 @@ def ray_processes(root: int, besides: int | None = None) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "ray" in cmdline:
+        if "ray" in cmdline and "multiprocessing.forkserver" not in cmdline:  # the sweep workers' fork server (and its forks) carry sys.path, Ray's folders in it
             found.append(pid)
     return found
 
