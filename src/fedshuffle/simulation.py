@@ -36,9 +36,9 @@ import torch
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.streams import Stream, generator
-from fedshuffle.local.plan import SharedDraws
 from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.executors import Executor, SequentialExecutor
+from fedshuffle.local.plan import SharedDraws
 from fedshuffle.methods.algorithm import Algorithm
 from fedshuffle.methods.base import ClientResult, RoundInfo, Trainer
 from fedshuffle.privacy import PrivateAggregation
