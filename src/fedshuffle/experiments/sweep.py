@@ -247,11 +247,11 @@ PRELOAD = "fedshuffle.experiments.preload"
 
 def worker_context() -> Any:
     """How worker processes start: forked from a fork server that has loaded :mod:`fedshuffle.experiments.preload`
-    (PyTorch, the parts, the compiled streams) once, where the platform has one; spawned elsewhere. Either way a
+    (PyTorch, the parts, the compiled streams) once, on Linux; spawned elsewhere. Either way a
     worker has its own PyTorch state (the fork server runs no PyTorch operator), and :func:`_start_worker` gives it
     this process' environment (the fork server keeps that of its own start); its working folder and ``sys.path`` are
     this process' as for a spawned one. The fork server stays for later pools of this process, and ends with it."""
-    if "forkserver" not in mp.get_all_start_methods():
+    if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():  # macOS: frameworks are not fork-safe
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
     context.set_forkserver_preload([PRELOAD])
