@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from fedshuffle.cli import app
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.experiments import reproduce as reproduce_module
+from fedshuffle.experiments import reproduction_report
 from fedshuffle.experiments.claims import CLAIMS, compare, parse_claims, Stat
 from fedshuffle.experiments.results import write_metrics
 from fedshuffle.experiments.schema import load_experiment, preset_names
@@ -131,7 +132,7 @@ def test_a_claim_has_a_role_primary_by_default():
     assert claim(kind="value", metric="f_gap", variant="A", value=0, role="post_hoc").role == "post_hoc"
     with pytest.raises(ConfigError) as info:
         claim(kind="value", metric="f_gap", variant="A", value=0, role="secondary")
-    assert info.value.field == "claims[0].role" and "'primary', 'proxy', 'extrapolation', 'duplicate' or 'post_hoc'" in info.value.message
+    assert info.value.field == "claims[0].role" and "'primary', 'reduced', 'ablation', 'proxy', 'extrapolation', 'duplicate' or 'post_hoc'" in info.value.message
 
 
 def test_an_experiment_lists_its_deviations(tmp_path):
@@ -264,7 +265,8 @@ def test_the_python_api_reports_presets_it_does_not_run(tmp_path):
     gpu.write_text(TINY.format(budget='budget = "gpu"', metric="f_gap"))
     rows = api.reproduce(str(gpu), out=tmp_path / "o", budget="cpu")
     assert [r["verdict"] for r in rows] == ["not run", "not run"] and rows[1]["claim"] == "FedShuffle: final f_gap ≤ 1e+09"
-    assert "| Tiny et al. | 0 | 0 | 0 | 0 | 0 | 2 |" in (tmp_path / "o" / "report.md").read_text()  # holds, partly, does not hold, not measured, not reproducible, not run
+    # holds, partly, does not hold, split, not measured, not reproducible, not run, not re-checked
+    assert "| Tiny et al. | 0 | 0 | 0 | 0 | 0 | 0 | 2 | 0 |" in (tmp_path / "o" / "report.md").read_text()
     with pytest.raises(ConfigError, match="--budget: unknown 'tpu'; accepted: cpu, gpu"):
         api.reproduce(str(gpu), out=tmp_path / "o", budget="tpu")
 
@@ -288,4 +290,4 @@ def test_the_report_gives_a_methods_own_quantities_per_round(tmp_path, monkeypat
     md = (out / "report.md").read_text()
     assert "### cdr, FedShuffle: prox_residual per round" in md and f"| 6 | {diag.values[1]:.4g} |" in md
     assert "prox_residual per round (mean over seeds)" in (out / "report.html").read_text()
-    assert [len(reproduce._shown_rows(n)) for n in (3, 26, 27, 1000)] == [3, 26, 26, 26] and reproduce._shown_rows(1000)[-1] == 999
+    assert [len(reproduction_report.shown_rows(n)) for n in (3, 26, 27, 1000)] == [3, 26, 26, 26] and reproduction_report.shown_rows(1000)[-1] == 999

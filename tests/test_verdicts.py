@@ -13,7 +13,8 @@ from fedshuffle.cli import app
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.experiments import reproduce
 from fedshuffle.experiments.claims import parse_claims
-from fedshuffle.experiments.reproduce import ClaimResult, counts, other_roles
+from fedshuffle.experiments.reproduction_report import fractions_text, markdown
+from fedshuffle.experiments.verdicts import ClaimResult, counts, other_roles
 from fedshuffle.experiments.results import write_metrics
 from fedshuffle.experiments.schema import load_experiment
 
@@ -34,15 +35,30 @@ def claim(**raw):
     return parse_claims([{"quote": "the paper's words", **raw}], ["A", "B"])[0]
 
 
-def test_a_target_no_arm_reaches_is_not_measured_never_does_not_hold(tmp_path):
+def test_a_target_no_arm_reaches_is_not_measured_for_who_reaches_it_first(tmp_path):
     rounds = [0, 10, 20]
     runs = {"A": write_curves(tmp_path, "A", [[1, 0.9, 0.8]] * 3, rounds), "B": write_curves(tmp_path, "B", [[1, 0.95, 0.9]] * 3, rounds)}
     both = claim(kind="reaches_first", first="A", second="B", target="f_gap=0.1").judge(runs)
     assert both.verdict == "not measured" and "neither A nor B reached" in both.why
-    one = claim(kind="reaches", variant="A", target="f_gap=0.1", value=3, bound="at_most").judge(runs)
-    assert one.verdict == "not measured" and "never reached" in one.why
     # reached by the second arm only: the first arm's failure is a verdict
     assert claim(kind="reaches_first", first="B", second="A", target="f_gap=0.85").judge(runs).verdict == "does not hold"
+
+
+def test_reaching_a_target_in_at_most_k_rounds_fails_when_the_runs_pass_k_without_it(tmp_path):
+    """The paper's "95 % in 3 rounds": runs that go to round 20 without reaching it took more than 3 rounds."""
+    rounds = [0, 10, 20]
+    runs = {"A": write_curves(tmp_path, "A", [[1, 0.9, 0.8]] * 3, rounds)}
+    past = claim(kind="reaches", variant="A", target="f_gap=0.1", value=3, bound="at_most").judge(runs)
+    assert past.verdict == "does not hold" and "ran past 3 round without reaching f_gap=0.1 in 3 of 3 seeds" in past.why
+    # runs that stopped before k say nothing about whether k was enough
+    short = claim(kind="reaches", variant="A", target="f_gap=0.1", value=30, bound="at_most").judge(runs)
+    assert short.verdict == "not measured" and "no run went past 30 round" in short.why
+    # "at least" or "within" a cost: a run that never reached the target gives no cost to compare
+    assert claim(kind="reaches", variant="A", target="f_gap=0.1", value=3, tolerance=1).judge(runs).verdict == "not measured"
+    # two seeds reach it within k, the third runs past k without it: in order where reached, not every seed
+    mixed = {"A": write_curves(tmp_path / "m", "A", [[1, 0.05, 0.01], [1, 0.05, 0.01], [1, 0.9, 0.8]], rounds)}
+    partly = claim(kind="reaches", variant="A", target="f_gap=0.1", value=12, bound="at_most").judge(mixed)
+    assert partly.verdict == "partly" and "only 2 of 3 seeds reached it (1 ran past 12 round without it)" in partly.why
 
 
 def test_at_least_twice_the_cost_holds_at_exactly_twice(tmp_path):
@@ -103,7 +119,7 @@ def test_an_ordering_is_also_judged_at_fractions_of_the_run_so_a_flip_shows(tmp_
     window = claim(kind="ordering", metric="f_gap", order=["A", "B"], at="last:0.5", scale="linear").judge(runs)
     assert window.fractions[1] == (0.5, "holds") and window.fractions[2][1] == "holds"  # A: mean(0.2, 0.2, 0.2x) < B: mean(0.4, 0.15, 0.1x)
     row = ClaimResult("p", "P", "F", "c", "q", "m", verdict.verdict, verdict.why, fractions={f"{f:.0%}": v for f, v in verdict.fractions})
-    assert reproduce._fractions_text(row) == "holds / holds / does not hold"
+    assert fractions_text(row) == "holds / holds / does not hold"
     # a cut that leaves only the starting evaluation (where every variant is alike) reads nothing
     early = {k: write_curves(tmp_path / "early", k, [[1.0, 0.5, 0.1]], [0, 10, 20]) for k in ("A", "B")}
     assert claim(kind="ordering", metric="f_gap", order=["A", "B"]).judge(early).fractions[0] == (0.25, "not measured")
@@ -127,7 +143,7 @@ def test_only_primary_claims_enter_the_totals():
     assert counts(primary + others) == {"P": {"holds": 1, "does not hold": 1}, "Q": {}} == {**counts(primary), "Q": {}}
     assert other_roles(primary + others) == {"P": {"proxy": {"holds": 1}, "extrapolation": {"holds": 1}, "post_hoc": {"does not hold": 1}}, "Q": {"duplicate": {"holds": 1}}}
     store = {"p": {"name": "p", "paper": "P", "figure": "F", "claims": [r.__dict__ for r in primary + others]}}
-    md = reproduce.markdown(store)
+    md = markdown(store)
     assert "| P | 1 | 0 | 1 | 0 | 0 |" in md and "| P | proxy | 1 | 0 | 0 | 0 | 0 |" in md and "| Q | duplicate | 1 |" in md
 
 

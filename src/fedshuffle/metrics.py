@@ -121,6 +121,9 @@ def local_model_scores(sim: Any) -> dict[str, float | None]:
     Synthetic devices), the same on them: local_test_loss = Σ_i Σ_{j∈T_i} ℓ_j(x_i) / |T| and local_test_accuracy
     (pooled), local_test_accuracy_uniform (the mean over clients with test samples).
 
+    A method with the default halves keeps its clients' models under ``run.score_client_models``
+    (:class:`fedshuffle.methods.client_models.ClientModels`: y_i = x − Δ_i after the client's last local training).
+
     This is where the public FedDR code (Tran-Dinh, Pham, Phan & Nguyen, NeurIPS 2021) scores its
     Douglas–Rachford methods: every client's current local model on that client's data. A client that has
     not taken part yet holds the model the run started from, x⁰ (FedCDR counts x̂_i = x⁰ for it; FedDyn's
@@ -128,8 +131,8 @@ def local_model_scores(sim: Any) -> dict[str, float | None]:
     variates, not models (a client's y_i lives for one round), so it has none. Empty for other methods.
     """
     method, state = sim.method, sim.method_state
-    while hasattr(method, "inner"):  # a wrapper (global momentum) keeps the method's state under "inner"
-        method, state = method.inner, state["inner"]
+    while getattr(method, "local_model_field", None) is None and hasattr(method, "inner"):
+        method, state = method.inner, state["inner"]  # a wrapper (global momentum) keeps the method's state under "inner"
     field = getattr(method, "local_model_field", None)
     if field is None or sim.store is None:
         return {}

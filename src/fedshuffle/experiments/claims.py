@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from fedshuffle import metrics
 from fedshuffle.core.errors import ConfigError
@@ -50,11 +50,24 @@ from fedshuffle.experiments.targets import COLUMNS as TARGET_AXES, Target, time_
 
 CLAIMS = Registry("claims.kind")
 VERDICTS = ("holds", "partly", "does not hold")
-#: what a claim is to the paper: ``primary`` claims (one per statement of the paper, on its setup) enter the
-#: paper's totals; the others are reported beside them: a ``proxy`` judges another metric or setting than the
-#: paper's statement, an ``extrapolation`` a setup the paper does not show, a ``duplicate`` repeats a claim
-#: judged elsewhere, a ``post_hoc`` claim was added after seeing the results
-ROLES = ("primary", "proxy", "extrapolation", "duplicate", "post_hoc")
+#: the verdict of a claim whose two readings disagree: one holds (or partly), the other does not hold
+SPLIT = "split"
+NOT_MEASURED = "not measured"
+#: the verdict of a statement that cannot be reproduced as stated (the paper's data cannot be had, or its target is
+#: beyond what the model can reach): what the runs measured is shown beside it, never "holds" or "does not hold"
+NOT_REPRODUCIBLE = "not reproducible"
+#: what a claim is to the paper. Only ``primary`` claims enter the paper's totals: the paper's statement on the paper's
+#: setup, one per sentence and panel (no two presets hold the same one). The others are reported beside them:
+#:
+#: * ``reduced``: the statement on a cut-down twin of a paper-scale preset (fewer rounds, workers or a smaller model);
+#: * ``ablation``: the statement with an arm under another rule than the primary comparison's (another theorem's step);
+#: * ``proxy``: another metric or setting than the statement's (a training loss for a test-accuracy table);
+#: * ``extrapolation``: a setup, or settings that decide the verdict (step sizes, arms, a horizon), the paper does not give;
+#: * ``duplicate``: a judgement made elsewhere again (a demonstration preset, a panel that is an exact multiple of another);
+#: * ``post_hoc``: a reading added after seeing the results.
+ROLES = ("primary", "reduced", "ablation", "proxy", "extrapolation", "duplicate", "post_hoc")
+#: the fields an alternative reading may change (``alternative`` of a claim)
+ALTERNATIVE_FIELDS = ("metric", "reading", "order", "variant", "first", "second", "at", "scale")
 
 
 #: the fractions of the run at which an ordering is judged again (the run as if it had stopped there)
@@ -63,14 +76,18 @@ FRACTIONS = (0.25, 0.5, 1.0)
 
 @dataclass(frozen=True)
 class Verdict:
-    """What a claim measured, and whether it holds (one of :data:`VERDICTS`, or ``not measured``) and why;
-    ``seeds``: the fewest complete seeds of an arm; ``fractions``: an ordering's verdict at each of :data:`FRACTIONS`."""
+    """What a claim measured, and whether it holds (one of :data:`VERDICTS`, :data:`SPLIT`, ``not measured`` or
+    ``not reproducible``) and why; ``seeds``: the fewest complete seeds of an arm; ``fractions``: an ordering's verdict
+    at each of :data:`FRACTIONS`; ``flips``: where its arms' mean curves change order; ``readings``: the verdict of each
+    reading of a claim read two ways (its own first)."""
 
     measured: str
     verdict: str
     why: str
     seeds: int = 0
     fractions: tuple[tuple[float, str], ...] = ()
+    flips: str = ""
+    readings: tuple[tuple[str, str], ...] = ()
 
 
 #: metrics compared on a log scale by default: errors that go to zero, plotted on log axes (noise floors differ by orders of magnitude)
@@ -112,18 +129,32 @@ class Claim(BaseModel):
     """What every claim has: the paper's words, where they are, the metric, and the seeds' separation k."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    _other: Claim | None = PrivateAttr(None)
 
     kind: str
     quote: str = Field(min_length=1, description="the paper's words, quoted")
     figure: str = Field("", description="figure or table the words are about (default: the experiment's)")
     metric: str
     k: float = Field(2.0, ge=0, description="standard errors the means must be apart to hold")
-    scale: Literal["linear", "log"] | None = Field(None, description="compare means of the values or of their log10 (default: log for f_gap, dist_sq, grad_norm_sq)")
-    role: Literal[ROLES] = Field("primary", description="primary claims enter the paper's totals; proxy, extrapolation, duplicate and post_hoc ones are listed beside them")
-    seeds: int = Field(3, ge=1, description="seeds the protocol judges on (the paper's count where it states one); a verdict on fewer says so")
+    scale: Literal["linear", "log"] | None = Field(None, description=(
+        "compare means of the values or of their log10 (default: log for f_gap, dist_sq, grad_norm_sq)"))
+    role: Literal[ROLES] = Field("primary", description=(
+        "primary claims enter the paper's totals; the other roles (reduced, ablation, proxy, extrapolation, duplicate, "
+        "post_hoc) are listed beside them"))
+    seeds: int = Field(3, ge=1, description=(
+        "seeds the protocol judges on (the paper's count where it states one); a verdict on fewer says so"))
     reading: dict[str, str] = Field(default_factory=dict, description=(
-        "variant → the metric read for it instead of `metric`: the evaluation point a paper reports that method at "
-        "(e.g. FedCDR's clients' own models, local_loss, against a baseline's server-model loss); same direction and scale as `metric`"))
+        "variant → the metric read for it instead of `metric`: the evaluation point a paper reports that method at; "
+        "same direction and scale as `metric`"))
+    reads: str = Field("", description=(
+        "what this reading reads (e.g. 'the global model'): named beside an alternative reading's verdict"))
+    alternative: dict[str, Any] | None = Field(None, description=(
+        "another defensible reading of the same sentence: {name = '…', and the fields it changes: "
+        f"{', '.join(ALTERNATIVE_FIELDS)}}}; judged beside this one, and where one holds and the other does not, the "
+        "claim is a split"))
+    not_reproducible: str = Field("", description=(
+        "why the statement cannot be reproduced as stated (a target beyond what the model can reach); the verdict is "
+        "'not reproducible', with the best value the runs reached beside it"))
 
     @field_validator("metric")
     @classmethod
@@ -134,11 +165,37 @@ class Claim(BaseModel):
     def _readings(self) -> Claim:
         for label, name in self.reading.items():
             if label not in self.variants():
-                raise ValueError(f"reading names {label!r}, which the claim does not compare; it compares: {', '.join(map(repr, self.variants()))}")
+                compared = ", ".join(map(repr, self.variants()))
+                raise ValueError(f"reading names {label!r}, which the claim does not compare; it compares: {compared}")
             valid_metric(name)
-            if metrics.METRICS[name].defaults["better"] != metrics.METRICS[self.metric].defaults["better"] or is_log(name, self.scale) != self.log:
-                raise ValueError(f"reading[{label!r}] = {name!r} is not read like {self.metric!r} (better direction and scale must match)")
+            same_direction = metrics.METRICS[name].defaults["better"] == metrics.METRICS[self.metric].defaults["better"]
+            if not same_direction or is_log(name, self.scale) != self.log:
+                raise ValueError(f"reading[{label!r}] = {name!r} is not read like {self.metric!r} "
+                                 "(better direction and scale must match)")
         return self
+
+    @model_validator(mode="after")
+    def _alternative_reading(self) -> Claim:
+        if self.alternative is None:
+            return self
+        changes = dict(self.alternative)
+        name = changes.pop("name", None)
+        if not isinstance(name, str) or not name:
+            raise ValueError("alternative needs a name: what it reads (e.g. name = 'the clients\' own models')")
+        unknown = sorted(set(changes) - set(ALTERNATIVE_FIELDS))
+        if unknown:
+            raise ValueError(f"alternative cannot change {unknown[0]!r}; it changes: {', '.join(ALTERNATIVE_FIELDS)}")
+        if not self.reads:
+            raise ValueError("a claim with an alternative reading names its own: reads = '…' (e.g. 'the global model')")
+        derived = {"metric"} if self.kind in ("reaches", "reaches_first") else set()  # set from the target
+        base = self.model_dump(exclude={"alternative", "reads", *derived}, exclude_defaults=True)
+        self._other = type(self).model_validate({**base, "kind": self.kind, **changes, "reads": name})
+        return self
+
+    @property
+    def other(self) -> Claim | None:
+        """The alternative reading, as a claim of the same kind (None when the claim has one reading)."""
+        return self._other
 
     def metric_of(self, label: str) -> str:
         """The metric read for variant ``label``."""
@@ -148,6 +205,11 @@ class Claim(BaseModel):
         """The variant labels the claim names (checked against the experiment's)."""
         return []
 
+    def all_variants(self) -> list[str]:
+        """The variants of this reading and of the alternative's."""
+        extra = self.other.variants() if self.other is not None else []
+        return list(dict.fromkeys([*self.variants(), *extra]))
+
     def describe(self) -> str:
         raise NotImplementedError
 
@@ -156,21 +218,59 @@ class Claim(BaseModel):
         raise NotImplementedError
 
     def judge(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
-        """:meth:`evaluate`, with the seeds it was judged on (said in ``why`` when fewer than ``seeds``)."""
+        """:meth:`evaluate`, with the seeds it was judged on (said in ``why`` when fewer than ``seeds``); a claim
+        read two ways gets both verdicts (:func:`combine`), one not reproducible as stated reads so with its ceiling."""
+        verdict = self._judged(runs)
+        if self.other is not None:
+            verdict = combine(verdict, self.other._judged(runs), self.reads, self.other.reads)
+        if self.not_reproducible:
+            ceiling = self.ceiling(runs)
+            verdict = Verdict(f"{verdict.measured}; {ceiling}" if ceiling else verdict.measured, NOT_REPRODUCIBLE,
+                              f"as stated: {self.not_reproducible}; on these runs it {verdict.verdict}: {verdict.why}",
+                              verdict.seeds, verdict.fractions, verdict.flips, verdict.readings)
+        return verdict
+
+    def _judged(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
         verdict = self.evaluate(runs)
         seeds = min((len(runs.get(label, [])) for label in self.variants()), default=0)
         why = verdict.why
-        if 0 < seeds < self.seeds and verdict.verdict != "not measured":
+        if 0 < seeds < self.seeds and verdict.verdict != NOT_MEASURED:
             why = f"judged on {seeds} seed{'s' if seeds > 1 else ''}, fewer than the {self.seeds} the protocol asks for; {why}"
-        return Verdict(verdict.measured, verdict.verdict, why, seeds, verdict.fractions)
+        return Verdict(verdict.measured, verdict.verdict, why, seeds, verdict.fractions, verdict.flips)
+
+    def ceiling(self, runs: Mapping[str, Sequence[Path]]) -> str:
+        """The best value of the claim's metric each variant reached in its runs (mean over seeds): what the runs can
+        say about a statement that cannot be reproduced as stated."""
+        parts = []
+        for label in self.variants():
+            name = self.metric_of(label)
+            lower = metrics.METRICS[name].defaults["better"] == "min"
+            best = [_value_at(read_metrics(f), name, "best", lower) for f in runs.get(label, [])]
+            best = [b for b in best if b is not None]
+            if best:
+                parts.append(f"{label}: {Stat(tuple(best)).text()}")
+        return f"best {self.metric} reached: " + "; ".join(parts) if parts else ""
 
     @property
     def log(self) -> bool:
-        return is_log(self.metric, self.scale)
+        return is_log(self.metric, self.scale) and not reads_rounds(getattr(self, "at", ""))
 
     @property
     def lower_is_better(self) -> bool:
-        return metrics.METRICS[self.metric].defaults["better"] == "min"
+        return reads_rounds(getattr(self, "at", "")) or metrics.METRICS[self.metric].defaults["better"] == "min"
+
+
+def combine(own: Verdict, other: Verdict, own_name: str, other_name: str) -> Verdict:
+    """One claim read two ways: its own reading's verdict where both agree, or where the alternative says nothing
+    (not measured); :data:`SPLIT` where one holds (or partly) and the other does not hold."""
+    a, b = own.verdict, other.verdict
+    measured = f"at {own_name}: {own.measured} — at {other_name}: {other.measured}"
+    readings = ((own_name, a), (other_name, b))
+    disagree = {a, b} & {"does not hold"} and {a, b} & {"holds", "partly"}
+    verdict = SPLIT if disagree else a
+    why = f"{a} at {own_name} ({own.why}); {b} at {other_name} ({other.why})"
+    return Verdict(measured, verdict, why, min(own.seeds, other.seeds) or max(own.seeds, other.seeds), own.fractions,
+                   own.flips, readings)
 
 
 def _truncated(table: Mapping[str, np.ndarray], fraction: float) -> dict[str, np.ndarray]:
@@ -206,6 +306,8 @@ def _value_at(table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_be
     """The metric at the end of the run, its best, its mean over the last fraction or the whole run
     (:func:`_window_mean`), or at the first evaluation at or past a budget."""
     column = table[metric]
+    if reads_rounds(at):
+        return _rounds_to_progress(table["round"], column, float(at.removeprefix("progress:")), lower_is_better)
     if at == "auc" or at.startswith("last:"):
         rows = np.flatnonzero(~np.isnan(column))
         value = _window_mean(table["round"][rows], column[rows], at, log) if rows.size else np.nan
@@ -222,6 +324,34 @@ def _value_at(table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_be
     return float(value) if np.isfinite(value) else None
 
 
+def reads_rounds(at: str) -> bool:
+    """Whether a place reads a speed in rounds (``progress:F``) rather than a level of the metric."""
+    return at.startswith("progress:")
+
+
+#: the part of the run whose mean is the level a curve has settled at, for ``progress:F``
+SETTLED = 0.25
+
+
+def _rounds_to_progress(rounds: np.ndarray, column: np.ndarray, fraction: float, lower_is_better: bool) -> float | None:
+    """``progress:F``: the first evaluated round by which the curve has made the fraction F of its own improvement, from
+    its first evaluation v₀ to the level it settles at (the mean over its last :data:`SETTLED` of the run):
+    the first t with s·(v₀ − v_t) ≥ F·s·(v₀ − v_end), s = +1 where lower is better, −1 otherwise. A speed that does not
+    depend on the level, so that runs on different data (whose best losses differ) can be compared; None when the
+    curve does not improve, or a value is missing."""
+    rows = np.flatnonzero(~np.isnan(column))
+    if rows.size < 2 or not np.isfinite(column[rows]).all():
+        return None
+    rounds, values = rounds[rows], column[rows]
+    sign = 1.0 if lower_is_better else -1.0
+    settled = float(values[rounds >= (1 - SETTLED) * rounds[-1] - 1e-9].mean())
+    total = sign * (values[0] - settled)
+    if not total > 0:
+        return None
+    hits = np.flatnonzero(sign * (values[0] - values) >= fraction * total - 1e-12 * abs(total))
+    return float(rounds[hits[0]])
+
+
 def is_log(metric: str, scale: str | None = None) -> bool:
     """Whether a metric is compared by its log10 (errors that go to zero, unless ``scale`` says otherwise)."""
     return scale == "log" if scale is not None else metric in LOG_METRICS
@@ -231,15 +361,37 @@ def score(files: Sequence[Path], metric: str, at: str) -> Stat | None:
     """``metric`` read ``at`` a point of each run, over the runs (log10 for :data:`LOG_METRICS`); None
     when a run has no value there (diverged, or shorter than the budget): a tuning point with a failed seed never wins."""
     lower = metrics.METRICS[metric].defaults["better"] == "min"
-    values = [_value_at(read_metrics(f), metric, at, lower, is_log(metric)) for f in files]
-    return Stat.of(values, is_log(metric)) if values and all(v is not None for v in values) else None
+    log = is_log(metric) and not reads_rounds(at)
+    values = [_value_at(read_metrics(f), metric, at, lower, log) for f in files]
+    return Stat.of(values, log) if values and all(v is not None for v in values) else None
 
 
 def _stat_of(files: Sequence[Path], claim: Claim, at: str, fraction: float = 1.0, label: str = "") -> Stat | None:
     """The statistic of variant ``label``'s metric over the seeds that have a value (None when none has), on the runs cut at ``fraction``."""
-    values = [_value_at(_truncated(read_metrics(f), fraction), claim.metric_of(label), at, claim.lower_is_better, claim.log) for f in files]
+    name = claim.metric_of(label)
+    lower = metrics.METRICS[name].defaults["better"] == "min"  # the metric's own direction: progress:F reads rounds of it
+    values = [_value_at(_truncated(read_metrics(f), fraction), name, at, lower, claim.log) for f in files]
     present = [v for v in values if v is not None]
     return Stat.of(present, claim.log) if present else None
+
+
+def _mean_curve(files: Sequence[Path], metric: str, log: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """The mean over the runs of a metric at the rounds every run evaluated (of log10 with ``log``), or None."""
+    tables = [read_metrics(f) for f in files]
+    rows = [(t["round"][~np.isnan(t[metric])], t[metric][~np.isnan(t[metric])]) for t in tables]
+    if not rows:
+        return None
+    common = rows[0][0]
+    for rounds, _ in rows[1:]:
+        common = np.intersect1d(common, rounds)
+    if not common.size:
+        return None
+    values = [np.log10(np.maximum(v, TINY)) if log else v for _, v in rows]
+    return common, np.mean([v[np.searchsorted(r, common)] for (r, _), v in zip(rows, values)], axis=0)
+
+
+def _at_rounds(curve: tuple[np.ndarray, np.ndarray], rounds: np.ndarray) -> np.ndarray:
+    return curve[1][np.searchsorted(curve[0], rounds)]
 
 
 def compare(better: Stat, worse: Stat, k: float, lower_is_better: bool, ratio: float = 1.0) -> str:
@@ -283,6 +435,8 @@ SINGLE = "single seed, no standard error: judged on the values alone"
 
 
 def _at_text(at: str) -> str:
+    if reads_rounds(at):
+        return f"rounds to {float(at.removeprefix('progress:')):.0%} of its own improvement (to its last {SETTLED:.0%}),"
     if at.startswith("last:"):
         return f"mean over the last {float(at.removeprefix('last:')):.0%} of the run,"
     if at == "auc":
@@ -314,10 +468,35 @@ class OrderingClaim(Claim):
         return f"{_at_text(self.at)} {self.metric}{read}: " + sign.join(t[0] if len(t) == 1 else "{" + ", ".join(t) + "}" for t in self.tiers())
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
-        """The verdict on the whole runs, with the verdicts as if the runs had stopped at each of :data:`FRACTIONS`."""
+        """The verdict on the whole runs, with the verdicts as if the runs had stopped at each of :data:`FRACTIONS`,
+        and the rounds where the arms' mean curves change order (:meth:`flips`)."""
         verdict = self.evaluate_at(runs, 1.0)
         fractions = tuple((f, verdict.verdict if f == 1.0 else self.evaluate_at(runs, f).verdict) for f in FRACTIONS)
-        return Verdict(verdict.measured, verdict.verdict, verdict.why, fractions=fractions)
+        return Verdict(verdict.measured, verdict.verdict, verdict.why, fractions=fractions, flips=self.flips(runs))
+
+    def flips(self, runs: Mapping[str, Sequence[Path]]) -> str:
+        """Where the order of each claimed pair changes along the run: the evaluated rounds at which the mean curves
+        over the seeds (of log10 for errors that go to zero) cross, after the start where every arm is alike. Empty
+        when no pair crosses; a reading that depends on the horizon shows here where it would flip."""
+        if reads_rounds(self.at):
+            return ""
+        curves = {label: _mean_curve(runs.get(label, []), self.metric_of(label), self.log) for label in self.variants()}
+        sign = 1.0 if self.lower_is_better else -1.0
+        parts = []
+        for up, down in zip(self.tiers(), self.tiers()[1:]):
+            for a, b in ((a, b) for a in up for b in down):
+                if curves[a] is None or curves[b] is None:
+                    continue
+                rounds = np.intersect1d(curves[a][0], curves[b][0])
+                rounds = rounds[rounds > rounds.min()] if rounds.size else rounds
+                gap = sign * (_at_rounds(curves[b], rounds) - _at_rounds(curves[a], rounds))  # > 0: in the claimed order
+                order = np.sign(gap[gap != 0])
+                where = rounds[gap != 0][1:][np.diff(order) != 0] if order.size > 1 else np.array([])
+                if where.size:
+                    shown = ", ".join(f"{r:g}" for r in where[:4]) + (f" and {where.size - 4} more" if where.size > 4 else "")
+                    final = "in the claimed order" if order[-1] > 0 else "reversed"
+                    parts.append(f"{a} vs {b}: the order changes at round {shown} ({final} at the end)")
+        return "; ".join(parts)
 
     def evaluate_at(self, runs: Mapping[str, Sequence[Path]], fraction: float) -> Verdict:
         """The verdict on the runs cut at ``fraction`` of their rounds."""
@@ -484,17 +663,42 @@ class ReachesClaim(Claim):
         return f"{self.variant}: {self.by} to {self.target} {where}"
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
+        """The cost to the target against the paper's. A run that never reached the target says nothing about its
+        cost, except under ``bound = "at_most"`` when it ran past the bound: then its cost exceeds the paper's."""
         files = runs.get(self.variant, [])
         if not files:
-            return Verdict("—", "not measured", f"no complete run of {self.variant}")
-        costs = [h[self.by] for h in time_to_target(files, Target.parse(self.target)) if h is not None and math.isfinite(h[self.by])]
-        measured = f"{self.variant}: {self.by} to {self.target}: " + (Stat(tuple(costs)).text() if costs else "—") + f", reached in {len(costs)} of {len(files)}"
-        if not costs:
-            return Verdict(measured, "not measured", f"{self.variant} never reached {self.target} in any seed: no cost to compare with the paper's {self.value:g}")
+            return Verdict("—", NOT_MEASURED, f"no complete run of {self.variant}")
         lo, hi = self.interval()
+        costs, past = [], []
+        for path, hit in zip(files, time_to_target(files, Target.parse(self.target))):
+            if hit is not None and math.isfinite(hit[self.by]):
+                costs.append(hit[self.by])
+            elif self.bound == "at_most" and spent(path, self.by) > hi:
+                past.append(spent(path, self.by))
+        reached = Stat(tuple(costs)).text() if costs else "—"
+        measured = f"{self.variant}: {self.by} to {self.target}: {reached}, reached in {len(costs)} of {len(files)}"
+        if past:
+            measured += f"; {len(past)} ran to {self.by} {min(past):g} or more without reaching it"
+            if not costs:
+                return Verdict(measured, "does not hold", f"{self.variant} ran past {hi:g} {self.by} without reaching "
+                               f"{self.target} in {len(past)} of {len(files)} seeds (the paper: {self.value:g})")
+        if not costs:
+            return Verdict(measured, NOT_MEASURED, f"{self.variant} never reached {self.target} in any seed, and no run "
+                           f"went past {hi:g} {self.by}: no cost to compare with the paper's {self.value:g}")
         stat = Stat(tuple(costs))
         missed = f"; only {len(costs)} of {len(files)} seeds reached it" if len(costs) < len(files) else ""
+        if past:
+            missed += f" ({len(past)} ran past {hi:g} {self.by} without it)"
         return _inside(measured, stat, self.k, (lo, hi), stat.mean, (lo, hi), missed)
+
+
+def spent(path: Path, by: str) -> float:
+    """What a run had spent on a cost axis at its last evaluation (rounds, MiB per worker up + down, seconds)."""
+    table = read_metrics(path)
+    if not table["round"].size:
+        return 0.0
+    column = table["mib_up"] + table["mib_down"] if by == "mib" else table[by]
+    return float(column[-1])
 
 
 CLAIMS.add("ordering", OrderingClaim, "variants ordered on a metric: final, best, or at a budget of rounds, epochs or MiB")
@@ -515,10 +719,15 @@ def parse_claims(raw: Sequence[Any], labels: Sequence[str]) -> list[Claim]:
             hint = difflib.get_close_matches(str(kind), CLAIMS.names(), n=1)
             raise ConfigError(f"{where}.kind", f"unknown claim kind {kind!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(CLAIMS)}")
         claim = validate(CLAIMS[kind].factory, item, f"{where}.")
-        for name in claim.variants():
+        for name in claim.all_variants():
             if name not in labels:
                 hint = difflib.get_close_matches(name, labels, n=1)
-                field = next(f for f in ("order", "variant", "first", "second") if name in str(getattr(claim, f, "")))
+                own = next((f for f in ("order", "variant", "first", "second") if name in str(getattr(claim, f, ""))), None)
+                field = own or "alternative." + next(f for f in ("order", "variant", "first", "second")
+                                                     if name in str((claim.alternative or {}).get(f, "")))
                 raise ConfigError(f"{where}.{field}", f"unknown variant {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(map(repr, labels))}")
+        twin = next((j for j, other in enumerate(out) if other.model_dump() == claim.model_dump()), None)
+        if twin is not None:
+            raise ConfigError(where, f"the same claim as claims[{twin}]: a claim is judged and counted once")
         out.append(claim)
     return out

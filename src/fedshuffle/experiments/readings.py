@@ -2,7 +2,8 @@
 
 A reading is a metric (a ``model`` or ``method`` metric of :data:`fedshuffle.metrics.METRICS`) and a
 place: ``final`` (the last evaluation), ``best``, ``last:F`` (the mean over the last fraction F of the
-run), ``auc`` (the mean over the run), or a budget ``round=N``, ``epochs=X``, ``mib=X`` (MiB per worker,
+run), ``auc`` (the mean over the run), ``progress:F`` (a speed: the rounds the curve takes to make the fraction F of
+its own improvement, whatever level it settles at), or a budget ``round=N``, ``epochs=X``, ``mib=X`` (MiB per worker,
 up + down). The claims (:mod:`fedshuffle.experiments.claims`) and the ``[[tune]]`` tables of an
 experiment file (:mod:`fedshuffle.experiments.schema`) both check theirs here.
 """
@@ -33,21 +34,24 @@ def valid_at(at: str) -> str:
     """``at`` if it is a place to read a curve at (see the module docstring), else ValueError naming the accepted forms."""
     if at in ("final", "best", "auc"):
         return at
-    if at.startswith("last:"):
-        try:
-            fraction = float(at.removeprefix("last:"))
-        except ValueError:
-            fraction = math.nan
-        if not 0 < fraction <= 1:
-            raise ValueError("last:F takes a fraction 0 < F <= 1 of the run, e.g. last:0.25")
-        return at
+    for prefix, example in (("last:", "last:0.25"), ("progress:", "progress:0.9")):
+        if at.startswith(prefix):
+            try:
+                fraction = float(at.removeprefix(prefix))
+            except ValueError:
+                fraction = math.nan
+            if not 0 < fraction <= 1:
+                raise ValueError(f"{prefix}F takes a fraction 0 < F <= 1, e.g. {example}")
+            return at
     axis, sep, number = at.partition("=")
     try:
         ok = bool(sep) and axis in BUDGET_AXES and math.isfinite(float(number)) and float(number) >= 0
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"expected final, best, last:F (mean over the last fraction F of the run), auc, or a budget {', '.join(a + '=N' for a in BUDGET_AXES)}")
+        budgets = ", ".join(a + "=N" for a in BUDGET_AXES)
+        raise ValueError("expected final, best, last:F (mean over the last fraction F of the run), auc, "
+                         f"progress:F (rounds to the fraction F of the curve's own improvement), or a budget {budgets}")
     return at
 
 

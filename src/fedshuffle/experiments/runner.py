@@ -35,7 +35,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from fedshuffle.experiments.loop import Callback, Driver, Progress, RoundLoop, f
 from fedshuffle.experiments.results import METRIC_COLUMNS
 from fedshuffle.experiments.schema import RunSpec
 from fedshuffle.experiments.sinks import check_tracking_server, flatten, open_sinks
+from fedshuffle.methods.client_models import keep_client_models
 from fedshuffle.simulation import Simulation
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -172,6 +173,8 @@ def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> 
     sampler = build_sampler(spec.sampler, data)
     spec, step_sizes = resolve_step_sizes(spec, problem, data, sampler)
     algorithm = build_algorithm_from(spec)
+    if spec.run.score_client_models:
+        algorithm = replace(algorithm, method=keep_client_models(algorithm.method))
     sim = Simulation(
         problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run, problem), device=spec.run.device,
         state_memory_limit=spec.run.state_memory_mb << 20, state_dir=state_dir,

@@ -262,6 +262,9 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations, at most one per checkpoint_seconds (and always the first and the last)")
     checkpoint_seconds: float = Field(30.0, ge=0, description="with checkpoint_every = 0: seconds between checkpoints at evaluations (0 = at every evaluation)")
     bandwidth_mib_s: float = Field(20.0, gt=0, description="up- and downlink bandwidth of the simulated wall-clock (Yang, Fang & Liu, ICLR 2021: 20 MB/s)")
+    score_client_models: bool = Field(False, description=(
+        "keep each client's model after its last local training (y_i = x − Δ_i) and score the clients' own models on "
+        "their own data (local_loss, local_accuracy, local_test_accuracy), as FedCDR's and FedDyn's always are"))
 
 
 Metric = Literal[metrics.of_kind("model", "method")]
