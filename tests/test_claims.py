@@ -258,6 +258,32 @@ def test_every_preset_carries_claims_that_validate():
         assert all(c.kind in CLAIMS and c.quote for c in claims)
 
 
+def test_no_sentence_of_a_paper_is_primary_in_two_presets():
+    """One primary per statement: a sentence about several panels (Yang et al.'s "In this two figures", three models in
+    each) is judged once per panel, each panel in its own preset; a cut-down twin, a subset or a demonstration holds
+    none of it (reduced, duplicate)."""
+    holders: dict[tuple[str, str, str], list[str]] = {}
+    for name in preset_names():
+        experiment = load_experiment(name)
+        meta = experiment.experiment
+        for claim in experiment.claims:
+            if claim.get("role", "primary") == "primary":
+                key = (meta.paper, claim["quote"], claim.get("figure") or meta.figure)
+                holders.setdefault(key, []).append(name)
+    twice = {key: names for key, names in holders.items() if len(set(names)) > 1}
+    assert not twice, twice
+
+
+def test_a_reduced_twin_holds_no_primary_claim():
+    """A preset cut down for a CPU from a paper-scale one (NAME-cpu beside NAME) reports its claims as reduced."""
+    names = set(preset_names())
+    twins = [n for n in names if n.endswith("-cpu") and n.removesuffix("-cpu") in names]
+    assert len(twins) >= 4
+    for name in twins:
+        roles = {c.get("role", "primary") for c in load_experiment(name).claims}
+        assert "primary" not in roles and "reduced" in roles, (name, roles)
+
+
 def test_the_python_api_reports_presets_it_does_not_run(tmp_path):
     from fedshuffle import api
 

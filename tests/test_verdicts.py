@@ -382,3 +382,118 @@ def test_a_tuning_horizon_cuts_the_tuning_runs_and_a_parts_own_setting_can_be_tu
     cfg.write_text(dyn.replace('"local.lr" = [0.001, 0.05, 0.01]', '"method.alfa" = [0.01]'))
     with pytest.raises(ConfigError, match="'method.alfa' is not a setting"):
         load_experiment(cfg)
+
+
+def test_a_claim_read_two_ways_is_a_split_where_the_readings_disagree(tmp_path):
+    """FedCDR's presets: the global model (the paper's objective) and the clients' own models; one line per claim."""
+    rounds = [0, 10, 20]
+    runs = {"A": write_curves(tmp_path, "A", [[1, 0.5, 0.1], [1, 0.5, 0.11], [1, 0.5, 0.12]], rounds),
+            "B": write_curves(tmp_path, "B", [[1, 0.6, 0.3], [1, 0.6, 0.31], [1, 0.6, 0.32]], rounds),
+            "A own": write_curves(tmp_path, "A own", [[1, 0.6, 0.4], [1, 0.6, 0.41], [1, 0.6, 0.42]], rounds),
+            "B own": write_curves(tmp_path, "B own", [[1, 0.5, 0.2], [1, 0.5, 0.21], [1, 0.5, 0.22]], rounds)}
+    raw = dict(kind="ordering", metric="f_gap", order=["A", "B"], reads="the global model",
+               alternative={"name": "the clients' own models", "order": ["A own", "B own"]})
+    two = parse_claims([{"quote": "q", **raw}], list(runs))[0].judge(runs)
+    assert two.verdict == "split" and two.readings == (("the global model", "holds"), ("the clients' own models", "does not hold"))
+    assert two.why.startswith("holds at the global model") and "does not hold at the clients' own models" in two.why
+    agree = parse_claims([{"quote": "q", **raw, "alternative": {"name": "again", "order": ["A", "B own"]}}], list(runs))[0]
+    assert agree.judge(runs).verdict == "holds"  # both readings hold: the claim holds
+    row = ClaimResult("p", "P", "F", "c", "q", "m", two.verdict, two.why, readings=dict(two.readings))
+    assert counts([row]) == {"P": {"split": 1}}  # a split is never counted as a hold
+    with pytest.raises(ConfigError, match="alternative cannot change 'quote'"):
+        parse_claims([{"quote": "q", **raw, "alternative": {"name": "x", "quote": "other"}}], list(runs))
+    with pytest.raises(ConfigError) as info:
+        parse_claims([{"quote": "q", **raw, "alternative": {"name": "x", "order": ["A", "C"]}}], list(runs))
+    assert info.value.field == "claims[0].alternative.order" and "unknown variant 'C'" in info.value.message
+    with pytest.raises(ConfigError, match="names its own: reads"):
+        parse_claims([{"quote": "q", **{k: v for k, v in raw.items() if k != "reads"}}], list(runs))
+
+
+def test_a_speed_is_read_as_rounds_to_the_curves_own_progress(tmp_path):
+    """progress:F: different levels, same speed are equal; a curve that settles later is slower whatever its level."""
+    rounds = [0, 10, 20, 30, 40]
+    fast_high = [[2.0, 1.2, 1.0, 1.0, 1.0]] * 3  # 90 % of its own improvement (to 1.0) by round 20
+    slow_low = [[2.0, 1.5, 0.8, 0.3, 0.1]] * 3   # settles at 0.2 (its last 25 %): 90 % of its 1.8 by round 30
+    runs = {"A": write_curves(tmp_path, "A", fast_high, rounds), "B": write_curves(tmp_path, "B", slow_low, rounds)}
+    speed = claim(kind="ordering", metric="f_gap", order=["A", "B"], at="progress:0.9").judge(runs)
+    assert speed.verdict == "holds" and "A: 20 ± 0 (n=3); B: 30 ± 0 (n=3)" in speed.measured
+    assert claim(kind="ordering", metric="f_gap", order=["A", "B"], at="last:0.25").judge(runs).verdict == "does not hold"
+    flat = {"A": write_curves(tmp_path / "f", "A", [[1.0] * 5] * 3, rounds), "B": runs["B"]}
+    assert claim(kind="ordering", metric="f_gap", order=["A", "B"], at="progress:0.9").judge(flat).verdict == "not measured"
+    with pytest.raises(ConfigError, match="progress:F takes a fraction"):
+        claim(kind="ordering", metric="f_gap", order=["A", "B"], at="progress:1.5")
+
+
+def test_the_report_shows_where_an_orderings_arms_change_order(tmp_path):
+    rounds = [0, 25, 50, 75, 100]
+    a = [[1.0, 0.30, 0.20, 0.20, 0.20 + d] for d in (0, 0.01, 0.02)]
+    b = [[1.0, 0.60, 0.40, 0.15, 0.10 + d] for d in (0, 0.01, 0.02)]
+    runs = {"A": write_curves(tmp_path, "A", a, rounds), "B": write_curves(tmp_path, "B", b, rounds)}
+    verdict = claim(kind="ordering", metric="f_gap", order=["A", "B"]).judge(runs)
+    assert verdict.flips == "A vs B: the order changes at round 75 (reversed at the end)"
+    row = ClaimResult("p", "P", "F", "c", "q", "m", verdict.verdict, verdict.why, flips=verdict.flips,
+                      fractions={f"{f:.0%}": v for f, v in verdict.fractions})
+    assert fractions_text(row) == "holds / holds / does not hold; A vs B: the order changes at round 75 (reversed at the end)"
+    steady = {"A": runs["A"], "B": write_curves(tmp_path / "s", "B", [[1.0, 0.9, 0.8, 0.7, 0.6]] * 3, rounds)}
+    assert claim(kind="ordering", metric="f_gap", order=["A", "B"]).judge(steady).flips == ""
+
+
+def test_a_target_beyond_the_model_is_not_reproducible_as_stated_with_the_ceiling_the_runs_reached(tmp_path):
+    """Logistic regression on MNIST tops out below the paper's 95 %: not "not measured", not "does not hold"."""
+    rounds = [0, 1, 2, 3]
+    runs = {"A": write_curves(tmp_path, "A", [[0.9, 0.2, 0.09, 0.08]] * 3, rounds)}  # test_accuracy = 1 − f_gap: at most 0.92
+    stated = claim(kind="reaches", variant="A", target="test_accuracy=0.95", value=3, bound="at_most",
+                   not_reproducible="multinomial logistic regression does not reach 95 % on MNIST")
+    verdict = stated.judge(runs)
+    assert verdict.verdict == "not reproducible" and verdict.why.startswith("as stated: multinomial logistic regression")
+    assert "best test_accuracy reached: A: 0.92 ± 0 (n=3)" in verdict.measured
+
+
+def test_a_claim_given_twice_is_refused():
+    raw = {"quote": "q", "kind": "ordering", "metric": "f_gap", "order": ["A", "B"]}
+    with pytest.raises(ConfigError) as info:
+        parse_claims([raw, {**raw}], ["A", "B"])
+    assert info.value.field == "claims[1]" and "the same claim as claims[0]" in info.value.message
+
+
+def test_a_hand_edited_or_copied_verdict_never_shows_as_genuine(tmp_path, no_plots):
+    """The store is judged again from its runs before every report: an edited verdict is recomputed, a preset copied
+    in without runs is dropped, one whose runs changed reads "not re-checked", malformed entries are one-line errors."""
+    out = tmp_path / "out"
+    a = tmp_path / "a.toml"
+    a.write_text(TINY.format(paper="Paper A", quote="A converges", role="primary"))
+    assert CliRunner().invoke(app, ["reproduce", str(a), "--out", str(out)]).exit_code == 0
+    path = out / "verdicts.json"
+    doc = json.loads(path.read_text())
+    record = doc["presets"]["a"]
+    record["claims"][0] |= {"verdict": "does not hold", "why": "edited"}
+    doc["presets"]["copy"] = {**record, "name": "copy", "claims": record["claims"] * 1000}  # never run into out/copy
+    doc["presets"]["ghost"] = {**record, "name": "ghost", "provenance": {}}  # claims verdicts with no runs named
+    path.write_text(json.dumps(doc))
+    assert CliRunner().invoke(app, ["reproduce", str(a), "--out", str(out), "--no-run"]).exit_code == 0
+    store = json.loads(path.read_text())["presets"]
+    assert store["a"]["claims"][0]["verdict"] == "holds"  # judged again from its runs
+    assert "copy" not in store  # its folder out/copy does not exist
+    assert store["ghost"]["claims"][0]["verdict"] == "not re-checked"
+    md = (out / "report.md").read_text()
+    assert "| Paper A | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 |" in md  # a holds, ghost not re-checked; nothing counted twice
+    # the runs changed since they were judged: the verdict is kept but not counted as a hold
+    doc = json.loads(path.read_text())
+    doc["presets"]["a"]["provenance"]["runs"]["a/fedshuffle/seed-0"] = "0" * 64
+    path.write_text(json.dumps(doc))
+    assert CliRunner().invoke(app, ["reproduce", str(a), "--out", str(out), "--no-run"]).exit_code == 0
+    assert json.loads(path.read_text())["presets"]["a"]["claims"][0]["verdict"] == "holds"  # --no-run judges it afresh
+    doc = json.loads(path.read_text())
+    doc["presets"]["a"]["provenance"]["runs"]["a/fedshuffle/seed-0"] = "0" * 64
+    path.write_text(json.dumps(doc))
+    from fedshuffle.experiments import verdicts
+    checked = verdicts.recheck(out, doc["presets"])
+    assert checked["a"]["claims"][0]["verdict"] == "not re-checked" and "other settings than when it was judged" in checked["a"]["claims"][0]["why"]
+    good = json.loads(path.read_text())
+    for field, value, message in (("verdict", 42, "42 is not a verdict; accepted: holds"), ("role", "boss", "'boss' is not a role"),
+                                  ("paper", None, "expected text, got None")):
+        broken = json.loads(json.dumps(good))
+        broken["presets"]["a"]["claims"][0][field] = value
+        path.write_text(json.dumps(broken))
+        result = CliRunner().invoke(app, ["reproduce", str(a), "--out", str(out), "--no-run"])
+        assert result.exit_code == 2 and f"presets['a'].claims[0].{field}: {message}" in " ".join(result.output.split()), result.output

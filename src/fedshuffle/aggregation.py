@@ -30,7 +30,9 @@ g = (x − x^N)/(γN)), so that the server step size η is on the scale of a gra
 Σ_i p_i‖a_i‖₁ over all clients with planned (expected) local work; a constant, so it rescales the
 server step without touching the fixed point. ``"cohort"`` — the same sum estimated on the cohort
 with the normalization's weights, as the FedShuffle reference code does. Under ``sum_one`` the
-constant cancels either way.
+constant cancels either way. With a prox term (``local.prox_mu``, FedNova over FedProx's solver) ‖a_i‖₁ carries the
+prox term's shrinkage, so τ_eff = Σ w_i‖a_i‖₁, where Wang et al.'s code uses the raw step counts Σ p_iτ_i: a constant
+factor on the server step, the same fixed point.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ class FedDyn(Method):
     with data weights, h = Σ_i w_i∇L_i, so a fixed point has Σ_i w_i∇f_i(x) = 0: the exact minimizer
     of Σ w_i f_i on heterogeneous data (a test checks it). The server step is d = x^{t−1} − x^t, so
     a server optimizer with step 1 (the default) gives the paper's update.
+
+    Convention: with unequal client sizes we take one α and the data weights w_i; the official code uses
+    α_i = α/(M·w_i) per client and uniform averages (the same algorithm when w_i = 1/M).
     """
 
     name = "feddyn"
