@@ -17,7 +17,7 @@ from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.methods.algorithm import build_algorithm
 from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, Optimizer
-from fedshuffle.server.transforms import EMA, ScaleBySchedule, Trace, chain
+from fedshuffle.server.transforms import ScaleByAdagrad, ScaleByAdam, ScaleBySchedule, ScaleByYogi, StepInputs, Trace, chain
 
 ROUNDS = 6
 SCALES = [1.0, 0.5, 1.0, 0.1, 1 / 3, 2.0]  # schedule factors s_t
@@ -117,7 +117,22 @@ def test_yogi_grows_its_second_moment_faster_than_adam_while_v_is_below_the_squa
         _, s_y = yogi.update(g, s_y, x)
         _, s_a = adam.update(g, s_a, x)
     assert torch.all(s_y["scale_by_yogi"]["v"] > s_a["scale_by_adam"]["v"])  # additive growth (1−β₂)g² against β₂'s decay
-    torch.testing.assert_close(s_y["ema"]["m"], s_a["ema"]["m"], rtol=0, atol=0)  # the first moment is one shared transform
+    torch.testing.assert_close(s_y["scale_by_yogi"]["m"], s_a["scale_by_adam"]["m"], rtol=0, atol=0)  # the same first moment
+
+
+@pytest.mark.parametrize("kind", [ScaleByAdam(0.9, 0.99, 1e-3), ScaleByYogi(0.9, 0.99, 1e-3), ScaleByAdagrad(0.9, 1e-3)])
+def test_the_adaptive_moments_are_of_the_updates_a_transform_receives(kind):
+    """As in optax: a transform in front (here a scale by ½, as a clip would be) changes m and v alike, so the step of
+    chain(scale ½, moments) is the moments of ½Δ: m/(√v + τ) of the halved directions, not of Δ."""
+    x, rng = torch.zeros(3, dtype=torch.float64), np.random.default_rng(3)
+    halved, direct = chain(ScaleBySchedule(0.5), kind), kind
+    s_half, s_direct = halved.init(x), direct.init(x)
+    for _ in range(4):
+        d = torch.tensor(rng.normal(size=3))
+        step, s_half = halved.update(d, s_half, StepInputs(x))
+        expected, s_direct = direct.update(0.5 * d, s_direct, StepInputs(x))
+        torch.testing.assert_close(step, expected, rtol=1e-15, atol=0)
+    torch.testing.assert_close(s_half[kind.key]["v"], s_direct["v"], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", SERVER_OPTIMIZERS.names())
@@ -233,26 +248,25 @@ def test_server_states_continue_bit_for_bit_from_a_checkpoint(tmp_path, name, me
 
 
 @dataclass(frozen=True)
-class ScaleByAMSGrad:
-    """AMSGrad's second moment (Reddi, Kale & Kumar, ICLR 2018): v ← β₂v + (1−β₂)Δ², v̂ ← max(v̂, v), u ← u/(√v̂ + τ)."""
+class ScaleByAMSGrad(ScaleByAdam):
+    """AMSGrad (Reddi, Kale & Kumar, ICLR 2018): Adam's moments of u, v̂ ← max(v̂, v), u ← m/(√v̂ + τ)."""
 
-    beta2: float
-    eps: float
     key: ClassVar[str] = "scale_by_amsgrad"
 
     def init(self, params):
-        return {"v": torch.full_like(params, self.eps**2), "v_max": torch.full_like(params, self.eps**2)}
+        return {**super().init(params), "v_max": torch.full_like(params, self.eps**2)}
 
     def update(self, updates, state, inputs):
-        v = self.beta2 * state["v"] + (1 - self.beta2) * inputs.direction**2
+        m = self.beta1 * state["m"] + (1 - self.beta1) * updates
+        v = self.accumulate(state["v"], updates * updates)
         v_max = torch.maximum(state["v_max"], v)
-        return updates / (v_max.sqrt() + self.eps), {"v": v, "v_max": v_max}
+        return m / (v_max.sqrt() + self.eps), {"m": m, "v": v, "v_max": v_max}
 
 
 def amsgrad(lr: Annotated[float, Field(gt=0, description="server step size η_g")] = 0.01,
             beta1: Annotated[float, Field(ge=0, lt=1, description="β₁")] = 0.9,
             beta2: Annotated[float, Field(ge=0, lt=1, description="β₂")] = 0.99, eps: Annotated[float, Field(gt=0, description="τ")] = 1e-3):
-    return Optimizer(chain(EMA(beta1), ScaleBySchedule(lr), ScaleByAMSGrad(beta2, eps)), lr)
+    return Optimizer(chain(ScaleByAMSGrad(beta1, beta2, eps), ScaleBySchedule(lr)), lr)
 
 
 def test_a_new_optimizer_is_one_new_transform_chained_with_the_others():
@@ -271,7 +285,7 @@ def test_a_new_optimizer_is_one_new_transform_chained_with_the_others():
         d = torch.tensor(g, dtype=torch.float64)
         step, s = optimizer.update(d, s, x)
         adam_step, s_adam = adam.update(d, s_adam, x)
-    assert set(s) == {"ema", "scale_by_schedule", "scale_by_amsgrad"} and set(s_adam) == {"ema", "scale_by_schedule", "scale_by_adam"}
+    assert set(s) == {"scale_by_schedule", "scale_by_amsgrad"} and set(s_adam) == {"scale_by_schedule", "scale_by_adam"}
     torch.testing.assert_close(s["scale_by_amsgrad"]["v"], s_adam["scale_by_adam"]["v"], rtol=0, atol=0)
     assert torch.all(s["scale_by_amsgrad"]["v_max"] > s["scale_by_amsgrad"]["v"])  # the large first direction is remembered
     assert torch.all(step.abs() < adam_step.abs())  # so AMSGrad's steps are smaller than Adam's afterwards

@@ -5,8 +5,8 @@ Each entry of :data:`SERVER_OPTIMIZERS` is a factory whose keyword parameters ar
 with a type, a default, its constraints and a one-line help (``Annotated[float, Field(...)]``, checked
 by the registry, :mod:`fedshuffle.core.registry`); it returns an :class:`Optimizer`: the chain of
 transforms and its step size. Adding a server optimizer is a transform (if a new one is needed), a factory
-and one ``SERVER_OPTIMIZERS.add`` line; AMSGrad, say, is a second-moment transform that also keeps
-max v, chained as ``chain(EMA(beta1), ScaleBySchedule(lr), ScaleByAMSGrad(beta2, eps))`` (the
+and one ``SERVER_OPTIMIZERS.add`` line; AMSGrad, say, is Adam's moments transform that also keeps
+max v, chained as ``chain(ScaleByAMSGrad(beta1, beta2, eps), ScaleBySchedule(lr))`` (the
 documentation's "Extending" page writes it out).
 
 * :class:`MetaEpochExtrapolation` wraps any server optimizer with RR-CLI's meta-epoch step.
@@ -25,7 +25,7 @@ from pydantic import Field
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Registry
 from fedshuffle.server.transforms import (
-    EMA, ScaleByAdagrad, ScaleByAdam, ScaleByAdGD, ScaleBySchedule, ScaleByYogi, State, StepInputs, Trace, Transform, chain,
+    ScaleByAdagrad, ScaleByAdam, ScaleByAdGD, ScaleBySchedule, ScaleByYogi, State, StepInputs, Trace, Transform, chain,
 )
 
 __all__ = ["SERVER_OPTIMIZERS", "MetaEpochExtrapolation", "Optimizer", "ServerOptimizer"]
@@ -57,7 +57,7 @@ class Optimizer:
         return self.transform.init(params)
 
     def update(self, direction: torch.Tensor, state: State, params: torch.Tensor, lr_scale: float = 1.0) -> tuple[torch.Tensor, State]:
-        return self.transform.update(direction, state, StepInputs(direction, params, lr_scale))
+        return self.transform.update(direction, state, StepInputs(params, lr_scale))
 
 
 StepSize = Annotated[float, Field(gt=0, allow_inf_nan=False, description="server step size η_g")]
@@ -85,17 +85,17 @@ def heavy_ball(lr: StepSize = 1.0, momentum: Momentum = 0.9) -> Optimizer:
 
 def adagrad(lr: StepSize = 0.01, beta1: Beta1 = 0.9, eps: Eps = 1e-3) -> Optimizer:
     """FedAdagrad: m ← β₁m + (1−β₁)Δ, v ← v + Δ², x ← x − η·m/(√v + τ)."""
-    return Optimizer(chain(EMA(beta1), ScaleBySchedule(lr), ScaleByAdagrad(eps)), lr)
+    return Optimizer(chain(ScaleByAdagrad(beta1, eps), ScaleBySchedule(lr)), lr)
 
 
 def adam(lr: StepSize = 0.01, beta1: Beta1 = 0.9, beta2: Beta2 = 0.99, eps: Eps = 1e-3) -> Optimizer:
     """FedAdam: m ← β₁m + (1−β₁)Δ, v ← β₂v + (1−β₂)Δ², x ← x − η·m/(√v + τ)."""
-    return Optimizer(chain(EMA(beta1), ScaleBySchedule(lr), ScaleByAdam(beta2, eps)), lr)
+    return Optimizer(chain(ScaleByAdam(beta1, beta2, eps), ScaleBySchedule(lr)), lr)
 
 
 def yogi(lr: StepSize = 0.01, beta1: Beta1 = 0.9, beta2: Beta2 = 0.99, eps: Eps = 1e-3) -> Optimizer:
     """FedYogi: m ← β₁m + (1−β₁)Δ, v ← v − (1−β₂)Δ²·sign(v − Δ²), x ← x − η·m/(√v + τ)."""
-    return Optimizer(chain(EMA(beta1), ScaleBySchedule(lr), ScaleByYogi(beta2, eps)), lr)
+    return Optimizer(chain(ScaleByYogi(beta1, beta2, eps), ScaleBySchedule(lr)), lr)
 
 
 def adgd(lr: Annotated[float, Field(gt=0, allow_inf_nan=False, description="first server step λ₀; later ones adapt")] = 1e-6) -> Optimizer:

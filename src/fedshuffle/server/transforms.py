@@ -5,9 +5,10 @@ composed with :func:`chain`.
 A chain starts from the aggregated pseudo-gradient Δ = Σ ω_iΔ_i and ends at the step of
 x ← x − step. Every transform keeps its own state, a dict of tensors that a checkpoint stores as it
 is; a chain's state is the dict ``{part.key: part's state}``, so a new transform never changes the
-state of the optimizers that do not use it. Besides the updates it receives, a transform may read
-the round's :class:`StepInputs`: the pseudo-gradient Δ the chain started from, the model x and the
-schedule's factor for the round.
+state of the optimizers that do not use it. As in optax, a transform sees the updates it is given and
+nothing of what the chain started from: a transform put in front of another (a clip, a scale) changes
+everything the later one computes. Besides its updates it may read the round's :class:`StepInputs`: the
+model x the step is taken from and the schedule's factor for the round.
 
 The transforms do not check their constants: the registered optimizers that build them do
 (:func:`fedshuffle.server.server_optimizer`), with the settings' declared constraints.
@@ -27,10 +28,9 @@ State = dict[str, Any]
 
 @dataclass(frozen=True)
 class StepInputs:
-    """What every transform may read about the round: the pseudo-gradient Δ the chain started from,
-    the model x the step is taken from, and the step-size schedule's factor for the round."""
+    """What every transform may read about the round besides its updates: the model x the step is taken
+    from, and the step-size schedule's factor for the round."""
 
-    direction: torch.Tensor
     params: torch.Tensor
     lr_scale: float = 1.0
 
@@ -108,48 +108,32 @@ class Trace:
         return velocity, {"velocity": velocity, "started": torch.tensor(True)}
 
 
-@dataclass(frozen=True)
-class EMA:
-    """First moment with β₁ = ``decay``: m ← β₁m + (1−β₁)u from m₀ = 0, without bias correction
-    (Reddi et al., ICLR 2021, Algorithm 2); the output is m."""
+class _ScaleByMoments:
+    """u ← m/(√v + τ), with m ← β₁m + (1−β₁)u from m₀ = 0 and v a running statistic of u² from v₀ = τ² (Reddi et al.,
+    ICLR 2021, Algorithm 2: τ is the adaptivity degree; no bias correction): both moments of the updates this
+    transform receives, as optax's ``scale_by_adam``. Subclasses say how v accumulates; chained before
+    :class:`ScaleBySchedule`, the step is η·s_t·m/(√v + τ)."""
 
-    decay: float
-    key: ClassVar[str] = "ema"
-
-    def init(self, params: torch.Tensor) -> State:
-        return {"m": torch.zeros_like(params)}
-
-    def update(self, updates: torch.Tensor, state: State, inputs: StepInputs) -> tuple[torch.Tensor, State]:
-        m = self.decay * state["m"] + (1 - self.decay) * updates
-        return m, {"m": m}
-
-
-class _ScaleBySecondMoment:
-    """u ← u/(√v + τ), τ = ``eps``, where v is a running statistic of Δ² from v₀ = τ² (Reddi et al.,
-    ICLR 2021, Algorithm 2: τ is the adaptivity degree).
-
-    v accumulates the pseudo-gradient the chain started from (:attr:`StepInputs.direction`), not the
-    updates it receives, so it can follow the first moment and the step size: η·m/(√v + τ) is then
-    computed in the order in which it is written. Subclasses say how v accumulates.
-    """
-
+    beta1: float
     eps: float
 
     def accumulate(self, v: torch.Tensor, square: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def init(self, params: torch.Tensor) -> State:
-        return {"v": torch.full_like(params, self.eps**2)}
+        return {"m": torch.zeros_like(params), "v": torch.full_like(params, self.eps**2)}
 
     def update(self, updates: torch.Tensor, state: State, inputs: StepInputs) -> tuple[torch.Tensor, State]:
-        v = self.accumulate(state["v"], inputs.direction * inputs.direction)
-        return updates / (v.sqrt() + self.eps), {"v": v}
+        m = self.beta1 * state["m"] + (1 - self.beta1) * updates
+        v = self.accumulate(state["v"], updates * updates)
+        return m / (v.sqrt() + self.eps), {"m": m, "v": v}
 
 
 @dataclass(frozen=True)
-class ScaleByAdagrad(_ScaleBySecondMoment):
-    """FedAdagrad's second moment: v ← v + Δ²."""
+class ScaleByAdagrad(_ScaleByMoments):
+    """FedAdagrad's moments: m ← β₁m + (1−β₁)u, v ← v + u²."""
 
+    beta1: float
     eps: float
     key: ClassVar[str] = "scale_by_adagrad"
 
@@ -158,9 +142,10 @@ class ScaleByAdagrad(_ScaleBySecondMoment):
 
 
 @dataclass(frozen=True)
-class ScaleByAdam(_ScaleBySecondMoment):
-    """FedAdam's second moment: v ← β₂v + (1−β₂)Δ²."""
+class ScaleByAdam(_ScaleByMoments):
+    """FedAdam's moments: m ← β₁m + (1−β₁)u, v ← β₂v + (1−β₂)u²."""
 
+    beta1: float
     beta2: float
     eps: float
     key: ClassVar[str] = "scale_by_adam"
@@ -170,9 +155,10 @@ class ScaleByAdam(_ScaleBySecondMoment):
 
 
 @dataclass(frozen=True)
-class ScaleByYogi(_ScaleBySecondMoment):
-    """FedYogi's second moment: v ← v − (1−β₂)Δ²·sign(v − Δ²)."""
+class ScaleByYogi(_ScaleByMoments):
+    """FedYogi's moments: m ← β₁m + (1−β₁)u, v ← v − (1−β₂)u²·sign(v − u²)."""
 
+    beta1: float
     beta2: float
     eps: float
     key: ClassVar[str] = "scale_by_yogi"
