@@ -120,8 +120,8 @@ class Stat:
 
     def text(self) -> str:
         if self.log:
-            spread = f" ×/÷ {10 ** self.se:.3g}" if self.se is not None else ""
-            return f"{10 ** self.mean:.4g}{spread} (geometric mean, n={self.n})"
+            spread = f" ×/÷ {10**self.se:.3g}" if self.se is not None else ""
+            return f"{10**self.mean:.4g}{spread} (geometric mean, n={self.n})"
         return f"{self.mean:.4g}" + (f" ± {self.se:.2g}" if self.se is not None else "") + f" (n={self.n})"
 
 
@@ -136,25 +136,52 @@ class Claim(BaseModel):
     figure: str = Field("", description="figure or table the words are about (default: the experiment's)")
     metric: str
     k: float = Field(2.0, ge=0, description="standard errors the means must be apart to hold")
-    scale: Literal["linear", "log"] | None = Field(None, description=(
-        "compare means of the values or of their log10 (default: log for f_gap, dist_sq, grad_norm_sq)"))
-    role: Literal[ROLES] = Field("primary", description=(
-        "primary claims enter the paper's totals; the other roles (reduced, ablation, proxy, extrapolation, duplicate, "
-        "post_hoc) are listed beside them"))
-    seeds: int = Field(3, ge=1, description=(
-        "seeds the protocol judges on (the paper's count where it states one); a verdict on fewer says so"))
-    reading: dict[str, str] = Field(default_factory=dict, description=(
-        "variant → the metric read for it instead of `metric`: the evaluation point a paper reports that method at; "
-        "same direction and scale as `metric`"))
-    reads: str = Field("", description=(
-        "what this reading reads (e.g. 'the global model'): named beside an alternative reading's verdict"))
-    alternative: dict[str, Any] | None = Field(None, description=(
-        "another defensible reading of the same sentence: {name = '…', and the fields it changes: "
-        f"{', '.join(ALTERNATIVE_FIELDS)}}}; judged beside this one, and where one holds and the other does not, the "
-        "claim is a split"))
-    not_reproducible: str = Field("", description=(
-        "why the statement cannot be reproduced as stated (a target beyond what the model can reach); the verdict is "
-        "'not reproducible', with the best value the runs reached beside it"))
+    scale: Literal["linear", "log"] | None = Field(
+        None,
+        description=("compare means of the values or of their log10 (default: log for f_gap, dist_sq, grad_norm_sq)"),
+    )
+    role: Literal[ROLES] = Field(
+        "primary",
+        description=(
+            "primary claims enter the paper's totals; the other roles (reduced, ablation, proxy, extrapolation, duplicate, "
+            "post_hoc) are listed beside them"
+        ),
+    )
+    seeds: int = Field(
+        3,
+        ge=1,
+        description=(
+            "seeds the protocol judges on (the paper's count where it states one); a verdict on fewer says so"
+        ),
+    )
+    reading: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "variant → the metric read for it instead of `metric`: the evaluation point a paper reports that method at; "
+            "same direction and scale as `metric`"
+        ),
+    )
+    reads: str = Field(
+        "",
+        description=(
+            "what this reading reads (e.g. 'the global model'): named beside an alternative reading's verdict"
+        ),
+    )
+    alternative: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "another defensible reading of the same sentence: {name = '…', and the fields it changes: "
+            f"{', '.join(ALTERNATIVE_FIELDS)}}}; judged beside this one, and where one holds and the other does not, the "
+            "claim is a split"
+        ),
+    )
+    not_reproducible: str = Field(
+        "",
+        description=(
+            "why the statement cannot be reproduced as stated (a target beyond what the model can reach); the verdict is "
+            "'not reproducible', with the best value the runs reached beside it"
+        ),
+    )
 
     @field_validator("metric")
     @classmethod
@@ -170,8 +197,10 @@ class Claim(BaseModel):
             valid_metric(name)
             same_direction = metrics.METRICS[name].defaults["better"] == metrics.METRICS[self.metric].defaults["better"]
             if not same_direction or is_log(name, self.scale) != self.log:
-                raise ValueError(f"reading[{label!r}] = {name!r} is not read like {self.metric!r} "
-                                 "(better direction and scale must match)")
+                raise ValueError(
+                    f"reading[{label!r}] = {name!r} is not read like {self.metric!r} "
+                    "(better direction and scale must match)"
+                )
         return self
 
     @model_validator(mode="after")
@@ -181,7 +210,7 @@ class Claim(BaseModel):
         changes = dict(self.alternative)
         name = changes.pop("name", None)
         if not isinstance(name, str) or not name:
-            raise ValueError("alternative needs a name: what it reads (e.g. name = 'the clients\' own models')")
+            raise ValueError("alternative needs a name: what it reads (e.g. name = 'the clients' own models')")
         unknown = sorted(set(changes) - set(ALTERNATIVE_FIELDS))
         if unknown:
             raise ValueError(f"alternative cannot change {unknown[0]!r}; it changes: {', '.join(ALTERNATIVE_FIELDS)}")
@@ -225,9 +254,15 @@ class Claim(BaseModel):
             verdict = combine(verdict, self.other._judged(runs), self.reads, self.other.reads)
         if self.not_reproducible:
             ceiling = self.ceiling(runs)
-            verdict = Verdict(f"{verdict.measured}; {ceiling}" if ceiling else verdict.measured, NOT_REPRODUCIBLE,
-                              f"as stated: {self.not_reproducible}; on these runs it {verdict.verdict}: {verdict.why}",
-                              verdict.seeds, verdict.fractions, verdict.flips, verdict.readings)
+            verdict = Verdict(
+                f"{verdict.measured}; {ceiling}" if ceiling else verdict.measured,
+                NOT_REPRODUCIBLE,
+                f"as stated: {self.not_reproducible}; on these runs it {verdict.verdict}: {verdict.why}",
+                verdict.seeds,
+                verdict.fractions,
+                verdict.flips,
+                verdict.readings,
+            )
         return verdict
 
     def _judged(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
@@ -269,8 +304,15 @@ def combine(own: Verdict, other: Verdict, own_name: str, other_name: str) -> Ver
     disagree = {a, b} & {"does not hold"} and {a, b} & {"holds", "partly"}
     verdict = SPLIT if disagree else a
     why = f"{a} at {own_name} ({own.why}); {b} at {other_name} ({other.why})"
-    return Verdict(measured, verdict, why, min(own.seeds, other.seeds) or max(own.seeds, other.seeds), own.fractions,
-                   own.flips, readings)
+    return Verdict(
+        measured,
+        verdict,
+        why,
+        min(own.seeds, other.seeds) or max(own.seeds, other.seeds),
+        own.fractions,
+        own.flips,
+        readings,
+    )
 
 
 def _truncated(table: Mapping[str, np.ndarray], fraction: float) -> dict[str, np.ndarray]:
@@ -299,10 +341,12 @@ def _window_mean(rounds: np.ndarray, column: np.ndarray, at: str, log: bool) -> 
     else:
         fraction = float(at.removeprefix("last:"))
         mean = float(values[rounds >= (1 - fraction) * rounds[-1] - 1e-9].mean())
-    return 10 ** mean if log else mean
+    return 10**mean if log else mean
 
 
-def _value_at(table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_better: bool, log: bool = False) -> float | None:
+def _value_at(
+    table: Mapping[str, np.ndarray], metric: str, at: str, lower_is_better: bool, log: bool = False
+) -> float | None:
     """The metric at the end of the run, its best, its mean over the last fraction or the whole run
     (:func:`_window_mean`), or at the first evaluation at or past a budget."""
     column = table[metric]
@@ -369,7 +413,9 @@ def score(files: Sequence[Path], metric: str, at: str) -> Stat | None:
 def _stat_of(files: Sequence[Path], claim: Claim, at: str, fraction: float = 1.0, label: str = "") -> Stat | None:
     """The statistic of variant ``label``'s metric over the seeds that have a value (None when none has), on the runs cut at ``fraction``."""
     name = claim.metric_of(label)
-    lower = metrics.METRICS[name].defaults["better"] == "min"  # the metric's own direction: progress:F reads rounds of it
+    lower = (
+        metrics.METRICS[name].defaults["better"] == "min"
+    )  # the metric's own direction: progress:F reads rounds of it
     values = [_value_at(_truncated(read_metrics(f), fraction), name, at, lower, claim.log) for f in files]
     present = [v for v in values if v is not None]
     return Stat.of(present, claim.log) if present else None
@@ -436,7 +482,9 @@ SINGLE = "single seed, no standard error: judged on the values alone"
 
 def _at_text(at: str) -> str:
     if reads_rounds(at):
-        return f"rounds to {float(at.removeprefix('progress:')):.0%} of its own improvement (to its last {SETTLED:.0%}),"
+        return (
+            f"rounds to {float(at.removeprefix('progress:')):.0%} of its own improvement (to its last {SETTLED:.0%}),"
+        )
     if at.startswith("last:"):
         return f"mean over the last {float(at.removeprefix('last:')):.0%} of the run,"
     if at == "auc":
@@ -447,7 +495,10 @@ def _at_text(at: str) -> str:
 class OrderingClaim(Claim):
     kind: Literal["ordering"] = "ordering"
     order: list[str | list[str]] = Field(min_length=2, description="variants best first; a list is a tier of equals")
-    at: At = Field("final", description="final, best, last:F (mean over the last fraction F of the run), auc, round=N, epochs=X or mib=X")
+    at: At = Field(
+        "final",
+        description="final, best, last:F (mean over the last fraction F of the run), auc, round=N, epochs=X or mib=X",
+    )
 
     @field_validator("order")
     @classmethod
@@ -465,7 +516,9 @@ class OrderingClaim(Claim):
     def describe(self) -> str:
         sign = " < " if self.lower_is_better else " > "
         read = "".join(f" ({label}: {name})" for label, name in self.reading.items())
-        return f"{_at_text(self.at)} {self.metric}{read}: " + sign.join(t[0] if len(t) == 1 else "{" + ", ".join(t) + "}" for t in self.tiers())
+        return f"{_at_text(self.at)} {self.metric}{read}: " + sign.join(
+            t[0] if len(t) == 1 else "{" + ", ".join(t) + "}" for t in self.tiers()
+        )
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
         """The verdict on the whole runs, with the verdicts as if the runs had stopped at each of :data:`FRACTIONS`,
@@ -489,11 +542,15 @@ class OrderingClaim(Claim):
                     continue
                 rounds = np.intersect1d(curves[a][0], curves[b][0])
                 rounds = rounds[rounds > rounds.min()] if rounds.size else rounds
-                gap = sign * (_at_rounds(curves[b], rounds) - _at_rounds(curves[a], rounds))  # > 0: in the claimed order
+                gap = sign * (
+                    _at_rounds(curves[b], rounds) - _at_rounds(curves[a], rounds)
+                )  # > 0: in the claimed order
                 order = np.sign(gap[gap != 0])
                 where = rounds[gap != 0][1:][np.diff(order) != 0] if order.size > 1 else np.array([])
                 if where.size:
-                    shown = ", ".join(f"{r:g}" for r in where[:4]) + (f" and {where.size - 4} more" if where.size > 4 else "")
+                    shown = ", ".join(f"{r:g}" for r in where[:4]) + (
+                        f" and {where.size - 4} more" if where.size > 4 else ""
+                    )
                     final = "in the claimed order" if order[-1] > 0 else "reversed"
                     parts.append(f"{a} vs {b}: the order changes at round {shown} ({final} at the end)")
         return "; ".join(parts)
@@ -509,9 +566,18 @@ class OrderingClaim(Claim):
                 stats[label] = stat
         measured = "; ".join(f"{label}: {s.text()}" for label, s in stats.items())
         if missing:
-            return Verdict(measured, "not measured", f"no value {_at_text(self.at)} for {', '.join(missing)} (not run, or the run is shorter than the budget)")
+            return Verdict(
+                measured,
+                "not measured",
+                f"no value {_at_text(self.at)} for {', '.join(missing)} (not run, or the run is shorter than the budget)",
+            )
         tiers = self.tiers()
-        results = [(a, b, compare(stats[a], stats[b], self.k, self.lower_is_better)) for up, down in zip(tiers, tiers[1:]) for a in up for b in down]
+        results = [
+            (a, b, compare(stats[a], stats[b], self.k, self.lower_is_better))
+            for up, down in zip(tiers, tiers[1:])
+            for a in up
+            for b in down
+        ]
         wrong = [f"{b} is not worse than {a}" for a, b, r in results if r == "reversed"]
         close = [f"{a} vs {b}" for a, b, r in results if r == "ordered"]
         single = _single(*stats.values())
@@ -520,7 +586,9 @@ class OrderingClaim(Claim):
         if single:
             return Verdict(measured, "holds", f"{SINGLE}; the means are in the claimed order")
         if close:
-            return Verdict(measured, "partly", f"in the claimed order, but within {self.k:g} standard errors: {', '.join(close)}")
+            return Verdict(
+                measured, "partly", f"in the claimed order, but within {self.k:g} standard errors: {', '.join(close)}"
+            )
         return Verdict(measured, "holds", f"every step of the order separated by more than {self.k:g} standard errors")
 
 
@@ -531,7 +599,9 @@ class ValueClaim(Claim):
     value: float
     tolerance: float = Field(0.0, ge=0, description="absolute, or relative to |value| with relative = true")
     relative: bool = False
-    bound: Literal["within", "at_most", "at_least"] = Field("within", description="value ± tolerance, or ≤ / ≥ value (+/− tolerance)")
+    bound: Literal["within", "at_most", "at_least"] = Field(
+        "within", description="value ± tolerance, or ≤ / ≥ value (+/− tolerance)"
+    )
 
     def variants(self) -> list[str]:
         return [self.variant]
@@ -541,7 +611,13 @@ class ValueClaim(Claim):
 
     def describe(self) -> str:
         lo, hi = self.interval()
-        where = f"≤ {hi:.4g}" if self.bound == "at_most" else f"≥ {lo:.4g}" if self.bound == "at_least" else f"in [{lo:.4g}, {hi:.4g}]"
+        where = (
+            f"≤ {hi:.4g}"
+            if self.bound == "at_most"
+            else f"≥ {lo:.4g}"
+            if self.bound == "at_least"
+            else f"in [{lo:.4g}, {hi:.4g}]"
+        )
         return f"{self.variant}: {_at_text(self.at)} {self.metric} {where}"
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
@@ -550,12 +626,22 @@ class ValueClaim(Claim):
             return Verdict("—", "not measured", f"no value {_at_text(self.at)} for {self.variant}")
         lo, hi = self.interval()
         measured = f"{self.variant}: {stat.text()}"
-        t_lo, t_hi = (math.log10(lo) if lo > 0 else -math.inf, math.log10(hi) if hi > 0 else -math.inf) if stat.log else (lo, hi)
-        shown = 10 ** stat.mean if stat.log else stat.mean
+        t_lo, t_hi = (
+            (math.log10(lo) if lo > 0 else -math.inf, math.log10(hi) if hi > 0 else -math.inf) if stat.log else (lo, hi)
+        )
+        shown = 10**stat.mean if stat.log else stat.mean
         return _inside(measured, stat, self.k, (t_lo, t_hi), shown, (lo, hi))
 
 
-def _inside(measured: str, stat: Stat, k: float, bounds: tuple[float, float], shown: float, shown_bounds: tuple[float, float], missed: str = "") -> Verdict:
+def _inside(
+    measured: str,
+    stat: Stat,
+    k: float,
+    bounds: tuple[float, float],
+    shown: float,
+    shown_bounds: tuple[float, float],
+    missed: str = "",
+) -> Verdict:
     """The verdict on a mean that should lie in ``bounds`` (on the statistic's scale; ``shown`` and ``shown_bounds``
     are the same as printed): holds when mean ± k standard errors is inside, partly when only the mean is (or when
     ``missed`` says some seeds gave no value), does not hold otherwise."""
@@ -577,8 +663,12 @@ class ReachesFirstClaim(Claim):
     first: str
     second: str
     target: str = Field(description="METRIC=VALUE, e.g. test_accuracy=0.95")
-    by: Literal[TARGET_AXES] = Field("round", description="the cost: round, mib (per worker, up + down), wallclock_seconds or compute_seconds")
-    ratio: float = Field(1.0, gt=0, description="the second needs at least ratio times the first's cost (with ratio = 1: strictly more)")
+    by: Literal[TARGET_AXES] = Field(
+        "round", description="the cost: round, mib (per worker, up + down), wallclock_seconds or compute_seconds"
+    )
+    ratio: float = Field(
+        1.0, gt=0, description="the second needs at least ratio times the first's cost (with ratio = 1: strictly more)"
+    )
 
     @field_validator("target")
     @classmethod
@@ -607,26 +697,44 @@ class ReachesFirstClaim(Claim):
 
         def text(label: str, values: list[float]) -> str:
             reached = [v for v in values if math.isfinite(v)]
-            return f"{label}: " + (Stat(tuple(reached)).text() if reached else "—") + f", reached in {len(reached)} of {len(values)}"
+            return (
+                f"{label}: "
+                + (Stat(tuple(reached)).text() if reached else "—")
+                + f", reached in {len(reached)} of {len(values)}"
+            )
 
         measured = f"{self.by} to {self.target}: {text(self.first, a)}; {text(self.second, b)}"
         reached_a, reached_b = [v for v in a if math.isfinite(v)], [v for v in b if math.isfinite(v)]
         if not reached_a and not reached_b:
-            return Verdict(measured, "not measured", f"neither {self.first} nor {self.second} reached {self.target} in any seed: the runs do not order their costs")
+            return Verdict(
+                measured,
+                "not measured",
+                f"neither {self.first} nor {self.second} reached {self.target} in any seed: the runs do not order their costs",
+            )
         if not reached_a:
             return Verdict(measured, "does not hold", f"{self.first} never reached {self.target}; {self.second} did")
         if not reached_b:
             if len(reached_a) < len(a):
-                return Verdict(measured, "partly", f"{self.second} never reached it; {self.first} only in {len(reached_a)} of {len(a)} seeds")
+                return Verdict(
+                    measured,
+                    "partly",
+                    f"{self.second} never reached it; {self.first} only in {len(reached_a)} of {len(a)} seeds",
+                )
             return Verdict(measured, "holds", (f"{SINGLE}; " if len(a) < 2 else "") + f"{self.second} never reached it")
         result = compare(Stat(tuple(reached_a)), Stat(tuple(reached_b)), self.k, True, self.ratio)
         factor = f"{self.ratio:g}× " if self.ratio != 1 else ""
         if result == "reversed":
-            return Verdict(measured, "does not hold", f"{self.second} needs no more than {factor}the {self.by} of {self.first}")
+            return Verdict(
+                measured, "does not hold", f"{self.second} needs no more than {factor}the {self.by} of {self.first}"
+            )
         if len(reached_a) < len(a) or len(reached_b) < len(b):
             return Verdict(measured, "partly", "in the claimed order where both reached it, but not every seed did")
         if _single(Stat(tuple(reached_a)), Stat(tuple(reached_b))):
-            return Verdict(measured, "holds", f"{SINGLE}; {self.first} needs less than {factor}that of {self.second}".replace("than that", "than"))
+            return Verdict(
+                measured,
+                "holds",
+                f"{SINGLE}; {self.first} needs less than {factor}that of {self.second}".replace("than that", "than"),
+            )
         if result == "ordered":
             return Verdict(measured, "partly", f"in the claimed order, but within {self.k:g} standard errors")
         return Verdict(measured, "holds", f"separated by more than {self.k:g} standard errors")
@@ -637,11 +745,15 @@ class ReachesClaim(Claim):
     metric: str = ""
     variant: str
     target: str = Field(description="METRIC=VALUE, e.g. test_accuracy=0.95")
-    by: Literal[TARGET_AXES] = Field("round", description="the cost: round, mib (per worker, up + down), wallclock_seconds or compute_seconds")
+    by: Literal[TARGET_AXES] = Field(
+        "round", description="the cost: round, mib (per worker, up + down), wallclock_seconds or compute_seconds"
+    )
     value: float = Field(ge=0, description="the paper's cost to the target")
     tolerance: float = Field(0.0, ge=0, description="absolute, or relative to value with relative = true")
     relative: bool = False
-    bound: Literal["within", "at_most", "at_least"] = Field("within", description="value ± tolerance, or ≤ / ≥ value (+/− tolerance)")
+    bound: Literal["within", "at_most", "at_least"] = Field(
+        "within", description="value ± tolerance, or ≤ / ≥ value (+/− tolerance)"
+    )
 
     @field_validator("target")
     @classmethod
@@ -659,7 +771,13 @@ class ReachesClaim(Claim):
 
     def describe(self) -> str:
         lo, hi = self.interval()
-        where = f"≤ {hi:.4g}" if self.bound == "at_most" else f"≥ {lo:.4g}" if self.bound == "at_least" else f"in [{lo:.4g}, {hi:.4g}]"
+        where = (
+            f"≤ {hi:.4g}"
+            if self.bound == "at_most"
+            else f"≥ {lo:.4g}"
+            if self.bound == "at_least"
+            else f"in [{lo:.4g}, {hi:.4g}]"
+        )
         return f"{self.variant}: {self.by} to {self.target} {where}"
 
     def evaluate(self, runs: Mapping[str, Sequence[Path]]) -> Verdict:
@@ -680,11 +798,19 @@ class ReachesClaim(Claim):
         if past:
             measured += f"; {len(past)} ran to {self.by} {min(past):g} or more without reaching it"
             if not costs:
-                return Verdict(measured, "does not hold", f"{self.variant} ran past {hi:g} {self.by} without reaching "
-                               f"{self.target} in {len(past)} of {len(files)} seeds (the paper: {self.value:g})")
+                return Verdict(
+                    measured,
+                    "does not hold",
+                    f"{self.variant} ran past {hi:g} {self.by} without reaching "
+                    f"{self.target} in {len(past)} of {len(files)} seeds (the paper: {self.value:g})",
+                )
         if not costs:
-            return Verdict(measured, NOT_MEASURED, f"{self.variant} never reached {self.target} in any seed, and no run "
-                           f"went past {hi:g} {self.by}: no cost to compare with the paper's {self.value:g}")
+            return Verdict(
+                measured,
+                NOT_MEASURED,
+                f"{self.variant} never reached {self.target} in any seed, and no run "
+                f"went past {hi:g} {self.by}: no cost to compare with the paper's {self.value:g}",
+            )
         stat = Stat(tuple(costs))
         missed = f"; only {len(costs)} of {len(files)} seeds reached it" if len(costs) < len(files) else ""
         if past:
@@ -701,10 +827,22 @@ def spent(path: Path, by: str) -> float:
     return float(column[-1])
 
 
-CLAIMS.add("ordering", OrderingClaim, "variants ordered on a metric: final, best, or at a budget of rounds, epochs or MiB")
-CLAIMS.add("value", ValueClaim, "a variant's metric within a tolerance of a value (the paper's number or a closed form), or beyond a bound")
-CLAIMS.add("reaches_first", ReachesFirstClaim, "one variant reaches a target with less rounds, MiB or seconds than another")
-CLAIMS.add("reaches", ReachesClaim, "a variant reaches a target with a cost (rounds, MiB, seconds) near the paper's, or beyond a bound")
+CLAIMS.add(
+    "ordering", OrderingClaim, "variants ordered on a metric: final, best, or at a budget of rounds, epochs or MiB"
+)
+CLAIMS.add(
+    "value",
+    ValueClaim,
+    "a variant's metric within a tolerance of a value (the paper's number or a closed form), or beyond a bound",
+)
+CLAIMS.add(
+    "reaches_first", ReachesFirstClaim, "one variant reaches a target with less rounds, MiB or seconds than another"
+)
+CLAIMS.add(
+    "reaches",
+    ReachesClaim,
+    "a variant reaches a target with a cost (rounds, MiB, seconds) near the paper's, or beyond a bound",
+)
 
 
 def parse_claims(raw: Sequence[Any], labels: Sequence[str]) -> list[Claim]:
@@ -717,15 +855,26 @@ def parse_claims(raw: Sequence[Any], labels: Sequence[str]) -> list[Claim]:
         kind = item.get("kind")
         if kind not in CLAIMS:
             hint = difflib.get_close_matches(str(kind), CLAIMS.names(), n=1)
-            raise ConfigError(f"{where}.kind", f"unknown claim kind {kind!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(CLAIMS)}")
+            raise ConfigError(
+                f"{where}.kind",
+                f"unknown claim kind {kind!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(CLAIMS)}",
+            )
         claim = validate(CLAIMS[kind].factory, item, f"{where}.")
         for name in claim.all_variants():
             if name not in labels:
                 hint = difflib.get_close_matches(name, labels, n=1)
-                own = next((f for f in ("order", "variant", "first", "second") if name in str(getattr(claim, f, ""))), None)
-                field = own or "alternative." + next(f for f in ("order", "variant", "first", "second")
-                                                     if name in str((claim.alternative or {}).get(f, "")))
-                raise ConfigError(f"{where}.{field}", f"unknown variant {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(map(repr, labels))}")
+                own = next(
+                    (f for f in ("order", "variant", "first", "second") if name in str(getattr(claim, f, ""))), None
+                )
+                field = own or "alternative." + next(
+                    f
+                    for f in ("order", "variant", "first", "second")
+                    if name in str((claim.alternative or {}).get(f, ""))
+                )
+                raise ConfigError(
+                    f"{where}.{field}",
+                    f"unknown variant {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(map(repr, labels))}",
+                )
         twin = next((j for j, other in enumerate(out) if other.model_dump() == claim.model_dump()), None)
         if twin is not None:
             raise ConfigError(where, f"the same claim as claims[{twin}]: a claim is judged and counted once")

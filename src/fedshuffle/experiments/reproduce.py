@@ -32,8 +32,22 @@ from fedshuffle.experiments.report import collect_runs, group_runs
 from fedshuffle.experiments.reproduction_report import point_text, write_reports
 from fedshuffle.experiments.schema import Experiment, TuneConfig, _deep_merge, load_experiment, preset_names
 from fedshuffle.experiments.session import run_experiment, run_sweep
-from fedshuffle.experiments.verdicts import (NOT_RUN, ClaimResult, Diagnostic, Robustness, Tuning, complete_runs, counts,
-                                             definition, judge_definition, load, other_roles, recheck, row, write)
+from fedshuffle.experiments.verdicts import (
+    NOT_RUN,
+    ClaimResult,
+    Diagnostic,
+    Robustness,
+    Tuning,
+    complete_runs,
+    counts,
+    definition,
+    judge_definition,
+    load,
+    other_roles,
+    recheck,
+    row,
+    write,
+)
 
 BUDGETS = ("cpu", "gpu")
 
@@ -41,7 +55,6 @@ BUDGETS = ("cpu", "gpu")
 def diagnostics(name: str, folder: Path) -> list[Diagnostic]:
     """The method metrics recorded by the complete runs in ``folder``, per variant, averaged over seeds by round."""
     import pandas as pd
-
 
     out = []
     for label, members in group_runs(collect_runs([folder])).items():
@@ -53,7 +66,9 @@ def diagnostics(name: str, folder: Path) -> list[Diagnostic]:
             if metric not in table or table[metric].isna().all():
                 continue
             by_round = table.dropna(subset=[metric]).groupby("round")[metric].mean()
-            out.append(Diagnostic(name, label, metric, [int(r) for r in by_round.index], [float(v) for v in by_round.values]))
+            out.append(
+                Diagnostic(name, label, metric, [int(r) for r in by_round.index], [float(v) for v in by_round.values])
+            )
     return out
 
 
@@ -63,7 +78,9 @@ def _claims(experiment: Experiment) -> list[Claim]:
 
 def _definition(experiment: Experiment) -> dict[str, Any]:
     meta = experiment.experiment
-    return definition(experiment.claims, [v.label for v in experiment.variants], meta.paper, meta.figure, meta.not_reproducible)
+    return definition(
+        experiment.claims, [v.label for v in experiment.variants], meta.paper, meta.figure, meta.not_reproducible
+    )
 
 
 def _skipped(name: str, experiment: Experiment, reason: str, verdict: str = NOT_RUN) -> list[ClaimResult]:
@@ -114,11 +131,20 @@ def select(label: str, tune: TuneConfig, runs: Mapping[str, Sequence[Path]]) -> 
     for point in points:
         files = runs.get(_point_key(point), [])
         stat = score(files, tune.metric, tune.at) if len(files) == len(tune.seeds) else None
-        scores.append(None if stat is None else 10 ** stat.mean if stat.log else stat.mean)
+        scores.append(None if stat is None else 10**stat.mean if stat.log else stat.mean)
     sign = -1.0 if metrics.METRICS[tune.metric].defaults["better"] == "max" else 1.0
     ranked = [k for k, v in enumerate(scores) if v is not None]
     best = min(ranked, key=lambda k: sign * scores[k]) if ranked else None  # type: ignore[operator]
-    return Tuning(label, tune.metric, tune.at, list(tune.seeds), points, scores, points[best] if best is not None else None, tune.rounds)
+    return Tuning(
+        label,
+        tune.metric,
+        tune.at,
+        list(tune.seeds),
+        points,
+        scores,
+        points[best] if best is not None else None,
+        tune.rounds,
+    )
 
 
 def at_selected(experiment: Experiment, tunings: Sequence[Tuning]) -> Experiment:
@@ -127,11 +153,17 @@ def at_selected(experiment: Experiment, tunings: Sequence[Tuning]) -> Experiment
     variants = []
     for v in experiment.variants:
         point = chosen.get(v.label)
-        variants.append(v.model_copy(update={s: _deep_merge(getattr(v, s), settings) for s, settings in point.items()}) if point else v)
+        variants.append(
+            v.model_copy(update={s: _deep_merge(getattr(v, s), settings) for s, settings in point.items()})
+            if point
+            else v
+        )
     return experiment.model_copy(update={"variants": variants})
 
 
-def tune(name: str, experiment: Experiment, out: Path, *, run: bool, workers: int, show_progress: bool) -> tuple[list[Tuning], dict[str, dict[str, list[Path]]]]:
+def tune(
+    name: str, experiment: Experiment, out: Path, *, run: bool, workers: int, show_progress: bool
+) -> tuple[list[Tuning], dict[str, dict[str, list[Path]]]]:
     """Run (or continue) every tuned variant's grid on its tuning seeds, then select its point.
     Returns the tunings and, per variant, the tuning runs by point key."""
     tunings, runs = [], {}
@@ -142,14 +174,30 @@ def tune(name: str, experiment: Experiment, out: Path, *, run: bool, workers: in
         if run:  # the sweep folder records this variant alone: another variant's settings do not touch its tuning
             alone = experiment.model_copy(update={"variants": [variant]})
             horizon = {"run": {"rounds": variant.tune.rounds}} if variant.tune.rounds is not None else None
-            run_sweep(alone, folder, variant.tune.points(), seeds=variant.tune.seeds, overrides=horizon, variants=None, pick=None, extend=False,
-                      workers=workers, show_progress=show_progress, record={"tuning": {"variant": variant.label, **variant.tune.model_dump()}})
+            run_sweep(
+                alone,
+                folder,
+                variant.tune.points(),
+                seeds=variant.tune.seeds,
+                overrides=horizon,
+                variants=None,
+                pick=None,
+                extend=False,
+                workers=workers,
+                show_progress=show_progress,
+                record={"tuning": {"variant": variant.label, **variant.tune.model_dump()}},
+            )
         runs[variant.label] = _tuning_runs(folder, variant.tune.seeds)
         tunings.append(select(variant.label, variant.tune, runs[variant.label]))
     return tunings, runs
 
 
-def robustness(experiment: Experiment, tunings: Sequence[Tuning], tuning_runs: Mapping[str, Mapping[str, list[Path]]], judged: Mapping[str, list[Path]]) -> list[Robustness]:
+def robustness(
+    experiment: Experiment,
+    tunings: Sequence[Tuning],
+    tuning_runs: Mapping[str, Mapping[str, list[Path]]],
+    judged: Mapping[str, list[Path]],
+) -> list[Robustness]:
     """Every claim's verdict at every grid point of its tuned arms, on the tuning seeds (untuned arms: their judged runs).
 
     When the claim's tuned arms share one grid, all of them sit at the same point (the papers compare
@@ -166,9 +214,16 @@ def robustness(experiment: Experiment, tunings: Sequence[Tuning], tuning_runs: M
         if len(grids) == 1:
             cases = [(point_text(p), {v: p for v in tuned}) for p in by_label[tuned[0]].points]
         else:
-            cases = [(f"{v}: {point_text(p)}", {**{u: by_label[u].selected for u in tuned}, v: p}) for v in tuned for p in by_label[v].points]
+            cases = [
+                (f"{v}: {point_text(p)}", {**{u: by_label[u].selected for u in tuned}, v: p})
+                for v in tuned
+                for p in by_label[v].points
+            ]
         for text, points in cases:
-            runs = {**fixed, **{v: tuning_runs[v].get(_point_key(p), []) if p is not None else [] for v, p in points.items()}}
+            runs = {
+                **fixed,
+                **{v: tuning_runs[v].get(_point_key(p), []) if p is not None else [] for v, p in points.items()},
+            }
             out.append(Robustness(claim.describe(), text, claim.evaluate(runs).verdict))
     return out
 
@@ -184,19 +239,52 @@ def _provenance(out: Path, folder: Path, tunings: Sequence[Tuning]) -> dict[str,
     """The runs the verdicts come from: each judged run folder (relative to ``out``) with its config hash, and the tuning folders."""
     manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
     recorded = (manifest or {}).get("runs", {})
-    runs = {f"{folder.name}/{where}": entry.get("config_hash", "") for where, entry in sorted(recorded.items()) if isinstance(entry, dict)}
-    seeds = sorted({entry.get("seed") for entry in recorded.values() if isinstance(entry, dict) and isinstance(entry.get("seed"), int)})
-    tuning = {t.variant: sum(len(p) for p in _tuning_runs(tuning_folder(out, folder.name, t.variant), t.seeds).values()) for t in tunings}
+    runs = {
+        f"{folder.name}/{where}": entry.get("config_hash", "")
+        for where, entry in sorted(recorded.items())
+        if isinstance(entry, dict)
+    }
+    seeds = sorted(
+        {
+            entry.get("seed")
+            for entry in recorded.values()
+            if isinstance(entry, dict) and isinstance(entry.get("seed"), int)
+        }
+    )
+    tuning = {
+        t.variant: sum(len(p) for p in _tuning_runs(tuning_folder(out, folder.name, t.variant), t.seeds).values())
+        for t in tunings
+    }
     return {"runs": runs, "seeds": seeds, "tuning_runs": tuning}
 
 
-def _record(name: str, experiment: Experiment, rows: Sequence[ClaimResult], *, provenance: Mapping[str, Any] | None = None, tunings: Sequence[Tuning] = (),
-            robust: Sequence[Robustness] = (), extra: Sequence[Diagnostic] = (), plot: str | None = None) -> dict[str, Any]:
+def _record(
+    name: str,
+    experiment: Experiment,
+    rows: Sequence[ClaimResult],
+    *,
+    provenance: Mapping[str, Any] | None = None,
+    tunings: Sequence[Tuning] = (),
+    robust: Sequence[Robustness] = (),
+    extra: Sequence[Diagnostic] = (),
+    plot: str | None = None,
+) -> dict[str, Any]:
     meta = experiment.experiment
-    return {"name": name, "paper": meta.paper, "figure": meta.figure, "title": meta.title, "deviations": list(meta.deviations),
-            "computed": _now(), "definition": _definition(experiment), "provenance": dict(provenance or {}),
-            "claims": [asdict(r) for r in rows], "tuning": [asdict(t) for t in tunings],
-            "robustness": [asdict(r) for r in robust], "diagnostics": [asdict(d) for d in extra], "plot": plot}
+    return {
+        "name": name,
+        "paper": meta.paper,
+        "figure": meta.figure,
+        "title": meta.title,
+        "deviations": list(meta.deviations),
+        "computed": _now(),
+        "definition": _definition(experiment),
+        "provenance": dict(provenance or {}),
+        "claims": [asdict(r) for r in rows],
+        "tuning": [asdict(t) for t in tunings],
+        "robustness": [asdict(r) for r in robust],
+        "diagnostics": [asdict(d) for d in extra],
+        "plot": plot,
+    }
 
 
 class Stopwatch:
@@ -214,7 +302,17 @@ class Stopwatch:
         self._phase, self._started = phase, now
 
 
-def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, workers: int, show_progress: bool, note: Any, watch: Stopwatch) -> tuple[dict[str, Any], bool]:
+def _one(
+    experiment: Experiment,
+    out: Path,
+    *,
+    budget: str | None,
+    run: bool,
+    workers: int,
+    show_progress: bool,
+    note: Any,
+    watch: Stopwatch,
+) -> tuple[dict[str, Any], bool]:
     """The record of one preset, and whether it holds verdicts (False: skipped, nothing judged); ``watch`` times its tuning and runs."""
     name = experiment.experiment.name
     sized = experiment.experiment.budget or "cpu"
@@ -229,23 +327,55 @@ def _one(experiment: Experiment, out: Path, *, budget: str | None, run: bool, wo
     unselected = [t.variant for t in tunings if t.selected is None]
     if unselected:
         verdict = "not run" if not run else "not measured"
-        reason = f"tuning chose no point for {', '.join(unselected)}: " + ("no finished tuning runs (judged without running)" if not run else "at no grid point did every tuning seed complete")
+        reason = f"tuning chose no point for {', '.join(unselected)}: " + (
+            "no finished tuning runs (judged without running)"
+            if not run
+            else "at no grid point did every tuning seed complete"
+        )
         return _record(name, experiment, _skipped(name, experiment, reason, verdict), tunings=tunings), run
     judged = at_selected(experiment, tunings)
     if not run and not (folder / "summary.json").is_file():  # written once every run of the preset has ended
-        return _record(name, experiment, _skipped(name, experiment, f"no finished results in {folder} (judged without running)"), tunings=tunings), False
+        return _record(
+            name,
+            experiment,
+            _skipped(name, experiment, f"no finished results in {folder} (judged without running)"),
+            tunings=tunings,
+        ), False
     if run:
         if note:
-            note(f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}" + (f" ({', '.join(f'{t.variant} at {point_text(t.selected)}' for t in tunings)})" if tunings else ""))
+            note(
+                f"{name}: {'continuing' if (folder / MANIFEST).is_file() else 'running'} in {folder}"
+                + (f" ({', '.join(f'{t.variant} at {point_text(t.selected)}' for t in tunings)})" if tunings else "")
+            )
         watch.lap("runs")
-        run_experiment(judged, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress, workers=workers)
+        run_experiment(
+            judged, folder, resume=(folder / MANIFEST).is_file(), show_progress=show_progress, workers=workers
+        )
     rows = judge(name, judged, folder)
     robust = robustness(judged, tunings, tuning_runs, complete_runs(folder)) if tunings else []
     plot = f"{name}/plot.png" if (folder / "plot.png").is_file() else None
-    return _record(name, experiment, rows, provenance=_provenance(Path(out), folder, tunings), tunings=tunings, robust=robust, extra=diagnostics(name, folder), plot=plot), True
+    return _record(
+        name,
+        experiment,
+        rows,
+        provenance=_provenance(Path(out), folder, tunings),
+        tunings=tunings,
+        robust=robust,
+        extra=diagnostics(name, folder),
+        plot=plot,
+    ), True
 
 
-def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, run: bool = True, show_progress: bool = True, note: Any = None, workers: int = 1) -> list[ClaimResult]:
+def reproduce(
+    presets: Sequence[str],
+    out: Path,
+    *,
+    budget: str | None = None,
+    run: bool = True,
+    show_progress: bool = True,
+    note: Any = None,
+    workers: int = 1,
+) -> list[ClaimResult]:
     """Tune, run (or continue) each preset into ``out/<name>`` and judge its claims; a preset sized for
     another budget than ``budget`` is not run and its claims say so. With ``run=False`` nothing runs:
     the complete runs already in ``out`` are judged. ``workers``: worker processes for each preset's runs and tuning
@@ -262,9 +392,20 @@ def reproduce(presets: Sequence[str], out: Path, *, budget: str | None = None, r
     rows: list[ClaimResult] = []
     for experiment in loaded:
         name, watch = experiment.experiment.name, Stopwatch()
-        continued = (Path(out) / name).exists() or tuning_root(out, name).exists()  # this call's time adds to that spent on these folders
+        continued = (Path(out) / name).exists() or tuning_root(
+            out, name
+        ).exists()  # this call's time adds to that spent on these folders
         try:
-            record, has_verdicts = _one(experiment, Path(out), budget=budget, run=run, workers=workers, show_progress=show_progress, note=note, watch=watch)
+            record, has_verdicts = _one(
+                experiment,
+                Path(out),
+                budget=budget,
+                run=run,
+                workers=workers,
+                show_progress=show_progress,
+                note=note,
+                watch=watch,
+            )
         finally:  # also when interrupted: a later call continues these folders and adds its own time
             watch.lap(None)
             if run and watch.seconds:
@@ -288,7 +429,9 @@ def add_time(out: Path, name: str, seconds: Mapping[str, float], continued: bool
             times[name] = {k: round(earlier.get(k, 0.0) + seconds.get(k, 0.0), 1) for k in ("tuning", "runs")}
             write(out, store, times)
     except OSError as exc:
-        raise ResultsError(f"cannot write the report into {out} ({exc.strerror or exc}); the runs' results are kept") from None
+        raise ResultsError(
+            f"cannot write the report into {out} ({exc.strerror or exc}); the runs' results are kept"
+        ) from None
 
 
 def save(out: Path, record: Mapping[str, Any], *, replace: bool = True, note: Any = None) -> dict[str, dict[str, Any]]:
@@ -305,7 +448,9 @@ def save(out: Path, record: Mapping[str, Any], *, replace: bool = True, note: An
             write(out, store, times)
             write_reports({name: {**r, "seconds": times.get(name)} for name, r in store.items()}, out)
     except OSError as exc:
-        raise ResultsError(f"cannot write the report into {out} ({exc.strerror or exc}); the runs' results are kept") from None
+        raise ResultsError(
+            f"cannot write the report into {out} ({exc.strerror or exc}); the runs' results are kept"
+        ) from None
     return store
 
 

@@ -20,7 +20,16 @@ from typing import Any
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import read_text, write_atomic
-from fedshuffle.experiments.claims import NOT_MEASURED, NOT_REPRODUCIBLE, ROLES, SPLIT, VERDICTS, Claim, Verdict, parse_claims
+from fedshuffle.experiments.claims import (
+    NOT_MEASURED,
+    NOT_REPRODUCIBLE,
+    ROLES,
+    SPLIT,
+    VERDICTS,
+    Claim,
+    Verdict,
+    parse_claims,
+)
 from fedshuffle.experiments.folders import MANIFEST, read_manifest
 from fedshuffle.experiments.report import collect_runs, group_runs
 
@@ -92,18 +101,36 @@ class Diagnostic:
 # -- judging ---------------------------------------------------------------------------------------------------------
 
 
-def definition(claims: Sequence[Mapping[str, Any]], labels: Sequence[str], paper: str, figure: str,
-               not_reproducible: str = "") -> dict[str, Any]:
+def definition(
+    claims: Sequence[Mapping[str, Any]], labels: Sequence[str], paper: str, figure: str, not_reproducible: str = ""
+) -> dict[str, Any]:
     """What a preset's claims are judged from, as kept in its record (the experiment's ``[[claims]]`` as given)."""
-    return {"claims": [dict(c) for c in claims], "labels": list(labels), "paper": paper, "figure": figure,
-            "not_reproducible": not_reproducible}
+    return {
+        "claims": [dict(c) for c in claims],
+        "labels": list(labels),
+        "paper": paper,
+        "figure": figure,
+        "not_reproducible": not_reproducible,
+    }
 
 
 def row(name: str, paper: str, figure: str, claim: Claim, verdict: Verdict) -> ClaimResult:
     """The report row of one judged claim."""
-    return ClaimResult(name, paper, claim.figure or figure, claim.describe(), claim.quote, verdict.measured,
-                       verdict.verdict, verdict.why, claim.role, verdict.seeds,
-                       {f"{f:.0%}": v for f, v in verdict.fractions}, verdict.flips, dict(verdict.readings))
+    return ClaimResult(
+        name,
+        paper,
+        claim.figure or figure,
+        claim.describe(),
+        claim.quote,
+        verdict.measured,
+        verdict.verdict,
+        verdict.why,
+        claim.role,
+        verdict.seeds,
+        {f"{f:.0%}": v for f, v in verdict.fractions},
+        verdict.flips,
+        dict(verdict.readings),
+    )
 
 
 def judge_definition(name: str, spec: Mapping[str, Any], runs: Mapping[str, Sequence[Path]]) -> list[ClaimResult]:
@@ -114,8 +141,15 @@ def judge_definition(name: str, spec: Mapping[str, Any], runs: Mapping[str, Sequ
     for claim in parse_claims(spec["claims"], spec["labels"]):
         verdict = claim.judge(runs)
         if unavailable:  # what the substitute setup measured is shown, but it is no evidence about the paper
-            verdict = Verdict(verdict.measured, NOT_REPRODUCIBLE, f"{unavailable}; on the substitute it {verdict.verdict}: "
-                              f"{verdict.why}", verdict.seeds, verdict.fractions, verdict.flips, verdict.readings)
+            verdict = Verdict(
+                verdict.measured,
+                NOT_REPRODUCIBLE,
+                f"{unavailable}; on the substitute it {verdict.verdict}: {verdict.why}",
+                verdict.seeds,
+                verdict.fractions,
+                verdict.flips,
+                verdict.readings,
+            )
         rows.append(row(name, spec["paper"], spec["figure"], claim, verdict))
     return rows
 
@@ -126,8 +160,10 @@ def complete_runs(folder: Path) -> dict[str, list[Path]]:
     runs = [r for r in collect_runs([folder]) if r.experiment == Path(folder).resolve()]
     if not runs:
         return {}
-    return {label: [r.path / "metrics.csv" for r in members if r.status == "complete"]
-            for label, members in group_runs(runs).items()}
+    return {
+        label: [r.path / "metrics.csv" for r in members if r.status == "complete"]
+        for label, members in group_runs(runs).items()
+    }
 
 
 # -- the store -------------------------------------------------------------------------------------------------------
@@ -214,8 +250,9 @@ def load(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, floa
 
 
 def write(out: Path, store: Mapping[str, Any], seconds: Mapping[str, Any]) -> None:
-    write_atomic(Path(out) / STORE, json.dumps({"format": 2, "presets": store, "seconds": seconds}, indent=1,
-                                               ensure_ascii=False))
+    write_atomic(
+        Path(out) / STORE, json.dumps({"format": 2, "presets": store, "seconds": seconds}, indent=1, ensure_ascii=False)
+    )
 
 
 # -- re-checking kept verdicts ---------------------------------------------------------------------------------------
@@ -252,8 +289,9 @@ def _changed(out: Path, name: str, recorded: Mapping[str, str]) -> str:
     return ""
 
 
-def recheck(out: Path, store: Mapping[str, Mapping[str, Any]],
-            note: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+def recheck(
+    out: Path, store: Mapping[str, Mapping[str, Any]], note: Callable[[str], None] | None = None
+) -> dict[str, dict[str, Any]]:
     """Every record of ``store`` as its runs support it now: judged again from its definition on its complete runs;
     dropped, with a ``note``, when its folder is gone; verdicts that rest on runs marked :data:`NOT_RECHECKED` when
     the runs changed, cannot be read, the definition does not parse (a claim given twice), or the record names none."""
@@ -268,7 +306,9 @@ def recheck(out: Path, store: Mapping[str, Mapping[str, Any]],
             if note:
                 note(f"{name}: dropped from the report, its runs ({Path(out) / name}) are gone")
             continue
-        reason = _changed(out, name, runs) or ("" if spec else "it keeps no definition of its claims to judge them again")
+        reason = _changed(out, name, runs) or (
+            "" if spec else "it keeps no definition of its claims to judge them again"
+        )
         if not reason:
             try:
                 rows = judge_definition(name, spec, complete_runs(Path(out) / name))
@@ -304,8 +344,10 @@ def other_roles(rows: Sequence[ClaimResult | Mapping[str, Any]]) -> dict[str, di
     for r in map(as_row, rows):
         if r.role != "primary":
             out.setdefault(r.paper, {}).setdefault(r.role, Counter())[r.verdict] += 1
-    return {paper: {role: dict(c) for role, c in sorted(roles.items(), key=lambda kv: ROLES.index(kv[0]))}
-            for paper, roles in out.items()}
+    return {
+        paper: {role: dict(c) for role, c in sorted(roles.items(), key=lambda kv: ROLES.index(kv[0]))}
+        for paper, roles in out.items()
+    }
 
 
 def all_rows(store: Mapping[str, Mapping[str, Any]]) -> list[ClaimResult]:

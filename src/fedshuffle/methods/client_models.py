@@ -49,8 +49,12 @@ class ClientModels(Method):
         return direction, {**state, "inner": inner}, extras
 
     def client_update(
-        self, broadcast: Mapping[str, torch.Tensor], plans: Sequence[ClientPlan], rows: Mapping[str, torch.Tensor],
-        trainer: Trainer, weights: torch.Tensor | None = None,
+        self,
+        broadcast: Mapping[str, torch.Tensor],
+        plans: Sequence[ClientPlan],
+        rows: Mapping[str, torch.Tensor],
+        trainer: Trainer,
+        weights: torch.Tensor | None = None,
     ) -> ClientResult:
         """The method's Δ_i, and each member's own model y_i = x − Δ_i as its new row."""
         result = self.inner.client_update(broadcast, plans, {}, trainer)
@@ -67,7 +71,10 @@ def keep_client_models(method: Method) -> Method:
     if getattr(method, "local_model_field", None) is not None:
         return method
     if not method.sums_updates:
-        raise ConfigError("run.score_client_models", f"{method.describe()} changes its clients' updates or the server's "
-                          "sum of them, so its clients' own models are not x − Δ_i; it covers methods with the default "
-                          "halves (FedAvg, RR-CLI, Nastya, FedShuffle, FedNova, …) and those that keep client models")
+        raise ConfigError(
+            "run.score_client_models",
+            f"{method.describe()} changes its clients' updates or the server's "
+            "sum of them, so its clients' own models are not x − Δ_i; it covers methods with the default "
+            "halves (FedAvg, RR-CLI, Nastya, FedShuffle, FedNova, …) and those that keep client models",
+        )
     return ClientModels(method)

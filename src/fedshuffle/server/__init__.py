@@ -25,7 +25,16 @@ from pydantic import Field
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Registry
 from fedshuffle.server.transforms import (
-    ScaleByAdagrad, ScaleByAdam, ScaleByAdGD, ScaleBySchedule, ScaleByYogi, State, StepInputs, Trace, Transform, chain,
+    ScaleByAdagrad,
+    ScaleByAdam,
+    ScaleByAdGD,
+    ScaleBySchedule,
+    ScaleByYogi,
+    State,
+    StepInputs,
+    Trace,
+    Transform,
+    chain,
 )
 
 __all__ = ["SERVER_OPTIMIZERS", "MetaEpochExtrapolation", "Optimizer", "ServerOptimizer"]
@@ -43,7 +52,9 @@ class ServerOptimizer(Protocol):
 
     def init(self, params: torch.Tensor) -> State: ...
 
-    def update(self, direction: torch.Tensor, state: State, params: torch.Tensor, lr_scale: float = 1.0) -> tuple[torch.Tensor, State]: ...
+    def update(
+        self, direction: torch.Tensor, state: State, params: torch.Tensor, lr_scale: float = 1.0
+    ) -> tuple[torch.Tensor, State]: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,9 @@ class Optimizer:
     def init(self, params: torch.Tensor) -> State:
         return self.transform.init(params)
 
-    def update(self, direction: torch.Tensor, state: State, params: torch.Tensor, lr_scale: float = 1.0) -> tuple[torch.Tensor, State]:
+    def update(
+        self, direction: torch.Tensor, state: State, params: torch.Tensor, lr_scale: float = 1.0
+    ) -> tuple[torch.Tensor, State]:
         return self.transform.update(direction, state, StepInputs(params, lr_scale))
 
 
@@ -98,7 +111,9 @@ def yogi(lr: StepSize = 0.01, beta1: Beta1 = 0.9, beta2: Beta2 = 0.99, eps: Eps 
     return Optimizer(chain(ScaleByYogi(beta1, beta2, eps), ScaleBySchedule(lr)), lr)
 
 
-def adgd(lr: Annotated[float, Field(gt=0, allow_inf_nan=False, description="first server step λ₀; later ones adapt")] = 1e-6) -> Optimizer:
+def adgd(
+    lr: Annotated[float, Field(gt=0, allow_inf_nan=False, description="first server step λ₀; later ones adapt")] = 1e-6,
+) -> Optimizer:
     """AdGD on the pseudo-gradient (:class:`~fedshuffle.server.transforms.ScaleByAdGD`)."""
     return Optimizer(ScaleByAdGD(lr), lr)
 
@@ -130,7 +145,9 @@ class MetaEpochExtrapolation:
     def init(self, params: torch.Tensor) -> State:
         return {"inner": self.inner.init(params), "anchor": params.clone(), "round": torch.tensor(0)}
 
-    def update(self, direction: torch.Tensor, state: State, params: torch.Tensor, lr_scale: float = 1.0) -> tuple[torch.Tensor, State]:
+    def update(
+        self, direction: torch.Tensor, state: State, params: torch.Tensor, lr_scale: float = 1.0
+    ) -> tuple[torch.Tensor, State]:
         step, inner_state = self.inner.update(direction, state["inner"], params, lr_scale)
         count = int(state["round"]) + 1
         if count < self.rounds:
@@ -144,8 +161,12 @@ _REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2"
 #: Server optimizers by name; a factory's keyword parameters are the optimizer's settings (:mod:`fedshuffle.core.registry`).
 SERVER_OPTIMIZERS = Registry("server.optimizer", runtime=(), noun="server optimizer")
 SERVER_OPTIMIZERS.add("sgd", sgd, "x ← x − η_g·Δ", "Horváth et al., FedShuffle, TMLR 2022, Algorithm 1")
-SERVER_OPTIMIZERS.add("heavy_ball", heavy_ball, "server heavy-ball momentum on Δ", "Hsu, Qi & Brown, arXiv:1909.06335, 2019 (FedAvgM)")
+SERVER_OPTIMIZERS.add(
+    "heavy_ball", heavy_ball, "server heavy-ball momentum on Δ", "Hsu, Qi & Brown, arXiv:1909.06335, 2019 (FedAvgM)"
+)
 SERVER_OPTIMIZERS.add("adam", adam, "FedAdam on the pseudo-gradient", _REDDI)
 SERVER_OPTIMIZERS.add("adagrad", adagrad, "FedAdagrad on the pseudo-gradient", _REDDI)
 SERVER_OPTIMIZERS.add("yogi", yogi, "FedYogi on the pseudo-gradient", _REDDI)
-SERVER_OPTIMIZERS.add("adgd", adgd, "adaptive gradient descent without descent on Δ", "Malitsky & Mishchenko, ICML 2020, Algorithm 1")
+SERVER_OPTIMIZERS.add(
+    "adgd", adgd, "adaptive gradient descent without descent on Δ", "Malitsky & Mishchenko, ICML 2020, Algorithm 1"
+)

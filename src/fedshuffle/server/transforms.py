@@ -199,8 +199,11 @@ class ScaleByAdGD:
 
     def init(self, params: torch.Tensor) -> State:
         return {
-            "prev_params": params.clone(), "prev_direction": torch.zeros_like(params), "lr": torch.tensor(self.lr, dtype=torch.float64),
-            "theta": torch.tensor(math.inf, dtype=torch.float64), "started": torch.tensor(False),
+            "prev_params": params.clone(),
+            "prev_direction": torch.zeros_like(params),
+            "lr": torch.tensor(self.lr, dtype=torch.float64),
+            "theta": torch.tensor(math.inf, dtype=torch.float64),
+            "started": torch.tensor(False),
         }
 
     def update(self, updates: torch.Tensor, state: State, inputs: StepInputs) -> tuple[torch.Tensor, State]:
@@ -209,12 +212,19 @@ class ScaleByAdGD:
             moved = float((inputs.params - state["prev_params"]).norm())
             diff = float((updates - state["prev_direction"]).norm())
             curvature = moved / (2 * diff) if moved > 0 and diff > 0 else math.nan
-            new = min(math.sqrt(1 + float(state["theta"])) * lam, curvature) if math.isfinite(curvature) and curvature > 0 else lam
+            new = (
+                min(math.sqrt(1 + float(state["theta"])) * lam, curvature)
+                if math.isfinite(curvature) and curvature > 0
+                else lam
+            )
             theta, lam = new / lam, new
         else:
             theta = math.inf
         new_state = {
-            "prev_params": inputs.params.clone(), "prev_direction": updates.clone(), "lr": torch.tensor(lam, dtype=torch.float64),
-            "theta": torch.tensor(theta, dtype=torch.float64), "started": torch.tensor(True),
+            "prev_params": inputs.params.clone(),
+            "prev_direction": updates.clone(),
+            "lr": torch.tensor(lam, dtype=torch.float64),
+            "theta": torch.tensor(theta, dtype=torch.float64),
+            "started": torch.tensor(True),
         }
         return lam * inputs.lr_scale * updates, new_state
