@@ -4,8 +4,12 @@ Nothing here imports PyTorch: commands import what they need when they run."""
 
 from __future__ import annotations
 
+import platform
 import shlex
+import sys
+from importlib import metadata
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -15,6 +19,34 @@ from fedshuffle.core.errors import ConfigError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
 console = Console(soft_wrap=True)  # lines are never cut at 80 columns in a pipe; tables: .output.print_table
 err = Console(stderr=True)
+
+
+def versions() -> str:
+    """One line for a bug report: fedshuffle's version, Python's, the installed PyTorch's and NumPy's (read from the
+    packages' metadata: nothing is imported), and the platform."""
+
+    def installed(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"fedshuffle {installed('fedshuffle')} (Python {sys.version.split()[0]}, PyTorch {installed('torch')}, "
+            f"NumPy {installed('numpy')}, {platform.platform()})")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(versions())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="print the versions of fedshuffle, Python, PyTorch and NumPy, and exit")] = False,
+) -> None:
+    """Federated optimization with sampling without replacement."""
 
 DEFAULT_PRESET = "quickstart"
 
