@@ -434,3 +434,23 @@ def test_a_sweep_figure_is_titled_with_the_experiments_title(tmp_path):
     assert result.exit_code == 0, result.output
     assert figure_title(collect_runs([tmp_path / "s"])) == "A toy quadratic"  # not the name 'toy'
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["title"] == "A toy quadratic"
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_help_texts_fill_the_terminal_rather_than_break_at_the_docstrings_line_ends(width):
+    """Every line of a command's description but the last of its paragraph is filled to near the terminal's width."""
+    import typer
+
+    commands = list(typer.main.get_command(app).commands)
+    env = {"COLUMNS": str(width), "TERMINAL_WIDTH": str(width), "NO_COLOR": "1", "TERM": "dumb"}
+    for name in commands:
+        text = runner.invoke(app, [name, "--help"], env=env, terminal_width=width).output
+        lines = text.splitlines()
+        shown = max(len(line.rstrip()) for line in lines)  # the width the help was laid out to (its panels fill it)
+        start = next(k for k, line in enumerate(lines) if "Usage:" in line) + 1
+        end = next(k for k, line in enumerate(lines) if line.lstrip().startswith(("╭", "Options", "Arguments")))
+        paragraphs = [p.strip("\n").splitlines() for p in "\n".join(line.strip() for line in lines[start:end]).split("\n\n") if p.strip()]
+        assert paragraphs, name
+        for paragraph in paragraphs:
+            for line, following in zip(paragraph, paragraph[1:]):
+                assert len(line) + 1 + len(following.split()[0]) > shown - 4, f"fedshuffle {name} --help breaks early at {shown} columns: {line!r}"

@@ -4,6 +4,7 @@ Nothing here imports PyTorch: commands import what they need when they run."""
 
 from __future__ import annotations
 
+import inspect
 import platform
 import shlex
 import sys
@@ -54,6 +55,20 @@ EXIT_STATUS = """Exit status: 0 every run complete; 2 bad input (found before an
     diverged or failed; 4 the results folder cannot be written (unwritable, disk full, or in use by
     another fedshuffle process), what was written is kept; 130 interrupted (Ctrl-C), continue as the
     message says."""
+
+
+def reflow(text: str) -> str:
+    """``text`` (a docstring) with each paragraph on one line: the terminal wraps it to its width, never at the
+    docstring's own line ends."""
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in inspect.cleandoc(text).split("\n\n"))
+
+
+def reflow_help(application: typer.Typer) -> None:
+    """Every command's help text of ``application`` reflowed (:func:`reflow`)."""
+    for command in application.registered_commands:
+        text = command.help or inspect.getdoc(command.callback)
+        if text:
+            command.help = reflow(text)
 
 
 def fail(exc: ConfigError) -> None:
