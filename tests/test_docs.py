@@ -172,3 +172,16 @@ def test_every_module_is_in_the_api_reference():
     command_line = {m for m in modules if m.startswith("fedshuffle.cli.")} | {"fedshuffle.__main__"}  # the command line has its own page
     undocumented = sorted(modules - documented - command_line)
     assert not undocumented, f"add to a page of docs/reference (a '::: module' line): {', '.join(undocumented)}"
+
+
+def test_the_docs_extra_brings_the_formatter_that_lays_out_the_api_signatures():
+    """mkdocstrings formats signatures with Black (or Ruff) when one is installed, else leaves them on one line."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
+    assert any(requirement.startswith("black") for requirement in extra)
+    rendering = pytest.importorskip("mkdocstrings_handlers.python._internal.rendering", reason="the [docs] extra is not installed")
+    pytest.importorskip("black", reason="the [docs] extra is not installed")
+    rendering._get_formatter.cache_clear()
+    signature = "def run(self, out=None, *, seeds=None, variants=None, progress=True, workers=1, resume=False): pass"
+    assert rendering._get_formatter()(signature, 60).count("\n") > 2  # laid out over lines, not left as it was
