@@ -123,7 +123,7 @@ def sweep(
     seeds: Annotated[Optional[str], typer.Option(help="seeds: a..b or a,b,c (default: the config's)")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override applied to every point")] = None,
     out: Annotated[Optional[str], typer.Option(help="results folder (default: results/<name>-sweep); started again, finished runs are kept")] = None,
-    workers: Annotated[int, typer.Option(help="runs in parallel worker processes")] = max(1, (os.cpu_count() or 1)),
+    workers: Annotated[int, typer.Option(help="runs in parallel worker processes", show_default="one per core")] = max(1, (os.cpu_count() or 1)),
     pick: Annotated[Optional[str], typer.Option(help="choose the best point per variant by this final metric (min; max for accuracies)")] = None,
     variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all), e.g. to grid a method's own settings")] = None,
     extend_to: Annotated[Optional[int], typer.Option("--extend-to", help="continue the sweep's runs to this many rounds")] = None,
