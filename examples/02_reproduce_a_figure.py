@@ -21,7 +21,8 @@ from fedshuffle.experiments.reproduce import judge
 
 exp = fs.experiment(PRESET, overrides={"run.rounds": ROUNDS} if ROUNDS else None)
 meta = exp.config.experiment
-print(f"{meta.figure} of {meta.paper}\n{meta.title}\nseeds {exp.seeds}; where it departs from the paper: {meta.deviations}")
+print(f"{meta.figure} of {meta.paper}\n{meta.title}\nseeds {exp.seeds}")
+print("where it departs from the paper:", meta.deviations)
 for claim in exp.config.claims:
     print("claim:", claim["quote"])
 

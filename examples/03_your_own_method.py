@@ -22,7 +22,7 @@ from fedshuffle.testing import check_method
 class DampedFedAvg(fs.Method):
     """FedAvg whose server direction is damped: x ← x − δ·Σ ω_iΔ_i, with δ ∈ (0, 1]."""
 
-    def __init__(self, aggregator, damping: Annotated[float, Field(gt=0, le=1, description="δ, the direction's factor")] = 0.5):
+    def __init__(self, aggregator, damping: Annotated[float, Field(gt=0, le=1, description="δ, the factor")] = 0.5):
         super().__init__(aggregator)
         self.damping = damping
 

@@ -29,8 +29,10 @@ swept.summary("f_gap")
 # run by itself, gives the same curve to the last bit.
 
 # %%
-alone = exp.with_overrides({"local.lr": STEPS[0]}).run("results/lr-alone", seeds=SEEDS[:1], variants=["FedShuffle"], progress=False)
+first = exp.with_overrides({"local.lr": STEPS[0]})
+alone = first.run("results/lr-alone", seeds=SEEDS[:1], variants=["FedShuffle"], progress=False)
 curves = swept.curves
-replica = curves[(curves["variant"] == "FedShuffle") & (curves["point"] == f"local.lr={STEPS[0]}") & (curves["seed"] == SEEDS[0])]
+replica = curves[(curves["variant"] == "FedShuffle") & (curves["point"] == f"local.lr={STEPS[0]}")
+                 & (curves["seed"] == SEEDS[0])]
 np.testing.assert_array_equal(replica["f_gap"].to_numpy(), alone.curves["f_gap"].to_numpy())
 print(f"{len(replica)} evaluations, equal")

@@ -35,7 +35,9 @@ class Progress:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_setupnodes(self, config: Any, specs: list) -> None:
-        self.write(f"{len(specs)} workers start and collect the tests (each imports PyTorch and every test module first)")
+        self.write(
+            f"{len(specs)} workers start and collect the tests (each imports PyTorch and every test module first)"
+        )
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:

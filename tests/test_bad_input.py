@@ -351,7 +351,8 @@ def test_weights_whose_sum_overflows_are_refused(small):
 
 
 def test_a_data_path_longer_than_the_file_system_allows_is_one_line(small):
-    refused(cli("run", str(small / "c.toml"), "--set", f'data.path="{"a" * 300}"', "--out", str(small / "out")), "--set data.path")
+    long_path = f'data.path="{"a" * 300}"'
+    refused(cli("run", str(small / "c.toml"), "--set", long_path, "--out", str(small / "out")), "--set data.path")
     (small / "long.toml").write_text(SMALL_CONFIG.replace("[data]\n", f'[data]\npath = "{"a" * 300}"\n'))
     refused(cli("run", str(small / "long.toml"), "--out", str(small / "out")), "variants[0] (A).data.path")
     assert "File name too long" in refused(cli("run", "a" * 300), "config")

@@ -194,7 +194,9 @@ def test_the_docs_extra_brings_the_formatter_that_lays_out_the_api_signatures():
 
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
     assert any(requirement.startswith("black") for requirement in extra)
-    rendering = pytest.importorskip("mkdocstrings_handlers.python._internal.rendering", reason="the [docs] extra is not installed")
+    rendering = pytest.importorskip(
+        "mkdocstrings_handlers.python._internal.rendering", reason="the [docs] extra is not installed"
+    )
     pytest.importorskip("black", reason="the [docs] extra is not installed")
     rendering._get_formatter.cache_clear()
     signature = "def run(self, out=None, *, seeds=None, variants=None, progress=True, workers=1, resume=False): pass"
@@ -227,7 +229,9 @@ def test_every_readme_link_resolves_to_a_page_the_docs_build_or_a_file_of_the_re
         path, _, anchor = link.partition("#")
         assert (ROOT / path).is_file(), f"README links to {path}, which does not exist"
         if path.startswith("docs/"):
-            assert path.endswith(".md") and str(Path(path).relative_to("docs")) in nav, f"{path} is not in mkdocs.yml's nav"
+            assert (
+                path.endswith(".md") and str(Path(path).relative_to("docs")) in nav
+            ), f"{path} is not in mkdocs.yml's nav"
             assert not anchor or anchor in heading_anchors(ROOT / path), f"{link}: no such heading"
 
 
@@ -235,9 +239,21 @@ def test_the_readme_is_short_and_its_removed_sections_live_in_the_docs():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200
     pages = {path: path.read_text() for path in DOCS.rglob("*.md")}
-    for moved in ("## Conventions chosen where the papers are silent", "# Theoretical step sizes", "## Checkpoint and resume",
-                  "## Reading the results", "## Optional sinks", "## Sweeps", "## Plots and tables", "# Executors and devices",
-                  "# Flower: the same methods on real devices", "# Performance", "# Real data", "# Neural networks",
-                  "## Does the paper's claim hold here?", "# Which objective does my configuration minimize?"):
+    for moved in (
+        "## Conventions chosen where the papers are silent",
+        "# Theoretical step sizes",
+        "## Checkpoint and resume",
+        "## Reading the results",
+        "## Optional sinks",
+        "## Sweeps",
+        "## Plots and tables",
+        "# Executors and devices",
+        "# Flower: the same methods on real devices",
+        "# Performance",
+        "# Real data",
+        "# Neural networks",
+        "## Does the paper's claim hold here?",
+        "# Which objective does my configuration minimize?",
+    ):
         holders = [p for p, text in pages.items() if re.search(rf"^{re.escape(moved)}$", text, flags=re.M)]
         assert len(holders) == 1, f"{moved!r} is on {len(holders)} pages"

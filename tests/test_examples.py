@@ -43,8 +43,9 @@ def test_the_notebook_is_its_script(script):
     """Cell by cell, the committed notebook holds the script's code and text (``python tools/notebooks.py``)."""
     nbformat = pytest.importorskip("nbformat")
     committed = nbformat.read(notebooks.notebook_path(script), as_version=4)
-    assert [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in committed.cells] == \
-        [(c["cell_type"], c["source"], c["tags"]) for c in notebooks.cells(script.read_text())], "run python tools/notebooks.py"
+    assert [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in committed.cells] == [
+        (c["cell_type"], c["source"], c["tags"]) for c in notebooks.cells(script.read_text())
+    ], "run python tools/notebooks.py"
     assert all(not c.get("outputs") for c in committed.cells), "notebooks are committed without outputs"
     assert sum("parameters" in c.metadata.get("tags", []) for c in committed.cells) == 1
     compile(script.read_text(), str(script), "exec")  # the script runs as it is, too
@@ -52,9 +53,11 @@ def test_the_notebook_is_its_script(script):
 
 def test_a_percent_script_reads_as_cells():
     script = '# %% [markdown]\n# # Title\n#\n# text\n\n# %% tags=["parameters"]\nN = 3\n\n# %%\nprint(N)\n'
-    assert notebooks.cells(script) == [{"cell_type": "markdown", "source": "# Title\n\ntext", "tags": []},
-                                       {"cell_type": "code", "source": "N = 3", "tags": ["parameters"]},
-                                       {"cell_type": "code", "source": "print(N)", "tags": []}]
+    assert notebooks.cells(script) == [
+        {"cell_type": "markdown", "source": "# Title\n\ntext", "tags": []},
+        {"cell_type": "code", "source": "N = 3", "tags": ["parameters"]},
+        {"cell_type": "code", "source": "print(N)", "tags": []},
+    ]
     with pytest.raises(ValueError, match="must start with a '# %%' line"):
         notebooks.cells("import os\n# %%\n")
 
@@ -74,7 +77,9 @@ def test_the_example_runs_in_a_kernel(script, tmp_path, monkeypatch):
     book.cells.insert(where + 1, nbformat.v4.new_code_cell(SMALL[script.stem]))
     monkeypatch.setenv("MPLBACKEND", "Agg")  # the kernel's figures are drawn, not shown
     monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
-    kernel = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))  # this Python's ipykernel
+    kernel = KernelManager(
+        kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[])
+    )  # this Python's ipykernel
     client = nbclient.NotebookClient(book, km=kernel, timeout=600, resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # an error in a cell, its assert lines included, raises here naming the cell
     assert (tmp_path / WRITES[script.stem]).is_file()

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-
-
 TESTS = Path(__file__).resolve().parent
 
 HOLDER = """
@@ -47,14 +45,30 @@ def test_sigterm_stops_the_suite_and_the_process_groups_its_tests_started(tmp_pa
     (tmp_path / "test_holder.py").write_text(HOLDER)
     mark = tmp_path / "pid"
     env = {**os.environ, "PYTHONPATH": str(TESTS), "HOLDER_PID": str(mark)}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "termination", "-p", "no:cacheprovider", "-n", workers, "test_holder.py"]
-    suite = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "termination",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        workers,
+        "test_holder.py",
+    ]
+    suite = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     held = None
     try:
         deadline = time.monotonic() + 120
         while not mark.exists() and suite.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert mark.exists(), suite.communicate(timeout=30)[0].decode()[-2000:] if suite.poll() is not None else "the test never started"
+        assert mark.exists(), (
+            suite.communicate(timeout=30)[0].decode()[-2000:] if suite.poll() is not None else "the test never started"
+        )
         time.sleep(0.2)  # the pid is written; the test sleeps
         held = int(mark.read_text())
         assert alive(held)
@@ -73,11 +87,30 @@ def test_sigterm_stops_the_suite_and_the_process_groups_its_tests_started(tmp_pa
 
 
 def test_an_xdist_run_says_when_its_workers_collect_and_how_many_tests_are_done(tmp_path):
-    (tmp_path / "test_three.py").write_text("import time\n\ndef test_a(): time.sleep(0.2)\n\ndef test_b(): time.sleep(0.2)\n\ndef test_c(): pass\n")
+    (tmp_path / "test_three.py").write_text(
+        "import time\n\ndef test_a(): time.sleep(0.2)\n\ndef test_b(): time.sleep(0.2)\n\ndef test_c(): pass\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "progress", "-p", "no:cacheprovider", "-n", "2", "-o", "progress_seconds=0", "test_three.py"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "progress",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "2",
+        "-o",
+        "progress_seconds=0",
+        "test_three.py",
+    ]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line.split("] ", 1)[1] for line in result.stdout.splitlines() if line.startswith("[") and " s] " in line]
-    assert lines[:2] == ["2 workers start and collect the tests (each imports PyTorch and every test module first)", "3 tests collected; running"]
+    assert lines[:2] == [
+        "2 workers start and collect the tests (each imports PyTorch and every test module first)",
+        "3 tests collected; running",
+    ]
     assert lines[2:] == [f"{k} of 3 tests done" for k in (1, 2, 3)], result.stdout

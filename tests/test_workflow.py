@@ -160,19 +160,28 @@ def offline_wandb_history(folder):
                 run = record.run
             elif record.WhichOneof("record_type") == "history":
                 items = {(i.key or ".".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
-                rows[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}  # W&B's own: _step, _runtime
+                rows[record.history.step.num] = {
+                    k: v for k, v in items.items() if not k.startswith("_")
+                }  # W&B's own: _step, _runtime
     return run, rows
 
 
 def test_the_wandb_sink_writes_an_offline_run_per_seed_with_the_metrics_of_metrics_csv(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
-    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-files"), "WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true"}.items():
+    for key, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path / "wandb-files"),
+        "WANDB_ERROR_REPORTING": "false",
+        "WANDB_SILENT": "true",
+    }.items():
         monkeypatch.setenv(key, value)  # nothing leaves the machine
     cfg = config(tmp_path, rounds=20).read_text().replace("seeds = [0]", 'seeds = [0, 1]\nname = "toy"')
     cfg += '\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\nlocal = { lr = 0.002 }\n'
     (tmp_path / "two.toml").write_text(cfg)
     out = tmp_path / "res"
-    result = runner.invoke(app, ["run", str(tmp_path / "two.toml"), "--set", 'run.sinks=["wandb"]', "--out", str(out), "--quiet"])
+    result = runner.invoke(
+        app, ["run", str(tmp_path / "two.toml"), "--set", 'run.sinks=["wandb"]', "--out", str(out), "--quiet"]
+    )
     assert result.exit_code == 0, result.output
     offline = sorted((tmp_path / "wandb-files" / "wandb").glob("offline-run-*"))
     assert len(offline) == 4 and not (out / "wandb").exists()  # one W&B run per variant and seed, in WANDB_DIR
@@ -182,7 +191,9 @@ def test_the_wandb_sink_writes_an_offline_run_per_seed_with_the_metrics_of_metri
         label, seed = run.run_group, int(run.display_name.rsplit("seed-", 1)[1])
         assert run.project == "toy" and run.display_name == f"{label} seed-{seed}"
         config_values = {u.key: json.loads(u.value_json) for u in run.config.update}
-        assert config_values["local.lr"] == (0.002 if label == "B" else 0.004) and config_values["fedshuffle.seed"] == seed
+        assert (
+            config_values["local.lr"] == (0.002 if label == "B" else 0.004) and config_values["fedshuffle.seed"] == seed
+        )
         csv = read_metrics(out / label.lower() / f"seed-{seed}" / "metrics.csv")
         assert sorted(rows) == list(csv["round"])  # a row per evaluation, at step = round
         for k, step in enumerate(csv["round"]):

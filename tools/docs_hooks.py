@@ -64,15 +64,23 @@ def _declared_help(callback: Any) -> dict[str, str]:
     from typer.models import ParameterInfo
 
     hints = typing.get_type_hints(callback, include_extras=True)
-    return {name: info.help for name, hint in hints.items() for info in getattr(hint, "__metadata__", ())
-            if isinstance(info, ParameterInfo) and info.help}
+    return {
+        name: info.help
+        for name, hint in hints.items()
+        for info in getattr(hint, "__metadata__", ())
+        if isinstance(info, ParameterInfo) and info.help
+    }
 
 
 def _option_row(param: Any, declared: dict[str, str]) -> str:
     """One Markdown row of an argument or option: its names, what it takes, its default and its help."""
     import click
 
-    names = ", ".join(f"`{o}`" for o in (*param.opts, *param.secondary_opts)) if isinstance(param, click.Option) else f"`{param.name.upper()}`"
+    names = (
+        ", ".join(f"`{o}`" for o in (*param.opts, *param.secondary_opts))
+        if isinstance(param, click.Option)
+        else f"`{param.name.upper()}`"
+    )
     flag = isinstance(param, click.Option) and param.is_flag
     takes = "flag" if flag else param.type.name.upper() + (" (repeat)" if getattr(param, "multiple", False) else "")
     if isinstance(param.show_default, str):
@@ -96,15 +104,40 @@ def render_cli_markdown() -> str:
     group = typer.main.get_command(app)
     root = click.Context(group, info_name="fedshuffle")
     options = [p for p in group.params if p.name != "help"]
-    parts = ["## fedshuffle", "", "```text", group.get_usage(root).removeprefix("Usage: "), "```", "", group.help or "", "",
-             "| argument or option | takes | default | what |", "| --- | --- | --- | --- |", *(_option_row(p, {}) for p in options)]
+    parts = [
+        "## fedshuffle",
+        "",
+        "```text",
+        group.get_usage(root).removeprefix("Usage: "),
+        "```",
+        "",
+        group.help or "",
+        "",
+        "| argument or option | takes | default | what |",
+        "| --- | --- | --- | --- |",
+        *(_option_row(p, {}) for p in options),
+    ]
     for name, command in group.commands.items():
         context = click.Context(command, info_name=name, parent=root)
         params = [p for p in command.params if p.name != "help"]
-        parts += ["", f"## fedshuffle {name}", "", "```text", command.get_usage(context).removeprefix("Usage: "), "```", "", command.help or "", ""]
+        parts += [
+            "",
+            f"## fedshuffle {name}",
+            "",
+            "```text",
+            command.get_usage(context).removeprefix("Usage: "),
+            "```",
+            "",
+            command.help or "",
+            "",
+        ]
         if params:
             declared = _declared_help(command.callback)
-            parts += ["| argument or option | takes | default | what |", "| --- | --- | --- | --- |", *(_option_row(p, declared) for p in params)]
+            parts += [
+                "| argument or option | takes | default | what |",
+                "| --- | --- | --- | --- |",
+                *(_option_row(p, declared) for p in params),
+            ]
     return "\n".join(parts)
 
 

@@ -27,7 +27,13 @@ def cells(script: str) -> list[dict[str, Any]]:
     for line in script.splitlines():
         start = CELL.match(line)
         if start:
-            out.append({"cell_type": "markdown" if start["markdown"] else "code", "lines": [], "tags": json.loads(start["tags"] or "[]")})
+            out.append(
+                {
+                    "cell_type": "markdown" if start["markdown"] else "code",
+                    "lines": [],
+                    "tags": json.loads(start["tags"] or "[]"),
+                }
+            )
         elif not out:
             raise ValueError(f"the script must start with a '# %%' line, not {line!r}")
         else:
@@ -46,8 +52,12 @@ def notebook(script: Path) -> Any:
         maker = nbformat.v4.new_markdown_cell if cell["cell_type"] == "markdown" else nbformat.v4.new_code_cell
         made.append(maker(cell["source"], metadata=metadata))
     book = nbformat.v4.new_notebook(cells=made)
-    book.metadata.update({"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                          "language_info": {"name": "python"}})
+    book.metadata.update(
+        {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+            "language_info": {"name": "python"},
+        }
+    )
     for k, cell in enumerate(book.cells):  # ids stable from one generation to the next
         cell["id"] = f"{script.stem[:2]}-{k:02d}"
     return book

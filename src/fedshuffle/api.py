@@ -343,8 +343,8 @@ def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Res
             curve_frame[name] = curve_frame[name].astype("int64")
     run_frame = pd.DataFrame(runs)
     order = ["variant", "point", "seed"]
-    return Results(run_frame.sort_values(order, kind="stable", ignore_index=True), curve_frame.sort_values([*order, "round"], kind="stable", ignore_index=True),
-                   paths)
+    runs_sorted = run_frame.sort_values(order, kind="stable", ignore_index=True)
+    return Results(runs_sorted, curve_frame.sort_values([*order, "round"], kind="stable", ignore_index=True), paths)
 
 
 class Results:

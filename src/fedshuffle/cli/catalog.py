@@ -20,12 +20,15 @@ def data_command(
     config: Annotated[str, typer.Argument(help="preset name or TOML file")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, e.g. --set data.labels_per_client=5")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (per client: size and label_counts)")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="folder for label_heatmap.png and data_summary.json (default: results/<name>-data); "
-                                                     "one that holds anything is kept and NAME-2 used")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="folder for label_heatmap.png and data_summary.json "
+                                                     "(default: results/<name>-data); one that holds anything is kept "
+                                                     "and NAME-2 used")] = None,
 ) -> None:
-    """Summarize the federated training data of a config (its first variant), after partitioning, and draw a per-client label heatmap.
+    """Summarize the federated training data of a config (its first variant), after partitioning, and draw a
+    per-client label heatmap.
 
-    As run does, a folder that already holds anything is left alone: the files go into the first free FOLDER-2, FOLDER-3, ... (a note says so)."""
+    As run does, a folder that already holds anything is left alone: the files go into the first free FOLDER-2,
+    FOLDER-3, ... (a note says so)."""
     from fedshuffle.data.summary import plot_label_heatmap, summarize
     from fedshuffle.experiments.schema import load_experiment, parse_overrides
     from fedshuffle.experiments.session import check_out, pick_folder
@@ -120,7 +123,8 @@ def show(
     config: Annotated[Optional[str], typer.Argument(help="preset name or TOML file; or a kind of part (methods, problems, sources, partitions, samplers, server-optimizers, metrics); none: every part")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, as for run: --set local.lr=0.01")] = None,
     variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all)")] = None,
-    diff: Annotated[bool, typer.Option("--diff", help="only the settings on which the base and the variants differ, one column each")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="only the settings on which the base and the variants differ, "
+                                                      "one column each")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="parts, or --diff, as one JSON object")] = False,
 ) -> None:
     """Print the resolved configuration of every variant as JSON (every default filled in, --set applied, run.seeds: the
@@ -156,4 +160,5 @@ def show(
         return
     columns = list(dict.fromkeys(column for values in changed.values() for column in values))
     rows = [(key, *(json.dumps(values[c]) if c in values else "—" for c in columns)) for key, values in changed.items()]
-    print_table(f"{experiment.experiment.name}: the settings on which the variants differ", ("setting", *columns), rows, no_wrap=("setting",))
+    title = f"{experiment.experiment.name}: the settings on which the variants differ"
+    print_table(title, ("setting", *columns), rows, no_wrap=("setting",))

@@ -44,8 +44,9 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _options(
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                          help="print the versions of fedshuffle, Python, PyTorch and NumPy, and exit")] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="print the versions of fedshuffle, Python, PyTorch and NumPy, and exit")] = False,
 ) -> None:
     """Federated optimization with sampling without replacement."""
 

@@ -30,14 +30,19 @@ def seeds_to_run(experiment: Experiment, spec: RunSpec, overrides: Mapping[str, 
 
 def with_seeds(settings: Mapping[str, Any], seeds: Sequence[int]) -> dict[str, Any]:
     """``settings`` (a dumped :class:`RunSpec`) with ``run.seed`` replaced, in place, by ``run.seeds``."""
-    run = {("seeds" if key == "seed" else key): (list(seeds) if key == "seed" else value) for key, value in settings["run"].items()}
+    run = {
+        ("seeds" if key == "seed" else key): (list(seeds) if key == "seed" else value)
+        for key, value in settings["run"].items()
+    }
     return {**settings, "run": run}
 
 
 def resolved(experiment: Experiment, overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """label (``"run"`` for an experiment without variants) → the variant's resolved settings, ``run.seeds`` included."""
-    return {label or "run": with_seeds(spec.model_dump(mode="json"), seeds_to_run(experiment, spec, overrides))
-            for label, spec in experiment.runs(overrides)}
+    """label (``"run"`` without variants) → the variant's resolved settings, ``run.seeds`` included."""
+    return {
+        label or "run": with_seeds(spec.model_dump(mode="json"), seeds_to_run(experiment, spec, overrides))
+        for label, spec in experiment.runs(overrides)
+    }
 
 
 def base_settings(experiment: Experiment, overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:

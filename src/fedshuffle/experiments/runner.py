@@ -290,7 +290,8 @@ def _train(folder: RunFolder, driver: Driver, recorded: Mapping[str, Any], resum
     (run_dir / "summary.json").unlink(missing_ok=True)  # from here on the folder holds an unfinished run
     meta = folder.meta
     sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
-                       params=flatten(spec.model_dump()), wandb_project=spec.run.wandb_project, wandb_entity=spec.run.wandb_entity)
+                       params=flatten(spec.model_dump()), wandb_project=spec.run.wandb_project,
+                       wandb_entity=spec.run.wandb_entity)
     loop = RoundLoop(driver, rounds=spec.run.rounds, eval_every=spec.run.eval_every, bandwidth_mib_s=spec.run.bandwidth_mib_s, rows=rows)
     status, message = loop.run([*folder_callbacks(run_dir, spec.run, folder.owner, meta, sinks), *callbacks], until)
     final = {k: v for k, v in loop.rows[-1].items() if k in METRIC_COLUMNS}

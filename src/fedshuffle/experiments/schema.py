@@ -256,7 +256,8 @@ class RunConfig(_Section):
     threads: int | None = Field(None, ge=1, description="threaded (and auto): clients run in parallel, one CPU thread each (default: PyTorch's thread count, one per core)")
     ray_workers: int = Field(2, ge=1, description="ray: shares the cohort is split into (one Ray task each)")
     ray_address: str | None = Field(None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray")
-    sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=list, description="also send metrics to TensorBoard, MLflow and/or Weights & Biases")
+    sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list, description="also send metrics to TensorBoard, MLflow and/or Weights & Biases")
     mlflow_uri: str | None = Field(None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)")
     wandb_project: str | None = Field(None, description="wandb: the W&B project (default: the experiment's name)")
     wandb_entity: str | None = Field(None, description="wandb: the W&B entity, a user or team (default: W&B's default)")
@@ -525,7 +526,8 @@ def _blamed_on_override(exc: ConfigError, prefix: str, overrides: Mapping[str, A
     message = exc.message
     value = given[setting]
     if given_as == "--set" and isinstance(value, str) and "," in value:
-        message += f"; to run each of several values, sweep them: fedshuffle sweep CONFIG --grid {section}.{setting}={value}"
+        sweep = f"fedshuffle sweep CONFIG --grid {section}.{setting}={value}"
+        message += f"; to run each of several values, sweep them: {sweep}"
     return ConfigError(f"{given_as} {section}.{setting}" + rest.removeprefix(setting), message)
 
 

@@ -276,7 +276,8 @@ def run_sweep(
         if on_open:
             on_open(folder)
         outcomes = run_jobs(jobs, workers=workers, resume=True, extend=extend, experiment=name, show_progress=show_progress, title=f"{name} sweep")
-        result = {**record, "title": experiment.experiment.title or name, "seeds": sorted({j.seed for j in jobs}), "points": list(points), "runs": len(jobs),
+        result = {**record, "title": experiment.experiment.title or name,  # the title of its figures
+                  "seeds": sorted({j.seed for j in jobs}), "points": list(points), "runs": len(jobs),
                   "status": {s: sum(o.status == s for o in outcomes) for s in sorted({o.status for o in outcomes})}}
         if pick:
             result["best"] = select_best(outcomes, pick)

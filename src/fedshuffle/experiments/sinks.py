@@ -159,15 +159,16 @@ def require_wandb() -> Any:
     try:
         import wandb
     except ImportError:
-        raise ConfigError("run.sinks", "the wandb sink needs Weights & Biases: pip install 'fedshuffle[wandb]'") from None
+        raise ConfigError("run.sinks", "the wandb sink needs Weights & Biases: "
+                          "pip install 'fedshuffle[wandb]'") from None
     return wandb
 
 
 class WandbSink:
     """One seed's run as a Weights & Biases run, grouped by variant (and grid point) in the experiment's project."""
 
-    def __init__(self, root: Path, run_dir: Path, *, project: str, entity: str | None, label: str, point: str, seed: int,
-                 params: Mapping[str, Any]) -> None:
+    def __init__(self, root: Path, run_dir: Path, *, project: str, entity: str | None, label: str, point: str,
+                 seed: int, params: Mapping[str, Any]) -> None:
         wandb = require_wandb()
         group = (label or "run") + (f" [{point}]" if point else "")
         where = Path(run_dir).resolve().relative_to(root).as_posix()
@@ -175,9 +176,9 @@ class WandbSink:
         folder = Path(os.environ.get("WANDB_DIR") or root)
         folder.mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(console="off", silent=True, x_disable_stats=True)
-        self.run = wandb.init(project=project, entity=entity, group=group, name=f"{group} seed-{seed}", id=run_id, resume="allow",
-                              dir=str(folder), config={**params, "fedshuffle.results": str(root), "fedshuffle.seed": seed},
-                              settings=settings, reinit="create_new")
+        config = {**params, "fedshuffle.results": str(root), "fedshuffle.seed": seed}
+        self.run = wandb.init(project=project, entity=entity, group=group, name=f"{group} seed-{seed}", id=run_id,
+                              resume="allow", dir=str(folder), config=config, settings=settings, reinit="create_new")
 
     def log(self, row):
         self.run.log(_scalars(row), step=int(row["round"]))
@@ -193,15 +194,15 @@ def open_sinks(
     """The sinks a run asks for (``point``: a sweep's grid point by section, empty outside sweeps)."""
     sinks: list[MetricSink] = []
     root = experiment_root(run_dir)
-    text = ", ".join(f"{section}.{key}={value}" for section, settings in point.items() for key, value in settings.items())
+    text = ", ".join(f"{section}.{key}={value}" for section, chosen in point.items() for key, value in chosen.items())
     for name in names:
         if name == "tensorboard":
             sinks.append(TensorBoardSink(root, run_dir))
         elif name == "mlflow":
             sinks.append(MLflowSink(root, uri, experiment, label, text, seed, params))
         elif name == "wandb":
-            sinks.append(WandbSink(root, run_dir, project=wandb_project or experiment, entity=wandb_entity, label=label, point=text, seed=seed,
-                                   params=params))
+            sinks.append(WandbSink(root, run_dir, project=wandb_project or experiment, entity=wandb_entity, label=label,
+                                   point=text, seed=seed, params=params))
         else:
             raise ConfigError("run.sinks", f"unknown sink {name!r}; accepted: {', '.join(SINKS)}")
     return sinks
