@@ -12,6 +12,9 @@ import torch
 from fedshuffle.data import FederatedDataset, contiguous_partition, objective_weights
 from fedshuffle.methods import METHODS
 
+import progress
+import termination
+
 # The cores shared among the parallel workers (pytest-xdist), for this process and the commands the tests
 # start: workers each running every core's worth of operator threads make every parallel call wait for
 # time slices (a 123 × 123 eigendecomposition took 0.7 s instead of 0.6 ms while another process ran).
@@ -20,6 +23,16 @@ if _WORKERS > 1:
     _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
     torch.set_num_threads(_THREADS)
     os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+
+def pytest_addoption(parser):
+    progress.add_options(parser)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist has set up its session
+def pytest_configure(config):
+    termination.stop_on_sigterm()  # SIGTERM unwinds the tests, stopping the processes they started
+    progress.register(config)
 
 
 def quadratic_dataset(sizes, targets=None):

@@ -193,7 +193,7 @@ def test_api_arguments_are_checked_by_name(small_run, tmp_path):
         (lambda: fs.experiment("no-such-preset"), "preset"),
         (lambda: fs.experiment(SMALL, overrides={"rnu.rounds": 3}), "overrides"),
         (lambda: fs.experiment(SMALL, overrides=5), "overrides"),
-        (lambda: fs.experiment(SMALL, overrides={"local.lr": -1}), "variants[0] (FedAvg).local.lr"),
+        (lambda: fs.experiment(SMALL, overrides={"local.lr": -1}), "overrides local.lr"),
         (lambda: fs.experiment(SMALL, seeds=[0, 0]), "seeds"),
         (lambda: fs.experiment(SMALL, seeds=[-1]), "seeds"),
         (lambda: exp.spec(), "variant"),
@@ -220,7 +220,12 @@ def test_a_taken_folder_is_left_alone_and_the_folder_used_is_named(small_run, ca
     again = fs.experiment(SMALL).run(out, seeds=[0], variants=["FedAvg"], progress=False)
     assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()) == before
     assert {Path(p).parent.parent.name for p in again.runs["path"]} == {f"{out.name}-2"}
+    assert again.path == Path(f"{out}-2") and fs.load_results(out).path == out  # the folder written, the folder read
     assert f"{out} already holds results of 'small'; writing to {out}-2 (to continue the runs in {out}: resume=True)" in capsys.readouterr().err
+    both = fs.load_results(out, f"{out}-2")
+    assert both.paths == (out, Path(f"{out}-2"))
+    with pytest.raises(ConfigError, match="read from 2 folders; see Results.paths"):
+        both.path
 
 
 def test_parts_registered_after_import_are_accepted_and_unknown_ones_named():

@@ -11,6 +11,7 @@ from fedshuffle.cli import app
 from fedshuffle.experiments.schema import load_experiment, preset_names
 from fedshuffle.experiments.results import read_metrics
 from fedshuffle.experiments.runner import run_single
+from conftest import toy_config
 
 runner = CliRunner()
 
@@ -330,3 +331,184 @@ def test_forty_lines_never_share_colour_and_dash_pattern():
 
     styles = [tuple(line_style(k).values()) for k in range(40)]
     assert len(set(styles)) == 40 and all(a[0] != b[0] and a[1] != b[1] for a, b in zip(styles, styles[1:]))
+
+
+def test_version_names_fedshuffle_python_pytorch_and_numpy():
+    import sys
+    from importlib import metadata
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    line = result.stdout.strip()
+    python, torch = sys.version.split()[0], metadata.version("torch")
+    assert line.startswith(f"fedshuffle {metadata.version('fedshuffle')} (Python {python}, PyTorch {torch}, ")
+    assert f"NumPy {np.__version__}" in line and "\n" not in line
+
+
+TWO_VARIANTS = """
+[[variants]]
+label = "A"
+
+[[variants]]
+label = "B"
+local = { lr = 0.002 }
+"""
+
+
+def test_show_diff_lists_exactly_the_settings_on_which_the_base_and_the_variants_differ():
+    from fedshuffle.experiments.sinks import flatten
+
+    full = json.loads(runner.invoke(app, ["show", "quickstart"]).stdout)["runs"]
+    result = runner.invoke(app, ["show", "quickstart", "--diff", "--json"])
+    assert result.exit_code == 0, result.output
+    diff = json.loads(result.stdout)
+    flat = {label: flatten(settings) for label, settings in full.items()}
+    differing = {k for k in flat["FedAvg"] if len({json.dumps(f.get(k)) for f in flat.values()}) > 1}
+    assert differing <= set(diff) and "method.name" in diff and "run.rounds" not in diff
+    for key, values in diff.items():  # each row: the base and every variant, not all equal
+        assert set(values) <= {"base", *full}
+        assert len({json.dumps(v) for v in values.values()}) > 1 or len(values) < 1 + len(
+            full
+        ), key  # differ, or some column lacks it
+        for label in full:
+            assert values.get(label, "missing") == flat[label].get(key, "missing"), (key, label)
+    assert diff["method.name"]["base"] == "fedshuffle" and diff["method.name"]["FedAvg"] == "fedavg"
+    table = runner.invoke(
+        app, ["show", "quickstart", "--diff"]
+    )  # off a terminal: a Markdown table, one row per setting
+    rows = [line for line in table.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| setting | base | FedAvg | FedAvgRR | FedNova | FedShuffle |" and len(rows) == len(diff) + 2
+
+
+def test_show_takes_variant_and_shows_the_seeds_that_will_run(tmp_path):
+    quickstart = load_experiment("quickstart")
+    result = runner.invoke(app, ["show", "quickstart", "--variant", "FedNova", "--variant", "FedAvg"])
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.stdout)["runs"]
+    assert set(runs) == {"FedNova", "FedAvg"} and quickstart.experiment.seeds
+    assert runs["FedNova"]["run"]["seeds"] == quickstart.experiment.seeds and "seed" not in runs["FedNova"]["run"]
+    alone = json.loads(runner.invoke(app, ["show", "quickstart", "--set", "run.seed=7"]).stdout)["runs"]
+    assert {label: r["run"]["seeds"] for label, r in alone.items()} == {
+        label: [7] for label in alone
+    }  # as `run --set run.seed=7`
+    unseeded = json.loads(
+        runner.invoke(
+            app, ["show", str(toy_config(tmp_path, method="fedavg", rounds=3, seeds=(4, 5), eval_every=1))]
+        ).stdout
+    )
+    assert unseeded["runs"]["run"]["run"]["seeds"] == [4, 5]
+    unknown = runner.invoke(app, ["show", "quickstart", "--variant", "Fed"])
+    assert (
+        unknown.exit_code == 2
+        and "error: --variant: no variant 'Fed'; the variants are: FedAvg, FedAvgRR, FedNova, FedShuffle"
+        in unknown.output
+    )
+
+
+def test_show_refuses_labels_that_run_refuses(tmp_path):
+    twice = toy_config(tmp_path, method="fedavg", rounds=3, eval_every=1, extra=TWO_VARIANTS.replace('"B"', '"A"'))
+    shown, ran = (
+        runner.invoke(app, [command, str(twice), "--out", str(tmp_path / "out")][: 2 if command == "show" else 4])
+        for command in ("show", "run")
+    )
+    assert shown.exit_code == ran.exit_code == 2
+    assert (
+        shown.output.strip()
+        == ran.output.strip()
+        == "error: variants: variant label 'A' is given twice; every variant label needs its own name"
+    )
+
+
+def test_a_bad_override_is_reported_against_the_set_or_grid_that_gave_it(tmp_path):
+    config = toy_config(tmp_path, method="fedavg", rounds=3, eval_every=1, extra=TWO_VARIANTS)
+    typo = runner.invoke(app, ["run", str(config), "--set", "local.lrr=0.01", "--out", str(tmp_path / "out")])
+    assert typo.exit_code == 2 and typo.output.startswith(
+        "error: --set local.lrr: unknown setting (did you mean 'lr'?)"
+    )
+    own = toy_config(
+        tmp_path,
+        method="fedavg",
+        rounds=3,
+        eval_every=1,
+        name="own.toml",
+        extra=TWO_VARIANTS.replace("lr = 0.002", "lrr = 0.002"),
+    )
+    mine = runner.invoke(app, ["run", str(own), "--out", str(tmp_path / "out")])
+    assert mine.exit_code == 2 and mine.output.startswith(
+        "error: variants[1] (B).local.lrr: unknown setting"
+    )  # the variant's own typo
+    commas = runner.invoke(app, ["run", str(config), "--set", "server.lr=0.5,1", "--out", str(tmp_path / "out")])
+    assert commas.exit_code == 2 and commas.output.startswith("error: --set server.lr: ")
+    assert "to run each of several values, sweep them: fedshuffle sweep CONFIG --grid server.lr=0.5,1" in commas.output
+    grid = runner.invoke(app, ["sweep", str(config), "--grid", "server.lr=-1,1", "--out", str(tmp_path / "out")])
+    assert (
+        grid.exit_code == 2 and grid.output.startswith("error: --grid server.lr: ") and "sweep them" not in grid.output
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_leaves_a_folder_that_holds_files_alone_as_run_does(tmp_path):
+    out = tmp_path / "data"
+    first = runner.invoke(app, ["data", "quickstart", "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert set(before) == {"data_summary.json", "label_heatmap.png"}
+    second = runner.invoke(app, ["data", "quickstart", "--out", str(out), "--json"])
+    assert second.exit_code == 0 and json.loads(second.stdout)["heatmap"] == str(
+        tmp_path / "data-2" / "label_heatmap.png"
+    )
+    assert f"note: {out} already holds files; writing to {out}-2" in second.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_a_sweep_figure_is_titled_with_the_experiments_title(tmp_path):
+    from fedshuffle.experiments.report import collect_runs
+    from fedshuffle.experiments.session import figure_title
+
+    config = toy_config(tmp_path, method="fedavg", rounds=2, eval_every=1)
+    config.write_text(
+        config.read_text().replace("[experiment]", '[experiment]\nname = "toy"\ntitle = "A toy quadratic"')
+    )
+    result = runner.invoke(
+        app,
+        [
+            "sweep",
+            str(config),
+            "--grid",
+            "local.lr=0.001,0.002",
+            "--out",
+            str(tmp_path / "s"),
+            "--workers",
+            "1",
+            "--quiet",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert figure_title(collect_runs([tmp_path / "s"])) == "A toy quadratic"  # not the name 'toy'
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["title"] == "A toy quadratic"
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_help_texts_fill_the_terminal_rather_than_break_at_the_docstrings_line_ends(width):
+    """Every line of a command's description but the last of its paragraph is filled to near the terminal's width."""
+    import typer
+
+    commands = list(typer.main.get_command(app).commands)
+    env = {"COLUMNS": str(width), "TERMINAL_WIDTH": str(width), "NO_COLOR": "1", "TERM": "dumb"}
+    for name in commands:
+        text = runner.invoke(app, [name, "--help"], env=env, terminal_width=width).output
+        lines = text.splitlines()
+        shown = max(len(line.rstrip()) for line in lines)  # the width the help was laid out to (its panels fill it)
+        start = next(k for k, line in enumerate(lines) if "Usage:" in line) + 1
+        end = next(k for k, line in enumerate(lines) if line.lstrip().startswith(("╭", "Options", "Arguments")))
+        paragraphs = [
+            p.strip("\n").splitlines()
+            for p in "\n".join(line.strip() for line in lines[start:end]).split("\n\n")
+            if p.strip()
+        ]
+        assert paragraphs, name
+        for paragraph in paragraphs:
+            for line, following in zip(paragraph, paragraph[1:]):
+                assert (
+                    len(line) + 1 + len(following.split()[0]) > shown - 4
+                ), f"fedshuffle {name} --help breaks early at {shown} columns: {line!r}"

@@ -137,10 +137,24 @@ def test_configuration_examples_are_valid_experiments(page, line, code):
         assert fs.experiment(raw).specs()
 
 
+def test_the_command_line_page_is_current_and_lists_every_command_and_option():
+    """docs/cli.md is generated from the command (``python tools/docs_hooks.py`` writes it again) and kept current."""
+    import typer
+
+    from fedshuffle.cli import app
+
+    page = (DOCS / "cli.md").read_text()
+    assert page == docs_hooks.cli_page(), "docs/cli.md is out of date: run python tools/docs_hooks.py"
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        section = page.split(f"\n## fedshuffle {name}\n", 1)[1].split("\n## fedshuffle ", 1)[0]
+        assert f"fedshuffle {name} [OPTIONS]" in section
+        for option in (o for p in command.params if p.name != "help" for o in p.opts if o.startswith("--")):
+            assert f"`{option}`" in section, (name, option)
+    assert "`--version`" in page.split("\n## fedshuffle run\n")[0]
+
+
 def test_generated_pages_render():
-    cli = docs_hooks.render_cli()
-    for name in docs_hooks.command_names():
-        assert f"## fedshuffle {name}" in cli and "Usage: fedshuffle" in cli
     for name in docs_hooks.registries():
         table = docs_hooks.render_registry(name)
         assert table.count("\n") >= 2
@@ -172,3 +186,74 @@ def test_every_module_is_in_the_api_reference():
     command_line = {m for m in modules if m.startswith("fedshuffle.cli.")} | {"fedshuffle.__main__"}  # the command line has its own page
     undocumented = sorted(modules - documented - command_line)
     assert not undocumented, f"add to a page of docs/reference (a '::: module' line): {', '.join(undocumented)}"
+
+
+def test_the_docs_extra_brings_the_formatter_that_lays_out_the_api_signatures():
+    """mkdocstrings formats signatures with Black (or Ruff) when one is installed, else leaves them on one line."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["docs"]
+    assert any(requirement.startswith("black") for requirement in extra)
+    rendering = pytest.importorskip(
+        "mkdocstrings_handlers.python._internal.rendering", reason="the [docs] extra is not installed"
+    )
+    pytest.importorskip("black", reason="the [docs] extra is not installed")
+    rendering._get_formatter.cache_clear()
+    signature = "def run(self, out=None, *, seeds=None, variants=None, progress=True, workers=1, resume=False): pass"
+    assert rendering._get_formatter()(signature, 60).count("\n") > 2  # laid out over lines, not left as it was
+
+
+MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors MkDocs gives the headings of ``page`` (Python-Markdown's toc slugify), fenced code left out."""
+    import unicodedata
+
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+?)\s*$", text, flags=re.M):
+        plain = unicodedata.normalize("NFKD", heading).encode("ascii", "ignore").decode()
+        anchors.add(re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", plain).strip().lower()))
+    return anchors
+
+
+def test_every_readme_link_resolves_to_a_page_the_docs_build_or_a_file_of_the_repository():
+    """A README link to docs/ names a page in the navigation (so MkDocs builds it) and, with a fragment, one of
+    its headings; any other link names a file of the repository (the examples)."""
+    nav = (ROOT / "mkdocs.yml").read_text()
+    links = MARKDOWN_LINK.findall((ROOT / "README.md").read_text())
+    assert len(links) >= 20 and any(link.startswith("examples/") for link in links)
+    for link in links:
+        assert not link.startswith(("http://", "https://", "/")), f"README links into the repository only: {link}"
+        path, _, anchor = link.partition("#")
+        assert (ROOT / path).is_file(), f"README links to {path}, which does not exist"
+        if path.startswith("docs/"):
+            assert (
+                path.endswith(".md") and str(Path(path).relative_to("docs")) in nav
+            ), f"{path} is not in mkdocs.yml's nav"
+            assert not anchor or anchor in heading_anchors(ROOT / path), f"{link}: no such heading"
+
+
+def test_the_readme_is_short_and_its_removed_sections_live_in_the_docs():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    pages = {path: path.read_text() for path in DOCS.rglob("*.md")}
+    for moved in (
+        "## Conventions chosen where the papers are silent",
+        "# Theoretical step sizes",
+        "## Checkpoint and resume",
+        "## Reading the results",
+        "## Optional sinks",
+        "## Sweeps",
+        "## Plots and tables",
+        "# Executors and devices",
+        "# Flower: the same methods on real devices",
+        "# Performance",
+        "# Real data",
+        "# Neural networks",
+        "## Does the paper's claim hold here?",
+        "# Which objective does my configuration minimize?",
+    ):
+        holders = [p for p, text in pages.items() if re.search(rf"^{re.escape(moved)}$", text, flags=re.M)]
+        assert len(holders) == 1, f"{moved!r} is on {len(holders)} pages"

@@ -674,7 +674,7 @@ def server_context(run_config: dict) -> Context:
     ([variant("fedavg")], {"rounds": 3}, "run-config.rounds"),
     ([variant("fedavg")], {"round-timeout": -1.0}, "run-config.round-timeout"),
     ([variant("fedavg")], {"variant": "nope"}, "run-config.variant"),
-    ([variant("fedavg")], {"set": "local.lr=-1"}, "variants[0] (fedavg).local.lr"),
+    ([variant("fedavg")], {"set": "local.lr=-1"}, "--set local.lr"),
 ])
 def test_a_bad_setting_is_refused_before_any_message_naming_it(variants, run_config, field):
     exp = experiment(variants)

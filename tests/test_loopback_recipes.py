@@ -1,5 +1,5 @@
-"""Every way the README starts Ray or Flower listens on loopback only: each documented recipe, taken from the
-README's own text, is run and the listening sockets of all its processes are read while it runs.
+"""Every way the documentation starts Ray or Flower listens on loopback only: each recipe of docs/flower.md, taken
+from the page's own text, is run and the listening sockets of all its processes are read while it runs.
 
 Recipes that start Ray run inside a network namespace of their own (``unshare -n``), made to look like a
 host on a network (an address besides 127.0.0.1 and a default route, which is what makes Ray listen on
@@ -29,7 +29,9 @@ pytest.importorskip("ray", reason="Flower's simulation engine needs Ray")
 pytestmark = pytest.mark.skipif(not listening.available(), reason="reads listening sockets from /proc (Linux)")
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+#: the page whose recipes are run as written
+RECIPES = ROOT / "docs" / "flower.md"
+PAGE = RECIPES.read_text()
 #: seconds a recipe may take, start to end
 RECIPE_SECONDS = 240.0
 
@@ -60,9 +62,9 @@ method = { name = "fedshuffle" }
 
 
 def readme_block(language: str, containing: str) -> str:
-    """The README's fenced ``language`` block that contains ``containing``."""
-    blocks = [b for b in re.findall(rf"```{language}\n(.*?)```", README, flags=re.S) if containing in b]
-    assert len(blocks) == 1, f"expected one {language} block with {containing!r} in README.md, found {len(blocks)}"
+    """The fenced ``language`` block of :data:`RECIPES` that contains ``containing``."""
+    blocks = [b for b in re.findall(rf"```{language}\n(.*?)```", PAGE, flags=re.S) if containing in b]
+    assert len(blocks) == 1, f"expected one {language} block with {containing!r} in {RECIPES.name}, found {len(blocks)}"
     return blocks[0]
 
 
@@ -121,7 +123,7 @@ def experiment_file(tmp_path) -> Path:
 
 
 def test_the_readme_flower_simulation_recipe_listens_on_loopback_only(tmp_path, experiment_file):
-    """The README's ``simulate(...)`` block, as written (the config and results paths replaced), in a clean environment
+    """The page's ``simulate(...)`` block, as written (the config and results paths replaced), in a clean environment
     (fenced as ``py``, not ``python``: run here, in a process of its own, rather than by tests/test_docs.py)."""
     code = readme_block("py", "simulate(").replace('"my.toml"', repr(str(experiment_file))).replace('"results/flower-sim"', repr(str(tmp_path / "out")))
     command = [sys.executable, "-c", code]
@@ -157,8 +159,8 @@ def test_flowers_engine_with_a_loopback_node_address_listens_beyond_loopback_whi
 
 
 def test_the_readme_superlink_recipe_listens_on_loopback_only_and_a_bad_run_config_is_one_line_in_flwr_log(tmp_path):
-    """The README's ``flower-superlink`` and ``flower-supernode`` commands (ports replaced by free ones), each in its own
-    process group, always stopped: once every one listens, none listens beyond loopback. Then, with the README's
+    """The page's ``flower-superlink`` and ``flower-supernode`` commands (ports replaced by free ones), each in its own
+    process group, always stopped: once every one listens, none listens beyond loopback. Then, with the page's
     connection file, an app submitted with a bad run config fails, and ``flwr log`` has one line saying why."""
     lines = [line.strip().removesuffix("&").strip() for line in readme_block("bash", "flower-superlink").splitlines()
              if line.strip().startswith(("flower-superlink", "flower-supernode"))]
@@ -197,7 +199,7 @@ def test_the_readme_superlink_recipe_listens_on_loopback_only_and_a_bad_run_conf
 
 
 def failed_run(tmp_path: Path, env: dict[str, str], ports: dict[str, str], deadline: float) -> tuple[dict, str]:
-    """Submit a two-client app with ``round-timeout=-1.0`` through the README's connection file; the run's final
+    """Submit a two-client app with ``round-timeout=-1.0`` through the page's connection file; the run's final
     status (``flwr ls``) and its log (``flwr log --show``)."""
     import json
 

@@ -133,6 +133,77 @@ def test_sinks_gather_an_experiment_in_one_mlflow_experiment_and_one_tensorboard
     history = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "f_gap"))
     np.testing.assert_allclose([v for _, v in history], read_metrics(out / "b" / "seed-1" / "metrics.csv")["f_gap"], rtol=1e-12)
 
+def offline_wandb_history(folder):
+    """The run record and the logged rows (step → {metric: value}) of W&B's offline run file in ``folder``: the LevelDB
+    log format (32 KiB blocks of records with a 7-byte header) after W&B's own 7-byte header, each record a protobuf."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(folder.glob("run-*.wandb")).read_bytes()
+    assert data[:4] == b":W&B"
+    block, position, pending, run, rows = 32768, 7, b"", None, {}
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        if kind == 0:
+            break
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "run":
+                run = record.run
+            elif record.WhichOneof("record_type") == "history":
+                items = {(i.key or ".".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
+                rows[record.history.step.num] = {
+                    k: v for k, v in items.items() if not k.startswith("_")
+                }  # W&B's own: _step, _runtime
+    return run, rows
+
+
+def test_the_wandb_sink_writes_an_offline_run_per_seed_with_the_metrics_of_metrics_csv(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    for key, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path / "wandb-files"),
+        "WANDB_ERROR_REPORTING": "false",
+        "WANDB_SILENT": "true",
+    }.items():
+        monkeypatch.setenv(key, value)  # nothing leaves the machine
+    cfg = config(tmp_path, rounds=20).read_text().replace("seeds = [0]", 'seeds = [0, 1]\nname = "toy"')
+    cfg += '\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\nlocal = { lr = 0.002 }\n'
+    (tmp_path / "two.toml").write_text(cfg)
+    out = tmp_path / "res"
+    result = runner.invoke(
+        app, ["run", str(tmp_path / "two.toml"), "--set", 'run.sinks=["wandb"]', "--out", str(out), "--quiet"]
+    )
+    assert result.exit_code == 0, result.output
+    offline = sorted((tmp_path / "wandb-files" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 4 and not (out / "wandb").exists()  # one W&B run per variant and seed, in WANDB_DIR
+    seen = set()
+    for folder in offline:
+        run, rows = offline_wandb_history(folder)
+        label, seed = run.run_group, int(run.display_name.rsplit("seed-", 1)[1])
+        assert run.project == "toy" and run.display_name == f"{label} seed-{seed}"
+        config_values = {u.key: json.loads(u.value_json) for u in run.config.update}
+        assert (
+            config_values["local.lr"] == (0.002 if label == "B" else 0.004) and config_values["fedshuffle.seed"] == seed
+        )
+        csv = read_metrics(out / label.lower() / f"seed-{seed}" / "metrics.csv")
+        assert sorted(rows) == list(csv["round"])  # a row per evaluation, at step = round
+        for k, step in enumerate(csv["round"]):
+            logged = rows[step]
+            recorded = {m: float(csv[m][k]) for m in csv if m != "round" and np.isfinite(csv[m][k])}
+            assert logged == recorded, (label, seed, step)  # every metric, exactly as metrics.csv holds it
+        seen.add((label, seed))
+    assert seen == {("A", 0), ("A", 1), ("B", 0), ("B", 1)}
+
+
 def _command(*args):
     return [sys.executable, "-m", "fedshuffle", *args]
 

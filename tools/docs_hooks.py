@@ -2,8 +2,6 @@
 
 A page asks for generated content with an HTML comment on a line of its own:
 
-* ``<!-- fedshuffle:cli -->`` — the ``--help`` of the command and of every subcommand, rendered by
-  the typer app itself;
 * ``<!-- fedshuffle:presets PAPER -->`` — the presets whose ``[experiment] paper`` contains ``PAPER``
   (title, figure, variants, seeds, rounds), from the preset files;
 * ``<!-- fedshuffle:registry NAME -->`` — the entries of a registry (``methods``, ``problems``,
@@ -12,6 +10,10 @@ A page asks for generated content with an HTML comment on a line of its own:
 The docstrings' Sphinx roles (``:class:`~fedshuffle.x.Y```) are shown as code (``Y``).
 
 After the build, every preset must have appeared on some page, or the build fails.
+
+docs/cli.md, the command line's reference, is generated from the typer app (:func:`cli_page`) and kept in the
+repository, where it reads as it is; tests/test_docs.py checks that it is current, and
+``python tools/docs_hooks.py`` writes it again.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from typing import Any
 MARKER = re.compile(r"^<!-- fedshuffle:(\w+)(?: (.*?))? -->$", re.MULTILINE)
 #: a Sphinx role as the docstrings write them (:class:`~fedshuffle.x.Y`), once rendered to HTML
 ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):<code>(~?)([^<]*)</code>")
-HELP_WIDTH = 80
 
 _listed: set[str] = set()
 
@@ -47,17 +48,102 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def cli_help(args: list[str]) -> str:
-    """``fedshuffle ARGS --help`` as plain text, as a terminal HELP_WIDTH columns wide would show it."""
-    from typer.testing import CliRunner
+CLI_PAGE_HEAD = """# Command line
+
+Every command and option of `fedshuffle`, generated from the command itself (`python tools/docs_hooks.py` writes
+this page again; a test checks that it is current). `fedshuffle COMMAND --help` prints the same in a terminal. Bad
+input stops before any work with one line naming the setting or option and what is accepted (exit status 2).
+"""
+
+
+def _declared_help(callback: Any) -> dict[str, str]:
+    """Parameter name → the help declared on a command's ``typer.Argument``/``typer.Option`` (click 8.5 drops an
+    argument's help from the parameter typer builds, so it is read from the declaration)."""
+    import typing
+
+    from typer.models import ParameterInfo
+
+    hints = typing.get_type_hints(callback, include_extras=True)
+    return {
+        name: info.help
+        for name, hint in hints.items()
+        for info in getattr(hint, "__metadata__", ())
+        if isinstance(info, ParameterInfo) and info.help
+    }
+
+
+def _option_row(param: Any, declared: dict[str, str]) -> str:
+    """One Markdown row of an argument or option: its names, what it takes, its default and its help."""
+    import click
+
+    names = (
+        ", ".join(f"`{o}`" for o in (*param.opts, *param.secondary_opts))
+        if isinstance(param, click.Option)
+        else f"`{param.name.upper()}`"
+    )
+    flag = isinstance(param, click.Option) and param.is_flag
+    takes = "flag" if flag else param.type.name.upper() + (" (repeat)" if getattr(param, "multiple", False) else "")
+    if isinstance(param.show_default, str):
+        default = param.show_default
+    elif param.required:
+        default = "required"
+    elif param.default is None or param.default == [] or (flag and param.default is False):
+        default = "—"
+    else:
+        default = f"`{param.default}`"
+    return f"| {names} | {takes} | {default} | {_cell(getattr(param, 'help', None) or declared.get(param.name, ''))} |"
+
+
+def render_cli_markdown() -> str:
+    """Every command of the typer app as Markdown: usage, description, and a table of its arguments and options."""
+    import click
+    import typer
 
     from fedshuffle.cli import app
 
-    env = {"COLUMNS": str(HELP_WIDTH), "TERMINAL_WIDTH": str(HELP_WIDTH), "NO_COLOR": "1", "TERM": "dumb"}
-    result = CliRunner().invoke(app, [*args, "--help"], env=env, prog_name="fedshuffle", terminal_width=HELP_WIDTH)
-    if result.exit_code != 0:
-        raise DocsError(f"fedshuffle {' '.join(args)} --help failed (exit {result.exit_code}): {result.output}{result.exception!r}")
-    return "\n".join(line.rstrip() for line in result.output.strip("\n").splitlines())
+    group = typer.main.get_command(app)
+    root = click.Context(group, info_name="fedshuffle")
+    options = [p for p in group.params if p.name != "help"]
+    parts = [
+        "## fedshuffle",
+        "",
+        "```text",
+        group.get_usage(root).removeprefix("Usage: "),
+        "```",
+        "",
+        group.help or "",
+        "",
+        "| argument or option | takes | default | what |",
+        "| --- | --- | --- | --- |",
+        *(_option_row(p, {}) for p in options),
+    ]
+    for name, command in group.commands.items():
+        context = click.Context(command, info_name=name, parent=root)
+        params = [p for p in command.params if p.name != "help"]
+        parts += [
+            "",
+            f"## fedshuffle {name}",
+            "",
+            "```text",
+            command.get_usage(context).removeprefix("Usage: "),
+            "```",
+            "",
+            command.help or "",
+            "",
+        ]
+        if params:
+            declared = _declared_help(command.callback)
+            parts += [
+                "| argument or option | takes | default | what |",
+                "| --- | --- | --- | --- |",
+                *(_option_row(p, declared) for p in params),
+            ]
+    return "\n".join(parts)
+
+
+def cli_page() -> str:
+    """docs/cli.md as it must read."""
+    return f"{CLI_PAGE_HEAD}\n{render_cli_markdown()}\n"
 
 
 def command_names() -> list[str]:
@@ -66,13 +152,6 @@ def command_names() -> list[str]:
     from fedshuffle.cli import app
 
     return list(typer.main.get_command(app).commands)
-
-
-def render_cli() -> str:
-    parts = ["## fedshuffle", "", "```text", cli_help([]), "```"]
-    for name in command_names():
-        parts += ["", f"## fedshuffle {name}", "", "```text", cli_help([name]), "```"]
-    return "\n".join(parts)
 
 
 def render_presets(paper: str) -> str:
@@ -109,8 +188,6 @@ def expand(markdown: str) -> str:
 
     def fill(match: re.Match) -> str:
         kind, argument = match.group(1), (match.group(2) or "").strip()
-        if kind == "cli":
-            return render_cli()
         if kind == "presets":
             return render_presets(argument)
         if kind == "registry":
@@ -157,3 +234,9 @@ def on_post_build(config: Any) -> None:
     missing = unlisted_presets()
     if missing:
         raise PluginError(f"presets on no paper page (add a <!-- fedshuffle:presets PAPER --> marker): {', '.join(missing)}")
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    Path(__file__).resolve().parent.parent.joinpath("docs", "cli.md").write_text(cli_page())

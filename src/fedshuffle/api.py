@@ -86,7 +86,8 @@ def experiment(config: str | os.PathLike | Mapping[str, Any] | schema.Experiment
 
     ``overrides`` are what ``--set`` gives on the command line: ``{"run.rounds": 50}``,
     ``{"local": {"lr": 0.01}}`` or ``["run.rounds=50"]``. Every variant is validated here, so bad
-    settings fail at once, naming the setting (``variants[1] (FedNova).local.lr: ...``).
+    settings fail at once, naming the setting (``variants[1] (FedNova).local.lr: ...``, or ``overrides local.lr: ...``
+    where an override gives it).
     """
     config, base = _config_of(config)
     overrides = merge_overrides(base, normalize_overrides(overrides, "overrides"))
@@ -135,7 +136,7 @@ class Experiment:
             raise ConfigError("config", f"expected a validated fedshuffle.experiments.schema.Experiment (use fedshuffle.experiment(...)), got {type(config).__name__}")
         self.config = config
         self.overrides = normalize_overrides(overrides, "overrides")
-        self._specs = dict(config.runs(self.overrides))  # validates every variant now
+        self._specs = dict(config.runs(self.overrides, given_as="overrides"))  # validates every variant now
 
     @property
     def name(self) -> str:
@@ -207,7 +208,7 @@ class Experiment:
 
         ``out`` defaults to ``results/<name>``. As ``fedshuffle run`` does, a folder (named or the default)
         that already holds anything is left alone: the runs go into the first free ``out-2``, ``out-3``, …
-        and a note on stderr names it (``Results.runs["path"]`` too). ``resume=True`` continues the
+        and a note on stderr names it (:attr:`Results.path` is the folder written). ``resume=True`` continues the
         unfinished runs in ``out`` instead. ``progress``
         shows a progress bar (rich); ``workers`` runs that many runs in parallel processes. A run
         that diverges or fails does not raise: its status is in :attr:`Results.runs` and a warning
@@ -342,7 +343,8 @@ def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Res
             curve_frame[name] = curve_frame[name].astype("int64")
     run_frame = pd.DataFrame(runs)
     order = ["variant", "point", "seed"]
-    return Results(run_frame.sort_values(order, kind="stable", ignore_index=True), curve_frame.sort_values([*order, "round"], kind="stable", ignore_index=True))
+    runs_sorted = run_frame.sort_values(order, kind="stable", ignore_index=True)
+    return Results(runs_sorted, curve_frame.sort_values([*order, "round"], kind="stable", ignore_index=True), paths)
 
 
 class Results:
@@ -354,16 +356,27 @@ class Results:
     * :attr:`curves`: one row per evaluation of every run — ``variant``, ``point``, ``seed``,
       ``round`` and every declared metric (:data:`fedshuffle.metrics.METRICS`: costs, model scores,
       method diagnostics, the measured times of ``timing.csv``); NaN where a metric does not apply.
+    * :attr:`path`: the results folder they were read from (:attr:`paths`: every folder, when several).
     """
 
-    def __init__(self, runs: pd.DataFrame, curves: pd.DataFrame) -> None:
+    def __init__(self, runs: pd.DataFrame, curves: pd.DataFrame, paths: Sequence[str | os.PathLike] = ()) -> None:
         self.runs = runs
         self.curves = curves
+        #: the folders the runs were read from, as given to :func:`load_results`
+        self.paths = tuple(Path(p) for p in paths)
         #: a sweep's best point per variant when it was asked to pick one (:meth:`Experiment.sweep`)
         self.best: dict[str, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"Results({len(self.runs)} runs: {', '.join(self.runs['variant'].unique())})"
+
+    @property
+    def path(self) -> Path:
+        """The results folder these runs were read from: the folder :meth:`Experiment.run` wrote (``out``, or the
+        ``out-2`` it chose), or the one folder given to :func:`load_results`."""
+        if len(self.paths) != 1:
+            raise ConfigError("path", f"these results were read from {len(self.paths)} folders; see Results.paths")
+        return self.paths[0]
 
     @property
     def metrics(self) -> list[str]:

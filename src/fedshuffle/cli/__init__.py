@@ -7,8 +7,10 @@ Nothing here imports PyTorch: commands import what they need when they run."""
 
 from __future__ import annotations
 
-from fedshuffle.cli.common import app
+from fedshuffle.cli.common import app, reflow_help
 from fedshuffle.cli import catalog, flower, inspection, reproduce, results, runs  # noqa: F401  (the commands register themselves on ``app``)
+
+reflow_help(app)
 
 
 def main() -> None:

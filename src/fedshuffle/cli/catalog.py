@@ -11,7 +11,7 @@ import typer
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import write_json
-from fedshuffle.cli.common import app, console, fail, fail_results, load_config
+from fedshuffle.cli.common import app, console, fail, fail_results, load_config, note
 from fedshuffle.cli.output import print_table
 
 
@@ -20,17 +20,27 @@ def data_command(
     config: Annotated[str, typer.Argument(help="preset name or TOML file")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, e.g. --set data.labels_per_client=5")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (per client: size and label_counts)")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="folder for label_heatmap.png and data_summary.json (default: results/<name>-data)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="folder for label_heatmap.png and data_summary.json "
+                                                     "(default: results/<name>-data); one that holds anything is kept "
+                                                     "and NAME-2 used")] = None,
 ) -> None:
-    """Summarize the federated training data of a config (its first variant), after partitioning, and draw a per-client label heatmap."""
+    """Summarize the federated training data of a config (its first variant), after partitioning, and draw a
+    per-client label heatmap.
+
+    As run does, a folder that already holds anything is left alone: the files go into the first free FOLDER-2,
+    FOLDER-3, ... (a note says so)."""
     from fedshuffle.data.summary import plot_label_heatmap, summarize
     from fedshuffle.experiments.schema import load_experiment, parse_overrides
+    from fedshuffle.experiments.session import check_out, pick_folder
 
     try:
         experiment = load_experiment(config)
         spec = experiment.runs(parse_overrides(set_ or []))[0][1]
+        requested = check_out(out) or Path("results") / f"{experiment.experiment.name}-data"
         summary = summarize(spec.data.model_dump(), spec.run.seed)
-        target = out or Path("results") / f"{experiment.experiment.name}-data"
+        target, moved = pick_folder(requested, "")
+        if moved:
+            note(f"{requested} already holds files; writing to {target}")
         summary["heatmap"] = str(plot_label_heatmap(summary, target / "label_heatmap.png"))
         write_json(target / "data_summary.json", summary)
     except ConfigError as exc:
@@ -112,20 +122,43 @@ def _show_parts(kinds: list[str], as_json: bool) -> None:
 def show(
     config: Annotated[Optional[str], typer.Argument(help="preset name or TOML file; or a kind of part (methods, problems, sources, partitions, samplers, server-optimizers, metrics); none: every part")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, as for run: --set local.lr=0.01")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="parts as one JSON object")] = False,
+    variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all)")] = None,
+    diff: Annotated[bool, typer.Option("--diff", help="only the settings on which the base and the variants differ, "
+                                                      "one column each")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="parts, or --diff, as one JSON object")] = False,
 ) -> None:
-    """Print the resolved configuration of every variant as JSON (every default filled in, --set applied), or the registered parts."""
+    """Print the resolved configuration of every variant as JSON (every default filled in, --set applied, run.seeds: the
+    seeds that will run), only what the variants change (--diff), or the registered parts."""
+    from fedshuffle.experiments.resolved import differences, resolved
     from fedshuffle.experiments.schema import parse_overrides
+    from fedshuffle.experiments.session import only_variants
+    from fedshuffle.experiments.sweep import variant_folders
 
     kinds = list(_registries())
     if config is None or config in kinds:
-        if set_:
-            fail(ConfigError("--set", "overrides apply to a preset or TOML file, not to a list of parts"))
+        for given, option in ((set_, "--set"), (variant, "--variant"), (diff, "--diff")):
+            if given:
+                fail(ConfigError(option, "applies to a preset or TOML file, not to a list of parts"))
         _show_parts([config] if config else kinds, as_json)
         return
     try:
         experiment = load_config(config)
-        runs = {label or "run": spec.model_dump(mode="json") for label, spec in experiment.runs(parse_overrides(set_ or []))}
+        variant_folders(experiment)  # labels `run` would refuse
+        experiment = only_variants(experiment, variant)
+        overrides = parse_overrides(set_ or [])
+        if diff:
+            changed = differences(experiment, overrides)
+        else:
+            runs = resolved(experiment, overrides)
     except ConfigError as exc:
         fail(exc)
-    console.print_json(json.dumps({"experiment": experiment.experiment.model_dump(), "runs": runs}))
+    if not diff:
+        console.print_json(json.dumps({"experiment": experiment.experiment.model_dump(), "runs": runs}))
+        return
+    if as_json:
+        print(json.dumps(changed))
+        return
+    columns = list(dict.fromkeys(column for values in changed.values() for column in values))
+    rows = [(key, *(json.dumps(values[c]) if c in values else "—" for c in columns)) for key, values in changed.items()]
+    title = f"{experiment.experiment.name}: the settings on which the variants differ"
+    print_table(title, ("setting", *columns), rows, no_wrap=("setting",))

@@ -4,8 +4,13 @@ Nothing here imports PyTorch: commands import what they need when they run."""
 
 from __future__ import annotations
 
+import inspect
+import platform
 import shlex
+import sys
+from importlib import metadata
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -16,12 +21,55 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated op
 console = Console(soft_wrap=True)  # lines are never cut at 80 columns in a pipe; tables: .output.print_table
 err = Console(stderr=True)
 
+
+def versions() -> str:
+    """One line for a bug report: fedshuffle's version, Python's, the installed PyTorch's and NumPy's (read from the
+    packages' metadata: nothing is imported), and the platform."""
+
+    def installed(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"fedshuffle {installed('fedshuffle')} (Python {sys.version.split()[0]}, PyTorch {installed('torch')}, "
+            f"NumPy {installed('numpy')}, {platform.platform()})")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(versions())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="print the versions of fedshuffle, Python, PyTorch and NumPy, and exit")] = False,
+) -> None:
+    """Federated optimization with sampling without replacement."""
+
 DEFAULT_PRESET = "quickstart"
 
 EXIT_STATUS = """Exit status: 0 every run complete; 2 bad input (found before any folder is written); 3 a run
     diverged or failed; 4 the results folder cannot be written (unwritable, disk full, or in use by
     another fedshuffle process), what was written is kept; 130 interrupted (Ctrl-C), continue as the
     message says."""
+
+
+def reflow(text: str) -> str:
+    """``text`` (a docstring) with each paragraph on one line: the terminal wraps it to its width, never at the
+    docstring's own line ends."""
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in inspect.cleandoc(text).split("\n\n"))
+
+
+def reflow_help(application: typer.Typer) -> None:
+    """Every command's help text of ``application`` reflowed (:func:`reflow`)."""
+    for command in application.registered_commands:
+        text = command.help or inspect.getdoc(command.callback)
+        if text:
+            command.help = reflow(text)
 
 
 def fail(exc: ConfigError) -> None:

@@ -23,7 +23,8 @@ def flower_app(
     wheel: Annotated[Optional[Path], typer.Option("--wheel", metavar="FILE",
                                                   help="bundle this fedshuffle wheel (of the installed version) instead of building one")] = None,
 ) -> None:
-    """Write the experiment as a Flower App pinned to this fedshuffle: `flwr run DIR <connection>` runs it (README, "Flower")."""
+    """Write the experiment as a Flower App pinned to this fedshuffle: `flwr run DIR <connection>` runs it
+    (docs/flower.md)."""
     from fedshuffle.integrations.flower.bundle import write_app
     from fedshuffle.integrations.flower.common import AppSettings
 

@@ -42,9 +42,9 @@ def plot(
     SHA-256 of them) is refused unless --allow-unsealed. Exit status 2 for bad input or a damaged
     results file, 4 when the figure cannot be written.
     """
-    from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs, plot_defaults, plot_runs, plot_title
+    from fedshuffle.experiments.report import best_point_runs, collect_runs, group_runs, plot_defaults, plot_runs
     from fedshuffle.experiments.results import check_metrics, x_axes
-    from fedshuffle.experiments.session import check_out
+    from fedshuffle.experiments.session import check_out, figure_title
 
     out_stem: Path | None = None
     try:
@@ -68,7 +68,7 @@ def plot(
             note(f"the best of {points} grid points per variant by final {metrics[0]} (--all-points for every point)")
         out_stem = out_stem or paths[0] / f"plot-{'-'.join(metrics)}-by-{axis}"
         files = plot_runs(group_runs(runs), out_stem, metric=metrics, x=axis, band=band, log_y=not linear,
-                          title=plot_title(runs) if title is None else title, require_data=True)
+                          title=figure_title(runs) if title is None else title, require_data=True)
     except ConfigError as exc:
         fail(exc)
     except OSError as exc:

@@ -54,7 +54,7 @@ from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_
 from fedshuffle.experiments.loop import Callback, Driver, Progress, RoundLoop, folder_callbacks, load_checkpoint
 from fedshuffle.experiments.results import METRIC_COLUMNS
 from fedshuffle.experiments.schema import RunSpec
-from fedshuffle.experiments.sinks import check_tracking_server, flatten, open_sinks
+from fedshuffle.experiments.sinks import check_tracking_server, flatten, open_sinks, require_wandb
 from fedshuffle.methods.client_models import keep_client_models
 from fedshuffle.simulation import Simulation
 
@@ -196,6 +196,8 @@ def preflight(jobs: Sequence[Any], plot_metrics: Sequence[str] = ()) -> None:
                 seen.add(key)
                 if "mlflow" in job.spec.run.sinks and job.spec.run.mlflow_uri:
                     check_tracking_server(job.spec.run.mlflow_uri)
+                if "wandb" in job.spec.run.sinks:
+                    require_wandb()
                 sim, _ = build_simulation(job.spec, job.seed, str(Path(scratch) / str(k)))
                 sim.round_info()
                 if unrecorded:
@@ -291,7 +293,8 @@ def _train(folder: RunFolder, driver: Driver, recorded: Mapping[str, Any], resum
     (run_dir / "summary.json").unlink(missing_ok=True)  # from here on the folder holds an unfinished run
     meta = folder.meta
     sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
-                       params=flatten(spec.model_dump()))
+                       params=flatten(spec.model_dump()), wandb_project=spec.run.wandb_project,
+                       wandb_entity=spec.run.wandb_entity)
     loop = RoundLoop(driver, rounds=spec.run.rounds, eval_every=spec.run.eval_every, bandwidth_mib_s=spec.run.bandwidth_mib_s, rows=rows)
     status, message = loop.run([*folder_callbacks(run_dir, spec.run, folder.owner, meta, sinks), *callbacks], until)
     final = {k: v for k, v in loop.rows[-1].items() if k in METRIC_COLUMNS}

@@ -256,8 +256,11 @@ class RunConfig(_Section):
     threads: int | None = Field(None, ge=1, description="threaded (and auto): clients run in parallel, one CPU thread each (default: PyTorch's thread count, one per core)")
     ray_workers: int = Field(2, ge=1, description="ray: shares the cohort is split into (one Ray task each)")
     ray_address: str | None = Field(None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray")
-    sinks: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list, description="also send metrics to TensorBoard and/or MLflow")
+    sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list, description="also send metrics to TensorBoard, MLflow and/or Weights & Biases")
     mlflow_uri: str | None = Field(None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)")
+    wandb_project: str | None = Field(None, description="wandb: the W&B project (default: the experiment's name)")
+    wandb_entity: str | None = Field(None, description="wandb: the W&B entity, a user or team (default: W&B's default)")
     state_memory_mb: int = Field(1024, ge=1, description="client state (SCAFFOLD, FedCDR) beyond this size goes to memory-mapped files in <run>/client_state")
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations, at most one per checkpoint_seconds (and always the first and the last)")
     checkpoint_seconds: float = Field(30.0, ge=0, description="with checkpoint_every = 0: seconds between checkpoints at evaluations (0 = at every evaluation)")
@@ -478,14 +481,15 @@ class Experiment(_PartialSections):
             if shared:
                 raise ConfigError(f"variants[{k}].tune.seeds", f"seed {shared[0]} is also a judged seed (experiment.seeds); tuning seeds must differ from the judged ones")
 
-    def runs(self, overrides: Mapping[str, Any] | None = None) -> list[tuple[str, RunSpec]]:
+    def runs(self, overrides: Mapping[str, Any] | None = None, given_as: str = "--set") -> list[tuple[str, RunSpec]]:
         """(label, spec) for each variant (one unlabeled run when there are none), validated.
 
         Sections merge base ← variant ← ``overrides``. A variant or override that chooses another part
         than the one it replaces (another method, sampler, source, ...) starts from that part's defaults:
         the replaced part's own settings are not carried over. An override of a setting that a variant
         sets to another value is refused (it would turn every variant into the same run under its old
-        label); give the variants' values in the file, or run one variant."""
+        label); give the variants' values in the file, or run one variant. A bad overridden setting is
+        reported against the override (``given_as``: ``--set local.lrr``), not against the first variant."""
         base = {s: getattr(self, s) for s in SECTIONS}
         variants = self.variants or [Variant(label="")]
         self._check_overrides(overrides or {})
@@ -494,7 +498,10 @@ class Experiment(_PartialSections):
             merged = _merge_parts(base, {s: getattr(variant, s) for s in SECTIONS})
             merged = _merge_parts(merged, overrides or {})
             prefix = f"variants[{k}] ({variant.label})." if self.variants else ""
-            out.append((variant.label, validate(RunSpec, merged, prefix)))
+            try:
+                out.append((variant.label, validate(RunSpec, merged, prefix)))
+            except ConfigError as exc:
+                raise _blamed_on_override(exc, prefix, overrides or {}, given_as) from None
         return out
 
     def _check_overrides(self, overrides: Mapping[str, Any]) -> None:
@@ -509,6 +516,22 @@ class Experiment(_PartialSections):
 
     def seeds(self, spec: RunSpec) -> list[int]:
         return self.experiment.seeds or [spec.run.seed]
+
+
+def _blamed_on_override(exc: ConfigError, prefix: str, overrides: Mapping[str, Any], given_as: str) -> ConfigError:
+    """``exc`` about a setting that ``overrides`` gives, as an error of that override (``--set local.lr: ...``); a
+    ``--set`` value holding commas, such as ``local.lr=0.01,0.02``, is pointed to ``fedshuffle sweep --grid``."""
+    section, _, rest = exc.field.removeprefix(prefix).partition(".")
+    setting = rest.split(".")[0]
+    given = overrides.get(section)
+    if not isinstance(given, Mapping) or setting not in given:
+        return exc
+    message = exc.message
+    value = given[setting]
+    if given_as == "--set" and isinstance(value, str) and "," in value:
+        sweep = f"fedshuffle sweep CONFIG --grid {section}.{setting}={value}"
+        message += f"; to run each of several values, sweep them: {sweep}"
+    return ConfigError(f"{given_as} {section}.{setting}" + rest.removeprefix(setting), message)
 
 
 def _with_method_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -276,9 +276,21 @@ def run_sweep(
         if on_open:
             on_open(folder)
         outcomes = run_jobs(jobs, workers=workers, resume=True, extend=extend, experiment=name, show_progress=show_progress, title=f"{name} sweep")
-        result = {**record, "seeds": sorted({j.seed for j in jobs}), "points": list(points), "runs": len(jobs),
+        result = {**record, "title": experiment.experiment.title or name,  # the title of its figures
+                  "seeds": sorted({j.seed for j in jobs}), "points": list(points), "runs": len(jobs),
                   "status": {s: sum(o.status == s for o in outcomes) for s in sorted({o.status for o in outcomes})}}
         if pick:
             result["best"] = select_best(outcomes, pick)
         folder.write("sweep.json", result)
     return result, outcomes
+
+
+def figure_title(runs: Sequence[report.StoredRun]) -> str:
+    """The title of a figure of ``runs``: for the runs of one sweep, the title of the experiment it swept (recorded in
+    its ``sweep.json``), else the one ``fedshuffle run`` gives (:func:`~fedshuffle.experiments.report.plot_title`)."""
+    experiments = {r.experiment for r in runs}
+    if len(experiments) == 1 and None not in experiments:
+        title = folders.read_object(Path(next(iter(experiments))) / "sweep.json").get("title")
+        if isinstance(title, str) and title:
+            return title
+    return report.plot_title(runs)

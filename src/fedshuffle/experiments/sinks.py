@@ -1,7 +1,7 @@
-"""Optional metric sinks for users who already follow runs in TensorBoard or MLflow.
+"""Optional metric sinks for users who already follow runs in TensorBoard, MLflow or Weights & Biases.
 
-Enabled per run with ``[run] sinks = ["tensorboard", "mlflow"]``; off by default and never required
-(each needs its own package). Every evaluation row is sent as scalars at step = round. Both gather
+Enabled per run with ``[run] sinks = ["tensorboard", "mlflow", "wandb"]``; off by default and never required
+(each needs its own package). Every evaluation row is sent as scalars at step = round. Each gathers
 an experiment (or sweep) in one place, so its variants compare side by side:
 
 * TensorBoard: one log directory, ``<results>/tensorboard``, with a subdirectory per run laid out as
@@ -13,6 +13,12 @@ an experiment (or sweep) in one place, so its variants compare side by side:
   MLflow run. ``mlflow ui --backend-store-uri <results>/mlruns``. An ``http(s)://`` tracking server
 that does not answer within :data:`MLFLOW_CONNECT_SECONDS` is an error at once (one line), and
 MLflow's own retries are bounded (unless ``MLFLOW_HTTP_REQUEST_*`` are set).
+* Weights & Biases: one W&B project per fedshuffle experiment (``run.wandb_project``, default its name;
+  ``run.wandb_entity``, default W&B's), one group per variant (and grid point), and one W&B run per seed named
+  ``<variant> seed-<s>``, holding the metrics and the resolved config. Its id is derived from the run's folder, so
+  a resumed run continues its W&B run. W&B's own settings apply: ``WANDB_MODE=offline`` keeps everything on the
+  machine (``wandb sync`` uploads it later), ``WANDB_DIR`` moves its files, which default to ``<results>/wandb``.
+  W&B's console capture and system statistics are off: the command's output stays its own.
 
 ``<results>`` is the folder given to ``run``/``sweep`` (the one holding ``manifest.json``).
 """
@@ -33,7 +39,7 @@ from typing import Any, Protocol
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.experiments.folders import MANIFEST
 
-SINKS = ("tensorboard", "mlflow")
+SINKS = ("tensorboard", "mlflow", "wandb")
 MAX_PARAMS = 100  # MLflow's limit per log_batch call
 #: seconds to reach an http(s) tracking server before the run stops with an error
 MLFLOW_CONNECT_SECONDS = 5.0
@@ -148,18 +154,55 @@ class MLflowSink:
         self.client.set_terminated(self.parent_id)
 
 
+def require_wandb() -> Any:
+    """The ``wandb`` package, or a :class:`ConfigError` naming ``run.sinks`` and how to install it."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("run.sinks", "the wandb sink needs Weights & Biases: "
+                          "pip install 'fedshuffle[wandb]'") from None
+    return wandb
+
+
+class WandbSink:
+    """One seed's run as a Weights & Biases run, grouped by variant (and grid point) in the experiment's project."""
+
+    def __init__(self, root: Path, run_dir: Path, *, project: str, entity: str | None, label: str, point: str,
+                 seed: int, params: Mapping[str, Any]) -> None:
+        wandb = require_wandb()
+        group = (label or "run") + (f" [{point}]" if point else "")
+        where = Path(run_dir).resolve().relative_to(root).as_posix()
+        run_id = hashlib.sha256(f"{root}|{where}".encode()).hexdigest()[:16]  # the same run when resumed
+        folder = Path(os.environ.get("WANDB_DIR") or root)
+        folder.mkdir(parents=True, exist_ok=True)
+        settings = wandb.Settings(console="off", silent=True, x_disable_stats=True)
+        config = {**params, "fedshuffle.results": str(root), "fedshuffle.seed": seed}
+        self.run = wandb.init(project=project, entity=entity, group=group, name=f"{group} seed-{seed}", id=run_id,
+                              resume="allow", dir=str(folder), config=config, settings=settings, reinit="create_new")
+
+    def log(self, row):
+        self.run.log(_scalars(row), step=int(row["round"]))
+
+    def close(self):
+        self.run.finish()
+
+
 def open_sinks(
     names: list[str], run_dir: Path, *, uri: str | None, experiment: str, label: str, point: Mapping[str, Mapping[str, Any]], seed: int, params: Mapping[str, Any],
+    wandb_project: str | None = None, wandb_entity: str | None = None,
 ) -> list[MetricSink]:
     """The sinks a run asks for (``point``: a sweep's grid point by section, empty outside sweeps)."""
     sinks: list[MetricSink] = []
     root = experiment_root(run_dir)
+    text = ", ".join(f"{section}.{key}={value}" for section, chosen in point.items() for key, value in chosen.items())
     for name in names:
         if name == "tensorboard":
             sinks.append(TensorBoardSink(root, run_dir))
         elif name == "mlflow":
-            text = ", ".join(f"{section}.{key}={value}" for section, settings in point.items() for key, value in settings.items())
             sinks.append(MLflowSink(root, uri, experiment, label, text, seed, params))
+        elif name == "wandb":
+            sinks.append(WandbSink(root, run_dir, project=wandb_project or experiment, entity=wandb_entity, label=label,
+                                   point=text, seed=seed, params=params))
         else:
             raise ConfigError("run.sinks", f"unknown sink {name!r}; accepted: {', '.join(SINKS)}")
     return sinks

@@ -172,6 +172,15 @@ def point_name(point: Mapping[str, Mapping[str, Any]]) -> str:
     return folder_name(_folder_text(point)) if point else ""
 
 
+def variant_folders(experiment: Experiment) -> dict[str, str]:
+    """label → the folder name of each variant; an empty label, a label given twice and two labels that would
+    share a folder are refused (:func:`~fedshuffle.experiments.folders.unique_folders`)."""
+    labels = [v.label for v in experiment.variants]
+    if any(not label.strip() for label in labels):
+        raise ConfigError("variants", "every variant needs a label (a non-empty name)")
+    return unique_folders(labels, "variant label", "variants")
+
+
 def jobs_for(
     experiment: Experiment, out_dir: Path, points: Sequence[Mapping[str, Any]], seeds: Sequence[int] | None = None,
     overrides: Mapping[str, Any] | None = None, variants: Sequence[str] | None = None,
@@ -182,9 +191,7 @@ def jobs_for(
     labels or points that would share a folder, and seeds listed twice, are refused.
     """
     labels = [v.label for v in experiment.variants]
-    if any(not label.strip() for label in labels):
-        raise ConfigError("variants", "every variant needs a label (a non-empty name)")
-    folders = unique_folders(labels, "variant label", "variants")
+    folders = variant_folders(experiment)
     unknown = [v for v in variants or [] if v not in labels]
     if unknown:
         raise ConfigError("--variant", f"no variant {unknown[0]!r}; the variants are: {', '.join(labels) or '(none)'}")
@@ -197,13 +204,27 @@ def jobs_for(
     for point in points:
         merged = merge_overrides(overrides or {}, point)
         folder = out_dir / names[_folder_text(point)] if point else out_dir
-        for label, spec in experiment.runs(merged):
+        try:
+            runs = experiment.runs(merged)
+        except ConfigError as exc:
+            raise _blamed_on_grid(exc, point) from None
+        for label, spec in runs:
             run_seeds = seeds if seeds is not None else experiment.seeds(spec)
             if seeds is None:
                 check_seeds(run_seeds, "experiment.seeds")
             for seed in run_seeds:
                 jobs.append(Job(label, dict(point), spec, seed, folder / (folders[label] if label else "") / f"seed-{seed}"))
     return jobs
+
+
+def _blamed_on_grid(exc: ConfigError, point: Mapping[str, Mapping[str, Any]]) -> ConfigError:
+    """An error that :meth:`~fedshuffle.experiments.schema.Experiment.runs` lays on an override, laid on ``--grid``
+    when the setting is one the grid point gives."""
+    setting = exc.field.removeprefix("--set ")
+    section, _, key = setting.partition(".")
+    if exc.field.startswith("--set ") and key.split(".")[0] in point.get(section, {}):
+        return ConfigError(f"--grid {setting}", exc.message.split("; to run each of several values")[0])
+    return exc
 
 
 def merge_overrides(base: Mapping[str, Mapping[str, Any]], update: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
