@@ -75,3 +75,14 @@ def test_mlp_loop_benchmark_times_both_loops_for_every_shape():
             assert case[chain]["torch_s"] > 0 and case[chain]["compiled_s"] > 0, name
             assert 0 < case[chain]["max_relative_difference"] < 1e-4, name  # the same updates, to float32 rounding
     assert result["cases"]["fedcdr-synthetic"]["chosen"] == "compiled" and result["cases"]["2nn"]["chosen"] == "torch"
+
+
+def test_evaluation_benchmark_times_the_evaluation_beside_the_bare_forward_pass():
+    """The chunked evaluation, the same in one chunk, and the forward pass of the same rows are all timed; the smoke
+    model's rows fit in one chunk of the cache budget."""
+    result = smoke("benchmarks.evaluation")
+    assert set(result["cases"]) == {"evaluation", "one_chunk", "forward_1024"}
+    assert all(case["median_s"] > 0 for case in result["cases"].values())
+    setup = result["setup"]
+    assert setup["held_rows"] == setup["train_rows"] and setup["chunk_rows"] >= setup["train_rows"]
+    assert result["ratios"]["evaluation_over_forward"] > 0
