@@ -21,7 +21,7 @@ data = {{ client_sizes = {sizes} }}
 def test_variants_and_seeds_with_equal_data_share_one_build_and_the_numbers(tmp_path, monkeypatch):
     builds = []
     real = runner_mod.build_problem_and_data
-    monkeypatch.setattr(runner_mod, "build_problem_and_data", lambda spec: builds.append(spec.data.client_sizes) or real(spec))
+    monkeypatch.setattr(runner_mod, "build_problem_and_data", lambda spec, *load: builds.append(spec.data.client_sizes) or real(spec, *load))
     cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=1, seeds=(0, 1))
     cfg.write_text(cfg.read_text().replace("client_sizes = [1, 2, 3]", "client_sizes = [1, 2, 3]\nseed = 0") + VARIANTS.format(sizes="[2, 2, 2]"))
     experiment = load_experiment(cfg)
@@ -35,3 +35,48 @@ def test_variants_and_seeds_with_equal_data_share_one_build_and_the_numbers(tmp_
         for name in ("metrics.csv", "final_params.npy"):
             assert (job.run_dir / name).read_bytes() == (alone.run_dir / name).read_bytes(), (job.run_dir, name)
     assert len(builds) == 2 + 6  # the runs made alone built their own
+
+
+def test_variants_that_differ_in_the_split_only_read_their_source_once(tmp_path, monkeypatch):
+    """Two partitions of one source (and the preflight, and two seeds of a fixed split): the samples are read once,
+    each variant split from them as when it reads them itself."""
+    from fedshuffle.experiments.build import build_problem_and_data
+
+    reads = []
+    real = runner_mod.load_samples
+    monkeypatch.setattr(runner_mod, "load_samples", lambda settings, seed: reads.append(settings["partition"]) or real(settings, seed))
+    cfg = tmp_path / "split.toml"
+    cfg.write_text("""
+[experiment]
+seeds = [0, 1]
+[problem]
+name = "softmax"
+[data]
+source = "synthetic"
+samples = 60
+features = 3
+classes = 3
+clients = 4
+seed = 5
+[local]
+lr = 0.1
+[run]
+rounds = 2
+[[variants]]
+label = "iid"
+data = { partition = "iid" }
+[[variants]]
+label = "labels"
+data = { partition = "labels", labels_per_client = 1 }
+""")
+    experiment = load_experiment(cfg)
+    _, outcomes = run_experiment(experiment, tmp_path / "out", show_progress=False)
+    assert reads == ["iid"] and len(outcomes) == 4
+    for label, spec in experiment.runs({}):
+        _, alone = build_problem_and_data(spec)
+        with runner_mod.sharing_builds():
+            runner_mod._problem_and_data(spec)  # another variant's samples first
+            _, shared = runner_mod._problem_and_data(spec.model_copy(update={"data": spec.data.model_copy(update={"partition": "iid"})}))
+            _, again = runner_mod._problem_and_data(spec)
+        assert [ix.tolist() for ix in again.client_indices] == [ix.tolist() for ix in alone.client_indices], label
+        assert again.features.equal(alone.features) and shared.features.shape[0] == shared.num_samples == 60
