@@ -28,12 +28,17 @@ import torch
 
 from benchmarks.common import write
 
-SMOKE = {"problem": {"name": "mlp", "hidden": [16]}, "data": {"source": "synthetic", "samples": 600, "features": 20, "classes": 4, "partition": "equal", "clients": 7},
-         "local": {"lr": 0.1}, "run": {"rounds": 1, "dtype": "float32"}}
+SMOKE = {
+    "problem": {"name": "mlp", "hidden": [16]},
+    "data": {"source": "synthetic", "samples": 600, "features": 20, "classes": 4, "partition": "equal", "clients": 7},
+    "local": {"lr": 0.1},
+    "run": {"rounds": 1, "dtype": "float32"},
+}
 
 
 def build(preset: str | None) -> tuple[Any, Any, Any, bool, torch.dtype]:
-    """(problem, data cast to the run's dtype, initial model, gradient asked for, dtype) of the preset's first variant at seed 0."""
+    """(problem, data cast to the run's dtype, initial model, gradient asked for, dtype) of the preset's first
+    variant at seed 0."""
     from fedshuffle.experiments.build import build_problem_and_data
     from fedshuffle.experiments.runner import DTYPES, seeded
     from fedshuffle.experiments.schema import RunSpec, load_experiment
@@ -70,19 +75,32 @@ def measure(preset: str | None, repeats: int) -> dict[str, Any]:
         for name, case in cases.items():
             case()  # warm-up
         for r in range(repeats):
-            for name in (list(cases) if r % 2 == 0 else list(cases)[::-1]):
+            for name in list(cases) if r % 2 == 0 else list(cases)[::-1]:
                 start = time.perf_counter()
                 cases[name]()
                 times[name].append(time.perf_counter() - start)
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     return {
-        "setup": {"preset": preset or "smoke", "problem": problem.name, "dtype": str(dtype).removeprefix("torch."), "gradient": gradient,
-                  "train_rows": int(data.features.shape[0]), "held_rows": int(held.shape[0]),
-                  "test_rows": 0 if data.test_features is None else int(data.test_features.shape[0]),
-                  "chunk_rows": problem.chunk_rows(data.features), "threads": 1, "repeats": repeats},
-        "cases": {name: {"median_s": round(m, 4), "min_s": round(min(times[name]), 4), "max_s": round(max(times[name]), 4)} for name, m in medians.items()},
-        "ratios": {"evaluation_over_forward": round(medians["evaluation"] / medians["forward_1024"], 3),
-                   "one_chunk_over_forward": round(medians["one_chunk"] / medians["forward_1024"], 3)},
+        "setup": {
+            "preset": preset or "smoke",
+            "problem": problem.name,
+            "dtype": str(dtype).removeprefix("torch."),
+            "gradient": gradient,
+            "train_rows": int(data.features.shape[0]),
+            "held_rows": int(held.shape[0]),
+            "test_rows": 0 if data.test_features is None else int(data.test_features.shape[0]),
+            "chunk_rows": problem.chunk_rows(data.features),
+            "threads": 1,
+            "repeats": repeats,
+        },
+        "cases": {
+            name: {"median_s": round(m, 4), "min_s": round(min(times[name]), 4), "max_s": round(max(times[name]), 4)}
+            for name, m in medians.items()
+        },
+        "ratios": {
+            "evaluation_over_forward": round(medians["evaluation"] / medians["forward_1024"], 3),
+            "one_chunk_over_forward": round(medians["one_chunk"] / medians["forward_1024"], 3),
+        },
         "load_average": [round(v, 2) for v in os.getloadavg()],
     }
 

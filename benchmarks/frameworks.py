@@ -86,14 +86,15 @@ def flower_round_seconds(warmup: int, repeats: int) -> dict[str, float]:
 
     cores = torch.get_num_threads()
     with loopback_ray(cores):
-        run_simulation(server_app, client_app, num_supernodes=USERS, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        resources = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+        run_simulation(server_app, client_app, num_supernodes=USERS, backend_config=resources)
     return {**_summary(stamps, warmup), "actors": cores}
 
 
 @contextlib.contextmanager
 def loopback_ray(cpus: int) -> Iterator[None]:
-    """A Ray of ``cpus`` CPUs listening on 127.0.0.1 only, for Flower's engine to use (left to itself, it would start one
-    with Ray's defaults, listening on every interface): started first and stopped after, as
+    """A Ray of ``cpus`` CPUs listening on 127.0.0.1 only, for Flower's engine to use (left to itself, it would start
+    one with Ray's defaults, listening on every interface): started first and stopped after, as
     :func:`fedshuffle.integrations.flower.simulate` does."""
     import ray
 

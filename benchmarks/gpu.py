@@ -12,7 +12,8 @@
    the machine, nothing downloaded; else random samples of the source's real shapes and sizes), one warm-up round
    and up to two timed rounds and one timed evaluation, then each preset's projected minutes:
    variants × seeds × (rounds × s/round + evaluations × s/evaluation), tuning runs likewise, stated apart.
-4. One JSON under ``benchmarks/results/`` (``--name``), written after every step so that a cut-off run keeps what it measured.
+4. One JSON under ``benchmarks/results/`` (``--name``), written after every step so that a cut-off run keeps
+   what it measured.
 
 ``--smoke``: the same steps on this machine's device (the CPU here: the agreement tests skip), the CNN harness at a
 cohort of 2 and two presets (:data:`SMOKE_PRESETS`) at smoke scale (:mod:`fedshuffle.experiments.smoke`); prints the
@@ -42,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STEP_SECONDS = {"tests": 150, "cnn": 150, "presets": 180}
 #: timed rounds of a preset after its warm-up round (fewer when a round takes longer than its share of the budget)
 PRESET_ROUNDS = 2
-#: the presets ``--smoke`` times: a closed-form network on real files (cut), a module on random samples of CIFAR's shapes
+#: the presets ``--smoke`` times: a closed-form network on real files (cut), a module on random samples of
+#: CIFAR's shapes
 SMOKE_PRESETS = ["yang-fig3-2nn", "nastya-fig2-lenet-cifar10"]
 
 
@@ -65,17 +67,37 @@ def _peak_gpu_mib() -> float | None:
 def agreement(timeout: float) -> dict[str, Any]:
     """``tests/test_cuda.py`` under pytest: passed, failed and skipped counts, the failures' names, the skip reasons."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), str(ROOT)])}
-    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-rs", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_cuda.py")]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-n",
+        "0",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        str(ROOT / "tests" / "test_cuda.py"),
+    ]
     start = time.perf_counter()
     try:
         out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     text = out.stdout + out.stderr
-    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", text.splitlines()[-1] if text.strip() else "")}
-    return {"passed": counts.get("passed", 0), "failed": counts.get("failed", 0) + counts.get("error", 0), "skipped": counts.get("skipped", 0),
-            "failures": re.findall(r"^FAILED (\S+)", text, flags=re.M), "skip_reasons": sorted(set(re.findall(r"^SKIPPED \[\d+\] \S+ (.*)$", text, flags=re.M))),
-            "seconds": round(time.perf_counter() - start, 1), "exit": out.returncode}
+    counts = {
+        kind: int(n)
+        for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", text.splitlines()[-1] if text.strip() else "")
+    }
+    return {
+        "passed": counts.get("passed", 0),
+        "failed": counts.get("failed", 0) + counts.get("error", 0),
+        "skipped": counts.get("skipped", 0),
+        "failures": re.findall(r"^FAILED (\S+)", text, flags=re.M),
+        "skip_reasons": sorted(set(re.findall(r"^SKIPPED \[\d+\] \S+ (.*)$", text, flags=re.M))),
+        "seconds": round(time.perf_counter() - start, 1),
+        "exit": out.returncode,
+    }
 
 
 # -- 2. the CNN harness -------------------------------------------------------------------------------
@@ -91,7 +113,16 @@ def cnn_fedshuffle(cohort: int, rounds: int) -> dict[str, Any]:
     alg = build_algorithm("fedavg_rr", {"local": {"lr": LR, "epochs": 1, "batch_size": BATCH}, "server": {"lr": 1.0}})
     problem, data = CNN(SHAPE, CLASSES, dropout=False), lazy_data()
     executor = make_executor("auto", problem, device())
-    sim = Simulation(problem, data, alg, UniformWithoutReplacement(USERS, cohort), seed=0, dtype=torch.float32, executor=executor, device=device())
+    sim = Simulation(
+        problem,
+        data,
+        alg,
+        UniformWithoutReplacement(USERS, cohort),
+        seed=0,
+        dtype=torch.float32,
+        executor=executor,
+        device=device(),
+    )
     sim.step()  # warm-up
     _sync()
     times = []
@@ -100,7 +131,12 @@ def cnn_fedshuffle(cohort: int, rounds: int) -> dict[str, Any]:
         sim.step()
         _sync()
         times.append(time.perf_counter() - start)
-    return {"median_s": float(np.median(times)), "rounds": rounds, "executor": executor.chosen or executor.name, "peak_gpu_mib": _peak_gpu_mib()}
+    return {
+        "median_s": float(np.median(times)),
+        "rounds": rounds,
+        "executor": executor.chosen or executor.name,
+        "peak_gpu_mib": _peak_gpu_mib(),
+    }
 
 
 def cnn_pfl(cohort: int, rounds: int) -> dict[str, Any]:
@@ -140,7 +176,14 @@ def _importable(module: str) -> bool:
 def _subprocess_case(args: list[str], timeout: float) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     try:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.gpu", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.gpu", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if out.returncode != 0:
@@ -177,7 +220,9 @@ def paper_scale_samples(source: str, settings: dict[str, Any]) -> tuple[Any, str
         clients = int(settings.get("clients") or (500 if source == "tff_cifar100" else 715))
         sizes = np.diff(np.linspace(0, shape.train, clients + 1).astype(np.int64))
     groups = np.arange(shape.classes) % shape.coarse_groups if shape.coarse_groups else None
-    return Samples(x, y, shape.classes, draw(shape.test), sizes, groups), f"random samples of {source}'s shapes and sizes"
+    return Samples(
+        x, y, shape.classes, draw(shape.test), sizes, groups
+    ), f"random samples of {source}'s shapes and sizes"
 
 
 def time_preset(name: str, smoke: bool, budget: float) -> dict[str, Any]:
@@ -194,7 +239,13 @@ def time_preset(name: str, smoke: bool, budget: float) -> dict[str, Any]:
         spec = smoke_spec(spec, rounds=1 + PRESET_ROUNDS)
         samples, origin = smoke_samples(spec.data.source, spec.data.model_dump())
     else:
-        spec = spec.model_copy(update={"run": spec.run.model_copy(update={"device": device(), "executor": "auto", "checkpoint_every": 0, "sinks": []})})
+        spec = spec.model_copy(
+            update={
+                "run": spec.run.model_copy(
+                    update={"device": device(), "executor": "auto", "checkpoint_every": 0, "sinks": []}
+                )
+            }
+        )
         samples, origin = paper_scale_samples(spec.data.source, spec.data.model_dump())
     with _sources_replaced({spec.data.source: _constant(samples)}):
         sim, _ = build_simulation(spec, experiment.seeds(spec)[0])
@@ -215,13 +266,32 @@ def time_preset(name: str, smoke: bool, budget: float) -> dict[str, Any]:
     evaluation = time.perf_counter() - start
     round_s = float(np.median(times)) if times else first
     full = [s for _, s in load_experiment(name).runs({})]
-    judged = sum(len(experiment.seeds(s)) * (s.run.rounds * round_s + (s.run.rounds // s.run.eval_every + 1) * evaluation) for s in full)
-    tuning = sum(len(v.tune.seeds) * int(np.prod([len(values) for values in v.tune.grid.values()])) * (v.tune.rounds or s.run.rounds)
-                 * round_s for v, s in zip(experiment.variants, full) if v.tune is not None)
-    return {"variant": label, "data": origin, "device": str(sim.params.device), "executor": getattr(sim.executor, "chosen", None) or sim.executor.name,
-            "warmup_round_s": round(first, 3), "round_s": round(round_s, 4), "timed_rounds": len(times), "evaluation_s": round(evaluation, 4),
-            "projected_minutes": round(judged / 60, 2), "projected_tuning_minutes": round(tuning / 60, 2), "peak_gpu_mib": _peak_gpu_mib(),
-            "scale": "smoke" if smoke else "paper"}
+    judged = sum(
+        len(experiment.seeds(s)) * (s.run.rounds * round_s + (s.run.rounds // s.run.eval_every + 1) * evaluation)
+        for s in full
+    )
+    tuning = sum(
+        len(v.tune.seeds)
+        * int(np.prod([len(values) for values in v.tune.grid.values()]))
+        * (v.tune.rounds or s.run.rounds)
+        * round_s
+        for v, s in zip(experiment.variants, full)
+        if v.tune is not None
+    )
+    return {
+        "variant": label,
+        "data": origin,
+        "device": str(sim.params.device),
+        "executor": getattr(sim.executor, "chosen", None) or sim.executor.name,
+        "warmup_round_s": round(first, 3),
+        "round_s": round(round_s, 4),
+        "timed_rounds": len(times),
+        "evaluation_s": round(evaluation, 4),
+        "projected_minutes": round(judged / 60, 2),
+        "projected_tuning_minutes": round(tuning / 60, 2),
+        "peak_gpu_mib": _peak_gpu_mib(),
+        "scale": "smoke" if smoke else "paper",
+    }
 
 
 def gpu_presets() -> list[str]:
@@ -254,8 +324,17 @@ def presets(smoke: bool, budget: float, only: list[str] | None = None) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="every step at a tiny scale on this machine's device; prints the JSON, writes nothing")
-    parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole command (shared by the steps as STEP_SECONDS)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every step at a tiny scale on this machine's device; prints the JSON, writes nothing",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=480.0,
+        help="seconds for the whole command (shared by the steps as STEP_SECONDS)",
+    )
     parser.add_argument("--name", default="gpu", help="results file benchmarks/results/NAME.json")
     parser.add_argument("--preset", action="append", help="time only these presets (default: every gpu preset)")
     parser.add_argument("--cnn", choices=list(CNN_CASES), help="(internal) run this CNN case here")
@@ -266,8 +345,12 @@ def main() -> None:
         print(json.dumps(CNN_CASES[args.cnn](args.cohort, args.rounds)))
         return
     scale = args.budget / sum(STEP_SECONDS.values())
-    result: dict[str, Any] = {"device": device(), "machine": machine() if args.smoke else None, "budget_s": args.budget,
-                              "load_average": [round(v, 2) for v in os.getloadavg()]}
+    result: dict[str, Any] = {
+        "device": device(),
+        "machine": machine() if args.smoke else None,
+        "budget_s": args.budget,
+        "load_average": [round(v, 2) for v in os.getloadavg()],
+    }
     started = time.perf_counter()
 
     def save() -> None:
@@ -277,12 +360,20 @@ def main() -> None:
 
     result["agreement"] = agreement(STEP_SECONDS["tests"] * scale if not args.smoke else 300)
     save()
-    result["cnn"] = cnn_cases(2 if args.smoke else 50, 1 if args.smoke else args.rounds, STEP_SECONDS["cnn"] * scale if not args.smoke else 300)
+    result["cnn"] = cnn_cases(
+        2 if args.smoke else 50,
+        1 if args.smoke else args.rounds,
+        STEP_SECONDS["cnn"] * scale if not args.smoke else 300,
+    )
     save()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as folder:
         if args.smoke:  # nothing of the smoke run left in the user's cache
             os.environ.setdefault("FEDSHUFFLE_CACHE", str(Path(folder) / "cache"))
-        result["presets"] = presets(args.smoke, STEP_SECONDS["presets"] * scale if not args.smoke else 600, args.preset or (SMOKE_PRESETS if args.smoke else None))
+        result["presets"] = presets(
+            args.smoke,
+            STEP_SECONDS["presets"] * scale if not args.smoke else 600,
+            args.preset or (SMOKE_PRESETS if args.smoke else None),
+        )
     save()
     if args.smoke:
         print(json.dumps(result))

@@ -90,7 +90,8 @@ def test_evaluation_benchmark_times_the_evaluation_beside_the_bare_forward_pass(
 
 def test_the_gpu_benchmark_runs_every_step_on_this_machine():
     """``benchmarks/gpu.py --smoke``: the agreement tests run (here, without CUDA, the GPU ones skip with their reason),
-    the CNN harness' fedshuffle case is timed (pfl-research where installed), each smoke preset is timed and projected."""
+    the CNN harness' fedshuffle case is timed (pfl-research where installed), each smoke preset is timed and
+    projected."""
     from benchmarks.gpu import SMOKE_PRESETS
 
     result = smoke("benchmarks.gpu")
@@ -102,4 +103,5 @@ def test_the_gpu_benchmark_runs_every_step_on_this_machine():
     assert set(result["presets"]) == set(SMOKE_PRESETS)
     for name, preset in result["presets"].items():
         assert "error" not in preset, f"{name}: {preset.get('error')}"
-        assert preset["round_s"] > 0 and preset["evaluation_s"] > 0 and preset["projected_minutes"] > 0 and preset["scale"] == "smoke"
+        assert preset["round_s"] > 0 and preset["evaluation_s"] > 0 and preset["projected_minutes"] > 0
+        assert preset["scale"] == "smoke"

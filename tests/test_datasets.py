@@ -123,12 +123,12 @@ def test_an_svmlight_file_is_parsed_once_then_read_back_without_scikit_learn(tmp
     path = tmp_path / "toy.svm"
     path.write_text(FIXTURE)
     first = read_svmlight(path, 3)
-    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # importing it now fails
-    again = read_svmlight(path, 3)
+    with pytest.MonkeyPatch.context() as without:
+        without.setitem(sys.modules, "sklearn.datasets", None)  # importing it now fails
+        again = read_svmlight(path, 3)
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
         assert a.dtype == b.dtype
-    monkeypatch.undo()
     calls = []
     parse = libsvm.parse_svmlight
     monkeypatch.setattr(libsvm, "parse_svmlight", lambda *args: calls.append(args) or parse(*args))

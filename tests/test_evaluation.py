@@ -65,14 +65,19 @@ def in_chunks_of(problem, rows: int) -> list[int]:
         return sizes
     chunk_scores = problem.chunk_scores
     problem.chunk_rows = lambda features: rows
-    problem.chunk_scores = lambda params, features, *rest: (sizes.append(features.shape[0]), chunk_scores(params, features, *rest))[1]
+    def counted(params, features, *rest):
+        sizes.append(features.shape[0])
+        return chunk_scores(params, features, *rest)
+
+    problem.chunk_scores = counted
     return sizes
 
 
 @pytest.mark.parametrize("chunk", [None, 4], ids=["one chunk", "chunks of 4"])
 @pytest.mark.parametrize("name, problem, data", list(cases()), ids=[c[0] for c in cases()])
 def test_one_pass_scores_equal_the_separate_passes(name, problem, data, chunk):
-    """Also in chunks of 4 samples (train and test sets of 32 and 9 samples: 8 and 3 chunks), the sums added chunk by chunk."""
+    """Also in chunks of 4 samples (train and test sets of 32 and 9 samples: 8 and 3 chunks), the sums added chunk
+    by chunk."""
     params = problem.init_params(torch.Generator().manual_seed(1), torch.float64) + 0.1 * torch.randn(problem.dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     expected = old_scores(problem, data, params)
     sizes = in_chunks_of(problem, chunk) if chunk else []
@@ -158,10 +163,12 @@ def test_the_train_metrics_score_the_rows_clients_hold_and_no_other():
     held = torch.tensor([[1.0, 0.0], [2.0, 0.5], [0.0, 1.0], [0.5, 3.0]], dtype=torch.float64)
     held_labels = torch.tensor([1, 1, 0, 0])  # all wrong
     unheld = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0]], dtype=torch.float64)
-    features, labels = torch.cat([unheld[:1], held[:2], unheld[1:], held[2:]]), torch.cat([torch.tensor([0]), held_labels[:2], torch.tensor([1, 1]), held_labels[2:]])
+    features = torch.cat([unheld[:1], held[:2], unheld[1:], held[2:]])
+    labels = torch.cat([torch.tensor([0]), held_labels[:2], torch.tensor([1, 1]), held_labels[2:]])
     clients = [np.array([1, 2]), np.array([5, 6])]  # rows 0, 3, 4 belong to no client
     sparse = FederatedDataset(features, labels, clients, objective_weights(np.array([2, 2]), "size"))
-    compact = FederatedDataset(held, held_labels, [np.array([0, 1]), np.array([2, 3])], objective_weights(np.array([2, 2]), "size"))
+    weights = objective_weights(np.array([2, 2]), "size")
+    compact = FederatedDataset(held, held_labels, [np.array([0, 1]), np.array([2, 3])], weights)
     assert sparse.held_rows().tolist() == [1, 2, 5, 6] and compact.held_rows() is None
     got, expected = metrics.ModelScores(problem, sparse)(params), metrics.ModelScores(problem, compact)(params)
     assert got["train_accuracy"] == expected["train_accuracy"] == 0.0
@@ -175,7 +182,8 @@ def test_a_partition_that_leaves_samples_out_builds_a_training_tensor_of_the_cli
     the samples (rows of the source, by their features) that it held when the remainder was kept."""
     from fedshuffle.data.catalog import PARTITIONS, federate, load_samples
 
-    settings = {"source": "synthetic", "samples": 103, "features": 4, "classes": 3, "partition": "equal", "clients": 5, "seed": 7}
+    settings = {"source": "synthetic", "samples": 103, "features": 4, "classes": 3, "partition": "equal", "clients": 5,
+                "seed": 7}
     samples, rng = load_samples(settings, 0)
     data = federate(samples, settings, rng)
     assert data.features.shape[0] == data.num_samples == 100 and data.held_rows() is None

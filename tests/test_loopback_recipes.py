@@ -173,9 +173,10 @@ def test_the_cnn_benchmarks_flower_case_listens_on_loopback_only(tmp_path):
     env = clean_env(tmp_path)
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     command = [sys.executable, "-c", BENCHMARK_FLOWER]
-    seen = run_watched(isolated(command) if can_isolate() else command, env, tmp_path / "benchmark.log", time.monotonic() + RECIPE_SECONDS)
+    deadline = time.monotonic() + RECIPE_SECONDS
+    seen = run_watched(isolated(command) if can_isolate() else command, env, tmp_path / "benchmark.log", deadline)
     assert "median_s" in (tmp_path / "benchmark.log").read_text()  # the case ran its rounds
-    assert len(listening_processes(seen)) >= 3, f"expected the sockets of Ray's GCS, raylet and workers, saw {sorted(seen)}"
+    assert len(listening_processes(seen)) >= 3, f"expected the sockets of Ray's GCS, raylet, workers: {sorted(seen)}"
     assert [s for s in seen if not listening.is_loopback(s[0])] == []
 
 

@@ -21,7 +21,11 @@ data = {{ client_sizes = {sizes} }}
 def test_variants_and_seeds_with_equal_data_share_one_build_and_the_numbers(tmp_path, monkeypatch):
     builds = []
     real = runner_mod.build_problem_and_data
-    monkeypatch.setattr(runner_mod, "build_problem_and_data", lambda spec, *load: builds.append(spec.data.client_sizes) or real(spec, *load))
+    def counted(spec, *load):
+        builds.append(spec.data.client_sizes)
+        return real(spec, *load)
+
+    monkeypatch.setattr(runner_mod, "build_problem_and_data", counted)
     cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=1, seeds=(0, 1))
     cfg.write_text(cfg.read_text().replace("client_sizes = [1, 2, 3]", "client_sizes = [1, 2, 3]\nseed = 0") + VARIANTS.format(sizes="[2, 2, 2]"))
     experiment = load_experiment(cfg)
@@ -44,7 +48,11 @@ def test_variants_that_differ_in_the_split_only_read_their_source_once(tmp_path,
 
     reads = []
     real = runner_mod.load_samples
-    monkeypatch.setattr(runner_mod, "load_samples", lambda settings, seed: reads.append(settings["partition"]) or real(settings, seed))
+    def counted(settings, seed):
+        reads.append(settings["partition"])
+        return real(settings, seed)
+
+    monkeypatch.setattr(runner_mod, "load_samples", counted)
     cfg = tmp_path / "split.toml"
     cfg.write_text("""
 [experiment]
@@ -76,7 +84,8 @@ data = { partition = "labels", labels_per_client = 1 }
         _, alone = build_problem_and_data(spec)
         with runner_mod.sharing_builds():
             runner_mod._problem_and_data(spec)  # another variant's samples first
-            _, shared = runner_mod._problem_and_data(spec.model_copy(update={"data": spec.data.model_copy(update={"partition": "iid"})}))
+            iid = spec.model_copy(update={"data": spec.data.model_copy(update={"partition": "iid"})})
+            _, shared = runner_mod._problem_and_data(iid)
             _, again = runner_mod._problem_and_data(spec)
         assert [ix.tolist() for ix in again.client_indices] == [ix.tolist() for ix in alone.client_indices], label
         assert again.features.equal(alone.features) and shared.features.shape[0] == shared.num_samples == 60

@@ -98,10 +98,13 @@ class ModelScores:
         self.test_weights = None if test is None else torch.full((test.shape[0],), 1.0 / test.shape[0], dtype=self.sample_weights.dtype, device=test.device)
 
     def __call__(self, params: torch.Tensor) -> dict[str, float | None]:
-        """One pass over the held training rows (f, ‖∇f‖² unless ``gradient`` is off, accuracy: :meth:`~fedshuffle.problems.Problem.scores`)
+        """One pass over the held training rows (f, ‖∇f‖² unless ``gradient`` is off, accuracy:
+        :meth:`~fedshuffle.problems.Problem.scores`)
         and one over the test data (mean loss, accuracy: the same with weights 1/n and no gradient)."""
-        held = {} if self.rows is None else {"rows": self.rows}  # a problem of one's own that overrides scores() may not take rows
-        train = self.problem.scores(params, self.data.features, self.data.labels, self.sample_weights, gradient=self.gradient, **held)
+        held = {} if self.rows is None else {"rows": self.rows}  # a problem's own scores() may not take rows
+        data = self.data
+        train = self.problem.scores(params, data.features, data.labels, self.sample_weights, gradient=self.gradient,
+                                    **held)
         out: dict[str, float | None] = {"loss": train.loss, "grad_norm_sq": train.grad_norm_sq}
         out["f_gap"] = train.loss - self.f_star if self.f_star is not None else None
         out["dist_sq"] = float((params - self.x_star).pow(2).sum()) if self.x_star is not None else None

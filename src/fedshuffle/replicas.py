@@ -466,22 +466,29 @@ def unbatched_note(specs: Sequence[Any], groups: Sequence[Sequence[int]]) -> str
         return f"{len(alone)} runs on their own: {SWITCH}=0 is set (unset it to run replicas as one simulation)"
     executors = sorted({specs[k].run.executor for k in alone if specs[k].run.executor not in BATCHED_EXECUTORS})
     if executors:
-        on_auto = [specs[k].model_copy(update={"run": specs[k].run.model_copy(update={"executor": "auto"})}) for k in alone]
+        on_auto = [_on_auto(specs[k]) for k in alone]
         batched = sum(len(g) for g in replica_groups(on_auto) if len(g) > 1)
         if batched:
             named = " or ".join(f"'{name}'" for name in executors)
-            return (f"{len(alone)} runs cannot be batched as replicas: run.executor = {named} runs each on its own; with "
-                    f"--set run.executor=auto, {batched} of them run as replicas of one simulation, with {AUTO_NUMBERS}")
+            return (f"{len(alone)} runs cannot be batched as replicas: run.executor = {named} runs each on its own; "
+                    f"with --set run.executor=auto, {batched} of them run as replicas of one simulation, "
+                    f"with {AUTO_NUMBERS}")
     keys = [json.loads(replica_key(specs[k]) or "{}") for k in alone]
-    differing = sorted({f"{section}.{name}" for key in keys[1:] for section in key for name in key[section]
-                        if isinstance(key[section], dict) and key[section].get(name) != keys[0].get(section, {}).get(name)})
+    differing = sorted({f"{section}.{name}" for key in keys[1:] for section, values in key.items()
+                        if isinstance(values, dict) for name in values
+                        if values.get(name) != keys[0].get(section, {}).get(name)})
     if not differing:
         return None
     if differing == ["run.seed"]:
-        return (f"{len(alone)} runs on their own: data.seed is unset, so each seed splits its own data; runs that differ "
-                "only in step sizes and seeds of one split are replicas (set data.seed to give every seed one split)")
-    return (f"{len(alone)} runs on their own: they differ in {', '.join(differing[:4])}{' …' if len(differing) > 4 else ''}, "
-            "and only runs that differ in step sizes and seeds are replicas of one simulation")
+        return (f"{len(alone)} runs on their own: data.seed is unset, so each seed splits its own data; runs that "
+                "differ only in step sizes and seeds of one split are replicas (set data.seed for one split for all)")
+    named = ", ".join(differing[:4]) + (" …" if len(differing) > 4 else "")
+    return (f"{len(alone)} runs on their own: they differ in {named}, and only runs that differ in step sizes and "
+            "seeds are replicas of one simulation")
+
+
+def _on_auto(spec: Any) -> Any:
+    return spec.model_copy(update={"run": spec.run.model_copy(update={"executor": "auto"})})
 
 
 def replica_groups(specs: Sequence[Any]) -> list[list[int]]:

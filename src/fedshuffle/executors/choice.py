@@ -78,7 +78,7 @@ def make_executor(
 
 
 #: what a run on another device than the CPU is told about the compiled loop (:mod:`fedshuffle.local.fused`)
-COMPILED_OFF = "compiled loop off on {device}: numba compiles for the CPU, so the local loop runs as PyTorch operators on the device"
+COMPILED_OFF = "compiled loop off on {device}: numba compiles for the CPU; the local loop runs as PyTorch operators"
 
 
 def run_threads(problem: Problem, device: str | torch.device) -> tuple[int, str]:

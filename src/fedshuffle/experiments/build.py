@@ -20,7 +20,10 @@ from fedshuffle.problems import PROBLEMS, Problem
 from fedshuffle.samplers import SAMPLERS, Sampler
 
 
-def build_problem_and_data(spec: RunSpec, load: Callable[[dict[str, Any], int], tuple[Samples, np.random.Generator]] = load_samples) -> tuple[Problem, FederatedDataset]:
+Loader = Callable[[dict[str, Any], int], tuple[Samples, np.random.Generator]]
+
+
+def build_problem_and_data(spec: RunSpec, load: Loader = load_samples) -> tuple[Problem, FederatedDataset]:
     """The problem and federated dataset a spec describes: the data source's samples (``load``:
     :func:`~fedshuffle.data.catalog.load_samples`, or a loader that shares them), the registered problem for their
     shape and classes, then the split (seeded by ``data.seed`` or ``run.seed``)."""

@@ -144,7 +144,8 @@ def sharing_builds() -> Iterator[None]:
 
 def _data_bytes(data: Any) -> int:
     arrays = (getattr(data, name, None) for name in ("features", "labels", "test_features", "test_labels"))
-    return sum(a.element_size() * a.nelement() if isinstance(a, torch.Tensor) else a.nbytes for a in arrays if isinstance(a, (torch.Tensor, np.ndarray)))
+    return sum(a.element_size() * a.nelement() if isinstance(a, torch.Tensor) else a.nbytes
+               for a in arrays if isinstance(a, (torch.Tensor, np.ndarray)))
 
 
 def _shared(key: str, build: Callable[[], Any], data: Callable[[Any], Any]) -> Any:
@@ -175,12 +176,14 @@ def _shared_samples(settings: dict[str, Any], seed: int) -> tuple[Any, np.random
 
 
 def _problem_and_data(spec: RunSpec) -> tuple[Any, Any]:
-    """:func:`~fedshuffle.experiments.build.build_problem_and_data`, or the build shared under :func:`sharing_builds`."""
+    """:func:`~fedshuffle.experiments.build.build_problem_and_data`, or the build shared under
+    :func:`sharing_builds`."""
     if _BUILT is None:
         return build_problem_and_data(spec)
     data = spec.data.model_dump()
-    key = "build " + json.dumps({"problem": spec.problem.model_dump(), "data": data, "split_seed": spec.run.seed if data["seed"] is None else data["seed"]},
-                                sort_keys=True, default=str)
+    split_seed = spec.run.seed if data["seed"] is None else data["seed"]
+    settings = {"problem": spec.problem.model_dump(), "data": data, "split_seed": split_seed}
+    key = "build " + json.dumps(settings, sort_keys=True, default=str)
     return _shared(key, lambda: build_problem_and_data(spec, _shared_samples), lambda v: v[1])
 
 

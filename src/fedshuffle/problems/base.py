@@ -140,7 +140,9 @@ class Problem(ABC):
         budget = CHUNK_BYTES.get(features.device.type, CHUNK_BYTES["cuda"])
         return max(MIN_CHUNK_ROWS, budget // max(1, self.row_bytes(features)))
 
-    def chunk_scores(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, gradient: bool) -> ChunkScores:
+    def chunk_scores(
+        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, gradient: bool
+    ) -> ChunkScores:
         """One chunk's Σ_j s_j f_j(x), ∇ of it when ``gradient`` (regularizer included: it is in every f_j) and right
         predictions. The default asks :meth:`weighted_loss`, :meth:`weighted_gradient` and :meth:`accuracy` in turn;
         classifiers override it to score a chunk from one forward pass (and the gradient from the same pass in
@@ -152,8 +154,8 @@ class Problem(ABC):
         return ChunkScores(loss, norm, right, features.shape[0])
 
     def scores(
-        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, gradient: bool = True,
-        rows: torch.Tensor | None = None,
+        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+        gradient: bool = True, rows: torch.Tensor | None = None,
     ) -> Scores:
         """f(x) = Σ_j s_j f_j(x) (``weights`` s), ‖∇f(x)‖² when ``gradient``, and the accuracy: the fraction of the
         scored labels predicted right, every sample counted once whatever its weight.

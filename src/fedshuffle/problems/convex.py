@@ -201,7 +201,8 @@ class SoftmaxRegression(Problem):
         return (features[0].numel() + 2 * self.num_classes) * features.element_size()
 
     def chunk_scores(self, params, features, labels, weights, gradient):
-        """f, ∇f (the closed form of :meth:`batched_gradient`) and right predictions of a chunk from one forward pass."""
+        """f, ∇f (the closed form of :meth:`batched_gradient`) and right predictions of a chunk from one forward
+        pass."""
         logits, weight = self._logits(params, features, whole=True)
         ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
         loss = ((ce + 0.5 * self.l2 * (weight**2).sum()) * weights).sum()

@@ -327,11 +327,11 @@ class ModuleProblem(Problem):
         return self.eval_batch
 
     def _evaluate(
-        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, each: Callable[[_Bound, torch.Tensor, slice | torch.Tensor], None],
-        rows: torch.Tensor | None = None,
+        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+        each: Callable[[_Bound, torch.Tensor, slice | torch.Tensor], None], rows: torch.Tensor | None = None,
     ) -> None:
-        """``each(bound, outputs, index)`` for the eval-mode outputs of every chunk of ``eval_batch`` samples (of ``rows``
-        only, when given), at x = ``params``."""
+        """``each(bound, outputs, index)`` for the eval-mode outputs of every chunk of ``eval_batch`` samples (of
+        ``rows`` only, when given), at x = ``params``."""
         bound = self._instance(params)
         bound.mode(False)
         bound.bind(params.detach(), self.shapes)
@@ -384,7 +384,8 @@ class ModuleProblem(Problem):
     def scores(self, params, features, labels, weights, gradient=True, rows=None):
         """f, ‖∇f‖² and accuracy from one eval-mode forward pass per chunk (and, for the gradient, one backward of it);
         the right predictions are counted on the device and read once."""
-        total, right, scored = params.new_zeros(()), params.new_zeros((), dtype=torch.int64), params.new_zeros((), dtype=torch.int64)
+        total = params.new_zeros(())
+        right, scored = params.new_zeros((), dtype=torch.int64), params.new_zeros((), dtype=torch.int64)
         out = torch.zeros_like(params) if gradient else None
 
         def add(bound, outputs, index):

@@ -125,7 +125,8 @@ class MLP(Network):
         return (features[0].numel() + 2 * sum(self.widths[1:])) * features.element_size()
 
     def chunk_scores(self, params, features, labels, weights, gradient):
-        """f, ∇f (backpropagation written out, as :meth:`batched_gradient`) and right predictions of a chunk from one forward pass."""
+        """f, ∇f (backpropagation written out, as :meth:`batched_gradient`) and right predictions of a chunk from one
+        forward pass."""
         pieces = self.split(params)
         acts = self._activations(pieces, features.reshape(features.shape[0], -1))
         logits = acts[-1] @ pieces[-2] + pieces[-1]

@@ -75,7 +75,8 @@ def read_svmlight(path: str | Path, num_features: int | None = None) -> tuple[np
         try:
             with np.load(cached, allow_pickle=False) as stored:
                 features, labels = stored["features"], stored["labels"]
-            if features.dtype == np.float64 and labels.dtype == np.int64 and features.ndim == 2 and labels.shape == (features.shape[0],):
+            typed = features.dtype == np.float64 and labels.dtype == np.int64
+            if typed and features.ndim == 2 and labels.shape == (features.shape[0],):
                 return features, labels
         except (ValueError, OSError, KeyError):
             pass  # a damaged entry is parsed again and replaced
