@@ -1,6 +1,8 @@
 """Start-up work done once: a command builds each distinct problem and dataset once for its preflight, variants
 and seeds, and the results are those of runs that build their own."""
 
+import numpy as np
+
 import fedshuffle.experiments.runner as runner_mod
 from fedshuffle.experiments.schema import load_experiment
 from fedshuffle.experiments.session import run_experiment
@@ -89,3 +91,23 @@ data = { partition = "labels", labels_per_client = 1 }
             _, again = runner_mod._problem_and_data(spec)
         assert [ix.tolist() for ix in again.client_indices] == [ix.tolist() for ix in alone.client_indices], label
         assert again.features.equal(alone.features) and shared.features.shape[0] == shared.num_samples == 60
+
+
+def test_seeds_that_split_a_shared_sources_samples_each_draw_their_own_split(tmp_path):
+    """A source that reads files (no draws of its own) is read once for every seed; with data.seed unset each seed
+    still splits the samples by its own stream, as a run that reads them itself."""
+    from fedshuffle.experiments.build import build_problem_and_data
+    from fedshuffle.experiments.runner import seeded
+    from fedshuffle.experiments.schema import RunSpec
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "pool.npz", x=rng.normal(size=(40, 3)), y=np.arange(40) % 2)
+    spec = RunSpec.model_validate({"problem": {"name": "logistic"}, "local": {"lr": 0.1},
+                                   "data": {"source": "npz", "path": str(tmp_path / "pool.npz"), "partition": "iid", "clients": 4}})
+    with runner_mod.sharing_builds():
+        shared = [runner_mod._problem_and_data(seeded(spec, seed))[1] for seed in (0, 1, 2)]
+    alone = [build_problem_and_data(seeded(spec, seed))[1] for seed in (0, 1, 2)]
+    for a, b in zip(shared, alone):
+        assert [ix.tolist() for ix in a.client_indices] == [ix.tolist() for ix in b.client_indices]
+        assert a.features.equal(b.features)
+    assert shared[0].client_indices[0].tolist() != shared[1].client_indices[0].tolist()  # the splits differ by seed

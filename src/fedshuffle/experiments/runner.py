@@ -49,6 +49,7 @@ from fedshuffle import metrics
 from fedshuffle.problems.solution import solution_key
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import open_regular, write_json
+from fedshuffle.core.streams import Stream, generator
 from fedshuffle.core.threads import operator_threads
 from fedshuffle.data.catalog import SOURCES, load_samples
 from fedshuffle.executors.choice import run_threads
@@ -164,15 +165,17 @@ def _shared(key: str, build: Callable[[], Any], data: Callable[[Any], Any]) -> A
 
 def _shared_samples(settings: dict[str, Any], seed: int) -> tuple[Any, np.random.Generator]:
     """:func:`~fedshuffle.data.catalog.load_samples`, shared by runs whose sources read the same samples: the key is
-    the source's settings and where it looks for files, and the split seed only where the source draws from it; the
-    partition stream is handed out as the source left it, a copy for each run."""
+    the source's settings and where it looks for files, and the split seed only where the source draws from it.
+    The partition stream is the run's own: as the source left it (a copy for each run) where the source draws from
+    it, else new from the run's split seed (runs of other split seeds share such a source's samples)."""
     entry = SOURCES[settings["source"]]
-    drawn = {"rng", "seed"} & set(inspect.signature(entry.factory).parameters)
+    drawn = bool({"rng", "seed"} & set(inspect.signature(entry.factory).parameters))
+    split_seed = seed if settings.get("seed") is None else settings["seed"]
     source = {k: settings.get(k) for k in ("source", "path", *entry.setting_names(), *SOURCES.runtime) if k != "seed"}
-    source["split_seed"] = (seed if settings.get("seed") is None else settings["seed"]) if drawn else None
+    source["split_seed"] = split_seed if drawn else None
     key = "samples " + json.dumps(source, sort_keys=True, default=str)
     samples, rng = _shared(key, lambda: load_samples(settings, seed), lambda v: v[0])
-    return samples, copy.deepcopy(rng)
+    return samples, copy.deepcopy(rng) if drawn else generator(split_seed, Stream.PARTITION)
 
 
 def _problem_and_data(spec: RunSpec) -> tuple[Any, Any]:
