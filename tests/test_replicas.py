@@ -357,7 +357,8 @@ def _specs(executor: str, seeds: list[int], data_seed: int | None = 0, **local) 
     data = {"source": "synthetic", "samples": 40, "features": 3, "classes": 2, "clients": 4, "partition": "iid",
             "seed": data_seed}
     base = {"problem": {"name": "logistic", "l2": 0.1}, "data": data, "sampler": {"name": "uniform", "cohort": 2}}
-    runs = [({"lr": lr, **local}, {"executor": executor, "rounds": 2, "seed": seed}) for lr in (0.1, 0.2) for seed in seeds]
+    runs = [({"lr": lr, **local}, {"executor": executor, "rounds": 2, "seed": seed})
+            for lr in (0.1, 0.2) for seed in seeds]
     return [RunSpec.model_validate({**base, "local": step, "run": run}) for step, run in runs]
 
 

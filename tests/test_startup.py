@@ -102,8 +102,8 @@ def test_seeds_that_split_a_shared_sources_samples_each_draw_their_own_split(tmp
 
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "pool.npz", x=rng.normal(size=(40, 3)), y=np.arange(40) % 2)
-    spec = RunSpec.model_validate({"problem": {"name": "logistic"}, "local": {"lr": 0.1},
-                                   "data": {"source": "npz", "path": str(tmp_path / "pool.npz"), "partition": "iid", "clients": 4}})
+    data = {"source": "npz", "path": str(tmp_path / "pool.npz"), "partition": "iid", "clients": 4}
+    spec = RunSpec.model_validate({"problem": {"name": "logistic"}, "local": {"lr": 0.1}, "data": data})
     with runner_mod.sharing_builds():
         shared = [runner_mod._problem_and_data(seeded(spec, seed))[1] for seed in (0, 1, 2)]
     alone = [build_problem_and_data(seeded(spec, seed))[1] for seed in (0, 1, 2)]
