@@ -11,7 +11,8 @@ Cases, interleaved within each repeat (one operator thread, as a run of a closed
 * ``one_chunk`` — the same with every sample in one chunk (how evaluation ran before it was chunked);
 * ``forward_1024`` — the forward pass alone over the same rows, gathered once beforehand, in chunks of 1,024.
 
-Writes ``benchmarks/results/evaluation.json`` with the medians and ``evaluation_over_forward`` (goal ≤ 1.15).
+Writes ``benchmarks/results/evaluation.json`` with the medians and ``evaluation_over_forward`` (goal ≤ 1.15), also as
+the median of the ratios within each repeat (``_paired``: on a shared machine, the steadier figure).
 ``--smoke``: a small synthetic MLP, prints the JSON, writes nothing.
 """
 
@@ -100,9 +101,17 @@ def measure(preset: str | None, repeats: int) -> dict[str, Any]:
         "ratios": {
             "evaluation_over_forward": round(medians["evaluation"] / medians["forward_1024"], 3),
             "one_chunk_over_forward": round(medians["one_chunk"] / medians["forward_1024"], 3),
+            "evaluation_over_forward_paired": _paired(times["evaluation"], times["forward_1024"]),
+            "one_chunk_over_forward_paired": _paired(times["one_chunk"], times["forward_1024"]),
         },
         "load_average": [round(v, 2) for v in os.getloadavg()],
     }
+
+
+def _paired(case: list[float], reference: list[float]) -> float:
+    """The median over repeats of the ratio of the two cases' times within each repeat (each pair ran back to back,
+    so a change of the machine's load between repeats cancels)."""
+    return round(statistics.median(a / b for a, b in zip(case, reference)), 3)
 
 
 def _in_one_chunk(problem: Any, evaluate: Any) -> Any:
