@@ -3,14 +3,17 @@
 Both train the network of :class:`fedshuffle.problems.CNN` as a plain ``torch.nn.Module`` on the
 users' data of :func:`benchmarks.cross_device_cnn.user_data`, one local epoch of batch 10 with
 SGD(lr 0.1), and average the models weighted by examples (server lr 1). Seconds per round are
-taken between the framework's own end-of-round hooks, after the warm-up rounds.
+taken between the framework's own end-of-round hooks, after the warm-up rounds. Flower's engine runs on a Ray
+started here first, on 127.0.0.1 only (:func:`loopback_ray`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -82,8 +85,26 @@ def flower_round_seconds(warmup: int, repeats: int) -> dict[str, float]:
         strategy.start(grid=grid, initial_arrays=ArrayRecord(make_module().state_dict()), num_rounds=warmup + repeats)
 
     cores = torch.get_num_threads()
-    run_simulation(server_app, client_app, num_supernodes=USERS, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": cores}})
+    with loopback_ray(cores):
+        resources = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+        run_simulation(server_app, client_app, num_supernodes=USERS, backend_config=resources)
     return {**_summary(stamps, warmup), "actors": cores}
+
+
+@contextlib.contextmanager
+def loopback_ray(cpus: int) -> Iterator[None]:
+    """A Ray of ``cpus`` CPUs listening on 127.0.0.1 only, for Flower's engine to use (left to itself, it would start
+    one with Ray's defaults, listening on every interface): started first and stopped after, as
+    :func:`fedshuffle.integrations.flower.simulate` does."""
+    import ray
+
+    from fedshuffle.executors.ray import start_local_ray, stop_local_ray
+
+    temp_dir = start_local_ray(ray, cpus)
+    try:
+        yield
+    finally:
+        stop_local_ray(ray, temp_dir)
 
 
 def pfl_round_seconds(warmup: int, repeats: int) -> dict[str, float]:

@@ -75,3 +75,33 @@ def test_mlp_loop_benchmark_times_both_loops_for_every_shape():
             assert case[chain]["torch_s"] > 0 and case[chain]["compiled_s"] > 0, name
             assert 0 < case[chain]["max_relative_difference"] < 1e-4, name  # the same updates, to float32 rounding
     assert result["cases"]["fedcdr-synthetic"]["chosen"] == "compiled" and result["cases"]["2nn"]["chosen"] == "torch"
+
+
+def test_evaluation_benchmark_times_the_evaluation_beside_the_bare_forward_pass():
+    """The chunked evaluation, the same in one chunk, and the forward pass of the same rows are all timed; the smoke
+    model's rows fit in one chunk of the cache budget."""
+    result = smoke("benchmarks.evaluation")
+    assert set(result["cases"]) == {"evaluation", "one_chunk", "forward_1024"}
+    assert all(case["median_s"] > 0 for case in result["cases"].values())
+    setup = result["setup"]
+    assert setup["held_rows"] == setup["train_rows"] and setup["chunk_rows"] >= setup["train_rows"]
+    assert result["ratios"]["evaluation_over_forward"] > 0
+
+
+def test_the_gpu_benchmark_runs_every_step_on_this_machine():
+    """``benchmarks/gpu.py --smoke``: the agreement tests run (here, without CUDA, the GPU ones skip with their reason),
+    the CNN harness' fedshuffle case is timed (pfl-research where installed), each smoke preset is timed and
+    projected."""
+    from benchmarks.gpu import SMOKE_PRESETS
+
+    result = smoke("benchmarks.gpu")
+    tests = result["agreement"]
+    assert tests["failed"] == 0 and tests["passed"] >= 2, tests
+    if result["device"] == "cpu":
+        assert tests["skipped"] > 0 and any("CUDA" in reason for reason in tests["skip_reasons"])
+    assert result["cnn"]["fedshuffle-auto"]["median_s"] > 0
+    assert set(result["presets"]) == set(SMOKE_PRESETS)
+    for name, preset in result["presets"].items():
+        assert "error" not in preset, f"{name}: {preset.get('error')}"
+        assert preset["round_s"] > 0 and preset["evaluation_s"] > 0 and preset["projected_minutes"] > 0
+        assert preset["scale"] == "smoke"

@@ -111,3 +111,30 @@ def test_official_test_split_is_used_for_test_metrics(shared_data, monkeypatch):
     _, data = build_problem_and_data(spec)
     assert data.num_samples == 3185 // 5 * 5 and data.test_features.shape == (29376, 123)
     assert float(data.test_labels.sum()) == 7068 - 22308  # a3a.t: 7068 positive, 22308 negative, as ±1
+
+
+def test_an_svmlight_file_is_parsed_once_then_read_back_without_scikit_learn(tmp_path, monkeypatch):
+    """The second read of the same bytes comes from the cache folder (the parser is not called: scikit-learn need not
+    be imported); a file whose bytes changed is parsed again; a damaged cache entry is parsed again and replaced."""
+    import sys
+
+    from fedshuffle.data.sources import libsvm
+
+    path = tmp_path / "toy.svm"
+    path.write_text(FIXTURE)
+    first = read_svmlight(path, 3)
+    with pytest.MonkeyPatch.context() as without:
+        without.setitem(sys.modules, "sklearn.datasets", None)  # importing it now fails
+        again = read_svmlight(path, 3)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype
+    calls = []
+    parse = libsvm.parse_svmlight
+    monkeypatch.setattr(libsvm, "parse_svmlight", lambda *args: calls.append(args) or parse(*args))
+    path.write_text(FIXTURE.replace("0.5", "0.75"))
+    assert read_svmlight(path, 3)[0][0, 0] == 0.75 and len(calls) == 1
+    for entry in (cache_dir() / "svmlight").glob("*.npz"):
+        entry.write_bytes(b"damaged")
+    assert read_svmlight(path, 3)[0][0, 0] == 0.75 and len(calls) == 2
+    assert read_svmlight(path, 3)[0][0, 0] == 0.75 and len(calls) == 2

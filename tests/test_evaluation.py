@@ -54,11 +54,37 @@ def old_scores(problem, data, params):
     return out
 
 
+def in_chunks_of(problem, rows: int) -> list[int]:
+    """Make ``problem`` score in chunks of ``rows`` samples; returns the list its chunks' sizes are appended to."""
+    sizes: list[int] = []
+    if isinstance(problem, ModuleProblem):
+        problem.eval_batch = rows
+        evaluate = problem._evaluate
+        problem._evaluate = lambda params, features, labels, each, index=None: evaluate(
+            params, features, labels, lambda b, o, i: (sizes.append(o.shape[0]), each(b, o, i)), index)
+        return sizes
+    chunk_scores = problem.chunk_scores
+    problem.chunk_rows = lambda features: rows
+    def counted(params, features, *rest):
+        sizes.append(features.shape[0])
+        return chunk_scores(params, features, *rest)
+
+    problem.chunk_scores = counted
+    return sizes
+
+
+@pytest.mark.parametrize("chunk", [None, 4], ids=["one chunk", "chunks of 4"])
 @pytest.mark.parametrize("name, problem, data", list(cases()), ids=[c[0] for c in cases()])
-def test_one_pass_scores_equal_the_separate_passes(name, problem, data):
+def test_one_pass_scores_equal_the_separate_passes(name, problem, data, chunk):
+    """Also in chunks of 4 samples (train and test sets of 32 and 9 samples: 8 and 3 chunks), the sums added chunk
+    by chunk."""
     params = problem.init_params(torch.Generator().manual_seed(1), torch.float64) + 0.1 * torch.randn(problem.dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     expected = old_scores(problem, data, params)
+    sizes = in_chunks_of(problem, chunk) if chunk else []
     got = metrics.ModelScores(problem, data)(params)
+    if chunk:
+        test_rows = 0 if data.test_features is None else data.test_features.shape[0]
+        assert max(sizes) == chunk and sum(sizes) == data.features.shape[0] + test_rows
     for key, value in expected.items():
         if value is None:
             assert got[key] is None, key
@@ -123,3 +149,47 @@ def test_a_cached_solution_is_found_by_its_key_without_reading_the_data(monkeypa
     monkeypatch.setattr(FederatedDataset, "to", lambda *a: pytest.fail("the dataset was copied although x* is cached"))
     again = cache.solution(problem, data, "config-test")  # from <cache>/solutions/config-test.npz
     assert torch.equal(again[0], solved[0]) and again[1] == solved[1]
+
+
+# -- the rows scored: those that clients hold ----------------------------------------------------------
+
+
+def test_the_train_metrics_score_the_rows_clients_hold_and_no_other():
+    """A training tensor with rows that no client holds (weight 0): f, ‖∇f‖² and the train accuracy are those of the
+    same clients' samples alone, the accuracy counting each held sample once (here 2 of the 3 unheld rows are
+    classified right and every held one wrong, so counting them would move the accuracy)."""
+    problem = SoftmaxRegression(2, 2, 0.1)
+    params = torch.tensor([1.0, -1.0, -1.0, 1.0, 0.0, 0.0], dtype=torch.float64)  # class 0 where x_0 > x_1
+    held = torch.tensor([[1.0, 0.0], [2.0, 0.5], [0.0, 1.0], [0.5, 3.0]], dtype=torch.float64)
+    held_labels = torch.tensor([1, 1, 0, 0])  # all wrong
+    unheld = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0]], dtype=torch.float64)
+    features = torch.cat([unheld[:1], held[:2], unheld[1:], held[2:]])
+    labels = torch.cat([torch.tensor([0]), held_labels[:2], torch.tensor([1, 1]), held_labels[2:]])
+    clients = [np.array([1, 2]), np.array([5, 6])]  # rows 0, 3, 4 belong to no client
+    sparse = FederatedDataset(features, labels, clients, objective_weights(np.array([2, 2]), "size"))
+    weights = objective_weights(np.array([2, 2]), "size")
+    compact = FederatedDataset(held, held_labels, [np.array([0, 1]), np.array([2, 3])], weights)
+    assert sparse.held_rows().tolist() == [1, 2, 5, 6] and compact.held_rows() is None
+    got, expected = metrics.ModelScores(problem, sparse)(params), metrics.ModelScores(problem, compact)(params)
+    assert got["train_accuracy"] == expected["train_accuracy"] == 0.0
+    assert problem.accuracy(params, features, labels) == pytest.approx(2 / 7)  # all rows: the unheld ones would count
+    for key in ("loss", "grad_norm_sq"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-14)
+
+
+def test_a_partition_that_leaves_samples_out_builds_a_training_tensor_of_the_clients_samples_only():
+    """``equal`` gives ⌊N/M⌋ samples to each client: the remainder is not in the training tensor, and each client holds
+    the samples (rows of the source, by their features) that it held when the remainder was kept."""
+    from fedshuffle.data.catalog import PARTITIONS, federate, load_samples
+
+    settings = {"source": "synthetic", "samples": 103, "features": 4, "classes": 3, "partition": "equal", "clients": 5,
+                "seed": 7}
+    samples, rng = load_samples(settings, 0)
+    data = federate(samples, settings, rng)
+    assert data.features.shape[0] == data.num_samples == 100 and data.held_rows() is None
+    source = torch.as_tensor(samples.features.reshape(len(samples.features), -1))
+    _, replay = load_samples(settings, 0)  # the split's own draws again: the shuffle, then ⌊N/M⌋ samples each
+    train = replay.permutation(103)
+    parts = PARTITIONS["equal"].build({"clients": 5}, labels=samples.labels[train], rng=replay, label_groups=None)
+    for client, part in enumerate(parts):
+        assert torch.equal(data.features[data.client_indices[client]], source[train[part]])

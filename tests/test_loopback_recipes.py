@@ -158,6 +158,30 @@ def test_flowers_engine_with_a_loopback_node_address_listens_beyond_loopback_whi
     assert [s for s in seen if not listening.is_loopback(s[0])], sorted(seen)
 
 
+#: the CNN benchmark's Flower case (benchmarks/frameworks.py) cut to 4 users of 10 images, 2 per round, one round
+BENCHMARK_FLOWER = """
+import benchmarks.cross_device_cnn as harness
+import benchmarks.frameworks as frameworks
+
+for module in (harness, frameworks):
+    module.USERS, module.COHORT, module.PER_USER, module.BATCH = 4, 2, 10, 5
+print(frameworks.flower_round_seconds(0, 2))
+"""
+
+
+def test_the_cnn_benchmarks_flower_case_listens_on_loopback_only(tmp_path):
+    """benchmarks/frameworks.py starts Ray on 127.0.0.1 before Flower's engine runs (left to itself, the engine starts
+    a Ray listening on every interface: the test above); in a namespace that looks like a host on a network."""
+    env = clean_env(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
+    command = [sys.executable, "-c", BENCHMARK_FLOWER]
+    deadline = time.monotonic() + RECIPE_SECONDS
+    seen = run_watched(isolated(command) if can_isolate() else command, env, tmp_path / "benchmark.log", deadline)
+    assert "median_s" in (tmp_path / "benchmark.log").read_text()  # the case ran its rounds
+    assert len(listening_processes(seen)) >= 3, f"expected the sockets of Ray's GCS, raylet, workers: {sorted(seen)}"
+    assert [s for s in seen if not listening.is_loopback(s[0])] == []
+
+
 def test_the_readme_superlink_recipe_listens_on_loopback_only_and_a_bad_run_config_is_one_line_in_flwr_log(tmp_path):
     """The page's ``flower-superlink`` and ``flower-supernode`` commands (ports replaced by free ones), each in its own
     process group, always stopped: once every one listens, none listens beyond loopback. Then, with the page's

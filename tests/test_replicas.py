@@ -349,3 +349,42 @@ def test_sweep_benchmark_smoke_case():
     assert cases["smoke: 4 runs, batched"]["note"].startswith("4 runs as ")  # one simulation per worker: 1 of 4 replicas, or 2 of 2
     assert cases["smoke: 4 runs, separate"]["note"] is None
     assert cases["smoke: 4 runs, batched"]["runs"] == cases["smoke: 4 runs, separate"]["runs"] == 4 and cases["smoke: one run"]["runs"] == 1
+
+
+def _specs(executor: str, seeds: list[int], data_seed: int | None = 0, **local) -> list:
+    from fedshuffle.experiments.schema import RunSpec
+
+    data = {"source": "synthetic", "samples": 40, "features": 3, "classes": 2, "clients": 4, "partition": "iid",
+            "seed": data_seed}
+    base = {"problem": {"name": "logistic", "l2": 0.1}, "data": data, "sampler": {"name": "uniform", "cohort": 2}}
+    runs = [({"lr": lr, **local}, {"executor": executor, "rounds": 2, "seed": seed})
+            for lr in (0.1, 0.2) for seed in seeds]
+    return [RunSpec.model_validate({**base, "local": step, "run": run}) for step, run in runs]
+
+
+def test_a_sweep_says_in_one_line_why_its_runs_are_not_batched_and_how_to_let_them_be(monkeypatch):
+    from fedshuffle.replicas import AUTO_NUMBERS, replica_groups, unbatched_note
+
+    def note(specs):
+        return unbatched_note(specs, replica_groups(specs))
+
+    sequential = note(_specs("sequential", [0, 1]))
+    assert sequential.startswith("4 runs cannot be batched as replicas: run.executor = 'sequential'")
+    assert "--set run.executor=auto, 4 of them run as replicas" in sequential and AUTO_NUMBERS in sequential
+    assert "\n" not in sequential
+    assert note(_specs("vectorized", [0, 1])) is None  # one group of 4 replicas
+    assert "data.seed is unset" in note(_specs("vectorized", [0, 1], data_seed=None)[:2])  # one step size, two splits
+    differing = note([*_specs("vectorized", [0], batch_size=2)[:1], *_specs("vectorized", [0], batch_size=3)[:1]])
+    assert "they differ in local.batch_size" in differing
+    assert note(_specs("sequential", [0])[:1]) is None  # one run
+    monkeypatch.setenv("FEDSHUFFLE_REPLICAS", "0")
+    assert "FEDSHUFFLE_REPLICAS=0" in note(_specs("vectorized", [0, 1]))
+
+
+def test_a_sweeps_note_is_printed_at_its_start(tmp_path, capsys):
+    from fedshuffle.experiments.sweep import Job, run_jobs
+
+    specs = _specs("sequential", [0, 1])
+    jobs = [Job("", {}, spec, spec.run.seed, tmp_path / f"run-{k}") for k, spec in enumerate(specs)]
+    run_jobs(jobs, show_progress=False)
+    assert "4 runs cannot be batched as replicas" in capsys.readouterr().err

@@ -79,7 +79,9 @@ def evaluate(evaluation: Evaluation) -> dict[str, Any]:
 class ModelScores:
     """Scores of the global model: f(x), f − f*, ‖x − x*‖², ‖∇f(x)‖², accuracies, test loss.
 
-    f is the training objective Σ_j s_j f_j(x) with the dataset's sample weights (Σ_i w_i f_i);
+    f is the training objective Σ_j s_j f_j(x) with the dataset's sample weights (Σ_i w_i f_i). The train accuracy is
+    the fraction of the samples that clients hold that the model classifies right, each counted once whatever its
+    client's weight (rows that no client holds are not scored); the test accuracy that of every test sample.
     x* and f* come from :func:`fedshuffle.problems.solution.solution` where the problem has them (cached under
     ``solution_key``, :func:`~fedshuffle.problems.solution.solution_key` of the run's settings, when given).
     """
@@ -87,6 +89,8 @@ class ModelScores:
     def __init__(self, problem, data, solution_key: str | None = None, gradient: bool = True) -> None:
         self.problem, self.data, self.gradient = problem, data, gradient
         self.sample_weights = data.sample_weights()
+        held = data.held_rows()
+        self.rows = None if held is None else torch.from_numpy(held).to(data.features.device)
         solved = solution(problem, data, solution_key)
         self.x_star = solved[0].to(data.features.device, data.features.dtype) if solved else None
         self.f_star = solved[1] if solved else None
@@ -94,9 +98,13 @@ class ModelScores:
         self.test_weights = None if test is None else torch.full((test.shape[0],), 1.0 / test.shape[0], dtype=self.sample_weights.dtype, device=test.device)
 
     def __call__(self, params: torch.Tensor) -> dict[str, float | None]:
-        """One pass over the training data (f, ‖∇f‖² unless ``gradient`` is off, accuracy: :meth:`~fedshuffle.problems.Problem.scores`)
+        """One pass over the held training rows (f, ‖∇f‖² unless ``gradient`` is off, accuracy:
+        :meth:`~fedshuffle.problems.Problem.scores`)
         and one over the test data (mean loss, accuracy: the same with weights 1/n and no gradient)."""
-        train = self.problem.scores(params, self.data.features, self.data.labels, self.sample_weights, gradient=self.gradient)
+        held = {} if self.rows is None else {"rows": self.rows}  # a problem's own scores() may not take rows
+        data = self.data
+        train = self.problem.scores(params, data.features, data.labels, self.sample_weights, gradient=self.gradient,
+                                    **held)
         out: dict[str, float | None] = {"loss": train.loss, "grad_norm_sq": train.grad_norm_sq}
         out["f_gap"] = train.loss - self.f_star if self.f_star is not None else None
         out["dist_sq"] = float((params - self.x_star).pow(2).sum()) if self.x_star is not None else None

@@ -450,6 +450,46 @@ def replica_key(spec: Any) -> str | None:
 #: set to "0" in the environment, every run is a group of its own (to compare with the runs made separately)
 SWITCH = "FEDSHUFFLE_REPLICAS"
 
+#: what switching a run from the sequential executor to ``auto`` changes in its numbers (measured on rrcli-a3a-theory)
+AUTO_NUMBERS = ("the same trajectories up to floating-point rounding (the cohort's sums in another order: "
+                "final models within 1e-11 relative in float64)")
+
+
+def unbatched_note(specs: Sequence[Any], groups: Sequence[Sequence[int]]) -> str | None:
+    """One line for the start of a sweep whose runs ``specs`` (grouped as ``groups``, :func:`replica_groups`) include
+    runs that cannot be batched as replicas: why (the executor, or settings that differ beyond step sizes and seeds)
+    and how to let them be. None when every run is in a batched group, or there is one run."""
+    alone = [group[0] for group in groups if len(group) == 1]
+    if len(specs) < 2 or not alone:
+        return None
+    if os.environ.get(SWITCH) == "0":
+        return f"{len(alone)} runs on their own: {SWITCH}=0 is set (unset it to run replicas as one simulation)"
+    executors = sorted({specs[k].run.executor for k in alone if specs[k].run.executor not in BATCHED_EXECUTORS})
+    if executors:
+        on_auto = [_on_auto(specs[k]) for k in alone]
+        batched = sum(len(g) for g in replica_groups(on_auto) if len(g) > 1)
+        if batched:
+            named = " or ".join(f"'{name}'" for name in executors)
+            return (f"{len(alone)} runs cannot be batched as replicas: run.executor = {named} runs each on its own; "
+                    f"with --set run.executor=auto, {batched} of them run as replicas of one simulation, "
+                    f"with {AUTO_NUMBERS}")
+    keys = [json.loads(replica_key(specs[k]) or "{}") for k in alone]
+    differing = sorted({f"{section}.{name}" for key in keys[1:] for section, values in key.items()
+                        if isinstance(values, dict) for name in values
+                        if values.get(name) != keys[0].get(section, {}).get(name)})
+    if not differing:
+        return None
+    if differing == ["run.seed"]:
+        return (f"{len(alone)} runs on their own: data.seed is unset, so each seed splits its own data; runs that "
+                "differ only in step sizes and seeds of one split are replicas (set data.seed for one split for all)")
+    named = ", ".join(differing[:4]) + (" …" if len(differing) > 4 else "")
+    return (f"{len(alone)} runs on their own: they differ in {named}, and only runs that differ in step sizes and "
+            "seeds are replicas of one simulation")
+
+
+def _on_auto(spec: Any) -> Any:
+    return spec.model_copy(update={"run": spec.run.model_copy(update={"executor": "auto"})})
+
 
 def replica_groups(specs: Sequence[Any]) -> list[list[int]]:
     """The runs ``specs`` (positions) grouped into replicas of one simulation, in order of first appearance; a run

@@ -267,7 +267,7 @@ class Simulation(Server):
         if self.store is None:
             return {}
         rows = {name: self.store.get(name, cohort, self.device).to(self.dtype) for name in self.method.state_fields}
-        rows["created"] = torch.from_numpy(self.store.created[cohort].copy())
+        rows["created"] = torch.from_numpy(self.store.created[cohort].copy()).to(self.device)
         return rows
 
     def _write_rows(self, cohort: np.ndarray, rows: Mapping[str, torch.Tensor]) -> None:

@@ -342,7 +342,8 @@ def federate(
 
     Samples that come with their clients keep them. Pooled samples are shuffled by ``rng``, the first
     ``test_fraction`` held out (unless the source has an official test split), and the rest split by
-    the section's ``partition``. ``encode_labels`` maps integer labels to the problem's targets (e.g. ±1).
+    the section's ``partition``; samples that the partition gives to no client are dropped, so that the training
+    tensor holds the objective's samples only. ``encode_labels`` maps integer labels to the problem's targets (e.g. ±1).
     """
     source, partition = settings["source"], settings.get("partition", "sizes")
     x, y = samples.features, samples.labels
@@ -357,6 +358,9 @@ def federate(
         order, n_test = rng.permutation(len(y)), int(round(settings.get("test_fraction", 0.0) * len(y)))
         train, test = order[n_test:], ((x[order[:n_test]], y[order[:n_test]]) if n_test else None)
         parts = _split(partition, settings, y[train], rng, samples.label_groups)
+    held = np.sort(np.concatenate(parts))
+    if len(held) < len(train):  # samples that no client holds (a partition's remainder) stay out of the training tensor
+        train, parts = train[held], [np.searchsorted(held, ix) for ix in parts]
     sizes = np.array([len(ix) for ix in parts])
     flat = torch.as_tensor(x.reshape(len(x), -1))
     return FederatedDataset(

@@ -117,6 +117,12 @@ class FederatedDataset(PopulationCounts):
             return None
         return ClientRows(self.test_client_sizes)
 
+    def held_rows(self) -> np.ndarray | None:
+        """The rows of ``features`` that some client holds, ascending: the samples of the objective, which the
+        training metrics score (None: every row is held)."""
+        held = np.sort(np.concatenate(self.client_indices))  # disjoint sets
+        return None if len(held) == self.features.shape[0] else held
+
     def sample_weights(self) -> torch.Tensor:
         """Per-sample weights s_j = w_i/|D_i| for j ∈ D_i, so that f(x) = Σ_j s_j f_j(x)."""
         s = np.zeros(self.features.shape[0], dtype=np.float64)

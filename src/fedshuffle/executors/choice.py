@@ -50,7 +50,9 @@ def make_executor(
     ray_workers: int = 2, ray_address: str | None = None, threads: int | None = None,
 ) -> Executor:
     """The executor ``name`` (one of :data:`EXECUTORS`); ``auto`` needs the ``problem`` and records its choice
-    in the executor's ``chosen`` attribute ("auto: <name> — <reason>")."""
+    in the executor's ``chosen`` attribute ("auto: <name> — <reason>"). Off the CPU the compiled loop is switched off,
+    and ``chosen`` says so (:data:`COMPILED_OFF`); the random streams that plan a round stay compiled: they run on the
+    CPU whatever the device."""
     if name not in EXECUTORS:
         raise ConfigError("run.executor", f"unknown executor {name!r}; accepted: {', '.join(EXECUTORS)}")
     chosen = None
@@ -68,8 +70,15 @@ def make_executor(
         threaded.chosen = chosen
         return threaded
     executor: LocalExecutor = VectorizedExecutor(chunk_size, memory_budget) if name == "vectorized" else SequentialExecutor()
+    if executor.compiled and torch.device(device).type != "cpu":
+        executor.compiled = False
+        chosen = f"{chosen + '; ' if chosen else ''}{COMPILED_OFF.format(device=torch.device(device).type)}"
     executor.chosen = chosen
     return executor
+
+
+#: what a run on another device than the CPU is told about the compiled loop (:mod:`fedshuffle.local.fused`)
+COMPILED_OFF = "compiled loop off on {device}: numba compiles for the CPU; the local loop runs as PyTorch operators"
 
 
 def run_threads(problem: Problem, device: str | torch.device) -> tuple[int, str]:

@@ -74,7 +74,8 @@ class LocalExecutor:
     """
 
     name = "vectorized"
-    #: how the executor was chosen when ``run.executor = "auto"`` ("auto: <name> — <reason>"), else None
+    #: how the executor was chosen when ``run.executor = "auto"`` ("auto: <name> — <reason>") and, off the CPU, that the
+    #: compiled loop is off (:data:`~fedshuffle.executors.choice.COMPILED_OFF`); else None
     chosen: str | None = None
 
     def __init__(self, chunk_size: int | None = None, memory_budget: int = 1 << 30, compiled: bool = True) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from fedshuffle.analysis import theory
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError, section
 from fedshuffle.data import FederatedDataset
-from fedshuffle.data.catalog import federate, load_samples
+from fedshuffle.data.catalog import Samples, federate, load_samples
 from fedshuffle.executors import Executor, make_executor
 from fedshuffle.experiments.schema import RunConfig, RunSpec, SamplerConfig
 from fedshuffle.methods.algorithm import Algorithm, build_algorithm
@@ -17,12 +20,16 @@ from fedshuffle.problems import PROBLEMS, Problem
 from fedshuffle.samplers import SAMPLERS, Sampler
 
 
-def build_problem_and_data(spec: RunSpec) -> tuple[Problem, FederatedDataset]:
-    """The problem and federated dataset a spec describes: the data source's samples, the registered
-    problem for their shape and classes, then the split (seeded by ``data.seed`` or ``run.seed``)."""
+Loader = Callable[[dict[str, Any], int], tuple[Samples, np.random.Generator]]
+
+
+def build_problem_and_data(spec: RunSpec, load: Loader = load_samples) -> tuple[Problem, FederatedDataset]:
+    """The problem and federated dataset a spec describes: the data source's samples (``load``:
+    :func:`~fedshuffle.data.catalog.load_samples`, or a loader that shares them), the registered problem for their
+    shape and classes, then the split (seeded by ``data.seed`` or ``run.seed``)."""
     data_settings = spec.data.model_dump()
     with section("data"):
-        samples, rng = load_samples(data_settings, spec.run.seed)
+        samples, rng = load(data_settings, spec.run.seed)
     with section("problem"):
         problem = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=samples)
     # a model whose copies cannot fit: an MLP's widths, or a class count from huge labels

@@ -24,6 +24,8 @@ Layout of a results folder::
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
 import logging
 import os
@@ -47,7 +49,9 @@ from fedshuffle import metrics
 from fedshuffle.problems.solution import solution_key
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import open_regular, write_json
+from fedshuffle.core.streams import Stream, generator
 from fedshuffle.core.threads import operator_threads
+from fedshuffle.data.catalog import SOURCES, load_samples
 from fedshuffle.executors.choice import run_threads
 from fedshuffle.experiments.build import build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
 from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_hash, data_hashes, identity, intact, remove_leftovers, stored_run
@@ -117,9 +121,10 @@ def check_against_data(spec: RunSpec, num_clients: int) -> None:
             raise ConfigError(field, "every value is 0: no client would count; give at least one positive value")
 
 
-#: problems and datasets built inside :func:`sharing_builds`, by the settings that make them (None: outside it)
-_BUILT: OrderedDict[str, tuple[Any, Any]] | None = None
-_BUILDING = threading.Lock()  # runs in threads (replicas: fedshuffle.replicas) build one shared copy, not one each
+#: problems and datasets built inside :func:`sharing_builds`, and the sources' samples they were split from, by the
+#: settings that make them (None: outside it)
+_BUILT: OrderedDict[str, Any] | None = None
+_BUILDING = threading.RLock()  # runs in threads (replicas: fedshuffle.replicas) build one shared copy, not one each
 #: the most bytes of data kept for later runs (the least recently used go first)
 SHARED_DATA_BYTES = 1 << 30
 
@@ -128,8 +133,9 @@ SHARED_DATA_BYTES = 1 << 30
 def sharing_builds() -> Iterator[None]:
     """Within the block, runs with equal ``[problem]`` and ``[data]`` settings and split seed (``data.seed``, else
     ``run.seed``) share one build of the problem and dataset (neither is changed by a run): the preflight's, for
-    every variant and seed that has those settings. Up to :data:`SHARED_DATA_BYTES` of data are kept; the block
-    is one command (``run``, ``sweep``), so a data file changed between commands is read again."""
+    every variant and seed that has those settings; and runs whose data differ in the split only (the partition, its
+    settings, the weights) share the samples read from their source. Up to :data:`SHARED_DATA_BYTES` of data are
+    kept; the block is one command (``run``, ``sweep``), so a data file changed between commands is read again."""
     global _BUILT
     outer, _BUILT = _BUILT, (OrderedDict() if _BUILT is None else _BUILT)
     try:
@@ -139,25 +145,50 @@ def sharing_builds() -> Iterator[None]:
 
 
 def _data_bytes(data: Any) -> int:
-    tensors = (getattr(data, name, None) for name in ("features", "labels", "test_features", "test_labels"))
-    return sum(t.element_size() * t.nelement() for t in tensors if isinstance(t, torch.Tensor))
+    arrays = (getattr(data, name, None) for name in ("features", "labels", "test_features", "test_labels"))
+    return sum(a.element_size() * a.nelement() if isinstance(a, torch.Tensor) else a.nbytes
+               for a in arrays if isinstance(a, (torch.Tensor, np.ndarray)))
 
 
-def _problem_and_data(spec: RunSpec) -> tuple[Any, Any]:
-    """:func:`~fedshuffle.experiments.build.build_problem_and_data`, or the build shared under :func:`sharing_builds`."""
-    if _BUILT is None:
-        return build_problem_and_data(spec)
-    data = spec.data.model_dump()
-    key = json.dumps({"problem": spec.problem.model_dump(), "data": data, "split_seed": spec.run.seed if data["seed"] is None else data["seed"]},
-                     sort_keys=True, default=str)
+def _shared(key: str, build: Callable[[], Any], data: Callable[[Any], Any]) -> Any:
+    """``build()``, kept under ``key`` within :func:`sharing_builds` (the least recently used dropped past
+    :data:`SHARED_DATA_BYTES` of ``data(value)``)."""
+    assert _BUILT is not None
     with _BUILDING:
         if key in _BUILT:
             _BUILT.move_to_end(key)
             return _BUILT[key]
-        built = _BUILT[key] = build_problem_and_data(spec)
-        while len(_BUILT) > 1 and sum(_data_bytes(d) for _, d in _BUILT.values()) > SHARED_DATA_BYTES:
+        built = _BUILT[key] = build()
+        while len(_BUILT) > 1 and sum(_data_bytes(data(v)) for v in _BUILT.values()) > SHARED_DATA_BYTES:
             _BUILT.popitem(last=False)
         return built
+
+
+def _shared_samples(settings: dict[str, Any], seed: int) -> tuple[Any, np.random.Generator]:
+    """:func:`~fedshuffle.data.catalog.load_samples`, shared by runs whose sources read the same samples: the key is
+    the source's settings and where it looks for files, and the split seed only where the source draws from it.
+    The partition stream is the run's own: as the source left it (a copy for each run) where the source draws from
+    it, else new from the run's split seed (runs of other split seeds share such a source's samples)."""
+    entry = SOURCES[settings["source"]]
+    drawn = bool({"rng", "seed"} & set(inspect.signature(entry.factory).parameters))
+    split_seed = seed if settings.get("seed") is None else settings["seed"]
+    source = {k: settings.get(k) for k in ("source", "path", *entry.setting_names(), *SOURCES.runtime) if k != "seed"}
+    source["split_seed"] = split_seed if drawn else None
+    key = "samples " + json.dumps(source, sort_keys=True, default=str)
+    samples, rng = _shared(key, lambda: load_samples(settings, seed), lambda v: v[0])
+    return samples, copy.deepcopy(rng) if drawn else generator(split_seed, Stream.PARTITION)
+
+
+def _problem_and_data(spec: RunSpec) -> tuple[Any, Any]:
+    """:func:`~fedshuffle.experiments.build.build_problem_and_data`, or the build shared under
+    :func:`sharing_builds`."""
+    if _BUILT is None:
+        return build_problem_and_data(spec)
+    data = spec.data.model_dump()
+    split_seed = spec.run.seed if data["seed"] is None else data["seed"]
+    settings = {"problem": spec.problem.model_dump(), "data": data, "split_seed": split_seed}
+    key = "build " + json.dumps(settings, sort_keys=True, default=str)
+    return _shared(key, lambda: build_problem_and_data(spec, _shared_samples), lambda v: v[1])
 
 
 def seeded(spec: RunSpec, seed: int) -> RunSpec:

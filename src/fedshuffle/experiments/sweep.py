@@ -40,7 +40,7 @@ from fedshuffle.methods import METHODS
 from fedshuffle.problems import PROBLEMS
 from fedshuffle.samplers import SAMPLERS
 from fedshuffle.server import SERVER_OPTIMIZERS
-from fedshuffle.replicas import describe_groups, replica_groups, run_together, spread
+from fedshuffle.replicas import describe_groups, replica_groups, run_together, spread, unbatched_note
 
 
 @dataclass(frozen=True)
@@ -371,8 +371,10 @@ def run_jobs(
 
 
     check_workers(workers)
-    groups = spread(replica_groups([job.spec for job in jobs]), workers)  # runs that differ only in step sizes or seed: one simulation per worker
+    grouped = replica_groups([job.spec for job in jobs])
+    groups = spread(grouped, workers)  # runs that differ only in step sizes or seed: one simulation per worker
     note = describe_groups(groups)
+    unbatched = unbatched_note([job.spec for job in jobs], grouped)
     workers = pool_workers(jobs, workers)
     console = Console(stderr=True)
     outcomes: list[Outcome | None] = [None] * len(jobs)
@@ -388,8 +390,9 @@ def run_jobs(
             if outcome.status not in ("complete", UNWRITABLE):
                 console.print(f"[yellow]{job.label or 'run'} seed {job.seed}{' ' + point_name(job.point) if job.point else ''}: {outcome.status}: {outcome.message}", highlight=False, soft_wrap=True)
 
-        if note:
-            console.print(note, highlight=False)
+        for line in (note, unbatched):
+            if line:
+                console.print(line, highlight=False, soft_wrap=True)
         if not workers:
             for group in groups:
                 job = jobs[group[0]]

@@ -7,7 +7,7 @@ import torch
 from torch.func import grad
 
 from ..core.errors import ConfigError
-from .base import Problem, Scores
+from .base import ChunkScores, Problem
 
 
 class Quadratic(Problem):
@@ -93,16 +93,16 @@ class LogisticRegression(Problem):
     def accuracy(self, params, features, labels):
         return float(((features @ params) * labels > 0).double().mean())
 
-    def scores(self, params, features, labels, weights, gradient=True):
-        """f, ‖∇f‖² and accuracy from one product Ax: margins m_j = b_j a_jᵀx, f = Σ_j s_j [log(1 + e^{−m_j}) + (λ/2)‖x‖²],
-        ∇f = −Σ_j s_j b_j σ(−m_j) a_j + λ(Σ_j s_j) x, accuracy = mean(m_j > 0)."""
+    def chunk_scores(self, params, features, labels, weights, gradient):
+        """f, ∇f and right predictions of a chunk from one product Ax: margins m_j = b_j a_jᵀx,
+        f = Σ_j s_j [log(1 + e^{−m_j}) + (λ/2)‖x‖²], ∇f = −Σ_j s_j b_j σ(−m_j) a_j + λ(Σ_j s_j) x, right: m_j > 0."""
         margins = labels * (features @ params)
-        loss = float(((torch.nn.functional.softplus(-margins) + 0.5 * self.l2 * params.dot(params)) * weights).sum())
+        loss = ((torch.nn.functional.softplus(-margins) + 0.5 * self.l2 * params.dot(params)) * weights).sum()
         norm = None
         if gradient:
             coef = -labels * torch.sigmoid(-margins) * weights
-            norm = float((features.T @ coef + self.l2 * weights.sum() * params).pow(2).sum())
-        return Scores(loss, norm, float((margins > 0).double().mean()))
+            norm = features.T @ coef + self.l2 * weights.sum() * params
+        return ChunkScores(loss, norm, (margins > 0).sum(), features.shape[0])
 
     def minimizer(self, features, labels, weights):
         """Damped Newton in float64, then full Newton steps while ‖∇f‖ still falls (≈1e-16 at the end).
@@ -197,14 +197,17 @@ class SoftmaxRegression(Problem):
         logits, _ = self._logits(params, features, whole=True)
         return float((logits.argmax(dim=-1) == labels).double().mean())
 
-    def scores(self, params, features, labels, weights, gradient=True):
-        """f, ‖∇f‖² (the closed form of :meth:`batched_gradient`) and accuracy from one forward pass."""
+    def row_bytes(self, features):
+        return (features[0].numel() + 2 * self.num_classes) * features.element_size()
+
+    def chunk_scores(self, params, features, labels, weights, gradient):
+        """f, ∇f (the closed form of :meth:`batched_gradient`) and right predictions of a chunk from one forward
+        pass."""
         logits, weight = self._logits(params, features, whole=True)
         ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-        loss = float(((ce + 0.5 * self.l2 * (weight**2).sum()) * weights).sum())
-        accuracy = float((logits.argmax(dim=-1) == labels).double().mean())
-        norm = float(self._gradient(logits, features, weight, labels, weights).pow(2).sum()) if gradient else None
-        return Scores(loss, norm, accuracy)
+        loss = ((ce + 0.5 * self.l2 * (weight**2).sum()) * weights).sum()
+        norm = self._gradient(logits, features, weight, labels, weights) if gradient else None
+        return ChunkScores(loss, norm, (logits.argmax(dim=-1) == labels).sum(), features.shape[0])
 
     def minimizer(self, features, labels, weights):
         """Full-batch L-BFGS in float64, polished by Newton steps when d ≤ 2000 (strongly convex for λ > 0)."""

@@ -42,7 +42,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from ..core.errors import ConfigError
-from .base import Problem, Scores
+from .base import Problem, Scores, evaluation_chunks
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 RECURRENT = (torch.nn.RNNBase, torch.nn.RNNCellBase)
@@ -323,15 +323,21 @@ class ModuleProblem(Problem):
 
     # -- the objective and metrics, in eval mode and in slices ------------------------------------
 
-    def _evaluate(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, each: Callable[[_Bound, torch.Tensor, slice], None]) -> None:
-        """``each(bound, outputs, rows)`` for the eval-mode outputs of every slice of ``eval_batch`` samples, at x = ``params``."""
+    def chunk_rows(self, features: torch.Tensor) -> int:
+        return self.eval_batch
+
+    def _evaluate(
+        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+        each: Callable[[_Bound, torch.Tensor, slice | torch.Tensor], None], rows: torch.Tensor | None = None,
+    ) -> None:
+        """``each(bound, outputs, index)`` for the eval-mode outputs of every chunk of ``eval_batch`` samples (of
+        ``rows`` only, when given), at x = ``params``."""
         bound = self._instance(params)
         bound.mode(False)
         bound.bind(params.detach(), self.shapes)
         try:
-            for k in range(0, features.shape[0], self.eval_batch):
-                rows = slice(k, k + self.eval_batch)
-                each(bound, bound.module(self.inputs(features[rows], params.dtype)), rows)
+            for index in evaluation_chunks(features.shape[0], rows, self.eval_batch):
+                each(bound, bound.module(self.inputs(features[index], params.dtype)), index)
         finally:
             bound.release()
 
@@ -375,27 +381,29 @@ class ModuleProblem(Problem):
             self._evaluate(params, features, labels, add)
         return counts[0] / max(counts[1], 1)
 
-    def scores(self, params, features, labels, weights, gradient=True):
-        """f, ‖∇f‖² and accuracy from one eval-mode forward pass per slice (and, for the gradient, one backward of it)."""
-        total, counts = params.new_zeros(()), [0, 0]
+    def scores(self, params, features, labels, weights, gradient=True, rows=None):
+        """f, ‖∇f‖² and accuracy from one eval-mode forward pass per chunk (and, for the gradient, one backward of it);
+        the right predictions are counted on the device and read once."""
+        total = params.new_zeros(())
+        right, scored = params.new_zeros((), dtype=torch.int64), params.new_zeros((), dtype=torch.int64)
         out = torch.zeros_like(params) if gradient else None
 
-        def add(bound, outputs, rows):
-            objective = self._objective(outputs, labels[rows], weights[rows])
+        def add(bound, outputs, index):
+            objective = self._objective(outputs, labels[index], weights[index])
             if out is not None:
                 out.add_(torch.cat([g.reshape(-1) for g in bound.gradient(objective)]))
             total.add_(objective.detach())
             if self.classification:
-                right, scored = correct_predictions(outputs.detach(), labels[rows])
-                counts[0] += int(right)
-                counts[1] += int(scored)
+                hits, count = correct_predictions(outputs.detach(), labels[index])
+                right.add_(hits)
+                scored.add_(count)
 
         with torch.enable_grad() if gradient else torch.no_grad():
-            self._evaluate(params, features, labels, add)
-        mass = weights.sum()
+            self._evaluate(params, features, labels, add, rows)
+        mass = weights.sum() if rows is None else weights[rows].sum()
         loss = float(total + 0.5 * self.l2 * mass * params.dot(params) if self.l2 else total)
         norm = None if out is None else float((out + self.l2 * mass * params.detach() if self.l2 else out).pow(2).sum())
-        return Scores(loss, norm, counts[0] / max(counts[1], 1) if self.classification else None)
+        return Scores(loss, norm, int(right) / max(int(scored), 1) if self.classification else None)
 
 
 def _seed(device: torch.device, seed: int) -> None:

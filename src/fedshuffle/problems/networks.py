@@ -12,7 +12,7 @@ import torch
 from torch.func import grad, vmap
 
 from ..core.errors import ConfigError
-from .base import Problem, Scores
+from .base import ChunkScores, Problem
 
 
 def _flat(pieces: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -120,20 +120,24 @@ class MLP(Network):
                 delta = (delta @ pieces[k].transpose(-2, -1)) * (h > 0)
         return torch.cat([g.flatten(start_dim=logits.dim() - 2) for g in grads], dim=-1)
 
-    def scores(self, params, features, labels, weights, gradient=True):
-        """f, ‖∇f‖² (backpropagation written out, as :meth:`batched_gradient`) and accuracy from one forward pass."""
+    def row_bytes(self, features):
+        """A sample's features and every layer's output, twice (the backward pass's δ beside each)."""
+        return (features[0].numel() + 2 * sum(self.widths[1:])) * features.element_size()
+
+    def chunk_scores(self, params, features, labels, weights, gradient):
+        """f, ∇f (backpropagation written out, as :meth:`batched_gradient`) and right predictions of a chunk from one
+        forward pass."""
         pieces = self.split(params)
         acts = self._activations(pieces, features.reshape(features.shape[0], -1))
         logits = acts[-1] @ pieces[-2] + pieces[-1]
         ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
         penalty = 0.5 * self.l2 * sum((q * q).sum() for q in pieces) if self.l2 else 0.0
-        loss = float(((ce + penalty) * weights).sum())
-        accuracy = float((logits.argmax(dim=-1) == labels).double().mean())
+        loss = ((ce + penalty) * weights).sum()
         norm = None
         if gradient:
             flat = self._backpropagate(pieces, acts, logits, labels, weights)
-            norm = float((flat + self.l2 * weights.sum() * params if self.l2 else flat).pow(2).sum())
-        return Scores(loss, norm, accuracy)
+            norm = flat + self.l2 * weights.sum() * params if self.l2 else flat
+        return ChunkScores(loss, norm, (logits.argmax(dim=-1) == labels).sum(), features.shape[0])
 
     def init_params(self, generator, dtype):
         """PyTorch's default Linear initialization, U(−1/√fan_in, 1/√fan_in), from ``generator``."""

@@ -2,11 +2,15 @@
 
 Files are read by scikit-learn's svmlight reader into dense float64 arrays; labels are mapped to
 {0, 1} (the smaller of the two label values → 0: phishing {0,1}, mushrooms {1,2}, a3a/w3a/a9a
-{−1,+1}), which the logistic-regression problem turns into b ∈ {−1, +1}.
+{−1,+1}), which the logistic-regression problem turns into b ∈ {−1, +1}. The arrays read are kept in the
+cache folder under the SHA-256 of the file's bytes (``<cache>/svmlight/<sha256>-<features>.npz``), so that a
+process reads them back without importing scikit-learn (seconds of start-up) and a changed file is read anew.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import re
 from collections.abc import Sequence
@@ -16,7 +20,8 @@ import numpy as np
 
 from fedshuffle.core import limits
 from fedshuffle.core.errors import DataError
-from fedshuffle.data.sources.fetch import RemoteFile, locate
+from fedshuffle.core.io import write_atomic
+from fedshuffle.data.sources.fetch import RemoteFile, cache_dir, locate
 
 OFFICIAL_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"
 
@@ -59,7 +64,34 @@ def load_libsvm_dataset(
 
 
 def read_svmlight(path: str | Path, num_features: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Dense features and {0, 1} labels of a binary svmlight file.
+    """Dense features and {0, 1} labels of a binary svmlight file: parsed by :func:`parse_svmlight` once, then read
+    back from the cache folder by the file's SHA-256 (an unwritable cache only costs the next read a parse)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(str(path), "file not found" if not path.exists() else "not a file")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    cached = cache_dir() / "svmlight" / f"{digest}-{num_features if num_features is not None else 'any'}.npz"
+    if cached.is_file():
+        try:
+            with np.load(cached, allow_pickle=False) as stored:
+                features, labels = stored["features"], stored["labels"]
+            typed = features.dtype == np.float64 and labels.dtype == np.int64
+            if typed and features.ndim == 2 and labels.shape == (features.shape[0],):
+                return features, labels
+        except (ValueError, OSError, KeyError):
+            pass  # a damaged entry is parsed again and replaced
+    features, labels = parse_svmlight(path, num_features)
+    buf = io.BytesIO()
+    np.savez(buf, features=features, labels=labels)
+    try:
+        write_atomic(cached, buf.getvalue())
+    except OSError:
+        pass
+    return features, labels
+
+
+def parse_svmlight(path: str | Path, num_features: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Dense features and {0, 1} labels of a binary svmlight file, parsed by scikit-learn's reader.
 
     Errors name the file and its first bad line: a malformed line, a non-integer label (classes are
     needed), a third label value, a NaN or infinite feature, or a feature index so large that the dense
