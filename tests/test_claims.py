@@ -209,7 +209,7 @@ def test_reproduce_runs_judges_and_reports(tmp_path, monkeypatch):
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["reproduce", str(cfg), str(gpu), "--out", str(out), "--budget", "cpu", "--json"])
     assert result.exit_code == 0, result.output
-    claims = json.loads(result.output)["claims"]
+    claims = json.loads(result.stdout)["claims"]
     assert [(c["preset"], c["verdict"]) for c in claims][1:] == [("tiny", "holds"), ("big", "not run"), ("big", "not run")]
     assert claims[0]["verdict"] in ("holds", "partly", "does not hold") and "FedShuffle:" in claims[0]["measured"]
     assert {"preset", "claim", "measured", "verdict"} <= set(claims[0]) and "sized for a GPU" in claims[2]["why"]
@@ -225,7 +225,7 @@ def test_reproduce_runs_judges_and_reports(tmp_path, monkeypatch):
     # again: the runs are kept and the verdicts are the same; the time of continuing them adds to the time they took,
     # also when the call is interrupted
     again = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out), "--json"])
-    assert again.exit_code == 0 and json.loads(again.output)["claims"] == claims[:2]
+    assert again.exit_code == 0 and json.loads(again.stdout)["claims"] == claims[:2]
     continued = seconds()
     assert continued["tiny"]["runs"] >= spent["tiny"]["runs"]
 
@@ -241,7 +241,7 @@ def test_reproduce_runs_judges_and_reports(tmp_path, monkeypatch):
     assert continued["tiny"]["runs"] >= spent["tiny"]["runs"] + 0.3
     # judged without running: what is there, and the others said to be missing; the time running took is kept
     judged = CliRunner().invoke(app, ["reproduce", str(cfg), str(gpu), "--out", str(out), "--json", "--no-run"])
-    rows = json.loads(judged.output)["claims"]
+    rows = json.loads(judged.stdout)["claims"]
     assert rows[:2] == claims[:2] and rows[2]["verdict"] == "not run" and "no finished results in" in rows[2]["why"]
     assert seconds() == continued
     # a folder holding another experiment is refused

@@ -492,7 +492,7 @@ def test_data_command_prints_per_client_label_counts_and_writes_a_heatmap(tmp_pa
     runner = CliRunner()
     result = runner.invoke(app, ["data", str(config), "--json", "--out", str(tmp_path / "out"), "--set", "data.labels_per_client=2"])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)
+    summary = json.loads(result.stdout)
     assert summary["num_clients"] == 10 and summary["num_classes"] == 10 and summary["test_size"] == 20
     assert [c["size"] for c in summary["clients"]] == [20] * 10 and summary["sizes"] == {"min": 20, "median": 20.0, "max": 20, "mean": 20.0}
     assert all(len(c["label_counts"]) == 10 and sum(c["label_counts"]) == c["size"] and np.count_nonzero(c["label_counts"]) == 2 for c in summary["clients"])

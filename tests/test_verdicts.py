@@ -214,7 +214,7 @@ def test_tuning_selects_on_the_tuning_seeds_and_judges_on_fresh_seeds(tmp_path, 
     assert "- the step grid is ours" in md and "| tuned beats fixed | local.lr = 0.001 |" in md.replace("final f_gap: Tuned < Fixed", "tuned beats fixed")
     # again: nothing runs again and the selection is the same
     again = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(out), "--json", "--no-run"])
-    assert again.exit_code == 0 and json.loads(again.output)["claims"] == json.loads(result.output)["claims"]
+    assert again.exit_code == 0 and json.loads(again.stdout)["claims"] == json.loads(result.stdout)["claims"]
 
 
 def test_the_selection_rule_follows_the_metric_and_skips_points_with_a_missing_seed(tmp_path):
@@ -295,7 +295,7 @@ def test_reports_accumulate_and_say_when_and_from_which_runs(tmp_path, no_plots)
     first = json.loads((out / "verdicts.json").read_text())["presets"]["a"]
     result = CliRunner().invoke(app, ["reproduce", str(b), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    assert [c["quote"] for c in json.loads(result.output)["claims"]] == ["B converges"]  # this call's claims only
+    assert [c["quote"] for c in json.loads(result.stdout)["claims"]] == ["B converges"]  # this call's claims only
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "“A converges”" in md and "“B converges”" in md and "A converges" in page and "B converges" in page
     assert "| Paper A | 1 | 0 | 0 | 0 | 0 |" in md and "| Paper B | proxy | 1 |" in md
@@ -321,7 +321,7 @@ def test_reproduce_judges_the_claims_of_a_config_file(tmp_path, no_plots):
     cfg.write_text(TINY.format(paper="My study", quote="mine converges", role="primary").replace('paper = "My study"', 'paper = "My study"\nname = "my-study"'))
     result = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(tmp_path / "o"), "--json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     assert [(c["preset"], c["verdict"], c["role"], c["seeds"]) for c in doc["claims"]] == [("my-study", "holds", "primary", 3)]
     assert doc["counts"] == {"My study": {"holds": 1}} and doc["other_roles"] == {}
     assert (tmp_path / "o" / "my-study" / "manifest.json").is_file()
@@ -357,7 +357,7 @@ def test_an_experiment_whose_data_cannot_be_had_reads_not_reproducible(tmp_path,
         'paper = "My study"', 'paper = "My study"\nname = "substitute"\nnot_reproducible = "the paper\'s dataset cannot be built here"'))
     result = CliRunner().invoke(app, ["reproduce", str(cfg), "--out", str(tmp_path / "o"), "--json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     (row,) = doc["claims"]
     assert row["verdict"] == "not reproducible" and row["why"].startswith("the paper's dataset cannot be built here; on the substitute it holds")
     assert doc["counts"] == {"My study": {"not reproducible": 1}} and "not reproducible" in (tmp_path / "o" / "report.md").read_text()

@@ -30,6 +30,7 @@ from fedshuffle.experiments.claims import Claim, Verdict, parse_claims, score
 from fedshuffle.experiments.folders import MANIFEST, FolderLock, folder_name, read_manifest
 from fedshuffle.experiments.report import collect_runs, group_runs
 from fedshuffle.experiments.reproduction_report import point_text, write_reports
+from fedshuffle.experiments.runner import sharing_builds
 from fedshuffle.experiments.schema import Experiment, TuneConfig, _deep_merge, load_experiment, preset_names
 from fedshuffle.experiments.session import run_experiment, run_sweep
 from fedshuffle.experiments.verdicts import (
@@ -396,16 +397,17 @@ def reproduce(
             out, name
         ).exists()  # this call's time adds to that spent on these folders
         try:
-            record, has_verdicts = _one(
-                experiment,
-                Path(out),
-                budget=budget,
-                run=run,
-                workers=workers,
-                show_progress=show_progress,
-                note=note,
-                watch=watch,
-            )
+            with sharing_builds():  # the preset's tuning, preflight and judged runs read each data once
+                record, has_verdicts = _one(
+                    experiment,
+                    Path(out),
+                    budget=budget,
+                    run=run,
+                    workers=workers,
+                    show_progress=show_progress,
+                    note=note,
+                    watch=watch,
+                )
         finally:  # also when interrupted: a later call continues these folders and adds its own time
             watch.lap(None)
             if run and watch.seconds:
