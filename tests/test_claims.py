@@ -291,8 +291,8 @@ def test_the_python_api_reports_presets_it_does_not_run(tmp_path):
     gpu.write_text(TINY.format(budget='budget = "gpu"', metric="f_gap"))
     rows = api.reproduce(str(gpu), out=tmp_path / "o", budget="cpu")
     assert [r["verdict"] for r in rows] == ["not run", "not run"] and rows[1]["claim"] == "FedShuffle: final f_gap ≤ 1e+09"
-    # holds, partly, does not hold, split, not measured, not reproducible, not run, not re-checked
-    assert "| Tiny et al. | 0 | 0 | 0 | 0 | 0 | 0 | 2 | 0 |" in (tmp_path / "o" / "report.md").read_text()
+    # holds, partly, does not hold, not measured, not reproducible, not run, not re-checked
+    assert "| Tiny et al. | 0 | 0 | 0 | 0 | 0 | 2 | 0 |" in (tmp_path / "o" / "report.md").read_text()
     with pytest.raises(ConfigError, match="--budget: unknown 'tpu'; accepted: cpu, gpu"):
         api.reproduce(str(gpu), out=tmp_path / "o", budget="tpu")
 

@@ -1,8 +1,8 @@
 """The report of a reproduce folder: ``report.md`` and a self-contained ``report.html`` (plots embedded as base64 PNG).
 
-It opens with the primary claims' totals per paper (a claim read two ways whose readings disagree is a *split*, not a
-hold), the other roles beside them and the wall time; then, per preset, where its verdicts come from, its deviations
-from the paper, its tuning, every claim (with an ordering's verdict at 25 / 50 / 100 % of the run and the rounds where
+It opens with the primary claims' totals per paper (a claim read two ways counts at its own reading, the other
+reading's verdict beside it), the other roles beside them and the wall time; then, per preset, where its verdicts come
+from, its deviations from the paper, its tuning, every claim (with an ordering's verdict at 25 / 50 / 100 % of the run and the rounds where
 its arms change order), the verdicts at every grid point, and the methods' own per-round quantities.
 """
 
@@ -194,7 +194,7 @@ def markdown(store: Mapping[str, Mapping[str, Any]]) -> str:
 
 _STYLE = """body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:13px}th{background:#f4f4f4}
-.holds{background:#e3f6e3}.partly{background:#fff4d6}.does-not-hold{background:#fbe0e0}.split{background:#f3e3f6}
+.holds{background:#e3f6e3}.partly{background:#fff4d6}.does-not-hold{background:#fbe0e0}
 .not-run,.not-measured,.not-re-checked{background:#eee}
 blockquote{margin:0;color:#444;font-style:italic}img{max-width:100%}.meta{color:#555}"""
 

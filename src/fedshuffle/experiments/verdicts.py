@@ -24,7 +24,6 @@ from fedshuffle.experiments.claims import (
     NOT_MEASURED,
     NOT_REPRODUCIBLE,
     ROLES,
-    SPLIT,
     VERDICTS,
     Claim,
     Verdict,
@@ -39,7 +38,7 @@ NOT_RUN = "not run"
 #: a kept verdict whose runs changed since it was judged, or that names no runs it could be judged again on
 NOT_RECHECKED = "not re-checked"
 #: every verdict a report row can carry, in the order the totals show them
-COLUMNS = (*VERDICTS, SPLIT, NOT_MEASURED, NOT_REPRODUCIBLE, NOT_RUN, NOT_RECHECKED)
+COLUMNS = (*VERDICTS, NOT_MEASURED, NOT_REPRODUCIBLE, NOT_RUN, NOT_RECHECKED)
 
 
 @dataclass(frozen=True)
