@@ -269,6 +269,15 @@ class RunConfig(_Section):
         "keep each client's model after its last local training (y_i = x − Δ_i) and score the clients' own models on "
         "their own data (local_loss, local_accuracy, local_test_accuracy), as FedCDR's and FedDyn's always are"))
 
+    @model_validator(mode="after")
+    def _chunks_need_chunking(self) -> RunConfig:
+        """``chunk_size`` sizes the vectorized executor's chunks (also inside ray, and auto's choice of it)."""
+        if self.chunk_size is not None and self.executor in ("sequential", "threaded"):
+            why = (f"sizes the chunks of the vectorized executor; executor = {self.executor!r} runs no chunks, so it "
+                   "would do nothing: give executor = 'vectorized', 'ray' or 'auto', or leave chunk_size out")
+            raise ConfigError("chunk_size", why)
+        return self
+
 
 Metric = Literal[metrics.of_kind("model", "method")]
 Axis = Literal[(*metrics.of_kind("cost"), "bytes")]
@@ -297,6 +306,14 @@ class ExperimentMeta(_Section):
     not_reproducible: str = Field("", description=(
         "why the paper's experiment cannot be run with the data at hand (e.g. its dataset cannot be built); when given, every claim reads "
         "'not reproducible', with what the substitute measured, never 'holds' or 'does not hold'"))
+
+    @field_validator("seeds")
+    @classmethod
+    def _some_seeds(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and not v:
+            raise ValueError("an empty list runs no seed of its own (run.seed would run instead); accepted: a list of "
+                             "one or more seeds, e.g. [0, 1, 2], or no seeds (run.seed runs)")
+        return v
 
     @field_validator("name")
     @classmethod
