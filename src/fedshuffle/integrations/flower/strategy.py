@@ -436,6 +436,7 @@ class FedShuffleStrategy(Strategy):
         self.handshake(grid)
         if self.secure is not None:
             self.secure.check_federation(len(self._run_nodes()))
+            self.secure.check_resolution(self.half.params)
         self._grid = grid
         self.summary()
         rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)
