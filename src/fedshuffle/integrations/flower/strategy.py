@@ -253,8 +253,8 @@ class FedShuffleStrategy(Strategy):
         sampler = build_sampler(spec.sampler, population)
         algorithm = build_algorithm_from(spec)
         check_local_work(spec, algorithm.local, sizes)
-        self.half = ServerHalf(problem, population, algorithm, sampler, seed=self.run.seed, dtype=DTYPES[spec.run.dtype],
-                               device=spec.run.device)
+        self.half = ServerHalf(problem, population, algorithm, sampler, seed=self.run.seed,
+                               dtype=DTYPES[spec.run.dtype], device=spec.run.device)
         self.num_clients = len(sizes)
 
     def summary(self) -> None:
