@@ -4,7 +4,8 @@
 # A method is a server half and a client half (`fedshuffle.Method`); a new one overrides the halves it changes
 # and declares its own settings as typed keyword parameters of its constructor, which the config then takes under
 # `[method]` (and `--set method.damping=0.2` on the command line). This one damps FedAvg's server direction:
-# x ← x − δ·Σᵢ ωᵢΔᵢ. In a module of your own it is one file, named by `[experiment] plugins` (docs/extending.md).
+# x ← x − δ·Σᵢ ωᵢΔᵢ. In a module of your own it is one file, named by `[experiment] plugins` and run with
+# `--plugins MODULE` (a plugin is code: a config alone imports none; docs/extending.md).
 
 # %% tags=["parameters"]
 ROUNDS = 20

@@ -65,8 +65,8 @@ __all__ = sorted(_EXPORTS)
 
 #: subpackages and modules reachable as attributes (``fedshuffle.metrics.METRICS``) without importing them first
 _SUBMODULES = frozenset({
-    "aggregation", "analysis", "api", "core", "data", "executors", "experiments", "local", "methods", "metrics", "problems",
-    "samplers", "schedules", "server", "simulation", "state",
+    "aggregation", "analysis", "api", "core", "data", "executors", "experiments", "local", "methods", "metrics",
+    "plugins", "problems", "samplers", "schedules", "server", "simulation", "state",
 })
 
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshuffle import metrics as _metrics
+from fedshuffle import plugins as _plugins
 from fedshuffle.analysis.objective import inspect_objective
 from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.experiments import schema
@@ -80,15 +81,22 @@ def _config_of(config: Any) -> tuple[schema.Experiment, dict[str, dict[str, Any]
     raise ConfigError("config", f"expected a preset name, a TOML file, a dict of sections or an Experiment, got {type(config).__name__}")
 
 
-def experiment(config: str | os.PathLike | Mapping[str, Any] | schema.Experiment | Experiment = "quickstart", *, overrides: Any = None, seeds: Sequence[int] | None = None) -> Experiment:
+def experiment(config: str | os.PathLike | Mapping[str, Any] | schema.Experiment | Experiment = "quickstart", *,
+               overrides: Any = None, seeds: Sequence[int] | None = None,
+               plugins: Sequence[str] | str | None = None) -> Experiment:
     """An experiment from a preset name, a TOML file, a dict of sections (as the TOML file would give)
     or another experiment, with ``overrides`` on every variant and, optionally, its ``seeds``.
+
+    ``plugins`` consents to importing these modules where the config's ``[experiment] plugins`` names them
+    (as ``--plugins`` does; :func:`fedshuffle.plugins.allow`): a config alone imports no code.
 
     ``overrides`` are what ``--set`` gives on the command line: ``{"run.rounds": 50}``,
     ``{"local": {"lr": 0.01}}`` or ``["run.rounds=50"]``. Every variant is validated here, so bad
     settings fail at once, naming the setting (``variants[1] (FedNova).local.lr: ...``, or ``overrides local.lr: ...``
     where an override gives it).
     """
+    if plugins is not None:
+        _plugins.allow(plugins, "the plugins argument")
     config, base = _config_of(config)
     overrides = merge_overrides(base, normalize_overrides(overrides, "overrides"))
     return Experiment(_with_seeds(config, seeds, overrides), overrides)
@@ -117,10 +125,13 @@ def preset_table() -> list[dict[str, Any]]:
     return rows
 
 
-def reproduce(*presets: str, out: str | os.PathLike = "results/reproduce", budget: str | None = None, progress: bool = False) -> list[dict[str, Any]]:
+def reproduce(*presets: str, out: str | os.PathLike = "results/reproduce", budget: str | None = None,
+              progress: bool = False, plugins: Sequence[str] | str | None = None) -> list[dict[str, Any]]:
     """As ``fedshuffle reproduce``: run the presets (every one when none is given) where runs are missing,
     judge their papers' claims and write ``report.md`` and ``report.html`` into ``out``; one dict per
-    claim (preset, paper, figure, claim, quote, measured, verdict, why)."""
+    claim (preset, paper, figure, claim, quote, measured, verdict, why). ``plugins`` as for :func:`experiment`."""
+    if plugins is not None:
+        _plugins.allow(plugins, "the plugins argument")
     return [asdict(r) for r in run_all(list(presets) or preset_names(), Path(out), budget=budget, show_progress=progress)]
 
 

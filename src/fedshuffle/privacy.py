@@ -80,6 +80,9 @@ UNCLIPPED = "unclipped"
 #: the round's extra (and metric) holding adaptive clipping's C for the next round
 ADAPTIVE_CLIP = "dp_clip"
 _ADAPTIVE_ONLY = ("target_quantile", "clip_lr", "count_noise")
+#: the noise multipliers σ > 0 the accountant evaluates: below, its arithmetic divides by 0 (σ² underflows);
+#: above, ε stays at the floor its orders allow (≈ 0.1 at δ = 1e-5) and the evaluation slows
+SIGMA_RANGE = (1e-100, 1e3)
 
 
 class PrivacySettings(BaseModel):
@@ -105,6 +108,11 @@ class PrivacySettings(BaseModel):
             raise ConfigError("clip", f"privacy.mode = {self.mode!r} needs the clip C (the L2 bound on each client's update), e.g. clip = 1.0")
         if self.noise_multiplier > 0 and math.isinf(self.clip):
             raise ConfigError("clip", "noise_multiplier > 0 needs a finite clip (the noise is σ·C)")
+        low, high = SIGMA_RANGE
+        if self.noise_multiplier > 0 and not low <= self.noise_multiplier <= high:
+            why = (f"σ = {self.noise_multiplier:g} is outside what the privacy accountant evaluates; accepted: 0 "
+                   f"(no noise, ε = inf) or {low:g}..{high:g}")
+            raise ConfigError("noise_multiplier", why)
         if self.clipping == "adaptive" and self.mode != "central":
             raise ConfigError("clipping", "adaptive clipping is central DP's (the server estimates the quantile); use privacy.mode = 'central' or clipping = 'fixed'")
         if self.clipping == "adaptive" and math.isinf(self.clip):
@@ -150,7 +158,8 @@ class Accountant:
         self._per_step: np.ndarray | None = None
 
     def epsilon(self, steps: int) -> float:
-        """ε after ``steps`` steps (0 before the first; inf without noise)."""
+        """ε after ``steps`` steps (0 before the first; inf without noise). The conversion from RDP can give a bound
+        below 0 where δ is large; ε = 0 then holds too, and is reported."""
         if steps == 0:
             return 0.0
         if self.noise_multiplier == 0:
@@ -161,7 +170,7 @@ class Accountant:
         if self._per_step is None:
             self._per_step = rdp.compute_rdp(q=self.sample_rate, noise_multiplier=self.noise_multiplier, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
         eps, _ = rdp.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=self._per_step * steps, delta=self.delta)
-        return float(eps)
+        return max(float(eps), 0.0)
 
 
 class PrivateAggregation:
@@ -187,6 +196,10 @@ class PrivateAggregation:
                 raise ConfigError("privacy.count_noise", f"adaptive clipping with noise_multiplier σ = {sigma:g} needs 2σ_b > σ (Andrew et al., Theorem 1); "
                                   f"σ_b = {self.count_noise:g}{' (expected cohort / 20)' if privacy.count_noise is None else ''}: give count_noise > {sigma / 2:g}")
             self.update_noise = (sigma**-2 - (2 * self.count_noise) ** -2) ** -0.5
+        if privacy.delta >= 1 / self.num_clients:
+            why = (f"δ = {privacy.delta:g} is not below 1/n = 1/{self.num_clients} (n clients): a guarantee that may "
+                   f"fail for one client in n protects none; accepted: 0 < δ < {1 / self.num_clients:.3g}")
+            raise ConfigError("privacy.delta", why)
         if privacy.mode == "local":  # any two inputs of one client: sensitivity 2C; every release seen, no amplification
             self.accountant = Accountant(sigma / 2, 1.0, privacy.delta)
         else:

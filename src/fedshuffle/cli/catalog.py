@@ -11,7 +11,7 @@ import typer
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import write_json
-from fedshuffle.cli.common import app, console, fail, fail_results, load_config, note
+from fedshuffle.cli.common import app, console, fail, fail_results, load_config, note, PluginsOption
 from fedshuffle.cli.output import print_table
 
 
@@ -23,6 +23,7 @@ def data_command(
     out: Annotated[Optional[Path], typer.Option(help="folder for label_heatmap.png and data_summary.json "
                                                      "(default: results/<name>-data); one that holds anything is kept "
                                                      "and NAME-2 used")] = None,
+    plugins_: PluginsOption = None,
 ) -> None:
     """Summarize the federated training data of a config (its first variant), after partitioning, and draw a
     per-client label heatmap.
@@ -126,6 +127,7 @@ def show(
     diff: Annotated[bool, typer.Option("--diff", help="only the settings on which the base and the variants differ, "
                                                       "one column each")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="parts, or --diff, as one JSON object")] = False,
+    plugins_: PluginsOption = None,
 ) -> None:
     """Print the resolved configuration of every variant as JSON (every default filled in, --set applied, run.seeds: the
     seeds that will run), only what the variants change (--diff), or the registered parts."""

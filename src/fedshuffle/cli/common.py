@@ -10,11 +10,12 @@ import shlex
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
+from fedshuffle import plugins
 from fedshuffle.core.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
@@ -91,6 +92,22 @@ def note(text: str) -> None:
     err.print(f"[cyan]note:[/cyan] {text}", highlight=False, soft_wrap=True)
 
 
+def _consent_to_plugins(values: list[str] | None) -> list[str] | None:
+    """``--plugins``: the person running the command consents to importing these modules (:mod:`fedshuffle.plugins`)."""
+    try:
+        plugins.allow(values or [], "--plugins")
+    except ConfigError as exc:
+        fail(exc)
+    return values
+
+
+#: ``--plugins``, on every command that reads a config
+PluginsOption = Annotated[Optional[list[str]], typer.Option(
+    "--plugins", metavar="MODULE", callback=_consent_to_plugins,
+    help="allow the config's [experiment] plugins to import these modules (repeat, or a comma list; a plugin is code; "
+         "also FEDSHUFFLE_PLUGINS=MODULE)")]
+
+
 def load_config(config: str):
     """The experiment of a preset name or TOML file (a folder is not one)."""
     from fedshuffle.experiments.schema import load_experiment
@@ -101,6 +118,7 @@ def load_config(config: str):
 def resume_command(name: str, config: str, set_: list[str] | None, seeds: str | None, extend_to: int | None, folder: Path | None) -> str:
     """The command line that continues a run: the same config and options, ``--resume FOLDER``."""
     tokens = ["fedshuffle", name, config, *(t for item in set_ or [] for t in ("--set", item))]
+    tokens += ["--plugins", ",".join(plugins.consented_by("--plugins"))] if plugins.consented_by("--plugins") else []
     tokens += ["--seeds", seeds] if seeds else []
     tokens += ["--extend-to", str(extend_to)] if extend_to else []
     tokens += ["--resume", str(folder)] if folder is not None else []

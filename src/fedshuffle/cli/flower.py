@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli.common import app, console, fail, fail_results
+from fedshuffle.cli.common import app, console, fail, fail_results, PluginsOption
 
 
 @app.command("flower-app")
@@ -22,6 +22,7 @@ def flower_app(
                                                help="build this fedshuffle's wheel into DIR/wheels and install the app's fedshuffle from it (no index)")] = False,
     wheel: Annotated[Optional[Path], typer.Option("--wheel", metavar="FILE",
                                                   help="bundle this fedshuffle wheel (of the installed version) instead of building one")] = None,
+    plugins_: PluginsOption = None,
 ) -> None:
     """Write the experiment as a Flower App pinned to this fedshuffle: `flwr run DIR <connection>` runs it
     (docs/flower.md)."""
@@ -45,6 +46,7 @@ def flower_split(
     out: Annotated[Path, typer.Option("--out", help="folder to write node-<k>/client-<id>.npz into")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, as in fedshuffle run")] = None,
     seed: Annotated[Optional[int], typer.Option(help="split seed (default: the experiment's first seed)")] = None,
+    plugins_: PluginsOption = None,
 ) -> None:
     """Write an experiment's clients as per-node data folders: each Flower node then reads only its own (`data-path=DIR/node-<k>`)."""
     from fedshuffle.experiments.schema import load_experiment, parse_overrides

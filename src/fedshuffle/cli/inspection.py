@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.cli.common import app, console, fail, load_config, note
+from fedshuffle.cli.common import app, console, fail, load_config, note, PluginsOption
 from fedshuffle.cli.output import print_table
 
 
@@ -39,6 +39,7 @@ def inspect(
     config: Annotated[Optional[str], typer.Option("--config", help="a preset or TOML file: the objective weights ŵ and step sizes of each of its variants, on its own clients")] = None,
     clients: Annotated[int, typer.Option(help="with --config: clients listed per table (--json lists all)")] = 20,
     algorithm: Annotated[Optional[str], typer.Option("--algorithm", hidden=True, help="the old name of --method")] = None,
+    plugins_: PluginsOption = None,
 ) -> None:
     """Which objective does this configuration minimize? Prints w, p, E[ω·1{i∈S}] and ŵ (eq. 31).
 

@@ -11,7 +11,7 @@ import typer
 from rich.text import Text
 
 from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli.common import app, console, err, EXIT_STATUS, fail, fail_results, interrupted, note
+from fedshuffle.cli.common import app, console, err, EXIT_STATUS, fail, fail_results, interrupted, note, PluginsOption
 from fedshuffle.cli.output import print_table
 
 
@@ -39,6 +39,7 @@ def reproduce(
     json_: Annotated[bool, typer.Option("--json", help='print {"claims": [{"preset", "claim", "role", "measured", "verdict", "fractions", ...}], "counts" (primary claims), "other_roles"}')] = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     smoke: Annotated[bool, typer.Option("--smoke", help="instead: build and run each preset of --budget (default gpu) for two rounds at its real model and data shapes on this CPU; exit 3 naming any that fails")] = False,
+    plugins_: PluginsOption = None,
 ) -> None:
     from fedshuffle.experiments.reproduce import as_json, reproduce as run_all
     from fedshuffle.experiments.schema import preset_names

@@ -12,7 +12,10 @@ import typer
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.core.io import read_text
 from fedshuffle.cli.output import mean_std, print_table
-from fedshuffle.cli.common import app, console, DEFAULT_PRESET, EXIT_STATUS, fail, fail_results, interrupted, note, load_config, resume_command
+from fedshuffle.cli.common import (
+    DEFAULT_PRESET, EXIT_STATUS, PluginsOption, app, console, fail, fail_results, interrupted, load_config, note,
+    resume_command,
+)
 
 
 def _print_summary(summary: dict, title: str) -> None:
@@ -72,6 +75,7 @@ def run(
     workers: Annotated[int, typer.Option(help="runs in parallel worker processes")] = 1,
     variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all), e.g. to --set what the variants set themselves")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    plugins_: PluginsOption = None,
 ) -> None:
     from fedshuffle.experiments.session import pick_folder, resume_folder, run_experiment
 
@@ -129,6 +133,7 @@ def sweep(
     variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all), e.g. to grid a method's own settings")] = None,
     extend_to: Annotated[Optional[int], typer.Option("--extend-to", help="continue the sweep's runs to this many rounds")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    plugins_: PluginsOption = None,
 ) -> None:
     from fedshuffle.experiments.results import check_metrics
     from fedshuffle.experiments.session import run_sweep

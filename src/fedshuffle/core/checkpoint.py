@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,39 @@ def decode(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(decode(v) for v in tree)
     return tree
+
+
+def _kind(value: Any) -> str:
+    import torch
+
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return f"{type(value).__name__} {tuple(value.shape)} of {value.dtype}"
+    return type(value).__name__
+
+
+def other_keys(saved: Mapping[Any, Any], reference: Iterable[Any], at: str) -> str | None:
+    """How the keys of ``saved`` differ from ``reference``'s (None: the same)."""
+    extra = sorted(map(repr, set(saved) - set(reference)))[:5]
+    missing = sorted(map(repr, set(reference) - set(saved)))[:5]
+    parts = [f"extra {', '.join(extra)}" if extra else "", f"missing {', '.join(missing)}" if missing else ""]
+    return f"{at} has other keys than the run's ({'; '.join(p for p in parts if p)})" if extra or missing else None
+
+
+def mismatch(saved: Any, reference: Any, at: str = "state") -> str | None:
+    """Where and how ``saved`` (a decoded checkpoint's tree) differs in structure from ``reference`` (the run's own
+    state): the keys of every dict, the type, dtype and shape of every tensor and array, the type of anything else;
+    None where it has the run's structure."""
+    import torch
+
+    if isinstance(reference, Mapping):
+        if not isinstance(saved, Mapping):
+            return f"{at} is a {_kind(saved)}, expected a dict"
+        return other_keys(saved, reference, at) or next(
+            (why for key in reference if (why := mismatch(saved[key], reference[key], f"{at}.{key}"))), None)
+    if isinstance(reference, (torch.Tensor, np.ndarray)):
+        same = type(saved) is type(reference) and saved.dtype == reference.dtype and saved.shape == reference.shape
+        return None if same else f"{at} is a {_kind(saved)}, the run's is a {_kind(reference)}"
+    return None if type(saved) is type(reference) else f"{at} is a {_kind(saved)}, the run's is a {_kind(reference)}"
 
 
 def save_checkpoint(path: Path, state: Mapping[str, Any], run: Mapping[str, Any] | None = None) -> None:

@@ -22,11 +22,12 @@ seal (:func:`~fedshuffle.experiments.folders.sealed`).
 
 from __future__ import annotations
 
+import csv
 import io
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,13 @@ import numpy as np
 import torch
 
 from fedshuffle import metrics
-from fedshuffle.core.checkpoint import read_checkpoint, save_checkpoint
+from fedshuffle.core.checkpoint import REMEDY, mismatch, other_keys, read_checkpoint, save_checkpoint
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.io import write_atomic, write_json
+from fedshuffle.core.io import read_text, write_atomic, write_json
 from fedshuffle.experiments.folders import sealed
 from fedshuffle.experiments.results import METRIC_COLUMNS, TIMING_COLUMNS, AppendedTable, write_parquet
 from fedshuffle.experiments.sinks import MetricSink
+from fedshuffle.simulation import Counters, Server
 
 #: a run that stopped before its last round because it was asked to (``until``): resumable, not finished
 PAUSED = "paused"
@@ -157,19 +159,116 @@ class CheckpointCadence:
         self.last = time.monotonic()
 
 
-def load_checkpoint(path: Path, sim: Any, run: Mapping[str, Any], total: int) -> list[dict[str, Any]]:
-    """Restore ``sim`` from a checkpoint of ``run`` (config hash, variant, seed); returns the metric rows recorded up to it."""
-    recorded, saved = read_checkpoint(path, run)
+def _counters_mismatch(counters: Any) -> str | None:
+    """How a checkpoint's counters differ from :class:`~fedshuffle.simulation.Counters` (None: they do not)."""
+    if not isinstance(counters, Mapping):
+        return f"state.counters is a {type(counters).__name__}, expected a dict"
+    declared = {f.name: str(f.type) for f in fields(Counters)}
+    why = other_keys(counters, declared, "state.counters")
+    for name, kind in declared.items():
+        value = counters[name] if why is None else 0
+        if kind == "int" and not (type(value) is int and value >= 0):
+            return f"state.counters.{name} = {value!r}, expected an integer >= 0"
+        if kind != "int" and not (_number(value) or value is None and "None" in kind):
+            return f"state.counters.{name} = {value!r}, expected a number"
+    return why
+
+
+def _number(value: Any) -> bool:
+    """An int or a float (a bool is neither here)."""
+    return type(value) in (int, float)
+
+
+def _extras_mismatch(extras: Any) -> str | None:
+    """How a checkpoint's ``last_extras`` (a round's diagnostics: name → number) is not one."""
+    if isinstance(extras, Mapping) and all(isinstance(k, str) and _number(v) for k, v in extras.items()):
+        return None
+    return "state.last_extras is not a dict of numbers"
+
+
+def _store_mismatch(saved: Any, store: Any) -> str | None:
+    """How a checkpoint's client state differs from what ``store`` (a :class:`~fedshuffle.state.ClientStateStore`)
+    keeps: a tag, one flag per client, and per field either the clients' rows (in memory) or the written rows' hashes
+    (in files). Which of the two, and how many clients, :meth:`~fedshuffle.state.ClientStateStore.load_state_dict`
+    checks."""
+    if store is None:
+        return None if saved is None else "state.client_store holds client state, the run's method keeps none"
+    if not isinstance(saved, Mapping) or type(saved.get("tag")) is not int:
+        return "state.client_store has no integer tag"
+    created = saved.get("created")
+    if not isinstance(created, np.ndarray) or created.dtype != np.bool_ or created.ndim != 1:
+        return "state.client_store.created is not one flag per client"
+    kept = "arrays" if "arrays" in saved else "hashes" if "hashes" in saved else None
+    if kept is None or not isinstance(saved[kept], Mapping):
+        return "state.client_store holds neither the clients' rows nor their hashes"
+    why = other_keys(saved[kept], store.fields, f"state.client_store.{kept}")
+    for name, dim in store.fields.items():
+        array = saved[kept].get(name) if why is None else None
+        if kept == "arrays":
+            dtype, shape = store.np_dtype, (len(created), dim)
+        else:
+            dtype, shape = np.dtype(np.uint64), (int(created.sum()),)
+        if why is None and not (isinstance(array, np.ndarray) and array.dtype == dtype and array.shape == shape):
+            why = mismatch(array, np.empty(0, dtype=dtype), f"state.client_store.{kept}.{name}") or "differs"
+            why = why.replace("(0,)", str(shape))
+    return why
+
+
+def _rows_mismatch(rows: Any, rounds: int, metrics_csv: Path) -> str | None:
+    """How ``rows`` is not the metric records up to round ``rounds`` (dicts of numbers, rounds increasing), or differs
+    from the rows ``metrics_csv`` holds up to that round (it may lack the last ones: it is not synced as it grows)."""
+    if not isinstance(rows, list):
+        return f"rows is a {type(rows).__name__}, expected a list of records"
+    previous = -1
+    for k, row in enumerate(rows):
+        values = row.items() if isinstance(row, dict) else [(None, None)]
+        if not all(isinstance(c, str) and (v is None or _number(v)) for c, v in values):
+            return f"rows[{k}] is not a record of numbers"
+        at = row.get("round")
+        if type(at) is not int or not previous < at <= rounds:
+            return f"rows[{k}] is of round {at!r}, after round {previous} and up to the checkpoint's {rounds}"
+        previous = at
     try:
-        state, rows = saved["simulation"], list(saved["rows"])
-        shape, rounds = tuple(state["params"].shape), int(state["counters"]["rounds"])
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise ConfigError(str(path), f"damaged checkpoint (no {exc}); the run cannot be continued: start it again in another folder") from None
+        table = csv.DictReader(io.StringIO(read_text(metrics_csv), newline=""))
+        written = [int(r["round"]) for r in table if int(r["round"]) <= rounds]
+    except (OSError, csv.Error, ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return None  # no table to hold the rows against (it is written again from them)
+    held = [row["round"] for row in rows]
+    if written != held[: len(written)]:
+        return f"rows hold rounds {held[:8]}{'...' if len(held) > 8 else ''}, {metrics_csv.name} rounds {written[:8]}"
+    return None
+
+
+def check_state(saved: Mapping[str, Any], sim: Any, path: Path) -> None:
+    """Refuse (the ``damaged checkpoint (...)`` line) a decoded checkpoint that is not of ``sim``'s own state: the keys
+    of :meth:`state_dict`, its tensors' dtypes and shapes, integer counters, and the rows as records of numbers
+    consistent with ``metrics.csv``. Nothing of the run is read or changed (a file-backed client store is not
+    asked for its state, which writes its journal)."""
+    store = getattr(sim, "store", None)
+    own = {**Server.state_dict(sim), "client_store": None} if store is not None else sim.state_dict()
+    state = saved.get("simulation")
+    special = ("counters", "last_extras", "client_store")
+    why = (other_keys(saved, ("simulation", "rows"), "checkpoint")
+           or (None if isinstance(state, Mapping) else f"state is a {type(state).__name__}, expected a dict")
+           or other_keys(state, own, "state")
+           or mismatch({k: state[k] for k in own if k not in special}, {k: own[k] for k in own if k not in special})
+           or _counters_mismatch(state["counters"]) or _extras_mismatch(state["last_extras"])
+           or _store_mismatch(state.get("client_store"), store)
+           or _rows_mismatch(saved["rows"], state["counters"]["rounds"], path.with_name("metrics.csv")))
+    if why:
+        raise ConfigError(str(path), f"damaged checkpoint ({why}); {REMEDY}")
+
+
+def load_checkpoint(path: Path, sim: Any, run: Mapping[str, Any], total: int) -> list[dict[str, Any]]:
+    """Restore ``sim`` from a checkpoint of ``run`` (config hash, variant, seed), checked against ``sim``'s own state
+    (:func:`check_state`); returns the metric rows recorded up to it."""
+    recorded, saved = read_checkpoint(path, run)
+    check_state(saved, sim, path)
+    state, rows = saved["simulation"], saved["rows"]
+    rounds = state["counters"]["rounds"]
     if recorded.get("round") != rounds or rounds > total:
-        raise ConfigError(str(path), f"damaged checkpoint (recorded for round {recorded.get('round')!r}, holds round {rounds}, the run has {total}); "
-                          "the run cannot be continued: start it again in another folder")
-    if shape != tuple(sim.params.shape):
-        raise ConfigError(str(path), f"the checkpoint's model has shape {shape}, this run's has {tuple(sim.params.shape)}")
+        why = f"recorded for round {recorded.get('round')!r}, holds round {rounds}, the run has {total}"
+        raise ConfigError(str(path), f"damaged checkpoint ({why}); {REMEDY}")
     sim.load_state_dict(state)
     return rows
 

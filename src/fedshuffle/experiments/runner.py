@@ -59,6 +59,7 @@ from fedshuffle.experiments.loop import Callback, Driver, Progress, RoundLoop, f
 from fedshuffle.experiments.results import METRIC_COLUMNS
 from fedshuffle.experiments.schema import RunSpec
 from fedshuffle.experiments.sinks import check_tracking_server, flatten, open_sinks, require_wandb
+from fedshuffle.local.plan import LocalPlanner
 from fedshuffle.methods.client_models import keep_client_models
 from fedshuffle.simulation import Simulation
 
@@ -119,6 +120,18 @@ def check_against_data(spec: RunSpec, num_clients: int) -> None:
         value = lists[field]
         if _per_client(value) and not any(v > 0 for v in value):
             raise ConfigError(field, "every value is 0: no client would count; give at least one positive value")
+
+
+def check_local_work(spec: RunSpec, planner: LocalPlanner, sizes: np.ndarray) -> None:
+    """``local.drop_last_steps`` leaves some client more than the one step every client keeps: dropping as many steps
+    as the most any client plans (τ_max) leaves each client one step whatever the value, which says nothing."""
+    drop = spec.local.drop_last_steps
+    if drop:
+        most = planner.max_planned_steps(np.asarray(sizes))
+        if drop >= most:
+            why = (f"{drop} drops every planned step of every client (the most a client plans is {most}), so each "
+                   f"would run the one step always kept; accepted: 0..{most - 1}")
+            raise ConfigError("local.drop_last_steps", why)
 
 
 #: problems and datasets built inside :func:`sharing_builds`, and the sources' samples they were split from, by the
@@ -204,6 +217,7 @@ def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> 
     sampler = build_sampler(spec.sampler, data)
     spec, step_sizes = resolve_step_sizes(spec, problem, data, sampler)
     algorithm = build_algorithm_from(spec)
+    check_local_work(spec, algorithm.local, data.sizes)
     if spec.run.score_client_models:
         algorithm = replace(algorithm, method=keep_client_models(algorithm.method))
     sim = Simulation(

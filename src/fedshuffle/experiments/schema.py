@@ -269,6 +269,15 @@ class RunConfig(_Section):
         "keep each client's model after its last local training (y_i = x − Δ_i) and score the clients' own models on "
         "their own data (local_loss, local_accuracy, local_test_accuracy), as FedCDR's and FedDyn's always are"))
 
+    @model_validator(mode="after")
+    def _chunks_need_chunking(self) -> RunConfig:
+        """``chunk_size`` sizes the vectorized executor's chunks (also inside ray, and auto's choice of it)."""
+        if self.chunk_size is not None and self.executor in ("sequential", "threaded"):
+            why = (f"sizes the chunks of the vectorized executor; executor = {self.executor!r} runs no chunks, so it "
+                   "would do nothing: give executor = 'vectorized', 'ray' or 'auto', or leave chunk_size out")
+            raise ConfigError("chunk_size", why)
+        return self
+
 
 Metric = Literal[metrics.of_kind("model", "method")]
 Axis = Literal[(*metrics.of_kind("cost"), "bytes")]
@@ -291,10 +300,20 @@ class ExperimentMeta(_Section):
     budget: Literal["cpu", "gpu"] | None = Field(None, description="hardware the preset is sized for: 'cpu' (a 2-core CPU) or 'gpu' (the paper's scale, needs a GPU)")
     expected_minutes: float | None = Field(None, gt=0, description="expected wall time of the whole preset (every variant and seed) on its budget's hardware")
     deviations: list[str] = Field(default_factory=list, description="where the experiment departs from the paper (a setting the paper does not give, a substitute dataset, a reduced scale); printed beside its verdicts")
-    plugins: list[str] = Field(default_factory=list, description="modules to import first: they register the parts this experiment names (fedshuffle.plugins)")
+    plugins: list[str] = Field(default_factory=list, description=(
+        "modules to import first: they register the parts this experiment names; each is code, imported only "
+        "with the consent of whoever runs the config (--plugins or FEDSHUFFLE_PLUGINS, fedshuffle.plugins)"))
     not_reproducible: str = Field("", description=(
         "why the paper's experiment cannot be run with the data at hand (e.g. its dataset cannot be built); when given, every claim reads "
         "'not reproducible', with what the substitute measured, never 'holds' or 'does not hold'"))
+
+    @field_validator("seeds")
+    @classmethod
+    def _some_seeds(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and not v:
+            raise ValueError("an empty list runs no seed of its own (run.seed would run instead); accepted: a list of "
+                             "one or more seeds, e.g. [0, 1, 2], or no seeds (run.seed runs)")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -454,7 +473,8 @@ class Experiment(_PartialSections):
     @model_validator(mode="before")
     @classmethod
     def _import_plugins(cls, raw: Any) -> Any:
-        """The plugins' parts are registered before the sections naming them are validated."""
+        """The plugins' parts are registered before the sections naming them are validated (each plugin consented
+        to, :mod:`fedshuffle.plugins`)."""
         plugins.load_entry_points()
         meta = raw.get("experiment") if isinstance(raw, Mapping) else None
         names = meta.get("plugins") if isinstance(meta, Mapping) else None
@@ -604,7 +624,8 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
         raise ConfigError("config", f"{path} nests arrays or tables too deeply") from None
     except OSError as exc:
         raise ConfigError("config", f"cannot read {path} ({exc.strerror or exc})") from None
-    experiment = validate(Experiment, raw)
+    with plugins.config_folder(path.parent):
+        experiment = validate(Experiment, raw)
     parse_claims(experiment.claims, [v.label for v in experiment.variants])
     experiment.check_tuning()
     if not experiment.experiment.name or experiment.experiment.name == "experiment":

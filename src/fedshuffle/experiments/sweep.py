@@ -292,13 +292,13 @@ def start_workers_early(jobs: Sequence[Job], workers: int) -> None:
         multiprocessing.forkserver.ensure_running()
 
 
-def _start_worker(plugin_modules: Sequence[str], environment: Mapping[str, str]) -> None:
+def _start_worker(plugin_modules: Sequence[tuple[str, str]], environment: Mapping[str, str]) -> None:
     """A worker takes the parent's environment (a forked one has the fork server's), imports the plugins the
     parent imported (their parts are registered by import), and leaves Ctrl-C to the parent, which stops it (no
     traceback from every worker)."""
     os.environ.clear()
     os.environ.update(environment)
-    plugins.load(plugin_modules)
+    plugins.load_imported(plugin_modules)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

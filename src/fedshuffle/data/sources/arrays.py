@@ -18,7 +18,8 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.data.sources import checks
 
 #: what a damaged .npy/.npz raises while it is read (a corrupt deflate or LZMA member included)
-_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, lzma.LZMAError, zlib.error)
+READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError,
+               RuntimeError, lzma.LZMAError, zlib.error)
 
 
 def load_targets(path: str | Path) -> np.ndarray:
@@ -32,7 +33,7 @@ def load_targets(path: str | Path) -> np.ndarray:
         targets = np.load(path, allow_pickle=False)
     except ConfigError:
         raise
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         raise ConfigError("data.path", f"cannot read {path} as a .npy array ({exc or type(exc).__name__})") from None
     if not isinstance(targets, np.ndarray) or targets.ndim != 2:
         raise ConfigError("data.path", f"{path} must hold an array of shape (samples, dim), got shape {getattr(targets, 'shape', None)}")
@@ -66,7 +67,7 @@ def load_npz(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
             x, y = archive["x"], archive["y"]
     except ConfigError:
         raise
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         raise ConfigError("data.path", f"cannot read {path} as .npz ({exc or type(exc).__name__})") from None
     labels = checks.class_labels(y, str(path), "y")
     if labels.size == 0:

@@ -93,8 +93,9 @@ def check_npy_file(path: Path, where: str) -> None:
         npy_header(fh, where, path.stat().st_size)
 
 
-def check_npz_members(path: Path, where: str, names: tuple[str, ...]) -> None:
-    """:func:`npy_header` of each of ``names`` in an ``.npz`` archive (sizes from its directory)."""
+def check_npz_members(path: Path | IO[bytes], where: str, names: tuple[str, ...]) -> None:
+    """:func:`npy_header` of each of ``names`` in an ``.npz`` archive (a path or an open file; sizes from its
+    directory)."""
     with zipfile.ZipFile(path) as archive:
         for name in names:
             try:

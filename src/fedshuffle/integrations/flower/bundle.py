@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,9 @@ WHEELS = "wheels"
 NOT_INSTALLED = "unknown (not installed)"
 
 
-def app_module(version: str) -> str:
-    """The app's module: the version check, then the ServerApp and the ClientApp of the experiment."""
+def app_module(version: str, plugin_modules: Sequence[str] = ()) -> str:
+    """The app's module: the version check, the consent to the experiment's plugins (given when the app was written),
+    then the ServerApp and the ClientApp of the experiment."""
     return f'''"""A fedshuffle experiment as a Flower App (written by ``fedshuffle flower-app`` with fedshuffle {version};
 the experiment is {EXPERIMENT_FILE})."""
 
@@ -47,8 +48,10 @@ from pathlib import Path
 
 from fedshuffle.integrations.flower.app import client_app, server_app
 from fedshuffle.integrations.flower.bundle import require_version
+from fedshuffle.plugins import allow
 
 require_version({json.dumps(version)})  # the fedshuffle this app was made with: a machine running another one refuses it
+allow({json.dumps(list(plugin_modules))}, "the Flower App (consented when it was written)")
 
 EXPERIMENT = Path(__file__).with_name("{EXPERIMENT_FILE}")
 
@@ -226,5 +229,5 @@ def write_app(config: str | Path, directory: str | Path, settings: AppSettings |
             shutil.copy2(bundled, target)
         write_atomic(directory / "pyproject.toml", pyproject(f"fedshuffle-{slug(name)}".replace("_", "-"), description, settings, version, target))
     write_atomic(directory / EXPERIMENT_FILE, json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    write_atomic(directory / f"{MODULE}.py", app_module(version))
+    write_atomic(directory / f"{MODULE}.py", app_module(version, experiment.experiment.plugins))
     return directory

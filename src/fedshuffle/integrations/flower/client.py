@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -326,6 +327,8 @@ def make_client_app(runtime: Callable[[Context, int], NodeRuntime]) -> ClientApp
 def node_integer(context: Context, key: str, default: int) -> int:
     """An integer setting of the node config (``--node-config 'KEY=VALUE'``), ``default`` when absent."""
     value = context.node_config.get(key, default)
+    if isinstance(value, bool) or isinstance(value, str) and not re.fullmatch(r"\s*-?[0-9]+\s*", value, re.ASCII):
+        raise ConfigError(f"node-config.{key}", f"expected an integer (ASCII digits), got {value!r}")
     try:
         return int(value)
     except (TypeError, ValueError):

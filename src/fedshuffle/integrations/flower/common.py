@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,19 +266,28 @@ class NodeData(PopulationCounts):
         return cls(features, labels, tuple(clients), np.asarray(data.sizes, dtype=np.int64), np.asarray(data.weights, dtype=np.float64))
 
 
+#: the most clients one node config may name
+MAX_NODE_CLIENTS = 1_000_000
+
+
 def parse_clients(value: object, key: str = "clients") -> tuple[int, ...]:
-    """The clients a node config names: ``"0-4"``, ``"0,3,7"``, ``"0-2,5"``, one integer or a list of integers (sorted, each once)."""
+    """The clients a node config names: ``"0-4"``, ``"0,3,7"``, ``"0-2,5"``, one integer or a list of integers (sorted,
+    each once); ids in ASCII digits, at most :data:`MAX_NODE_CLIENTS` of them."""
     text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value).strip()
     clients: list[int] = []
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
             first, _, last = part.partition("-")
+            if not all(re.fullmatch(r"[0-9]+", n.strip(), re.ASCII) for n in (first, last or first)):
+                raise ValueError(part)
             low, high = int(first), int(last) if last else int(first)
-            if low < 0 or high < low:
+            if high < low or len(clients) + high - low + 1 > MAX_NODE_CLIENTS:
                 raise ValueError(part)
             clients.extend(range(low, high + 1))
     except ValueError:
-        raise ConfigError(f"node-config.{key}", f"expected client ids and ranges such as '0-4' or '0,3,7', got {value!r}") from None
+        why = (f"expected client ids (ASCII digits) and ranges such as '0-4' or '0,3,7', at most {MAX_NODE_CLIENTS:,} "
+               f"clients, got {str(value)[:100]!r}")
+        raise ConfigError(f"node-config.{key}", why) from None
     if not clients:
         raise ConfigError(f"node-config.{key}", f"names no client; give ids and ranges such as '0-4' or '0,3,7', got {value!r}")
     if len(set(clients)) != len(clients):

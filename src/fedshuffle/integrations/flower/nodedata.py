@@ -8,6 +8,11 @@ federation's whole dataset. The format, one NumPy ``.npz`` file per client::
                                classes  (optional, a 0-d integer) the federation's number of classes; default:
                                         the largest label in the node's files + 1
 
+``<id>`` is written in ASCII digits. Each file is checked as the ``npz`` data source checks its file (a regular
+file, its headers before any data is read, real and finite features, labels that are class indices
+0..classes−1; ``classes`` 0 for targets without classes); a file that fails is one error naming it, which the
+node's handshake reply carries.
+
 The rows are in the order the client's minibatch plans number them (0..|D_i|−1). The node builds the
 run's problem from its samples' shape and ``classes``, then each client's rows as ``fedshuffle run``
 holds them (features flattened per sample, labels encoded by the problem, floats in the run's dtype).
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +38,10 @@ import numpy as np
 import torch
 
 from fedshuffle.core.errors import ConfigError, DataError, section
-from fedshuffle.core.io import write_atomic
+from fedshuffle.core.io import special_kind, write_atomic
 from fedshuffle.data.catalog import Samples, federate, load_samples
+from fedshuffle.data.sources import checks
+from fedshuffle.data.sources.arrays import READ_ERRORS
 from fedshuffle.experiments.runner import DTYPES, seeded
 from fedshuffle.experiments.schema import Experiment, RunSpec
 from fedshuffle.problems import PROBLEMS, Problem
@@ -64,9 +72,69 @@ def folder_clients(folder: Path) -> tuple[int, ...]:
     clients = []
     for path in Path(folder).glob("client-*.npz"):
         tail = path.name[len("client-"):-len(".npz")]
-        if tail.isdigit():
+        if tail.isascii() and tail.isdigit():
             clients.append(int(tail))
     return tuple(sorted(clients))
+
+
+#: the most classes a client file may declare
+MAX_CLASSES = 2**31 - 1
+
+
+def _classes(value: np.ndarray, where: str) -> int:
+    """A file's ``classes``: one integer 0..MAX_CLASSES, 0 for targets without classes (an integral float such as
+    10.0 is one; 2.7 is not)."""
+    if value.ndim != 0 or not (np.issubdtype(value.dtype, np.integer) or np.issubdtype(value.dtype, np.floating)):
+        raise DataError(where, f"classes: expected one integer (a 0-d array), got shape {value.shape} of {value.dtype}")
+    number = value.item()
+    if isinstance(number, float) and not (np.isfinite(number) and number == int(number)):
+        raise DataError(where, f"classes = {number:g}: the number of classes is an integer 0..{MAX_CLASSES}")
+    if not 0 <= int(number) <= MAX_CLASSES:
+        raise DataError(where, f"classes = {int(number)}: the number of classes is an integer 0..{MAX_CLASSES}")
+    return int(number)
+
+
+def read_client_file(path: Path) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """``x``, ``y`` and ``classes`` (None where the file gives none) of one client file, checked as the ``npz`` data
+    source checks its file; any problem is a :class:`DataError` naming ``path``. A FIFO, a device or a folder is
+    refused without being opened; headers are checked before any data is read (no objects, no more than the file
+    holds or memory allows)."""
+    where = str(path)
+    try:
+        kind = special_kind(os.stat(path).st_mode)
+        if kind is not None:
+            raise DataError(where, f"is {kind}, not a regular file: a client file is an .npz archive")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as fh:
+            kind = special_kind(os.fstat(fh.fileno()).st_mode)
+            if kind is not None:
+                raise DataError(where, f"is {kind}, not a regular file: a client file is an .npz archive")
+            checks.check_npz_members(fh, where, ("x", "y", "classes"))
+            fh.seek(0)
+            with np.load(fh, allow_pickle=False) as saved:
+                arrays = {name: saved[name] for name in saved.files if name in ("x", "y", "classes")}
+                names = sorted(saved.files)
+    except FileNotFoundError:
+        raise
+    except ConfigError:
+        raise
+    except READ_ERRORS as exc:
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise DataError(where, f"not a readable .npz file ({why})") from None
+    if "x" not in arrays or "y" not in arrays:
+        raise DataError(where, f"expected arrays 'x' (samples) and 'y' (labels), got {names}")
+    x, y = arrays["x"], arrays["y"]
+    classes = _classes(arrays["classes"], where) if "classes" in arrays else None
+    if x.ndim < 1 or len(x) == 0 or y.ndim not in (1, 2) or len(y) != len(x):
+        raise DataError(where, f"expected x with one row per sample and y with one label per row, got shapes {x.shape} "
+                               f"and {y.shape}")
+    labels = checks.class_labels(y.reshape(-1), where, "y").reshape(y.shape)
+    if classes and labels.size and int(labels.max()) >= classes:
+        row = int(np.flatnonzero(labels.reshape(-1) >= classes)[0])
+        raise DataError(where, f"y[{row}] = {int(labels.reshape(-1)[row])}: labels must be class indices "
+                               f"0..{classes - 1} (the file's classes = {classes})")
+    checks.features(x, where, "x", samples=len(labels))
+    return x, y, classes
 
 
 @dataclass(frozen=True)
@@ -105,32 +173,39 @@ class OwnClients:
         clients = tuple(clients) if clients is not None else folder_clients(folder)
         if not clients:
             raise ConfigError("node-config.data-path", f"{folder} holds no client-<id>.npz file")
-        xs, ys, classes = [], [], set()
+        xs, ys, classes, paths = [], [], set(), []
         for client in clients:
             path = folder / CLIENT_FILE.format(client)
             try:
-                with np.load(path, allow_pickle=False) as saved:
-                    arrays = {name: saved[name] for name in saved.files}
+                x, y, given = read_client_file(path)
             except FileNotFoundError:
                 raise ConfigError("node-config.data-path", f"{path} not found: the node hosts client {client} but its folder has no file for it") from None
-            except (OSError, ValueError, EOFError) as exc:
-                raise DataError(str(path), f"not a readable .npz file ({exc})") from None
-            if "x" not in arrays or "y" not in arrays:
-                raise DataError(str(path), f"expected arrays 'x' (samples) and 'y' (labels), got {sorted(arrays)}")
-            x, y = arrays["x"], arrays["y"]
-            if "classes" in arrays:
-                classes.add(int(arrays["classes"]))
-            if x.ndim < 1 or len(x) == 0 or len(y) != len(x):
-                raise DataError(str(path), f"expected x with one row per sample and y with one label per row, got shapes {x.shape} and {y.shape}")
+            if given is not None:
+                classes.add(given)
             if xs and x.shape[1:] != xs[0].shape[1:]:
                 raise DataError(str(path), f"samples of shape {x.shape[1:]}, the node's other clients have {xs[0].shape[1:]}")
+            if xs and y.shape[1:] != ys[0].shape[1:]:
+                raise DataError(str(path), f"labels of shape {y.shape[1:]} per sample, the node's other clients have "
+                                           f"{ys[0].shape[1:]}")
             xs.append(x)
             ys.append(y)
+            paths.append(path)
         if len(classes) > 1:
             raise DataError(str(folder), f"the client files disagree on 'classes' ({sorted(classes)})")
         x, y = np.concatenate(xs), np.concatenate(ys)
-        num_classes = classes.pop() if classes else int(y.max(initial=0)) + 1 if np.issubdtype(y.dtype, np.integer) else 0
-        problem = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=Samples(x, y, num_classes))
+        given = bool(classes)
+        num_classes = classes.pop() if classes else int(y.max(initial=0)) + 1
+        try:
+            with section("problem"):
+                samples = Samples(x, y, num_classes)
+                problem = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=samples)
+        except ConfigError as exc:
+            if given or isinstance(exc, DataError):
+                raise
+            largest = max(range(len(ys)), key=lambda k: int(ys[k].max(initial=0)))  # the file that set the classes
+            most = int(ys[largest].max(initial=0))
+            why = f"its largest label, {most}, makes {num_classes} classes: {exc}"
+            raise DataError(str(paths[largest]), why) from None
         dtype = DTYPES[spec.run.dtype]
         features, labels = torch.as_tensor(x.reshape(len(x), -1)), problem.encode_labels(y)
         features = features.to(dtype) if features.is_floating_point() else features

@@ -62,6 +62,8 @@ MODULUS = 1 << 32
 MAX_QUANTIZATION = (1 << 31) - 1
 #: the ``run-config`` switch
 SETTING = "run-config.secure-aggregation"
+#: the coarsest quantization level 2c/Q accepted, as a fraction of the model's scale: coarser, most updates round to 0
+RESOLUTION = 1e-3
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,25 @@ class SecureAggregation:
     def tolerance(self, nodes: int) -> float:
         """Bound on |secure sum − exact sum| per entry with ``nodes`` inputs in the sum: nodes·2c/Q."""
         return nodes * self.level
+
+    def check_resolution(self, params: torch.Tensor) -> None:
+        """Refuse a clipping range c and quantization range Q whose level 2c/Q is coarser than :data:`RESOLUTION` of the
+        model's scale (max|x⁰|, or 1 for a model that starts at 0): an update that small rounds to 0 with probability
+        near 1, so the model would hardly move."""
+        largest = float(params.detach().abs().max()) if params.numel() else 0.0
+        scale = largest if 0 < largest < math.inf else 1.0
+        finest = RESOLUTION * scale
+        if self.level <= finest:
+            return
+        needed = math.ceil(2 * self.clipping_range / finest)
+        c, q = self.clipping_range, self.quantization_range
+        why = (f"one quantization level 2c/Q = 2·{c:g}/{q} = {self.level:.3g} is coarser than {RESOLUTION:g} of the "
+               f"model's scale ({scale:.3g}, max|x⁰|): updates would round to 0 and the model would hardly move; ")
+        if needed <= MAX_QUANTIZATION:
+            raise ConfigError("run-config.secagg-quantization-range", f"{why}give Q >= {needed} "
+                                                                      f"(up to {MAX_QUANTIZATION})")
+        raise ConfigError("run-config.secagg-clipping-range", f"{why}give c <= {finest * MAX_QUANTIZATION / 2:.3g} "
+                                                               f"(with Q up to {MAX_QUANTIZATION})")
 
     def check_federation(self, nodes: int) -> None:
         """A federation of ``nodes`` nodes can sum securely: at least two nodes, and nodes·Q below the modulus 2³²."""

@@ -63,7 +63,7 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.experiments.loop import Callback, Driver, RoundLoop
 from fedshuffle.data.federated import objective_weights
 from fedshuffle.experiments.build import build_algorithm_from, build_sampler
-from fedshuffle.experiments.runner import DTYPES, RunFolder, build_simulation, check_against_data
+from fedshuffle.experiments.runner import DTYPES, RunFolder, build_simulation, check_against_data, check_local_work
 from fedshuffle.experiments.schema import slug
 from fedshuffle.data import FederatedDataset
 from fedshuffle.integrations.flower.bundle import installed_version
@@ -251,7 +251,10 @@ class FedShuffleStrategy(Strategy):
         check_against_data(spec, len(sizes))
         population = Population(sizes, objective_weights(sizes, spec.data.weights))
         sampler = build_sampler(spec.sampler, population)
-        self.half = ServerHalf(problem, population, build_algorithm_from(spec), sampler, seed=self.run.seed, dtype=DTYPES[spec.run.dtype], device=spec.run.device)
+        algorithm = build_algorithm_from(spec)
+        check_local_work(spec, algorithm.local, sizes)
+        self.half = ServerHalf(problem, population, algorithm, sampler, seed=self.run.seed,
+                               dtype=DTYPES[spec.run.dtype], device=spec.run.device)
         self.num_clients = len(sizes)
 
     def summary(self) -> None:
@@ -433,6 +436,7 @@ class FedShuffleStrategy(Strategy):
         self.handshake(grid)
         if self.secure is not None:
             self.secure.check_federation(len(self._run_nodes()))
+            self.secure.check_resolution(self.half.params)
         self._grid = grid
         self.summary()
         rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)

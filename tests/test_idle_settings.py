@@ -1,0 +1,60 @@
+"""Settings that would do nothing are refused in one line naming the setting and what is accepted."""
+
+import pytest
+from typer.testing import CliRunner
+
+from fedshuffle.cli import app
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.experiments.runner import build_simulation
+from fedshuffle.experiments.schema import Experiment, validate
+
+BASE = {"data": {"client_sizes": [2, 3]}, "local": {"lr": 0.1}, "run": {"rounds": 2}}
+
+
+def spec(**sections):
+    raw = {name: {**BASE.get(name, {}), **sections.get(name, {})} for name in {*BASE, *sections}}
+    return validate(Experiment, raw).runs()[0][1]
+
+
+def test_an_empty_seed_list_is_refused():
+    with pytest.raises(ConfigError) as err:
+        validate(Experiment, {**BASE, "experiment": {"seeds": []}})
+    assert err.value.field == "experiment.seeds" and "one or more seeds" in err.value.message
+    assert validate(Experiment, {**BASE, "experiment": {"seeds": [3]}}).seeds(spec()) == [3]
+
+
+@pytest.mark.parametrize("executor", ["sequential", "threaded"])
+def test_a_chunk_size_for_an_executor_without_chunks_is_refused(executor):
+    with pytest.raises(ConfigError) as err:
+        spec(run={"executor": executor, "chunk_size": 2})
+    assert err.value.field == "run.chunk_size" and f"executor = {executor!r} runs no chunks" in err.value.message
+    assert "'vectorized', 'ray' or 'auto'" in err.value.message
+
+
+@pytest.mark.parametrize("executor", ["vectorized", "auto"])
+def test_a_chunk_size_for_an_executor_that_chunks_is_kept(executor):
+    assert spec(run={"executor": executor, "chunk_size": 2}).run.chunk_size == 2
+
+
+def test_dropping_every_planned_step_is_refused_and_fewer_is_kept():
+    """Sizes 2 and 3 at batch size 1, one epoch: the most a client plans is 3 steps."""
+    with pytest.raises(ConfigError) as err:
+        build_simulation(spec(local={"drop_last_steps": 3}), 0)
+    assert err.value.field == "local.drop_last_steps" and "the most a client plans is 3" in err.value.message
+    assert "accepted: 0..2" in err.value.message
+    with pytest.raises(ConfigError, match="local.drop_last_steps: 30 drops"):
+        build_simulation(spec(local={"drop_last_steps": 30}), 0)
+    sim, _ = build_simulation(spec(local={"drop_last_steps": 2}), 0)
+    sim.step()
+    assert sim.counters.sample_gradients == 2  # each client keeps one step: max(1, 2 - 2) + max(1, 3 - 2)
+    sim, _ = build_simulation(spec(local={"drop_last_steps": 2, "epochs": 2}), 0)  # 6 steps planned at most
+    sim.step()
+    assert sim.counters.sample_gradients == 2 + 4
+
+
+def test_the_run_command_refuses_them_before_writing_anything(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("[data]\nclient_sizes = [2, 3]\n[local]\nlr = 0.1\ndrop_last_steps = 5\n[run]\nrounds = 2\n")
+    result = CliRunner().invoke(app, ["run", str(config), "--out", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 2 and "local.drop_last_steps: 5 drops every planned step" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
