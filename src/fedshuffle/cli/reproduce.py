@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli.common import app, console, err, EXIT_STATUS, fail, fail_results, interrupted, note
+from fedshuffle.core.errors import ClusterError, ConfigError, ResultsError
+from fedshuffle.cli.common import app, console, err, EXIT_STATUS, fail, fail_results, fail_cluster, interrupted, note
 from fedshuffle.cli.output import print_table
 
 
@@ -67,6 +67,8 @@ def reproduce(
         fail(exc)
     except ResultsError as exc:
         fail_results(exc, "run the same command again to continue: finished runs are kept")
+    except ClusterError as exc:
+        fail_cluster(exc, "run the same command again to continue: finished runs are kept")
     except KeyboardInterrupt:
         interrupted("run the same command again to continue: finished runs are kept")
     if json_:

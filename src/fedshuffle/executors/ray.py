@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.errors import ClusterError, ConfigError
 from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.executors.local import VectorizedExecutor
 from fedshuffle.local.loop import LocalWork
@@ -119,12 +119,16 @@ class RayExecutor:
     def _start(self):
         ray = self._ray
         if not ray.is_initialized():
-            if self.address is None:
-                temp_dir = start_local_ray(ray, self.workers)
-            else:
-                with _loopback_only(ray) if _is_loopback(self.address) else nullcontext():
-                    ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-                temp_dir = None
+            try:
+                if self.address is None:
+                    temp_dir = start_local_ray(ray, self.workers)
+                else:
+                    with _loopback_only(ray) if _is_loopback(self.address) else nullcontext():
+                        ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                                 configure_logging=False)
+                    temp_dir = None
+            except Exception as exc:  # noqa: BLE001  (Ray's errors are many: a raylet that died, a timeout...)
+                raise ClusterError(f"Ray did not start ({_first_line(exc)})") from None
             self._finalizer = weakref.finalize(self, stop_local_ray, ray, temp_dir)
             self._data, self._task = None, None
         if self._task is None:
@@ -235,6 +239,12 @@ def _run_share(executor: VectorizedExecutor, problem: Problem, work: LocalWork, 
     features = torch.from_numpy(np.concatenate([block[0] for block in stored])).to(device)
     labels = torch.from_numpy(np.concatenate([block[1] for block in stored])).to(device)
     return executor.run(problem, ShareSamples(features, labels), work)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc`` with its type (at most 300 characters): what one line can say of Ray's errors."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
 
 
 def _check_address(address: str | None) -> str | None:
