@@ -33,12 +33,12 @@ WILDCARDS = {"0.0.0.0", "::"}
 
 
 def recipe() -> tuple[list[str], list[str]]:
-    """The page's namespace recipe: the command that makes the namespace (up to ``bash -c``) and the lines it runs."""
+    """The page's namespace recipe: the command that makes the namespace (``bash -c`` for its ``bash <<'EOF'``) and
+    the lines it runs."""
     (block,) = [b for b in re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.DOTALL) if "unshare" in b]
-    first, *lines = block.strip().splitlines()
-    assert first.endswith("bash -c '") and lines[-1].endswith("'"), block
-    lines[-1] = lines[-1][:-1]
-    return shlex.split(first[:-1]), [line.strip() for line in lines if line.strip()]
+    first, *lines, last = block.strip().splitlines()
+    assert first.endswith(" bash <<'EOF'") and last == "EOF", block
+    return [*shlex.split(first.removesuffix(" <<'EOF'")), "-c"], [line.strip() for line in lines if line.strip()]
 
 
 def can_unshare(command: list[str]) -> bool:
