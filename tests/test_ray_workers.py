@@ -13,7 +13,7 @@ from fedshuffle.experiments.schema import RunSpec, validate
 
 ray = pytest.importorskip("ray")
 
-from fedshuffle.executors.ray import RayExecutor, check_versions, package_versions, runtime_env  # noqa: E402
+from fedshuffle.executors.ray import RayExecutor, check_versions, package_versions, runtime_env
 
 DRIVER = {"fedshuffle": "0.9.0", "numpy": "2.1.3", "torch": "2.5.1"}
 
