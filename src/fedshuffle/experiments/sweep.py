@@ -132,8 +132,13 @@ def _split_values(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+#: the most grid points one sweep command takes (a larger grid is split over commands sharing one ``--out``)
+MAX_POINTS = 10_000
+
+
 def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
-    """``["local.lr=0.1,0.01", "local.clip_norm=1,10"]`` → every combination as override dicts."""
+    """``["local.lr=0.1,0.01", "local.clip_norm=1,10"]`` → every combination as override dicts; more than
+    :data:`MAX_POINTS` combinations are refused before any is made."""
     axes: list[tuple[str, list[Any]]] = []
     for item in items:
         if "=" not in item:
@@ -148,6 +153,12 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
         if key.strip() in (k for k, _ in axes):
             raise ConfigError("--grid", f"{key} is given twice")
         axes.append((key.strip(), parsed))
+    count = math.prod(len(values) for _, values in axes)
+    if count > MAX_POINTS:
+        sizes = " × ".join(str(len(values)) for _, values in axes)
+        raise ConfigError("--grid", f"{sizes} = {count} points; a sweep takes at most {MAX_POINTS}: split the grid "
+                                    "over several sweep commands with the same --out (a sweep started again keeps "
+                                    "its finished runs and takes other points)")
     points = []
     for combo in itertools.product(*(values for _, values in axes)):
         merged: dict[str, dict[str, Any]] = {}
