@@ -17,9 +17,11 @@ def _stop_starting(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    """Install :func:`_stop_starting` for Ctrl-C and SIGTERM, then import and run the command line."""
+    """Install :func:`_stop_starting` for Ctrl-C and SIGTERM (unless the signal is ignored, as for a job started in
+    the background of a script), then import and run the command line."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stop_starting)
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _stop_starting)
     from fedshuffle.cli import main as run_command
 
     run_command()

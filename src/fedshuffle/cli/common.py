@@ -116,15 +116,16 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def command(callback: Callable[..., None]) -> Callable[..., None]:
-    """``callback`` (a command) run with Ctrl-C raising KeyboardInterrupt and SIGTERM handled alike; an
-    interruption the command does not handle itself is one line (:func:`interrupted`). The signal handlers in
-    place before are restored afterwards."""
+    """``callback`` (a command) run with Ctrl-C raising KeyboardInterrupt and SIGTERM handled alike (a signal the
+    process ignores stays ignored); an interruption the command does not handle itself is one line
+    (:func:`interrupted`). The signal handlers in place before are restored afterwards."""
 
     @functools.wraps(callback)
     def run(*args: object, **kwargs: object) -> None:
+        handlers = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _terminate}
         try:
-            saved = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-                     signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate)}
+            saved = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()
+                     if signal.getsignal(signum) is not signal.SIG_IGN}
         except ValueError:  # not the main thread (an embedding application): its handlers stay
             saved = {}
         _received.clear()
