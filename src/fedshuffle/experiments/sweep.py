@@ -276,6 +276,8 @@ def _execute_group(jobs: Sequence[Job], resume: bool, extend: bool, experiment: 
 
 #: the module a worker loads before its first job: imported once by the fork server the workers are forked from
 PRELOAD = "fedshuffle.experiments.preload"
+#: imported by the fork server before :data:`PRELOAD`: it ignores Ctrl-C from its start
+IGNORE_CTRL_C = "fedshuffle.core.forkserver"
 
 
 def worker_context() -> Any:
@@ -287,7 +289,7 @@ def worker_context() -> Any:
     if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():  # macOS: frameworks are not fork-safe
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload([PRELOAD])
+    context.set_forkserver_preload([IGNORE_CTRL_C, PRELOAD])
     return context
 
 
@@ -334,21 +336,10 @@ def _socket_folder() -> None:
 
 
 def _start_fork_server(context: Any) -> None:
-    """Start the fork server of ``context`` (if it uses one) ignoring Ctrl-C from its start: Ctrl-C goes to the
-    whole process group, and this process stops the workers itself (a fork server still loading would print a
-    traceback). Its workers inherit that, as :func:`_start_worker` wants."""
+    """Start the fork server of ``context`` (if it uses one) in a temporary folder its sockets fit in."""
     _socket_folder()
-    if context.get_start_method() != "forkserver":
-        return
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: the handlers stay as they are
+    if context.get_start_method() == "forkserver":
         multiprocessing.forkserver.ensure_running()
-        return
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
