@@ -220,4 +220,4 @@ def test_a_task_on_a_killed_worker_node_is_retried_and_the_run_keeps_the_sequent
 def test_max_retries_must_be_a_whole_number_of_at_least_zero(bad):
     with pytest.raises(ConfigError) as info:
         RayExecutor(workers=1, max_retries=bad)
-    assert info.value.field == "max_retries" and repr(bad) in str(info.value) and "\n" not in str(info.value)
+    assert info.value.field == "run.ray_retries" and repr(bad) in str(info.value) and "\n" not in str(info.value)

@@ -1,5 +1,31 @@
-"""``python -m fedshuffle`` is the ``fedshuffle`` command."""
+"""``python -m fedshuffle`` and the ``fedshuffle`` command.
 
-from fedshuffle.cli import main
+Ctrl-C or SIGTERM while the command starts (seconds of imports on a busy machine), before anything is
+written, ends it with one line and the exit status of the signal (130, 143); once a command runs, it
+handles them itself (:func:`fedshuffle.cli.common.command`)."""
 
-main()
+from __future__ import annotations
+
+import os
+import signal
+
+
+def _stop_starting(signum: int, frame: object) -> None:
+    """Nothing is written yet: say so in one line and exit at once with 128 + the signal's number."""
+    os.write(2, b"interrupted; nothing was written.\n")
+    os._exit(128 + signum)
+
+
+def main() -> None:
+    """Install :func:`_stop_starting` for Ctrl-C and SIGTERM (unless the signal is ignored, as for a job started in
+    the background of a script), then import and run the command line."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _stop_starting)
+    from fedshuffle.cli import main as run_command
+
+    run_command()
+
+
+if __name__ == "__main__":
+    main()

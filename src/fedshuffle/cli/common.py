@@ -4,10 +4,13 @@ Nothing here imports PyTorch: commands import what they need when they run."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import platform
 import shlex
+import signal
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Optional
@@ -18,7 +21,8 @@ from rich.console import Console
 from fedshuffle import plugins
 from fedshuffle.core.errors import ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Federated optimization with sampling without replacement.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
+                  help="Federated optimization with sampling without replacement.")
 console = Console(soft_wrap=True)  # lines are never cut at 80 columns in a pipe; tables: .output.print_table
 err = Console(stderr=True)
 
@@ -55,8 +59,8 @@ DEFAULT_PRESET = "quickstart"
 
 EXIT_STATUS = """Exit status: 0 every run complete; 2 bad input (found before any folder is written); 3 a run
     diverged or failed; 4 the results folder cannot be written (unwritable, disk full, or in use by
-    another fedshuffle process), what was written is kept; 130 interrupted (Ctrl-C), continue as the
-    message says."""
+    another fedshuffle process), what was written is kept; 130 interrupted (Ctrl-C), 143 stopped by
+    SIGTERM: continue as the message says."""
 
 
 def reflow(text: str) -> str:
@@ -83,9 +87,64 @@ def fail_results(exc: OSError, hint: str = "") -> None:
     raise typer.Exit(4)
 
 
+def fail_cluster(exc: Exception, hint: str = "") -> None:
+    """A failure of the machinery a run needs (e.g. Ray not starting): one line, the hint, exit status 3."""
+    err.print(f"[red]failed:[/red] {exc}" + (f"\n{hint}" if hint else ""), highlight=False, soft_wrap=True)
+    raise typer.Exit(3)
+
+
+#: the signals that stopped this command (SIGTERM raises KeyboardInterrupt like Ctrl-C: :func:`command`)
+_received: list[int] = []
+
+
 def interrupted(hint: str) -> None:
-    err.print(f"interrupted; everything written is kept. {hint}", highlight=False, soft_wrap=True)
-    raise typer.Exit(130)
+    """One line after Ctrl-C (exit status 130) or SIGTERM (143): what is kept and how to continue."""
+    signum = _received[-1] if _received else signal.SIGINT
+    sweep = sys.modules.get("fedshuffle.experiments.sweep")
+    if sweep is not None:
+        sweep.stop_helper_processes()  # started early for worker processes: it would finish loading before it ends
+    which = " (SIGTERM)" if signum == signal.SIGTERM else ""
+    err.print(f"interrupted{which}; everything written is kept. {hint}".rstrip(), highlight=False, soft_wrap=True)
+    raise typer.Exit(128 + signum)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM (``timeout``, a batch scheduler, ``docker stop``) unwinds the command as Ctrl-C does: its workers
+    stop and what was written stays resumable. Once: a second SIGTERM does not interrupt the unwinding."""
+    _received.append(signum)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def command(callback: Callable[..., None]) -> Callable[..., None]:
+    """``callback`` (a command) run with Ctrl-C raising KeyboardInterrupt and SIGTERM handled alike (a signal the
+    process ignores stays ignored); an interruption the command does not handle itself is one line
+    (:func:`interrupted`). The signal handlers in place before are restored afterwards."""
+
+    @functools.wraps(callback)
+    def run(*args: object, **kwargs: object) -> None:
+        handlers = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _terminate}
+        try:
+            saved = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()
+                     if signal.getsignal(signum) is not signal.SIG_IGN}
+        except ValueError:  # not the main thread (an embedding application): its handlers stay
+            saved = {}
+        _received.clear()
+        try:
+            callback(*args, **kwargs)
+        except KeyboardInterrupt:
+            interrupted("")
+        finally:
+            for signum, handler in saved.items():
+                signal.signal(signum, handler)
+
+    return run
+
+
+def handle_signals(application: typer.Typer) -> None:
+    """Every command of ``application`` run through :func:`command`."""
+    for registered in application.registered_commands:
+        registered.callback = command(registered.callback)
 
 
 def note(text: str) -> None:

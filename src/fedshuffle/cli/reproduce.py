@@ -10,8 +10,10 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from fedshuffle.core.errors import ConfigError, ResultsError
-from fedshuffle.cli.common import app, console, err, EXIT_STATUS, fail, fail_results, interrupted, note, PluginsOption
+from fedshuffle.core.errors import ClusterError, ConfigError, ResultsError
+from fedshuffle.cli.common import (
+    EXIT_STATUS, PluginsOption, app, console, err, fail, fail_cluster, fail_results, interrupted, note,
+)
 from fedshuffle.cli.output import print_table
 
 
@@ -68,6 +70,8 @@ def reproduce(
         fail(exc)
     except ResultsError as exc:
         fail_results(exc, "run the same command again to continue: finished runs are kept")
+    except ClusterError as exc:
+        fail_cluster(exc, "run the same command again to continue: finished runs are kept")
     except KeyboardInterrupt:
         interrupted("run the same command again to continue: finished runs are kept")
     if json_:

@@ -9,12 +9,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.core.errors import ClusterError, ConfigError, ResultsError
 from fedshuffle.core.io import read_text
 from fedshuffle.cli.output import mean_std, print_table
 from fedshuffle.cli.common import (
-    DEFAULT_PRESET, EXIT_STATUS, PluginsOption, app, console, fail, fail_results, interrupted, load_config, note,
-    resume_command,
+    DEFAULT_PRESET, EXIT_STATUS, PluginsOption, app, console, fail, fail_cluster, fail_results, interrupted,
+    load_config, note, resume_command,
 )
 
 
@@ -104,6 +104,9 @@ def run(
         fail(exc)
     except ResultsError as exc:
         fail_results(exc, f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}" if target is not None and target.is_dir() else "")
+    except ClusterError as exc:
+        hint = f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}"
+        fail_cluster(exc, hint if target is not None and target.is_dir() else "")
     except KeyboardInterrupt:
         interrupted(f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}" if target is not None and target.is_dir() else "nothing was written.")
     _print_summary(summary, experiment.experiment.title or experiment.experiment.name)
@@ -159,6 +162,8 @@ def sweep(
         fail(exc)
     except ResultsError as exc:
         fail_results(exc, again if target is not None and target.is_dir() else "")
+    except ClusterError as exc:
+        fail_cluster(exc, again if target is not None and target.is_dir() else "")
     except KeyboardInterrupt:
         interrupted(again if target is not None and target.is_dir() else "nothing was written.")
     console.print(f"{record['runs']} runs in {target}/: " + ", ".join(f"{n} {s}" for s, n in record["status"].items()))

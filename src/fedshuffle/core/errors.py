@@ -26,6 +26,11 @@ class ResultsError(OSError):
     """The results folder cannot be written (permissions, disk full): nothing about the config is wrong."""
 
 
+class ClusterError(RuntimeError):
+    """The machinery a run needs did not work (Ray did not start): nothing about the config is wrong, and what
+    was written stays resumable."""
+
+
 class DataError(ConfigError):
     """A data file that cannot be used: ``field`` is the file (and line, where one is to blame)."""
 

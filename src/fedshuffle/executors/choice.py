@@ -47,7 +47,7 @@ def choose(problem: Problem, device: str | torch.device = "cpu", threads: int | 
 
 def make_executor(
     name: str, problem: Problem | None = None, device: str | torch.device = "cpu", chunk_size: int | None = None, memory_budget: int = 1 << 30,
-    ray_workers: int = 2, ray_address: str | None = None, threads: int | None = None,
+    ray_workers: int = 2, ray_address: str | None = None, threads: int | None = None, ray_retries: int = 3,
 ) -> Executor:
     """The executor ``name`` (one of :data:`EXECUTORS`); ``auto`` needs the ``problem`` and records its choice
     in the executor's ``chosen`` attribute ("auto: <name> — <reason>"). Off the CPU the compiled loop is switched off,
@@ -64,7 +64,7 @@ def make_executor(
     if name == "ray":
         from fedshuffle.executors.ray import RayExecutor
 
-        return RayExecutor(ray_workers, ray_address, chunk_size, memory_budget)
+        return RayExecutor(ray_workers, ray_address, chunk_size, memory_budget, max_retries=ray_retries)
     if name == "threaded":
         threaded = ThreadedExecutor(threads)
         threaded.chosen = chosen

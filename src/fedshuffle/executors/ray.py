@@ -31,6 +31,12 @@ by the driver, so a node that dies loses only the copies it had fetched, and a r
 the blocks again from the driver's node. Losing the driver's node (or the head's, which holds the
 cluster's control store) ends the run.
 
+Workers and the driver. A Ray started or joined here gets a ``runtime_env`` with the driver's ``FEDSHUFFLE_*``
+environment variables (data folders, caches, limits: :func:`runtime_env`); nothing is installed on the nodes. Every
+task carries the driver's fedshuffle, NumPy and PyTorch versions, and a worker whose versions differ refuses it
+in one line naming the package and both versions (:func:`check_versions`): another NumPy or PyTorch computes
+other numbers.
+
 Every Ray instance this executor starts (or connects) is shut down by :meth:`RayExecutor.close`, at
 garbage collection, or at exit; a Ray that was already initialized in the process is left alone.
 """
@@ -45,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -53,7 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.errors import ClusterError, ConfigError
 from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.executors.local import VectorizedExecutor
 from fedshuffle.local.loop import LocalWork
@@ -68,6 +74,10 @@ BLOCK_BYTES = 1 << 18
 MAX_RETRIES = 3
 #: seconds an address may take to answer as a Ray cluster (TCP check plus a probe driver)
 CONNECT_TIMEOUT = 25.0
+#: packages whose versions a Ray worker must share with the driver
+PINNED = ("fedshuffle", "numpy", "torch")
+#: the driver's environment variables a Ray worker gets (by this prefix)
+CARRIED_ENV = "FEDSHUFFLE_"
 _ADDRESS = re.compile(r"^(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-_]+):(\d{1,5})$")
 #: addresses that answered as a Ray cluster in this process (probed once)
 _ANSWERED: set[str] = set()
@@ -101,7 +111,8 @@ class RayExecutor:
         if workers < 1:
             raise ConfigError("run.ray_workers", f"must be >= 1, got {workers}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigError("max_retries", f"expected a whole number >= 0 of times a task is run again, got {max_retries!r}")
+            raise ConfigError("run.ray_retries",
+                              f"expected a whole number >= 0 of times a task is run again, got {max_retries!r}")
         self.address = _check_address(address)
         try:
             import ray
@@ -111,6 +122,7 @@ class RayExecutor:
             probe_cluster(self.address)  # a bad address is bad input: found while building, before any run
         self._ray = ray
         self.workers, self.block_bytes, self.max_retries = workers, block_bytes, max_retries
+        self.versions = package_versions()
         self.local = VectorizedExecutor(chunk_size, memory_budget)
         self._data: tuple[weakref.ref, ClientBlocks | Any] | None = None
         self._task = None
@@ -119,12 +131,16 @@ class RayExecutor:
     def _start(self):
         ray = self._ray
         if not ray.is_initialized():
-            if self.address is None:
-                temp_dir = start_local_ray(ray, self.workers)
-            else:
-                with _loopback_only(ray) if _is_loopback(self.address) else nullcontext():
-                    ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-                temp_dir = None
+            try:
+                if self.address is None:
+                    temp_dir = start_local_ray(ray, self.workers)
+                else:
+                    with _loopback_only(ray) if _is_loopback(self.address) else nullcontext():
+                        ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                                 configure_logging=False, runtime_env=runtime_env() or None)
+                    temp_dir = None
+            except Exception as exc:  # noqa: BLE001  (Ray's errors are many: a raylet that died, a timeout...)
+                raise ClusterError(f"Ray did not start ({_first_line(exc)})") from None
             self._finalizer = weakref.finalize(self, stop_local_ray, ray, temp_dir)
             self._data, self._task = None, None
         if self._task is None:
@@ -162,10 +178,17 @@ class RayExecutor:
             futures = []
             for share in shares:
                 blocks, plans = stored.share([work.plans[i] for i in share])
-                futures.append(task.remote(self.local, problem, work.subset(share, plans), *[stored.refs[b] for b in blocks]))
+                futures.append(task.remote(self.local, problem, work.subset(share, plans), self.versions,
+                                           *[stored.refs[b] for b in blocks]))
         else:
-            futures = [task.remote(self.local, problem, work.subset(share), stored) for share in shares]
-        return torch.cat(self._ray.get(futures))
+            futures = [task.remote(self.local, problem, work.subset(share), self.versions, stored) for share in shares]
+        try:
+            return torch.cat(self._ray.get(futures))
+        except self._ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, ClusterError):  # a worker refused: its one line, not the worker's traceback
+                raise ClusterError(str(cause)) from None
+            raise
 
     def client_gradients(self, problem, data, params, clients):
         return self.local.client_gradients(problem, data, params, clients)
@@ -227,14 +250,52 @@ class ShareSamples:
     labels: torch.Tensor
 
 
-def _run_share(executor: VectorizedExecutor, problem: Problem, work: LocalWork, *stored: Any) -> torch.Tensor:
-    """A share's local work on its own clients' blocks (or on the lazy dataset, generated where it runs)."""
+def runtime_env() -> dict[str, Any]:
+    """The ``runtime_env`` of a Ray this executor starts or joins: the driver's ``FEDSHUFFLE_*`` environment
+    variables (empty when there are none); no packages (every node has its own, :func:`check_versions`)."""
+    carried = {name: value for name, value in os.environ.items() if name.startswith(CARRIED_ENV)}
+    return {"env_vars": carried} if carried else {}
+
+
+def package_versions() -> dict[str, str]:
+    """The versions of :data:`PINNED` in this process (fedshuffle's as installed; "unknown" from a bare source tree)."""
+    from importlib import metadata
+
+    try:
+        own = metadata.version("fedshuffle")
+    except metadata.PackageNotFoundError:
+        own = "unknown"
+    return {"fedshuffle": own, "numpy": np.__version__, "torch": torch.__version__}
+
+
+def check_versions(driver: Mapping[str, str], worker: Mapping[str, str] | None = None, node: str = "") -> None:
+    """Refuse in one line (:class:`ClusterError`) a worker whose fedshuffle, NumPy or PyTorch (``worker``; default
+    this process') differs from the ``driver``'s, naming the package and both versions."""
+    worker = package_versions() if worker is None else worker
+    for name in PINNED:
+        if worker.get(name) != driver.get(name):
+            where = f" on {node}" if node else ""
+            raise ClusterError(f"a Ray worker{where} has {name} {worker.get(name)}, the driver {name} "
+                               f"{driver.get(name)}: install the driver's {name} on every node")
+
+
+def _run_share(executor: VectorizedExecutor, problem: Problem, work: LocalWork, versions: Mapping[str, str],
+               *stored: Any) -> torch.Tensor:
+    """A share's local work on its own clients' blocks (or on the lazy dataset, generated where it runs), once the
+    worker's versions are found equal to the driver's ``versions``."""
+    check_versions(versions, node=socket.gethostname())
     if len(stored) == 1 and isinstance(stored[0], LazyFederatedDataset):
         return executor.run(problem, stored[0], work)
     device = work.start.device
     features = torch.from_numpy(np.concatenate([block[0] for block in stored])).to(device)
     labels = torch.from_numpy(np.concatenate([block[1] for block in stored])).to(device)
     return executor.run(problem, ShareSamples(features, labels), work)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc`` with its type (at most 300 characters): what one line can say of Ray's errors."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
 
 
 def _check_address(address: str | None) -> str | None:
@@ -293,6 +354,7 @@ def start_local_ray(ray: Any, workers: int) -> str:
             ray.init(
                 address="local", num_cpus=workers, _node_ip_address=LOOPBACK, _temp_dir=temp_dir,
                 include_dashboard=False, log_to_driver=False, configure_logging=False,
+                runtime_env=runtime_env() or None,
             )
         node_ip = ray.util.get_node_ip_address()
     except BaseException:

@@ -108,7 +108,8 @@ def _smoothness(problem: Problem, data: FederatedDataset) -> theory.Smoothness:
 
 def build_executor(run: RunConfig, problem: Problem | None = None) -> Executor:
     """The executor a run asks for; ``auto`` picks by the problem and ``run.device`` (:mod:`fedshuffle.executors.choice`)."""
-    return make_executor(run.executor, problem, run.device, run.chunk_size, run.memory_budget_mb << 20, run.ray_workers, run.ray_address, run.threads)
+    return make_executor(run.executor, problem, run.device, run.chunk_size, run.memory_budget_mb << 20, run.ray_workers,
+                         run.ray_address, run.threads, run.ray_retries)
 
 
 def build_algorithm_from(spec: RunSpec) -> Algorithm:

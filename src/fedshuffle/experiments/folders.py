@@ -38,7 +38,7 @@ RESERVED = frozenset({MANIFEST, LOCK, "summary.json", "sweep.json", "plot.png", 
 #: settings that do not change a run's numbers, by section ("*": the whole section)
 NEUTRAL: dict[str, set[str] | str] = {
     "plot": "*", "run": {"sinks", "mlflow_uri", "wandb_project", "wandb_entity",  # where the metrics also go
-            "checkpoint_every", "checkpoint_seconds", "ray_address", "bandwidth_mib_s"},
+            "checkpoint_every", "checkpoint_seconds", "ray_address", "ray_retries", "bandwidth_mib_s"},
     "data": {"data_dirs", "download", "verify"},
 }
 #: settings that name files, compared by content

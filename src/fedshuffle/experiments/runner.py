@@ -58,7 +58,7 @@ from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_
 from fedshuffle.experiments.loop import Callback, Driver, Progress, RoundLoop, folder_callbacks, load_checkpoint
 from fedshuffle.experiments.results import METRIC_COLUMNS
 from fedshuffle.experiments.schema import RunSpec
-from fedshuffle.experiments.sinks import check_tracking_server, flatten, open_sinks, require_wandb
+from fedshuffle.experiments.sinks import check_sink_settings, check_tracking_server, flatten, open_sinks, require_wandb
 from fedshuffle.local.plan import LocalPlanner
 from fedshuffle.methods.client_models import keep_client_models
 from fedshuffle.simulation import Simulation
@@ -239,6 +239,7 @@ def preflight(jobs: Sequence[Any], plot_metrics: Sequence[str] = ()) -> None:
             key = json.dumps(job.spec.model_dump(exclude={"run": {"seed"}}), sort_keys=True, default=str)
             if key not in seen:
                 seen.add(key)
+                check_sink_settings(job.spec.run.sinks, job.spec.run.model_dump())
                 if "mlflow" in job.spec.run.sinks and job.spec.run.mlflow_uri:
                     check_tracking_server(job.spec.run.mlflow_uri)
                 if "wandb" in job.spec.run.sinks:

@@ -256,6 +256,8 @@ class RunConfig(_Section):
     threads: int | None = Field(None, ge=1, description="threaded (and auto): clients run in parallel, one CPU thread each (default: PyTorch's thread count, one per core)")
     ray_workers: int = Field(2, ge=1, description="ray: shares the cohort is split into (one Ray task each)")
     ray_address: str | None = Field(None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray")
+    ray_retries: int = Field(3, ge=0, description=(
+        "ray: times a task whose worker or node dies is run again (0: such a loss fails the run)"))
     sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=list, description="also send metrics to TensorBoard, MLflow and/or Weights & Biases")
     mlflow_uri: str | None = Field(None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)")

@@ -32,7 +32,7 @@ import socket
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -185,6 +185,18 @@ class WandbSink:
 
     def close(self):
         self.run.finish()
+
+
+def check_sink_settings(sinks: Sequence[str], settings: Mapping[str, Any]) -> None:
+    """Refuse a sink listed twice (its metrics would be sent twice) and a sink's setting (``run.mlflow_uri``,
+    ``run.wandb_project``, ``run.wandb_entity`` in ``settings``) given without its sink, which would do nothing."""
+    twice = sorted({name for name in sinks if list(sinks).count(name) > 1})
+    if twice:
+        raise ConfigError("run.sinks", f"{twice[0]!r} is listed twice; list each sink once")
+    for setting, sink in (("mlflow_uri", "mlflow"), ("wandb_project", "wandb"), ("wandb_entity", "wandb")):
+        if settings.get(setting) is not None and sink not in sinks:
+            raise ConfigError(f"run.{setting}", f"is set but run.sinks does not list {sink!r}, so nothing would use "
+                                                f"it: add {sink!r} to run.sinks, or remove run.{setting}")
 
 
 def open_sinks(

@@ -22,6 +22,7 @@ import queue as queue_mod
 import re
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -131,8 +132,13 @@ def _split_values(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+#: the most grid points one sweep command takes (a larger grid is split over commands sharing one ``--out``)
+MAX_POINTS = 10_000
+
+
 def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
-    """``["local.lr=0.1,0.01", "local.clip_norm=1,10"]`` → every combination as override dicts."""
+    """``["local.lr=0.1,0.01", "local.clip_norm=1,10"]`` → every combination as override dicts; more than
+    :data:`MAX_POINTS` combinations are refused before any is made."""
     axes: list[tuple[str, list[Any]]] = []
     for item in items:
         if "=" not in item:
@@ -147,6 +153,12 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
         if key.strip() in (k for k, _ in axes):
             raise ConfigError("--grid", f"{key} is given twice")
         axes.append((key.strip(), parsed))
+    count = math.prod(len(values) for _, values in axes)
+    if count > MAX_POINTS:
+        sizes = " × ".join(str(len(values)) for _, values in axes)
+        raise ConfigError("--grid", f"{sizes} = {count} points; a sweep takes at most {MAX_POINTS}: split the grid "
+                                    "over several sweep commands with the same --out (a sweep started again keeps "
+                                    "its finished runs and takes other points)")
     points = []
     for combo in itertools.product(*(values for _, values in axes)):
         merged: dict[str, dict[str, Any]] = {}
@@ -264,6 +276,8 @@ def _execute_group(jobs: Sequence[Job], resume: bool, extend: bool, experiment: 
 
 #: the module a worker loads before its first job: imported once by the fork server the workers are forked from
 PRELOAD = "fedshuffle.experiments.preload"
+#: imported by the fork server before :data:`PRELOAD`: it ignores Ctrl-C from its start
+IGNORE_CTRL_C = "fedshuffle.core.forkserver"
 
 
 def worker_context() -> Any:
@@ -275,7 +289,7 @@ def worker_context() -> Any:
     if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():  # macOS: frameworks are not fork-safe
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload([PRELOAD])
+    context.set_forkserver_preload([IGNORE_CTRL_C, PRELOAD])
     return context
 
 
@@ -288,8 +302,83 @@ def pool_workers(jobs: Sequence[Job], workers: int) -> int:
 def start_workers_early(jobs: Sequence[Job], workers: int) -> None:
     """Start the fork server now where ``jobs`` will run in worker processes, so that it loads what they need while
     this process checks and builds the runs (the preflight): the workers fork from it warm once the runs start."""
-    if pool_workers(jobs, workers) and worker_context().get_start_method() == "forkserver":
+    if pool_workers(jobs, workers):
+        _start_fork_server(worker_context())
+
+
+#: the longest folder whose ``pymp-XXXXXXXX/listener-XXXXXXXX`` socket paths fit in an AF_UNIX address (107 bytes)
+MAX_SOCKET_DIR = 70
+#: short folders tried, in order, when the temporary folder is too long for the workers' sockets
+SHORT_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _socket_folder() -> None:
+    """Give multiprocessing a temporary folder short enough for its Unix sockets (the fork server's and the
+    manager's). A ``TMPDIR`` of a cluster's per-job folder is often longer than an AF_UNIX address
+    allows; then the first of :data:`SHORT_TEMP_DIRS` that is writable is used instead (removed at exit, as
+    multiprocessing removes its own), or the command stops with one line."""
+    import shutil
+    import tempfile
+    from multiprocessing import util
+
+    config = mp.current_process()._config  # where multiprocessing keeps its temporary folder (util.get_temp_dir)
+    if config.get("tempdir") is not None or len(os.fsencode(tempfile.gettempdir())) <= MAX_SOCKET_DIR:
+        return
+    for base in SHORT_TEMP_DIRS:
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            folder = tempfile.mkdtemp(prefix="pymp-", dir=base)
+            util.Finalize(None, shutil.rmtree, args=[folder], exitpriority=-100)
+            config["tempdir"] = folder
+            return
+    raise ConfigError("--workers", f"the temporary folder {tempfile.gettempdir()} is too long for the workers' "
+                                   f"sockets (at most {MAX_SOCKET_DIR} bytes) and none of {', '.join(SHORT_TEMP_DIRS)} "
+                                   "is writable: set TMPDIR to a shorter folder, or run with --workers 1")
+
+
+def _start_fork_server(context: Any) -> None:
+    """Start the fork server of ``context`` (if it uses one) in a temporary folder its sockets fit in."""
+    _socket_folder()
+    if context.get_start_method() == "forkserver":
         multiprocessing.forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _helpers_stopped_on_interrupt() -> Iterator[None]:
+    """Ctrl-C or SIGTERM inside: the fork server and the resource tracker are stopped once the workers have ended."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        stop_helper_processes()
+        raise
+
+
+def stop_helper_processes() -> None:
+    """End the fork server (if this process started one) now, also while it still loads, and then multiprocessing's
+    resource tracker: after Ctrl-C or SIGTERM nothing of the command may outlive it. Later pools start new ones."""
+    from multiprocessing import resource_tracker
+
+    server = multiprocessing.forkserver._forkserver  # the process-wide fork server multiprocessing keeps
+    if server._forkserver_pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server._forkserver_pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            server._stop()
+    tracker = resource_tracker._resource_tracker  # it ends when every process holding its pipe has ended
+    if tracker._pid is None or tracker._fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.close(tracker._fd)
+    pid, tracker._fd, tracker._pid = tracker._pid, None, None
+    deadline = time.monotonic() + 10  # it cleans up and exits within moments
+    try:
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.1)
+    except (ChildProcessError, ProcessLookupError):
+        pass
 
 
 def _start_worker(plugin_modules: Sequence[tuple[str, str]], environment: Mapping[str, str]) -> None:
@@ -411,7 +500,8 @@ def run_jobs(
         for job in jobs:
             plugins.check_reachable(_parts(job.spec))
         context = worker_context()
-        with _script_not_rerun(), context.Manager() as manager:
+        _start_fork_server(context)
+        with _helpers_stopped_on_interrupt(), _script_not_rerun(), context.Manager() as manager:
             pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(plugins.imported(), dict(os.environ)))
             try:
                 ticks = manager.Queue()
@@ -454,6 +544,9 @@ def _stop(pool: ProcessPoolExecutor) -> None:
             process.terminate()
     for process in processes:
         process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=10)
 
 
 def _drain(ticks: Any, done_rounds: list[int], progress: Any, task: Any) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedshuffle.integrations.flower import messages  # noqa: F401  isort: skip  (first: refuses an unsupported Flower)
 from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp

@@ -23,14 +23,38 @@ range raises :class:`InvalidReply` naming the entry, and nothing is cast.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 
 import numpy as np
 import torch
 
+#: the Flower releases this integration supports, as (major, minor): at least the first, below the second. The node
+#: worker (:mod:`.worker`) runs Flower's ClientApp runtime from its internals, which change between minor releases.
+FLOWER_SUPPORTED = ((1, 41), (1, 42))
+FLOWER_RANGE = f">={FLOWER_SUPPORTED[0][0]}.{FLOWER_SUPPORTED[0][1]},<{FLOWER_SUPPORTED[1][0]}.{FLOWER_SUPPORTED[1][1]}"
+
+
+class UnsupportedFlower(ImportError):
+    """The installed Flower is outside :data:`FLOWER_SUPPORTED`."""
+
+
+def check_flower_version(installed: str) -> None:
+    """Refuse, in one line (:class:`UnsupportedFlower`), a Flower release outside :data:`FLOWER_SUPPORTED`."""
+    match = re.match(r"(\d+)\.(\d+)", installed)
+    if match is None or not FLOWER_SUPPORTED[0] <= (int(match[1]), int(match[2])) < FLOWER_SUPPORTED[1]:
+        raise UnsupportedFlower(f"fedshuffle's Flower integration supports Flower {FLOWER_RANGE} (its node worker "
+                                f"uses Flower's internals), not the installed {installed}: "
+                                f"pip install 'flwr[simulation]{FLOWER_RANGE}'")
+
+
 try:
+    check_flower_version(metadata.version("flwr"))
     from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType
-except ImportError as exc:  # pragma: no cover - depends on the environment
+except (ImportError, metadata.PackageNotFoundError) as exc:  # pragma: no cover - depends on the environment
+    if isinstance(exc, UnsupportedFlower):
+        raise
     raise ModuleNotFoundError("fedshuffle's Flower integration needs Flower: pip install 'fedshuffle[flower]' (Python >= 3.11)") from exc
 
 from fedshuffle.local.plan import ClientPlan

@@ -714,6 +714,11 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
     takes its clients' sizes and kind of samples from the replies (:meth:`FedShuffleStrategy.adopt_population`);
     where its number of clients is not in its settings (``data.clients``), the handshake waits the whole
     ``connect_timeout`` and the clients are those the nodes host, which must be 0..n−1.
+
+    A node the SuperLink lists but that is dead (its reply an "unavailable" error, as during training: a run resumed
+    after a node was lost) is left out, with a line in the log, and asked again while the handshake waits; the run
+    starts once the nodes that answer host every client, as always, and the error for a client no node hosts names
+    the unavailable nodes.
     """
     counts = [s.num_clients for s in strategies]
     wanted = max(counts) if all(c is not None for c in counts) else None
@@ -723,6 +728,7 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
     reports: dict[int, list[_NodeReport]] = {}  # node → its report per run
     asked: set[int] = set()
     waiting: dict[str, int] = {}  # message id → node
+    unavailable: dict[int, str] = {}  # node → why it did not answer (listed, but dead)
     while (wanted is None or len(nodes) < wanted) and time.monotonic() < deadline:
         new = [node for node in sorted(grid.get_node_ids()) if node not in asked]
         asked.update(new)
@@ -731,6 +737,14 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
             waiting.update({i: node for i, node in zip(grid.push_messages(messages), new) if i})
         for reply in grid.pull_messages(list(waiting)) if waiting else []:
             node = waiting.pop(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            if reply.has_error() and int(reply.error.code) in UNANSWERED:
+                if node not in unavailable:
+                    strategies[0]._log(f"node {node} is listed but did not answer the handshake "
+                                       f"({UNANSWERED[int(reply.error.code)]}): left out unless it answers later")
+                unavailable[node] = UNANSWERED[int(reply.error.code)]
+                asked.discard(node)  # asked again while the handshake waits, if it is still listed
+                continue
+            unavailable.pop(node, None)
             clients, reports[node] = _handshake_report(reply, node, strategies, wanted)
             for client in clients:
                 if client in nodes:
@@ -741,14 +755,18 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
     n = wanted if wanted is not None else max(nodes, default=-1) + 1
     missing = sorted(set(range(n)) - set(nodes))
     if missing or not n:
-        raise FederationError(f"no node hosts client(s) {format_clients(missing) if missing else 'at all'} ({len(asked)} node(s) connected within {connect_timeout:g} s); "
+        dead = "".join(f"; unavailable: node {node} ({why})" if k == 0 else f", node {node} ({why})"
+                       for k, (node, why) in enumerate(sorted(unavailable.items())))
+        raise FederationError(f"no node hosts client(s) {format_clients(missing) if missing else 'at all'} "
+                              f"({len(asked | set(unavailable))} node(s) connected within {connect_timeout:g} s"
+                              f"{dead}); "
                               f"the run has clients 0..{n - 1}: start nodes with --node-config 'clients=\"…\"' covering them")
     for k, s in enumerate(strategies):
         if s.node_data:
             _adopt(s, n if s.num_clients is None else s.num_clients, nodes, {node: r[k] for node, r in reports.items()})
         for node, report in reports.items():
             _check_report(s, node, report[k])
-        s.asked, s.online = set(asked), set(nodes.values())
+        s.asked, s.online = asked | set(unavailable), set(nodes.values())
     return nodes
 
 

@@ -28,6 +28,7 @@ import sys
 import time
 from logging import ERROR, INFO
 
+from fedshuffle.integrations.flower import messages  # noqa: F401  isort: skip  (first: refuses an unsupported Flower)
 from flwr.app import Message
 from flwr.app.error import Error
 from flwr.cli.install import install_from_fab

@@ -1,0 +1,215 @@
+"""Early and infrastructure failures of the command: Ctrl-C and SIGTERM at any moment, a TMPDIR too long for the
+workers' sockets, Ray not starting, and tracebacks without local variables: one line each."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import toy_config
+from typer.testing import CliRunner
+
+import fedshuffle.experiments.sweep as sweep_mod
+from fedshuffle.cli import app
+from fedshuffle.core.errors import ConfigError
+
+SRC = str(Path(sweep_mod.__file__).parents[2])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra}
+
+
+def _start(*args: object, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m fedshuffle ARGS`` in its own process group (its pid is the group's id)."""
+    return subprocess.Popen([sys.executable, "-m", "fedshuffle", *map(str, args)], env=env or _env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _group(pgid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process (not a zombie) in process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append((int(entry.name), command))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether ``pid`` has its own SIGTERM handler: the command installs it first thing (fedshuffle/__main__.py)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def _wait_for(condition, what: str, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds:.0f} s"
+        time.sleep(0.01)
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    """The command's stderr once it has ended (killed with its group if it runs 120 s more)."""
+    try:
+        return proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file()}
+
+
+def _kill_group(pgid: int) -> None:
+    for pid, _ in _group(pgid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _one_line(stderr: str, start: str) -> None:
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith(start), stderr
+    assert [line for line in lines if line.startswith("interrupted")] == lines[-1:], stderr
+
+
+@pytest.mark.parametrize("signum, status, delay", [(signal.SIGINT, 130, 0.0), (signal.SIGINT, 130, 1.0),
+                                                   (signal.SIGTERM, 143, 0.0), (signal.SIGTERM, 143, 2.0)])
+def test_a_signal_while_the_command_starts_is_one_line(tmp_path, signum, status, delay):
+    """From the moment the command's handler is in place (then it imports for a second or more; later the run's own
+    imports and preflight): one line, the signal's exit status."""
+    proc = _start("run", "quickstart", "--out", tmp_path / "out", "--quiet")
+    try:
+        _wait_for(lambda: _catches_sigterm(proc.pid) or proc.poll() is not None, "the command's signal handler")
+        time.sleep(delay)
+        os.killpg(proc.pid, signum)  # as a terminal's Ctrl-C: the whole group
+        stderr = _finish(proc)
+    finally:
+        _kill_group(proc.pid)
+    assert proc.returncode == status, stderr
+    _one_line(stderr, "interrupted")
+
+
+def test_ctrl_c_while_the_fork_server_loads_is_one_line_and_stops_it(tmp_path):
+    proc = _start("run", "quickstart", "--seeds", "0..3", "--workers", "2", "--out", tmp_path / "out", "--quiet")
+    try:
+        _wait_for(lambda: any("forkserver" in cmd for _, cmd in _group(proc.pid)) or proc.poll() is not None,
+                  "the fork server")
+        os.killpg(proc.pid, signal.SIGINT)
+        stderr = _finish(proc)
+        left = _group(proc.pid)
+    finally:
+        _kill_group(proc.pid)
+    assert proc.returncode == 130, stderr
+    _one_line(stderr, "interrupted")
+    assert not left, left
+
+
+def test_sigterm_stops_the_workers_and_the_fork_server_and_leaves_the_runs_resumable(tmp_path):
+    out = tmp_path / "out"
+    proc = _start("run", "quickstart", "--seeds", "0..3", "--workers", "2", "--out", out, "--quiet",
+                  "--set", "run.rounds=100000")
+    try:
+        _wait_for(lambda: any(out.glob("*/seed-*/checkpoint.pt")) or proc.poll() is not None,
+                  "a worker's first checkpoint")
+        os.kill(proc.pid, signal.SIGTERM)  # the command alone, as `timeout` or `docker stop` sends it
+        stderr = _finish(proc)
+        left = _group(proc.pid)
+        before = _snapshot(out)
+        time.sleep(5)
+        after = _snapshot(out)
+    finally:
+        _kill_group(proc.pid)
+    assert proc.returncode == 143, stderr
+    _one_line(stderr, "interrupted (SIGTERM); everything written is kept. continue with: ")
+    assert f"--resume {out}" in stderr
+    assert not left, left
+    assert before == after, "files changed after the command ended"
+    assert not list(out.glob("*/seed-*/summary.json")), "a run finished before it could be stopped"
+    assert any(out.glob("*/seed-*/checkpoint.pt"))
+
+
+def test_a_temporary_folder_too_long_for_sockets_falls_back_to_a_short_one(tmp_path):
+    long = tmp_path / ("t" * 60) / ("m" * 60)
+    long.mkdir(parents=True)
+    cfg = toy_config(tmp_path, method="fedavg", rounds=4, seeds=(0, 1), eval_every=2)
+    command = [sys.executable, "-m", "fedshuffle", "run", cfg, "--workers", "2", "--out", tmp_path / "out", "--quiet"]
+    proc = subprocess.run(command, env=_env(TMPDIR=str(long)), capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(list((tmp_path / "out").glob("seed-*/summary.json"))) == 2
+
+
+def test_no_short_folder_for_the_sockets_is_one_line(tmp_path, monkeypatch):
+    long = tmp_path / ("t" * 120)
+    long.mkdir()
+    config = mp.current_process()._config
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    monkeypatch.setattr(sweep_mod, "SHORT_TEMP_DIRS", (str(tmp_path / "missing"),))
+    monkeypatch.setitem(config, "tempdir", None)
+    with pytest.raises(ConfigError, match=r"^--workers: the temporary folder .* is too long for the workers' sockets"):
+        sweep_mod._socket_folder()
+    monkeypatch.setattr(sweep_mod, "SHORT_TEMP_DIRS", (str(tmp_path),))
+    sweep_mod._socket_folder()
+    assert Path(config["tempdir"]).parent == tmp_path
+
+
+def test_ray_not_starting_is_one_line_exit_3_with_how_to_continue(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+
+    def dead(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the raylet died\nwith a long story after the first line")
+
+    monkeypatch.setattr(ray, "init", dead)
+    cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=2, extra="")
+    cfg.write_text(cfg.read_text().replace("[run]\n", '[run]\nexecutor = "ray"\n'))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(cfg), "--out", str(out), "--quiet"], terminal_width=200)
+    assert result.exit_code == 3, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == "failed: Ray did not start (RuntimeError: the raylet died)", result.stderr
+    assert lines[1:] == [f"continue with: fedshuffle run {cfg} --resume {out}"], result.stderr
+
+
+def test_a_traceback_the_command_prints_shows_no_local_variables(tmp_path):
+    assert app.pretty_exceptions_show_locals is False
+    script = ("import sys\n"
+              "import fedshuffle.cli.common as common\n"
+              "def load(config):\n"
+              "    secret_local = 'LOCAL-VALUE-' + 'SHOWN'\n"
+              "    raise RuntimeError('unexpected')\n"
+              "common.load_config = load\n"
+              "import fedshuffle.cli.runs as runs\n"
+              "runs.load_config = load\n"
+              "from fedshuffle.__main__ import main\n"
+              "sys.argv = ['fedshuffle', 'run', 'quickstart', '--out', sys.argv[1]]\n"
+              "main()\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], env=_env(COLUMNS="200"),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 1
+    assert "RuntimeError" in proc.stderr and "unexpected" in proc.stderr
+    assert "LOCAL-VALUE-SHOWN" not in proc.stderr  # the source line shows, the variable's value does not
