@@ -95,7 +95,9 @@ def measure(preset: str | None, repeats: int) -> dict[str, Any]:
             "repeats": repeats,
         },
         "cases": {
-            name: {"median_s": round(m, 4), "min_s": round(min(times[name]), 4), "max_s": round(max(times[name]), 4)}
+            # four significant digits: the smoke case's passes last tens of microseconds, which round(…, 4) made 0
+            name: {"median_s": float(f"{m:.4g}"), "min_s": float(f"{min(times[name]):.4g}"),
+                   "max_s": float(f"{max(times[name]):.4g}")}
             for name, m in medians.items()
         },
         "ratios": {

@@ -240,12 +240,12 @@ class MalformedHandshakeGrid(FakeGrid):
     (DuplicateGrid, {}, FederationError, r"nodes \d+ and \d+ both host client 0"),
     (lambda app: FakeGrid(app, 2, hosts=["0-2", "2-3"]), {}, FederationError, r"nodes 1000 and 1001 both host client 2"),
     (lambda app: FakeGrid(app, 2, hosts=["0-1", "2-9"]), {}, FederationError, r"node 1001 hosts clients 2-9 \(num-partitions=-1\); the federation has 4 clients"),
-    (lambda app: FakeGrid(app, 2, hosts=["0-1", "3-2"]), {}, FederationError, r"node 1001 failed the handshake: .*node-config\.clients: expected client ids and ranges such as '0-4' or '0,3,7', got '3-2'"),
+    (lambda app: FakeGrid(app, 2, hosts=["0-1", "3-2"]), {}, FederationError, r"node 1001 failed the handshake: .*node-config\.clients: expected client ids \(ASCII digits\) and ranges such as '0-4' or '0,3,7', at most 1,000,000 clients, got '3-2'"),
     (MalformedHandshakeGrid, {}, FederationError, r"node 1001 sent a malformed handshake reply: node\.clients: expected a list of client ids, got None"),
     (lambda app: FakeGrid(app, 4), {"invalid-reply": "ignore"}, ConfigError, r"run-config\.invalid-reply: unknown policy 'ignore'; accepted: drop, stop"),
     (lambda app: FakeGrid(app, 4), {"round-timeout": "long"}, ConfigError, r"run-config\.round-timeout: expected float"),
     (lambda app: FakeGrid(app, 4), {"resume": 1}, ConfigError, r"run-config\.resume: expected bool"),
-    (lambda app: FakeGrid(app, 4, node_config=lambda k: {"partition-id": "zero" if k == 0 else k}), {}, FederationError, r"node 1000 failed the handshake: .*node-config\.partition-id: expected an integer, got 'zero'"),
+    (lambda app: FakeGrid(app, 4, node_config=lambda k: {"partition-id": "zero" if k == 0 else k}), {}, FederationError, r"node 1000 failed the handshake: .*node-config\.partition-id: expected an integer \(ASCII digits\), got 'zero'"),
 ])
 def test_deployment_misuse_ends_with_one_line_naming_the_node_or_setting(grid, run_config, error, text):
     exp = experiment([variant("fedavg")])

@@ -71,6 +71,12 @@ def allow(modules: Iterable[str] | str, by: str = "fedshuffle.plugins.allow") ->
         _consents.setdefault(name, by)
 
 
+def withdraw(by: str) -> None:
+    """Forget the consents given by ``by`` (a command's ``--plugins`` holds for that command only)."""
+    for name in [name for name, who in _consents.items() if who == by]:
+        del _consents[name]
+
+
 def consented_by(by: str) -> list[str]:
     """The modules consented to by ``by`` (e.g. ``"--plugins"``), in the order given."""
     return [name for name, who in _consents.items() if who == by]

@@ -152,8 +152,10 @@ def note(text: str) -> None:
 
 
 def _consent_to_plugins(values: list[str] | None) -> list[str] | None:
-    """``--plugins``: the person running the command consents to importing these modules (:mod:`fedshuffle.plugins`)."""
+    """``--plugins``: the person running the command consents to importing these modules (:mod:`fedshuffle.plugins`),
+    for this command only (an earlier command in the same process, e.g. a notebook's, consented for itself)."""
     try:
+        plugins.withdraw("--plugins")
         plugins.allow(values or [], "--plugins")
     except ConfigError as exc:
         fail(exc)
