@@ -179,7 +179,8 @@ def load_config(config: str):
 def resume_command(name: str, config: str, set_: list[str] | None, seeds: str | None, extend_to: int | None, folder: Path | None) -> str:
     """The command line that continues a run: the same config and options, ``--resume FOLDER``."""
     tokens = ["fedshuffle", name, config, *(t for item in set_ or [] for t in ("--set", item))]
-    tokens += ["--plugins", ",".join(plugins.consented_by("--plugins"))] if plugins.consented_by("--plugins") else []
+    consented = plugins.consented_by("--plugins")
+    tokens += ["--plugins", ",".join(consented)] if consented else []
     tokens += ["--seeds", seeds] if seeds else []
     tokens += ["--extend-to", str(extend_to)] if extend_to else []
     tokens += ["--resume", str(folder)] if folder is not None else []

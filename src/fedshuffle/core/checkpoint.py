@@ -76,7 +76,8 @@ def decode(tree: Any) -> Any:
     return tree
 
 
-def _kind(value: Any) -> str:
+def describe(value: Any) -> str:
+    """``ndarray (3, 9) of float32``, ``Tensor (4,) of torch.float64``, or the type's name of anything else."""
     import torch
 
     if isinstance(value, (torch.Tensor, np.ndarray)):
@@ -100,13 +101,15 @@ def mismatch(saved: Any, reference: Any, at: str = "state") -> str | None:
 
     if isinstance(reference, Mapping):
         if not isinstance(saved, Mapping):
-            return f"{at} is a {_kind(saved)}, expected a dict"
+            return f"{at} is a {describe(saved)}, expected a dict"
         return other_keys(saved, reference, at) or next(
             (why for key in reference if (why := mismatch(saved[key], reference[key], f"{at}.{key}"))), None)
     if isinstance(reference, (torch.Tensor, np.ndarray)):
         same = type(saved) is type(reference) and saved.dtype == reference.dtype and saved.shape == reference.shape
-        return None if same else f"{at} is a {_kind(saved)}, the run's is a {_kind(reference)}"
-    return None if type(saved) is type(reference) else f"{at} is a {_kind(saved)}, the run's is a {_kind(reference)}"
+        return None if same else f"{at} is a {describe(saved)}, the run's is a {describe(reference)}"
+    if type(saved) is type(reference):
+        return None
+    return f"{at} is a {describe(saved)}, the run's is a {describe(reference)}"
 
 
 def save_checkpoint(path: Path, state: Mapping[str, Any], run: Mapping[str, Any] | None = None) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from fedshuffle import metrics
-from fedshuffle.core.checkpoint import REMEDY, mismatch, other_keys, read_checkpoint, save_checkpoint
+from fedshuffle.core.checkpoint import REMEDY, describe, mismatch, other_keys, read_checkpoint, save_checkpoint
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import read_text, write_atomic, write_json
 from fedshuffle.experiments.folders import sealed
@@ -209,8 +209,7 @@ def _store_mismatch(saved: Any, store: Any) -> str | None:
         else:
             dtype, shape = np.dtype(np.uint64), (int(created.sum()),)
         if why is None and not (isinstance(array, np.ndarray) and array.dtype == dtype and array.shape == shape):
-            why = mismatch(array, np.empty(0, dtype=dtype), f"state.client_store.{kept}.{name}") or "differs"
-            why = why.replace("(0,)", str(shape))
+            why = f"state.client_store.{kept}.{name} is a {describe(array)}, the run's is a ndarray {shape} of {dtype}"
     return why
 
 

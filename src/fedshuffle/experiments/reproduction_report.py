@@ -2,8 +2,9 @@
 
 It opens with the primary claims' totals per paper (a claim read two ways counts at its own reading, the other
 reading's verdict beside it), the other roles beside them and the wall time; then, per preset, where its verdicts come
-from, its deviations from the paper, its tuning, every claim (with an ordering's verdict at 25 / 50 / 100 % of the run and the rounds where
-its arms change order), the verdicts at every grid point, and the methods' own per-round quantities.
+from, its deviations from the paper, its tuning, every claim (with an ordering's verdict at 25 / 50 / 100 % of the run
+and the rounds where its arms change order), the verdicts at every grid point, and the methods' own per-round
+quantities.
 """
 
 from __future__ import annotations
