@@ -48,11 +48,23 @@ def case(name: str, warmup: int, repeats: int) -> None:
     method, n = name.split("-")
     clients = int(n)
     sizes = lognormal_sizes(clients, np.random.default_rng(0))
-    data = LazyFederatedDataset(sizes, objective_weights(sizes, "uniform"), SparseClients(sizes), (DIM,), dtype=torch.float32)
-    settings = {"local": {"lr": 0.05, "epochs": 1, "batch_size": 10}} | ({"method": {"exact_prox": False, "eta": 10.0}} if method == "fedcdr" else {})
+    data = LazyFederatedDataset(
+        sizes, objective_weights(sizes, "uniform"), SparseClients(sizes), (DIM,), dtype=torch.float32
+    )
+    settings = {"local": {"lr": 0.05, "epochs": 1, "batch_size": 10}} | (
+        {"method": {"exact_prox": False, "eta": 10.0}} if method == "fedcdr" else {}
+    )
     with tempfile.TemporaryDirectory() as folder:
-        sim = Simulation(LogisticRegression(DIM, 1e-4), data, build_algorithm(method, settings), Cyclic(clients, COHORT), seed=0,
-                         dtype=torch.float32, executor=VectorizedExecutor(), state_dir=folder)
+        sim = Simulation(
+            LogisticRegression(DIM, 1e-4),
+            data,
+            build_algorithm(method, settings),
+            Cyclic(clients, COHORT),
+            seed=0,
+            dtype=torch.float32,
+            executor=VectorizedExecutor(),
+            state_dir=folder,
+        )
 
         def round_with_checkpoints():
             sim.step()
@@ -61,26 +73,55 @@ def case(name: str, warmup: int, repeats: int) -> None:
                 sim.commit_checkpoint()
 
         timing = time_rounds(round_with_checkpoints, warmup, repeats)
-        emit({"case": name, "clients": clients, "method": method, **timing, "memory_mapped": sim.store.mapped,
-              "state_bytes_full": int(clients * sum(sim.store.fields.values()) * 4), "clients_with_state": int(sim.store.created.sum())})
+        emit(
+            {
+                "case": name,
+                "clients": clients,
+                "method": method,
+                **timing,
+                "memory_mapped": sim.store.mapped,
+                "state_bytes_full": int(clients * sum(sim.store.fields.values()) * 4),
+                "clients_with_state": int(sim.store.created.sum()),
+            }
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=CASES)
-    parser.add_argument("--smoke", action="store_true", help="small populations, 10 rounds; prints the JSON, writes nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help="small populations, 10 rounds; prints the JSON, writes nothing"
+    )
     args = parser.parse_args()
     warmup, repeats = (1, 10) if args.smoke else (5, 40)
     if args.case:
         case(args.case, warmup, repeats)
         return
     small, large = SMOKE_POPULATIONS if args.smoke else POPULATIONS
-    results = {f"{m}-{n}": run_case("benchmarks.client_state", f"{m}-{n}", *(["--smoke"] if args.smoke else [])) for m in METHODS for n in (small, large)}
-    ratios = {m: {stat: round(results[f"{m}-{large}"][stat] / results[f"{m}-{small}"][stat], 2) for stat in ("median_s", "mean_s", "cpu_median_s")}
-              for m in METHODS if all("median_s" in results[f"{m}-{n}"] for n in (small, large))}
+    results = {
+        f"{m}-{n}": run_case("benchmarks.client_state", f"{m}-{n}", *(["--smoke"] if args.smoke else []))
+        for m in METHODS
+        for n in (small, large)
+    }
+    ratios = {
+        m: {
+            stat: round(results[f"{m}-{large}"][stat] / results[f"{m}-{small}"][stat], 2)
+            for stat in ("median_s", "mean_s", "cpu_median_s")
+        }
+        for m in METHODS
+        if all("median_s" in results[f"{m}-{n}"] for n in (small, large))
+    }
     payload = {
-        "setup": {"dim": DIM, "cohort": COHORT, "dtype": "float32", "local": "1 epoch, batch 10", "checkpoint": "client state every 10 rounds", "threads": 1,
-                  "warmup": warmup, "rounds": repeats},
+        "setup": {
+            "dim": DIM,
+            "cohort": COHORT,
+            "dtype": "float32",
+            "local": "1 epoch, batch 10",
+            "checkpoint": "client state every 10 rounds",
+            "threads": 1,
+            "warmup": warmup,
+            "rounds": repeats,
+        },
         "cases": results,
         f"round_time_{large}_over_{small}": ratios,
         "peak_rss_mib": {name: r.get("peak_rss_mib") for name, r in results.items()},

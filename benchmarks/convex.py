@@ -37,7 +37,9 @@ def problem_and_data(seed: int = 0) -> tuple[LogisticRegression, FederatedDatase
     w = rng.normal(size=DIM)
     y = np.where(x @ w + rng.normal(size=total) > np.median(x @ w), 1.0, -1.0)
     parts = np.split(np.arange(total), np.cumsum(sizes)[:-1])
-    return LogisticRegression(DIM, 1e-3), FederatedDataset(torch.tensor(x), torch.tensor(y), parts, objective_weights(sizes, "size"))
+    return LogisticRegression(DIM, 1e-3), FederatedDataset(
+        torch.tensor(x), torch.tensor(y), parts, objective_weights(sizes, "size")
+    )
 
 
 def limit_round(problem: LogisticRegression, data: FederatedDataset):
@@ -85,17 +87,35 @@ def case(executor: str, warmup: int, repeats: int) -> None:
         emit({"case": executor, **time_rounds(limit_round(problem, data), warmup, repeats), "threads": 1})
         return
     alg = build_algorithm("fedshuffle", {"local": {"lr": 0.05, "epochs": 1, "batch_size": 1}})
-    ex = {"sequential": SequentialExecutor(), "vectorized": VectorizedExecutor(compiled=False), "compiled": VectorizedExecutor(), "auto": make_executor("auto", problem)}[executor]
+    ex = {
+        "sequential": SequentialExecutor(),
+        "vectorized": VectorizedExecutor(compiled=False),
+        "compiled": VectorizedExecutor(),
+        "auto": make_executor("auto", problem),
+    }[executor]
     sim = Simulation(problem, data, alg, UniformWithoutReplacement(CLIENTS, COHORT), seed=0, executor=ex)
     timing = time_rounds(sim.step, warmup, repeats)
     steps = int(np.mean([data.sizes[sim.sampler.sample(r, 0)].sum() for r in range(sim.counters.rounds)]))
-    emit({"case": executor, **timing, "mean_local_steps_per_round": steps, "threads": 1, "executor": ex.name, "compiled_backend": fused_usable(problem, data, ex)})
+    emit(
+        {
+            "case": executor,
+            **timing,
+            "mean_local_steps_per_round": steps,
+            "threads": 1,
+            "executor": ex.name,
+            "compiled_backend": fused_usable(problem, data, ex),
+        }
+    )
 
 
 def fused_usable(problem, data, executor) -> bool:
     from fedshuffle.local import fused
 
-    return bool(getattr(executor, "compiled", False)) and fused.numba is not None and fused.problem_code(problem) is not None
+    return (
+        bool(getattr(executor, "compiled", False))
+        and fused.numba is not None
+        and fused.problem_code(problem) is not None
+    )
 
 
 CASES = ("sequential", "vectorized", "compiled", "auto", "limit")
@@ -106,7 +126,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=CASES)
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--repeat", type=int, default=1, help="run the list of cases this many times, interleaved; medians over the runs")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the list of cases this many times, interleaved; medians over the runs",
+    )
     args = parser.parse_args()
     if args.case:
         case(args.case, warmup=3, repeats=args.repeats or REPEATS.get(args.case, 100))
@@ -119,14 +144,40 @@ def main() -> None:
     seconds = {name: r.get("median_s") for name, r in results.items()}
     ratios = {}
     if seconds["sequential"]:
-        ratios.update({f"speedup_{n}_over_sequential": round(seconds["sequential"] / seconds[n], 2) for n in ("vectorized", "compiled", "auto") if seconds[n]})
+        ratios.update(
+            {
+                f"speedup_{n}_over_sequential": round(seconds["sequential"] / seconds[n], 2)
+                for n in ("vectorized", "compiled", "auto")
+                if seconds[n]
+            }
+        )
     if seconds["limit"]:
-        ratios.update({f"{n}_over_limit": round(seconds[n] / seconds["limit"], 2) for n in ("vectorized", "compiled", "auto") if seconds[n]})
-    path = write("convex", {
-        "setup": {"clients": CLIENTS, "cohort": COHORT, "dim": DIM, "sizes": f"floor(LogNormal) + 1, mean {MEAN_SIZE}, sigma {SIGMA}", "local": "1 epoch, batch 1, RR (FedShuffle)", "dtype": "float64", "threads": 1,
-                  "protocol": f"each case in its own process, the list run {args.repeat}x interleaved; per case the median over runs of the per-run median s/round"},
-        "cases": results, "ratios": ratios, "goals": {"speedup_auto_over_sequential": ">= 30", "auto_over_limit": "<= 1.5"},
-    })
+        ratios.update(
+            {
+                f"{n}_over_limit": round(seconds[n] / seconds["limit"], 2)
+                for n in ("vectorized", "compiled", "auto")
+                if seconds[n]
+            }
+        )
+    path = write(
+        "convex",
+        {
+            "setup": {
+                "clients": CLIENTS,
+                "cohort": COHORT,
+                "dim": DIM,
+                "sizes": f"floor(LogNormal) + 1, mean {MEAN_SIZE}, sigma {SIGMA}",
+                "local": "1 epoch, batch 1, RR (FedShuffle)",
+                "dtype": "float64",
+                "threads": 1,
+                "protocol": f"each case in its own process, the list run {args.repeat}x interleaved; per case the "
+                "median over runs of the per-run median s/round",
+            },
+            "cases": results,
+            "ratios": ratios,
+            "goals": {"speedup_auto_over_sequential": ">= 30", "auto_over_limit": "<= 1.5"},
+        },
+    )
     print(path.read_text())
 
 

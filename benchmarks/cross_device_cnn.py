@@ -42,14 +42,21 @@ def cohort(round_index: int) -> np.ndarray:
 
 
 def lazy_data():
-    """The users' data as fedshuffle's lazy dataset: a user's images are made when it takes part, as pfl-research's harness does."""
+    """The users' data as fedshuffle's lazy dataset: a user's images are made when it takes part, as pfl-research's
+    harness does."""
     from fedshuffle.data import LazyFederatedDataset, objective_weights
 
     def make(user: int) -> tuple[np.ndarray, np.ndarray]:
         x, y = user_data(user)
         return x.reshape(PER_USER, -1), y
 
-    return LazyFederatedDataset(np.full(USERS, PER_USER), objective_weights(np.full(USERS, PER_USER), "size"), make, (int(np.prod(SHAPE)),), dtype=torch.float32)
+    return LazyFederatedDataset(
+        np.full(USERS, PER_USER),
+        objective_weights(np.full(USERS, PER_USER), "size"),
+        make,
+        (int(np.prod(SHAPE)),),
+        dtype=torch.float32,
+    )
 
 
 def ours(executor: str, warmup: int, repeats: int, chunk_size: int | None = None, workers: int = 2) -> dict:
@@ -60,7 +67,9 @@ def ours(executor: str, warmup: int, repeats: int, chunk_size: int | None = None
     alg = build_algorithm("fedavg_rr", {"local": {"lr": LR, "epochs": 1, "batch_size": BATCH}, "server": {"lr": 1.0}})
     problem, data = CNN(SHAPE, CLASSES, dropout=False), lazy_data()
     ex = make_executor(executor, problem, chunk_size=chunk_size, ray_workers=workers)
-    sim = Simulation(problem, data, alg, UniformWithoutReplacement(USERS, COHORT), seed=0, dtype=torch.float32, executor=ex)
+    sim = Simulation(
+        problem, data, alg, UniformWithoutReplacement(USERS, COHORT), seed=0, dtype=torch.float32, executor=ex
+    )
     try:
         timed = time_rounds(sim.step, warmup, repeats)
         if executor == "ray":  # Ray's processes (started by this one) count too
@@ -99,7 +108,9 @@ def torch_loop(warmup: int, repeats: int) -> dict:
         r = next(rounds)
         total = torch.zeros_like(global_)
         for user in cohort(r):
-            torch.nn.utils.vector_to_parameters(global_.clone(), params)  # a copy: the parameters must not alias the global model
+            torch.nn.utils.vector_to_parameters(
+                global_.clone(), params
+            )  # a copy: the parameters must not alias the global model
             local_epoch(module, int(user), seed=r * USERS + int(user))
             total += global_ - torch.nn.utils.parameters_to_vector(params).detach()
         global_ = global_ - total / COHORT
@@ -166,13 +177,32 @@ def save(runs: dict[str, list[dict]], repeat: int, output: str = "cross_device_c
             if "cpu_median_s" in r and "cpu_median_s" in results["pfl"]:
                 ratios[f"{name}_over_pfl_cpu_seconds"] = round(r["cpu_median_s"] / results["pfl"]["cpu_median_s"], 3)
             ratios[f"{name}_over_pfl_peak_rss"] = round(r["peak_rss_mib"] / results["pfl"]["peak_rss_mib"], 3)
-    return write(output, {
-        "setup": {"users": USERS, "images_per_user": PER_USER, "image": SHAPE, "cohort": COHORT, "local": "1 epoch, batch 10 (5 steps)", "client_lr": LR, "server_lr": 1.0,
-                  "model": "pfl-research simple_cnn without dropout (1.63M parameters)", "dtype": "float32", "data": "generated per user when it takes part (fedshuffle: LazyFederatedDataset)",
-                  "protocol": f"each case in its own process, the list run {repeat}x interleaved; per case the median over runs of the per-run median s/round, and the largest peak RSS"},
-        "cases": results, "ratios": ratios,
-        "goals": {"sequential_over_pfl_seconds": "<= 0.9", "sequential_over_pfl_peak_rss": "<= 1.5", "auto_over_pfl_seconds": "<= 0.9"},
-    })
+    return write(
+        output,
+        {
+            "setup": {
+                "users": USERS,
+                "images_per_user": PER_USER,
+                "image": SHAPE,
+                "cohort": COHORT,
+                "local": "1 epoch, batch 10 (5 steps)",
+                "client_lr": LR,
+                "server_lr": 1.0,
+                "model": "pfl-research simple_cnn without dropout (1.63M parameters)",
+                "dtype": "float32",
+                "data": "generated per user when it takes part (fedshuffle: LazyFederatedDataset)",
+                "protocol": f"each case in its own process, the list run {repeat}x interleaved; per case the median "
+                "over runs of the per-run median s/round, and the largest peak RSS",
+            },
+            "cases": results,
+            "ratios": ratios,
+            "goals": {
+                "sequential_over_pfl_seconds": "<= 0.9",
+                "sequential_over_pfl_peak_rss": "<= 1.5",
+                "auto_over_pfl_seconds": "<= 0.9",
+            },
+        },
+    )
 
 
 def main() -> None:
@@ -180,9 +210,22 @@ def main() -> None:
     parser.add_argument("--case", choices=list(CASES))
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per case (after one warm-up round)")
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--repeat", type=int, default=1, help="run the list of cases this many times, interleaved; medians over the runs")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads in every case (default: PyTorch's, one per core)")
-    parser.add_argument("--python", action="append", default=[], metavar="CASE=PYTHON", help="interpreter for a case (e.g. pfl=/path/to/venv/bin/python)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the list of cases this many times, interleaved; medians over the runs",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads in every case (default: PyTorch's, one per core)"
+    )
+    parser.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="CASE=PYTHON",
+        help="interpreter for a case (e.g. pfl=/path/to/venv/bin/python)",
+    )
     parser.add_argument("--output", default="cross_device_cnn", help="name of the JSON file in benchmarks/results/")
     args = parser.parse_args()
     if args.threads:
@@ -190,7 +233,14 @@ def main() -> None:
     if args.case:
         start = time.perf_counter()
         result = CASES[args.case](1, args.rounds)
-        emit({"case": args.case, **result, "threads": torch.get_num_threads(), "wall_s": round(time.perf_counter() - start, 1)})
+        emit(
+            {
+                "case": args.case,
+                **result,
+                "threads": torch.get_num_threads(),
+                "wall_s": round(time.perf_counter() - start, 1),
+            }
+        )
         return
     pythons = dict(item.split("=", 1) for item in args.python)
     names = args.cases.split(",")
@@ -198,8 +248,19 @@ def main() -> None:
     for _ in range(args.repeat):
         for name in names:
             threads = ("--threads", str(args.threads)) if args.threads else ()
-            runs[name].append(run_case("benchmarks.cross_device_cnn", name, "--rounds", str(args.rounds), *threads, python=pythons.get(name)))
-            path = save({n: rs for n, rs in runs.items() if rs}, args.repeat, args.output)  # after every case: a cut-off run keeps what it measured
+            runs[name].append(
+                run_case(
+                    "benchmarks.cross_device_cnn",
+                    name,
+                    "--rounds",
+                    str(args.rounds),
+                    *threads,
+                    python=pythons.get(name),
+                )
+            )
+            path = save(
+                {n: rs for n, rs in runs.items() if rs}, args.repeat, args.output
+            )  # after every case: a cut-off run keeps what it measured
     print(path.read_text())
 
 

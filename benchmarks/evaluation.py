@@ -96,8 +96,11 @@ def measure(preset: str | None, repeats: int) -> dict[str, Any]:
         },
         "cases": {
             # four significant digits: the smoke case's passes last tens of microseconds, which round(…, 4) made 0
-            name: {"median_s": float(f"{m:.4g}"), "min_s": float(f"{min(times[name]):.4g}"),
-                   "max_s": float(f"{max(times[name]):.4g}")}
+            name: {
+                "median_s": float(f"{m:.4g}"),
+                "min_s": float(f"{min(times[name]):.4g}"),
+                "max_s": float(f"{max(times[name]):.4g}"),
+            }
             for name, m in medians.items()
         },
         "ratios": {

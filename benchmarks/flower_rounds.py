@@ -4,7 +4,8 @@ SuperLink with two SuperNodes on 127.0.0.1, first with a ClientApp process per m
 ``python -m fedshuffle.integrations.flower.worker``: the node's runtime is built once per run)::
 
     python -m benchmarks.flower_rounds            # every case, results/flower_rounds.json
-    python -m benchmarks.flower_rounds --smoke    # seconds: fedshuffle run only, 3 rounds (2 timed); prints the JSON, writes nothing
+    # seconds: fedshuffle run only, 3 rounds (2 timed); prints the JSON, writes nothing
+    python -m benchmarks.flower_rounds --smoke
 
 Every case runs the same experiment (FedShuffle, logistic regression, 4 clients of unequal sizes, full participation:
 each node hosts two clients and answers two messages a round) and writes the same results folder; a round's seconds
@@ -37,15 +38,25 @@ DEADLINE = 600.0
 def experiment(rounds: int):
     from fedshuffle.experiments.schema import Experiment, validate
 
-    return validate(Experiment, {
-        "experiment": {"name": "flower-rounds", "seeds": [7]},
-        "problem": {"name": "logistic", "l2": 0.05},
-        "data": {"source": "synthetic", "samples": 48, "features": 3, "clients": 4, "partition": "dirichlet", "alpha": 0.8},
-        "local": {"lr": 0.2, "batch_size": 3},
-        "sampler": {"name": "full"},
-        "run": {"rounds": rounds, "eval_every": 1},
-        "variants": [{"label": "fedshuffle", "method": {"name": "fedshuffle"}}],
-    })
+    return validate(
+        Experiment,
+        {
+            "experiment": {"name": "flower-rounds", "seeds": [7]},
+            "problem": {"name": "logistic", "l2": 0.05},
+            "data": {
+                "source": "synthetic",
+                "samples": 48,
+                "features": 3,
+                "clients": 4,
+                "partition": "dirichlet",
+                "alpha": 0.8,
+            },
+            "local": {"lr": 0.2, "batch_size": 3},
+            "sampler": {"name": "full"},
+            "run": {"rounds": rounds, "eval_every": 1},
+            "variants": [{"label": "fedshuffle", "method": {"name": "fedshuffle"}}],
+        },
+    )
 
 
 def round_seconds(folder: Path) -> list[float]:
@@ -68,7 +79,12 @@ def superlink(exp, out: Path, work: Path, persistent: bool) -> None:
     deadline = time.monotonic() + DEADLINE
     summary = out / "fedshuffle" / "seed-7" / "summary.json"
     nodes = ['clients="0-1"', 'clients="2-3"']
-    with local_federation(work / "federation", 2, deadline, nodes, persistent=persistent) as (connection, env, watch, _):
+    with local_federation(work / "federation", 2, deadline, nodes, persistent=persistent) as (
+        connection,
+        env,
+        watch,
+        _,
+    ):
         status, _ = run_app(app, connection, env, f'out="{out}" round-timeout=600.0', summary.exists, deadline, watch)
     if status != "finished:completed":
         raise RuntimeError(f"the run ended {status!r}")
@@ -89,29 +105,50 @@ def case(name: str, rounds: int) -> None:
         else:
             superlink(exp, out, Path(tmp), persistent=name == "superlink-persistent")
         seconds = round_seconds(out / "fedshuffle" / "seed-7")
-        emit({"case": name, "median_s": statistics.median(seconds), "min_s": min(seconds), "max_s": max(seconds), "rounds": len(seconds),
-              "warmup": 1, "wall_s": time.monotonic() - started})
+        emit(
+            {
+                "case": name,
+                "median_s": statistics.median(seconds),
+                "min_s": min(seconds),
+                "max_s": max(seconds),
+                "rounds": len(seconds),
+                "warmup": 1,
+                "wall_s": time.monotonic() - started,
+            }
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=CASES)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--smoke", action="store_true", help="fedshuffle run only, 3 rounds (2 timed): prints the JSON, writes nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help="fedshuffle run only, 3 rounds (2 timed): prints the JSON, writes nothing"
+    )
     args = parser.parse_args()
     rounds = 3 if args.smoke else args.rounds
     if args.case:
         case(args.case, rounds)
         return
     names = CASES[:1] if args.smoke else CASES
-    results = {name: run_case("benchmarks.flower_rounds", name, "--rounds", str(rounds), timeout=DEADLINE + 120) for name in names}
+    results = {
+        name: run_case("benchmarks.flower_rounds", name, "--rounds", str(rounds), timeout=DEADLINE + 120)
+        for name in names
+    }
     payload = {
-        "setup": {"experiment": "FedShuffle, logistic, 4 clients (synthetic, 48 samples, 3 features), full participation",
-                  "nodes": "2 SuperNodes hosting clients 0-1 and 2-3 (SuperLink cases); Flower's simulation: 4 virtual nodes, Ray on 127.0.0.1 with 2 CPUs",
-                  "rounds": rounds, "timed": "timing.csv wall-clock differences, rounds 2..R (the first left out)"},
+        "setup": {
+            "experiment": "FedShuffle, logistic, 4 clients (synthetic, 48 samples, 3 features), full participation",
+            "nodes": "2 SuperNodes hosting clients 0-1 and 2-3 (SuperLink cases); Flower's simulation: 4 virtual "
+            "nodes, Ray on 127.0.0.1 with 2 CPUs",
+            "rounds": rounds,
+            "timed": "timing.csv wall-clock differences, rounds 2..R (the first left out)",
+        },
         "cases": results,
-        "persistent_speedup": (round(results["superlink-per-message"]["median_s"] / results["superlink-persistent"]["median_s"], 1)
-                               if all("median_s" in results.get(k, {}) for k in ("superlink-per-message", "superlink-persistent")) else None),
+        "persistent_speedup": (
+            round(results["superlink-per-message"]["median_s"] / results["superlink-persistent"]["median_s"], 1)
+            if all("median_s" in results.get(k, {}) for k in ("superlink-per-message", "superlink-persistent"))
+            else None
+        ),
         "load_average_at_end": os.getloadavg(),
     }
     if args.smoke:

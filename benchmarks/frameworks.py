@@ -27,7 +27,9 @@ def make_module() -> torch.nn.Module:
 
     problem = CNN(SHAPE, CLASSES, dropout=False)
     module = copy.deepcopy(problem.module)
-    torch.nn.utils.vector_to_parameters(problem.init_params(torch.Generator().manual_seed(0), torch.float32), module.parameters())
+    torch.nn.utils.vector_to_parameters(
+        problem.init_params(torch.Generator().manual_seed(0), torch.float32), module.parameters()
+    )
     return module
 
 
@@ -44,7 +46,13 @@ def local_epoch(module: torch.nn.Module, user: int, seed: int) -> None:
 
 def _summary(stamps: list[float], warmup: int, cpu_stamps: list[float] | None = None) -> dict[str, float]:
     times = np.diff(stamps)[warmup:]
-    out = {"median_s": statistics.median(times), "min_s": float(min(times)), "max_s": float(max(times)), "rounds": len(times), "warmup": warmup}
+    out = {
+        "median_s": statistics.median(times),
+        "min_s": float(min(times)),
+        "max_s": float(max(times)),
+        "rounds": len(times),
+        "warmup": warmup,
+    }
     if cpu_stamps:
         out["cpu_median_s"] = statistics.median(np.diff(cpu_stamps)[warmup:])
     return out
@@ -65,7 +73,9 @@ def flower_round_seconds(warmup: int, repeats: int) -> dict[str, float]:
         module = make_module()
         module.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         local_epoch(module, int(context.node_config["partition-id"]), seed=int(context.node_id) % 2**31)
-        reply = RecordDict({"arrays": ArrayRecord(module.state_dict()), "metrics": MetricRecord({"num-examples": PER_USER})})
+        reply = RecordDict(
+            {"arrays": ArrayRecord(module.state_dict()), "metrics": MetricRecord({"num-examples": PER_USER})}
+        )
         return Message(reply, reply_to=msg)
 
     stamps: list[float] = []
@@ -80,7 +90,13 @@ def flower_round_seconds(warmup: int, repeats: int) -> dict[str, float]:
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = TimedFedAvg(fraction_train=COHORT / USERS, min_train_nodes=COHORT, fraction_evaluate=0.0, min_evaluate_nodes=0, min_available_nodes=USERS)
+        strategy = TimedFedAvg(
+            fraction_train=COHORT / USERS,
+            min_train_nodes=COHORT,
+            fraction_evaluate=0.0,
+            min_evaluate_nodes=0,
+            min_available_nodes=USERS,
+        )
         stamps.append(time.perf_counter())
         strategy.start(grid=grid, initial_arrays=ArrayRecord(make_module().state_dict()), num_rounds=warmup + repeats)
 
@@ -157,9 +173,16 @@ def pfl_round_seconds(warmup: int, repeats: int) -> dict[str, float]:
             return False, Metrics()
 
     net = Net()
-    model = PyTorchModel(model=net, local_optimizer_create=torch.optim.SGD, central_optimizer=torch.optim.SGD(net.parameters(), lr=1.0))
+    model = PyTorchModel(
+        model=net, local_optimizer_create=torch.optim.SGD, central_optimizer=torch.optim.SGD(net.parameters(), lr=1.0)
+    )
     FederatedAveraging().run(
-        algorithm_params=NNAlgorithmParams(central_num_iterations=warmup + repeats, evaluation_frequency=10**6, train_cohort_size=COHORT, val_cohort_size=None),
+        algorithm_params=NNAlgorithmParams(
+            central_num_iterations=warmup + repeats,
+            evaluation_frequency=10**6,
+            train_cohort_size=COHORT,
+            val_cohort_size=None,
+        ),
         backend=SimulatedBackend(training_data=train, val_data=val),
         model=model,
         model_train_params=NNTrainHyperParams(local_learning_rate=LR, local_num_epochs=1, local_batch_size=BATCH),

@@ -12,7 +12,8 @@ One round's local work of a cohort (plain SGD and SGD with FedCDR's prox term), 
 * ``2nn``: Yang et al.'s 784-200-200-10, batch 50, 5 epochs of 600 samples, cohort 10.
 
 Each case records the largest difference between the two loops' updates, relative to the largest update (float32
-rounding over the round's steps). Prints and writes ``benchmarks/results/mlp_loop.json``; ``--smoke``: every case cut to a few steps, once, printed, nothing
+rounding over the round's steps). Prints and writes ``benchmarks/results/mlp_loop.json``; ``--smoke``: every case cut to
+a few steps, once, printed, nothing
 written (the test of this benchmark).
 """
 
@@ -69,12 +70,19 @@ def cohort(name: str, smoke: bool) -> tuple[MLP, torch.Tensor, torch.Tensor, lis
 def measure(name: str, repeats: int, smoke: bool) -> dict[str, Any]:
     problem, x, y, plans = cohort(name, smoke)
     start = problem.init_params(torch.Generator().manual_seed(0), torch.float32)
-    out: dict[str, Any] = {"parameters": problem.dim, "member_steps": int(sum(p.steps for p in plans)), "longest": max(p.steps for p in plans)}
+    out: dict[str, Any] = {
+        "parameters": problem.dim,
+        "member_steps": int(sum(p.steps for p in plans)),
+        "longest": max(p.steps for p in plans),
+    }
     for chain_name, chain in (("sgd", StepChain()), ("prox", StepChain([Prox(0.01)]))):
         work = LocalWork(plans, start, chain)
         kinds = {"torch": lambda: run_local(problem, x, y, work), "compiled": lambda: fused.run(problem, x, y, work)}
         times: dict[str, list[float]] = {k: [] for k in kinds}
-        reference, compiled = kinds["torch"](), kinds["compiled"]()  # the first call also loads (or compiles) the kernel
+        reference, compiled = (
+            kinds["torch"](),
+            kinds["compiled"](),
+        )  # the first call also loads (or compiles) the kernel
         difference = float((compiled - reference).abs().max() / reference.abs().max())
         for _ in range(repeats):
             for kind, call in kinds.items():
@@ -82,8 +90,11 @@ def measure(name: str, repeats: int, smoke: bool) -> dict[str, Any]:
                 call()
                 times[kind].append(time.perf_counter() - begin)
         medians = {kind: statistics.median(t) for kind, t in times.items()}
-        out[chain_name] = {**{f"{k}_s": round(v, 4) for k, v in medians.items()}, "compiled_over_torch": round(medians["compiled"] / medians["torch"], 3),
-                           "max_relative_difference": difference}
+        out[chain_name] = {
+            **{f"{k}_s": round(v, 4) for k, v in medians.items()},
+            "compiled_over_torch": round(medians["compiled"] / medians["torch"], 3),
+            "max_relative_difference": difference,
+        }
     out["chosen"] = "compiled" if fused.usable(problem, x, LocalWork(plans, start)) else "torch"
     return out
 
@@ -97,8 +108,10 @@ def main() -> None:
         raise SystemExit("numba is not installed: pip install 'fedshuffle[fast]'")
     torch.set_num_threads(1)
     repeats = 1 if args.smoke else args.repeats
-    result = {"setup": {"repeats": repeats, "threads": 1, "dtype": "float32", "step_limit": fused.MLP_STEP_LIMIT},
-              "cases": {name: measure(name, repeats, args.smoke) for name in CASES}}
+    result = {
+        "setup": {"repeats": repeats, "threads": 1, "dtype": "float32", "step_limit": fused.MLP_STEP_LIMIT},
+        "cases": {name: measure(name, repeats, args.smoke) for name in CASES},
+    }
     if args.smoke:
         print(json.dumps(result))
         return

@@ -46,14 +46,29 @@ def _env(src: Path) -> dict[str, str]:
 
 def resolved(src: Path, preset: str) -> dict[str, Any]:
     """The preset as ``src`` resolves it: ``{"experiment": ..., "runs": {label: config}}``."""
-    out = subprocess.run([sys.executable, "-m", "fedshuffle", "show", preset], capture_output=True, text=True, env=_env(src), check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "fedshuffle", "show", preset], capture_output=True, text=True, env=_env(src), check=True
+    )
     return json.loads(out.stdout)
 
 
 def timed_run(src: Path, preset: str, rounds: int, seed: int, timeout: float) -> float:
     """Seconds of ``fedshuffle run PRESET`` with every variant cut to ``rounds`` rounds, one seed, in a fresh folder."""
     with tempfile.TemporaryDirectory(prefix="bench-presets-") as folder:
-        cmd = [sys.executable, "-m", "fedshuffle", "run", preset, "--set", f"run.rounds={rounds}", "--seeds", str(seed), "--out", folder, "--quiet"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fedshuffle",
+            "run",
+            preset,
+            "--set",
+            f"run.rounds={rounds}",
+            "--seeds",
+            str(seed),
+            "--out",
+            folder,
+            "--quiet",
+        ]
         start = time.perf_counter()
         out = subprocess.run(cmd, capture_output=True, text=True, env=_env(src), timeout=timeout)
         seconds = time.perf_counter() - start
@@ -78,7 +93,11 @@ def preset_settings(src: Path, preset: str) -> dict[str, Any]:
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
     """Settings written differently in two preset files (a key only one of them sets counts)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(a.keys() | b.keys()) for d in differences(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))]
+        return [
+            d
+            for k in sorted(a.keys() | b.keys())
+            for d in differences(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+        ]
     return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
 
 
@@ -94,7 +113,8 @@ def process_start(src: Path) -> float:
 
 
 def measure(src: Path, preset: str, target_s: float, timeout: float) -> dict[str, Any]:
-    """One seed of the preset under ``src``, cut (see the module docstring): the figures :func:`estimate` extrapolates."""
+    """One seed of the preset under ``src``, cut (see the module docstring): the figures :func:`estimate`
+    extrapolates."""
     plan = resolved(src, preset)
     rounds = [int(config["run"]["rounds"]) for config in plan["runs"].values()]
     eval_every = max(int(config["run"].get("eval_every") or 1) for config in plan["runs"].values())
@@ -110,28 +130,50 @@ def measure(src: Path, preset: str, target_s: float, timeout: float) -> dict[str
     if 1 + extra >= full:
         return {**base, "exact": True, "one_seed_s": round(t, 2)}
     per_round = max((t - t1) / extra, 0.0)
-    return {**base, "exact": False, "measured_rounds": 1 + extra, "startup_s": round(max(t1 - per_round, 0.0), 2), "round_s": round(per_round, 4)}
+    return {
+        **base,
+        "exact": False,
+        "measured_rounds": 1 + extra,
+        "startup_s": round(max(t1 - per_round, 0.0), 2),
+        "round_s": round(per_round, 4),
+    }
 
 
 def estimate(entry: dict[str, Any], process_s: float) -> float:
     """Seconds of the whole preset: per seed its start-up and rounds, the interpreter's start paid once."""
-    one_seed = entry["one_seed_s"] if entry["exact"] else entry["startup_s"] + entry["round_s"] * entry.get("mean_rounds", entry["rounds"])
+    one_seed = (
+        entry["one_seed_s"]
+        if entry["exact"]
+        else entry["startup_s"] + entry["round_s"] * entry.get("mean_rounds", entry["rounds"])
+    )
     return round(entry["seeds"] * one_seed - (entry["seeds"] - 1) * process_s, 1)
 
 
 def cpu_presets() -> list[str]:
     folder = HERE / "fedshuffle" / "presets"
-    return sorted(p.stem for p in folder.glob("*.toml") if preset_file(HERE, p.stem).get("experiment", {}).get("budget") == "cpu")
+    return sorted(
+        p.stem for p in folder.glob("*.toml") if preset_file(HERE, p.stem).get("experiment", {}).get("budget") == "cpu"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tree", action="append", default=[], metavar="LABEL=SRC", help="another source tree (its src folder); this one is 'current'")
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="LABEL=SRC",
+        help="another source tree (its src folder); this one is 'current'",
+    )
     parser.add_argument("--presets", nargs="*", help="default: every cpu preset of this tree")
-    parser.add_argument("--target", type=float, default=10.0, help="seconds of rounds measured per preset and tree (default 10)")
+    parser.add_argument(
+        "--target", type=float, default=10.0, help="seconds of rounds measured per preset and tree (default 10)"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to one run")
     parser.add_argument("--output", default="presets", help="name of the JSON under benchmarks/results/")
-    parser.add_argument("--update", action="store_true", help="measure --presets again inside the existing JSON of --output")
+    parser.add_argument(
+        "--update", action="store_true", help="measure --presets again inside the existing JSON of --output"
+    )
     args = parser.parse_args()
     trees = {"current": HERE}
     for item in args.tree:
@@ -141,25 +183,40 @@ def main() -> None:
         trees[label] = Path(src).resolve()
     presets = args.presets or cpu_presets()
     labels = list(trees)
-    results: dict[str, dict[str, Any]] = json.loads((RESULTS / f"{args.output}.json").read_text())["presets"] if args.update else {}
+    results: dict[str, dict[str, Any]] = (
+        json.loads((RESULTS / f"{args.output}.json").read_text())["presets"] if args.update else {}
+    )
     process = {label: round(process_start(src), 2) for label, src in trees.items()}
     for k, preset in enumerate(presets):
         results[preset] = {}
         for label in labels if k % 2 == 0 else labels[::-1]:
             try:
                 results[preset][label] = measure(trees[label], preset, args.target, args.timeout)
-            except (RuntimeError, subprocess.CalledProcessError, subprocess.TimeoutExpired, json.JSONDecodeError, KeyError) as err:
+            except (
+                RuntimeError,
+                subprocess.CalledProcessError,
+                subprocess.TimeoutExpired,
+                json.JSONDecodeError,
+                KeyError,
+            ) as err:
                 results[preset][label] = {"error": str(err).splitlines()[0] if str(err) else type(err).__name__}
             print(preset, label, results[preset][label], flush=True)
     if len(labels) == 2:
         for preset, entries in results.items():
-            entries["settings_changed"] = differences(preset_settings(trees[labels[1]], preset), preset_settings(trees["current"], preset))
+            entries["settings_changed"] = differences(
+                preset_settings(trees[labels[1]], preset), preset_settings(trees["current"], preset)
+            )
     for entries in results.values():
         for label in labels:
             if "error" not in entries.get(label, {"error": None}):
                 entries[label]["estimate_s"] = estimate(entries[label], process[label])
-    payload = {"target_s": args.target, "trees": {k: str(v) for k, v in trees.items()}, "process_start_s": process,
-               "presets": results, **totals(results, labels)}
+    payload = {
+        "target_s": args.target,
+        "trees": {k: str(v) for k, v in trees.items()},
+        "process_start_s": process,
+        "presets": results,
+        **totals(results, labels),
+    }
     print(json.dumps({k: v for k, v in payload.items() if k.startswith(("total", "presets_in", "current_over"))}))
     print(write(args.output, payload))
 

@@ -31,13 +31,21 @@ from benchmarks.common import write
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: category → (path suffix, function name) of its entry points, in any tree (old names kept so both trees are measured alike)
+#: category → (path suffix, function name) of its entry points, in any tree (old names kept so both trees are measured
+#: alike)
 CATEGORIES: dict[str, tuple[tuple[str, str], ...]] = {
     "writes": (
-        ("experiments/runner.py", "save_tables"), ("experiments/runner.py", "save_checkpoint"), ("experiments/results.py", "write_metrics"),
-        ("experiments/results.py", "write_parquet"), ("experiments/results.py", "append"), ("experiments/results.py", "sync"),
-        ("experiments/results.py", "__init__"), ("core/checkpoint.py", "save_checkpoint"), ("core/io.py", "write_atomic"),
-        ("core/io.py", "write_json"), ("experiments/folders.py", "sealed"),
+        ("experiments/runner.py", "save_tables"),
+        ("experiments/runner.py", "save_checkpoint"),
+        ("experiments/results.py", "write_metrics"),
+        ("experiments/results.py", "write_parquet"),
+        ("experiments/results.py", "append"),
+        ("experiments/results.py", "sync"),
+        ("experiments/results.py", "__init__"),
+        ("core/checkpoint.py", "save_checkpoint"),
+        ("core/io.py", "write_atomic"),
+        ("core/io.py", "write_json"),
+        ("experiments/folders.py", "sealed"),
     ),
     "evaluation": (("fedshuffle/metrics.py", "__call__"),),
     "x_star": (("fedshuffle/metrics.py", "__init__"),),
@@ -69,7 +77,8 @@ def _matches(func: tuple[str, int, str], entries: tuple[tuple[str, str], ...]) -
 
 
 def shares(stats: pstats.Stats) -> dict[str, Any]:
-    """Seconds per category: each entry point's cumulative time from callers outside its category (no double counting)."""
+    """Seconds per category: each entry point's cumulative time from callers outside its category (no double
+    counting)."""
     raw = stats.stats  # type: ignore[attr-defined]
     total = stats.total_tt  # type: ignore[attr-defined]
     out: dict[str, Any] = {"total_s": round(total, 3)}
@@ -110,11 +119,22 @@ def profile_case(preset: str, rounds: int | None, seed: int) -> dict[str, Any]:
     return {"wall_s": round(wall, 3), **shares(pstats.Stats(profiler))}
 
 
-def run_tree(src: Path, preset: str, rounds: int | None, seed: int, timeout: float, threads: int | None) -> dict[str, Any]:
+def run_tree(
+    src: Path, preset: str, rounds: int | None, seed: int, timeout: float, threads: int | None
+) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{ROOT}", "PYTHONHASHSEED": "0"}
     if threads:  # PyTorch's operator threads in both trees alike (a tree may choose fewer for its runs)
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "benchmarks.profile_shares", "--case", preset, "--seed", str(seed), *(["--rounds", str(rounds)] if rounds else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.profile_shares",
+        "--case",
+        preset,
+        "--seed",
+        str(seed),
+        *(["--rounds", str(rounds)] if rounds else []),
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -139,16 +159,26 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=[], help="LABEL=SRC (default: this tree as 'this')")
     parser.add_argument("--preset", action="append", default=[], help="NAME or NAME=ROUNDS")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--threads", type=int, help="operator threads of every run (OMP_NUM_THREADS); default: PyTorch's")
+    parser.add_argument(
+        "--threads", type=int, help="operator threads of every run (OMP_NUM_THREADS); default: PyTorch's"
+    )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--name", default="profile_shares", help="results file benchmarks/results/NAME.json")
-    parser.add_argument("--smoke", action="store_true", help="a tiny built-in config, once per tree; prints the result, writes nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny built-in config, once per tree; prints the result, writes nothing"
+    )
     args = parser.parse_args()
     if args.case:
         print(json.dumps(profile_case(args.case, args.rounds, args.seed)))
         return
-    trees = [(label, Path(src).resolve()) for label, src in (t.split("=", 1) for t in args.tree)] or [("this", ROOT / "src")]
-    presets = [("smoke", None)] if args.smoke else [(p.split("=")[0], int(p.split("=")[1]) if "=" in p else None) for p in args.preset]
+    trees = [(label, Path(src).resolve()) for label, src in (t.split("=", 1) for t in args.tree)] or [
+        ("this", ROOT / "src")
+    ]
+    presets = (
+        [("smoke", None)]
+        if args.smoke
+        else [(p.split("=")[0], int(p.split("=")[1]) if "=" in p else None) for p in args.preset]
+    )
     results: dict[str, Any] = {}
     for k, (preset, rounds) in enumerate(presets):
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in trees}
@@ -156,8 +186,13 @@ def main() -> None:
             order = trees if (k + r) % 2 == 0 else trees[::-1]
             for label, src in order:
                 runs[label].append(run_tree(src, preset, rounds, args.seed, args.timeout, args.threads))
-        results[preset] = {"rounds": rounds or "preset's own", "seed": args.seed, "threads": args.threads or "default", **{label: _median(rs) for label, rs in runs.items()},
-                           "each_run": runs}
+        results[preset] = {
+            "rounds": rounds or "preset's own",
+            "seed": args.seed,
+            "threads": args.threads or "default",
+            **{label: _median(rs) for label, rs in runs.items()},
+            "each_run": runs,
+        }
         print(json.dumps({preset: {label: _median(rs) for label, rs in runs.items()}}), flush=True)
         if not args.smoke:  # after every preset, so that a later one failing keeps these
             path = write(args.name, {"trees": {label: str(src) for label, src in trees}, "presets": results})

@@ -31,8 +31,14 @@ from fedshuffle.executors.ray import RayExecutor
 
 DIM, CLIENT_SIZE, COHORT, WORKERS = 100, 500, 10, 2
 SIZES_MB = (8, 80, 400)
-SETUP = {"problem": f"logistic regression, d = {DIM}, fp64", "client_size": CLIENT_SIZE, "cohort": COHORT, "local": "FedAvg, 2 steps of batch 10",
-         "ray": f"local instance of {WORKERS} workers started by the executor, bound to 127.0.0.1", "threads": 1}
+SETUP = {
+    "problem": f"logistic regression, d = {DIM}, fp64",
+    "client_size": CLIENT_SIZE,
+    "cohort": COHORT,
+    "local": "FedAvg, 2 steps of batch 10",
+    "ray": f"local instance of {WORKERS} workers started by the executor, bound to 127.0.0.1",
+    "threads": 1,
+}
 
 
 def dataset(megabytes: float, seed: int = 0) -> FederatedDataset:
@@ -40,7 +46,9 @@ def dataset(megabytes: float, seed: int = 0) -> FederatedDataset:
     clients = max(COHORT, round(megabytes * 1e6 / (CLIENT_SIZE * DIM * 8)))
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(clients * CLIENT_SIZE, DIM, generator=gen, dtype=torch.float64)
-    y = torch.where(x[:, 0] + 0.5 * torch.randn(len(x), generator=gen, dtype=torch.float64) > 0, 1.0, -1.0).to(torch.float64)
+    y = torch.where(x[:, 0] + 0.5 * torch.randn(len(x), generator=gen, dtype=torch.float64) > 0, 1.0, -1.0).to(
+        torch.float64
+    )
     parts = np.split(np.arange(len(x)), clients)
     return FederatedDataset(x, y, parts, objective_weights(np.full(clients, CLIENT_SIZE), "size"))
 
@@ -52,7 +60,14 @@ def measure(megabytes: float, executor_name: str, warmup: int, repeats: int) -> 
     executor = VectorizedExecutor() if executor_name == "vectorized" else RayExecutor(workers=WORKERS)
     try:
         alg = build_algorithm("fedavg", {"local": {"lr": 0.05, "steps": 2, "batch_size": 10}})
-        sim = Simulation(LogisticRegression(DIM, 1e-3), data, alg, UniformWithoutReplacement(data.num_clients, COHORT), seed=0, executor=executor)
+        sim = Simulation(
+            LogisticRegression(DIM, 1e-3),
+            data,
+            alg,
+            UniformWithoutReplacement(data.num_clients, COHORT),
+            seed=0,
+            executor=executor,
+        )
         started = time.perf_counter()
         sim.step()  # starts Ray and puts the data in its object store
         setup = time.perf_counter() - started
@@ -84,7 +99,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case")
     parser.add_argument("--label", default="current", help="the name this source tree's cases are stored under")
-    parser.add_argument("--smoke", type=Path, help="a seconds-long check: one 0.8 MB dataset, 3 rounds; JSON to this file")
+    parser.add_argument(
+        "--smoke", type=Path, help="a seconds-long check: one 0.8 MB dataset, 3 rounds; JSON to this file"
+    )
     args = parser.parse_args()
     if args.case:
         case(args.case)
@@ -93,7 +110,11 @@ def main() -> None:
         result = {name: measure(0.8, name, warmup=1, repeats=2) for name in ("vectorized", "ray")}
         args.smoke.write_text(json.dumps({"setup": SETUP, "machine": machine(), "cases": result}, indent=2))
         return
-    cases = {f"{mb}-{name}": run_case("benchmarks.ray_data", f"{mb}-{name}") for mb in SIZES_MB for name in ("vectorized", "ray")}
+    cases = {
+        f"{mb}-{name}": run_case("benchmarks.ray_data", f"{mb}-{name}")
+        for mb in SIZES_MB
+        for name in ("vectorized", "ray")
+    }
     previous = RESULTS / "ray_data.json"
     labels = json.loads(previous.read_text()).get("labels", {}) if previous.exists() else {}
     labels[args.label] = {"cases": cases, "ray_overhead_s_per_round": overheads(cases)}

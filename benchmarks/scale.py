@@ -46,14 +46,23 @@ def case(clients: int, warmup: int, repeats: int) -> None:
     sizes = lognormal_sizes(clients, np.random.default_rng(0))
     data = LazyFederatedDataset(sizes, objective_weights(sizes, "size"), Clients(sizes), (DIM,))
     alg = build_algorithm("fedshuffle", {"local": {"lr": 0.05, "epochs": 1, "batch_size": 1}})
-    sim = Simulation(LogisticRegression(DIM, 1e-3), data, alg, UniformWithoutReplacement(clients, COHORT), seed=0, executor=VectorizedExecutor())
+    sim = Simulation(
+        LogisticRegression(DIM, 1e-3),
+        data,
+        alg,
+        UniformWithoutReplacement(clients, COHORT),
+        seed=0,
+        executor=VectorizedExecutor(),
+    )
     emit({"case": str(clients), "clients": clients, **time_rounds(sim.step, warmup, repeats), "threads": 1})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case")
-    parser.add_argument("--smoke", action="store_true", help="two small populations, a few rounds; prints the JSON, writes nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help="two small populations, a few rounds; prints the JSON, writes nothing"
+    )
     args = parser.parse_args()
     warmup, repeats = (1, 3) if args.smoke else (3, 40)
     if args.case:
@@ -63,12 +72,26 @@ def main() -> None:
     results = {str(n): run_case("benchmarks.scale", str(n), *(["--smoke"] if args.smoke else [])) for n in populations}
     base = results[str(populations[0])]
     payload = {
-        "setup": {"cohort": COHORT, "dim": DIM, "sizes": "floor(LogNormal) + 1, mean 50", "local": "1 epoch, batch 1, RR (FedShuffle)", "data": "generated per client when sampled", "executor": "vectorized", "dtype": "float64", "threads": 1,
-                  "warmup": warmup, "rounds": repeats},
+        "setup": {
+            "cohort": COHORT,
+            "dim": DIM,
+            "sizes": "floor(LogNormal) + 1, mean 50",
+            "local": "1 epoch, batch 1, RR (FedShuffle)",
+            "data": "generated per client when sampled",
+            "executor": "vectorized",
+            "dtype": "float64",
+            "threads": 1,
+            "warmup": warmup,
+            "rounds": repeats,
+        },
         "cases": results,
-        "round_time_over_smallest": {n: round(r["median_s"] / base["median_s"], 2) for n, r in results.items() if "median_s" in r},
+        "round_time_over_smallest": {
+            n: round(r["median_s"] / base["median_s"], 2) for n, r in results.items() if "median_s" in r
+        },
         # on a machine shared with other work the wall times wait for the scheduler; the CPU seconds do not
-        "round_cpu_time_over_smallest": {n: round(r["cpu_median_s"] / base["cpu_median_s"], 2) for n, r in results.items() if "cpu_median_s" in r},
+        "round_cpu_time_over_smallest": {
+            n: round(r["cpu_median_s"] / base["cpu_median_s"], 2) for n, r in results.items() if "cpu_median_s" in r
+        },
         "load_average_at_end": os.getloadavg(),
         "peak_rss_mib": {n: r.get("peak_rss_mib") for n, r in results.items()},
         "goal": "round time at 1,000,000 within 1.2x of 1,000; memory independent of n",

@@ -2,7 +2,8 @@
 same preset and against the G·S runs made separately (``FEDSHUFFLE_REPLICAS=0``: parallel worker processes, one per
 core, as ``sweep`` runs runs that are not replicas).
 
-    FEDSHUFFLE_DATA=../shared/data nice -n 10 python -m benchmarks.sweep [--repeats 1] [--mnist-rounds 3] [--only rrcli|2nn]
+    FEDSHUFFLE_DATA=../shared/data nice -n 10 python -m benchmarks.sweep [--repeats 1] [--mnist-rounds 3] [--only
+    rrcli|2nn]
 
 Two cases, interleaved (one command of each case in turn, the order reversed from repeat to repeat):
 
@@ -76,7 +77,16 @@ def cases(smoke: bool, mnist_rounds: int) -> dict[str, dict[str, Any]]:
         }
     rrcli = ["--variant", "RR-CLI", "--set", "run.executor=auto"]
     rrcli_grid = [*rrcli, "--grid", f"local.lr_multiplier={MULTIPLIERS}", "--seeds", "0..4"]
-    mnist_grid = ["--variant", "digits_2", "--set", f"run.rounds={mnist_rounds}", "--grid", f"local.lr={MNIST_LRS}", "--seeds", "0..4"]
+    mnist_grid = [
+        "--variant",
+        "digits_2",
+        "--set",
+        f"run.rounds={mnist_rounds}",
+        "--grid",
+        f"local.lr={MNIST_LRS}",
+        "--seeds",
+        "0..4",
+    ]
     return {
         "rrcli: one run": {"config": "rrcli-a3a-theory", "args": [*rrcli, "--seeds", "0"], "batched": True},
         "2nn: 35 runs, separate": {"config": "yang-fig1-2nn-cpu", "args": mnist_grid, "batched": False},
@@ -96,7 +106,17 @@ def timed_sweep(config: str, args: list[str], batched: bool, timeout: float) -> 
             path = Path(folder) / "smoke.toml"
             path.write_text(SMOKE)
             config = str(path)
-        cmd = [sys.executable, "-m", "fedshuffle", "sweep", config, *args, "--out", str(Path(folder) / "out"), "--quiet"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fedshuffle",
+            "sweep",
+            config,
+            *args,
+            "--out",
+            str(Path(folder) / "out"),
+            "--quiet",
+        ]
         start = time.perf_counter()
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
         wall = time.perf_counter() - start
@@ -115,7 +135,11 @@ def main() -> None:
     parser.add_argument("--only", choices=("rrcli", "2nn"), help="only this case (written to sweep_<case>.json)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    chosen = {name: case for name, case in cases(args.smoke, args.mnist_rounds).items() if not args.only or name.startswith(args.only)}
+    chosen = {
+        name: case
+        for name, case in cases(args.smoke, args.mnist_rounds).items()
+        if not args.only or name.startswith(args.only)
+    }
     order = list(chosen)
     measured: dict[str, list[dict[str, Any]]] = {name: [] for name in order}
     for r in range(1 if args.smoke else args.repeats):
@@ -126,21 +150,48 @@ def main() -> None:
     summary = {}
     for name, results in measured.items():
         good = [x for x in results if "error" not in x]
-        summary[name] = {"wall_s": statistics.median(x["wall_s"] for x in good), "runs": good[0]["runs"], "note": good[0]["note"], "measured": results} if good else {"error": results[-1]["error"]}
+        summary[name] = (
+            {
+                "wall_s": statistics.median(x["wall_s"] for x in good),
+                "runs": good[0]["runs"],
+                "note": good[0]["note"],
+                "measured": results,
+            }
+            if good
+            else {"error": results[-1]["error"]}
+        )
 
     def ratio(a: str, b: str) -> float | None:  # of the cases measured
-        return round(summary[a]["wall_s"] / summary[b]["wall_s"], 2) if "wall_s" in summary.get(a, {}) and "wall_s" in summary.get(b, {}) else None
+        return (
+            round(summary[a]["wall_s"] / summary[b]["wall_s"], 2)
+            if "wall_s" in summary.get(a, {}) and "wall_s" in summary.get(b, {})
+            else None
+        )
 
     if args.smoke:
-        ratios = {"batched over one run": ratio("smoke: 4 runs, batched", "smoke: one run"),
-                  "batched over separate": ratio("smoke: 4 runs, batched", "smoke: 4 runs, separate")}
+        ratios = {
+            "batched over one run": ratio("smoke: 4 runs, batched", "smoke: one run"),
+            "batched over separate": ratio("smoke: 4 runs, batched", "smoke: 4 runs, separate"),
+        }
     else:
-        ratios = {"rrcli: batched over one run (goal <= 3)": ratio("rrcli: 35 runs, batched", "rrcli: one run"),
-                  "rrcli: separate over one run": ratio("rrcli: 35 runs, separate", "rrcli: one run"),
-                  "2nn: batched over separate (goal <= 0.5)": ratio("2nn: 35 runs, batched", "2nn: 35 runs, separate")}
-    payload = {"setup": {"repeats": args.repeats, "mnist_rounds": args.mnist_rounds, "rrcli_multipliers": MULTIPLIERS, "mnist_lrs": MNIST_LRS, "seeds": "0..4",
-                         "load_average_at_end": os.getloadavg(), "commands": {name: c["args"] for name, c in chosen.items()}},
-               "cases": summary, "ratios": ratios}
+        ratios = {
+            "rrcli: batched over one run (goal <= 3)": ratio("rrcli: 35 runs, batched", "rrcli: one run"),
+            "rrcli: separate over one run": ratio("rrcli: 35 runs, separate", "rrcli: one run"),
+            "2nn: batched over separate (goal <= 0.5)": ratio("2nn: 35 runs, batched", "2nn: 35 runs, separate"),
+        }
+    payload = {
+        "setup": {
+            "repeats": args.repeats,
+            "mnist_rounds": args.mnist_rounds,
+            "rrcli_multipliers": MULTIPLIERS,
+            "mnist_lrs": MNIST_LRS,
+            "seeds": "0..4",
+            "load_average_at_end": os.getloadavg(),
+            "commands": {name: c["args"] for name, c in chosen.items()},
+        },
+        "cases": summary,
+        "ratios": ratios,
+    }
     if args.smoke:
         print(json.dumps(payload))
         return

@@ -32,7 +32,10 @@ from benchmarks.profile_shares import SMOKE
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a busy process, bounded in time, that also stops when the benchmark that started it is gone (killed or not)
-SPIN = "import os, time\nparent = os.getppid()\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end and os.getppid() == parent:\n    pass\n"
+SPIN = (
+    "import os, time\nparent = os.getppid()\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end and "
+    "os.getppid() == parent:\n    pass\n"
+)
 
 
 def timed_run(src: Path, preset: str, rounds: int | None, threads: int | None, timeout: float) -> dict[str, Any]:
@@ -45,8 +48,19 @@ def timed_run(src: Path, preset: str, rounds: int | None, threads: int | None, t
             config = Path(folder) / "smoke.toml"
             config.write_text(SMOKE)
             preset = str(config)
-        cmd = [sys.executable, "-m", "fedshuffle", "run", preset, "--seeds", "0", "--out", str(Path(folder) / "out"), "--quiet",
-               *(["--set", f"run.rounds={rounds}"] if rounds else [])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fedshuffle",
+            "run",
+            preset,
+            "--seeds",
+            "0",
+            "--out",
+            str(Path(folder) / "out"),
+            "--quiet",
+            *(["--set", f"run.rounds={rounds}"] if rounds else []),
+        ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -66,17 +80,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--busy", type=int, default=os.cpu_count() or 1, help="busy processes started (default: one per core; 0 where the machine is busy already)")
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="busy processes started (default: one per core; 0 where the machine is busy already)",
+    )
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    trees = [(label, Path(src).resolve()) for label, src in (t.split("=", 1) for t in args.tree)] or [("this", ROOT / "src")]
+    trees = [(label, Path(src).resolve()) for label, src in (t.split("=", 1) for t in args.tree)] or [
+        ("this", ROOT / "src")
+    ]
     preset, rounds, repeats = ("smoke", 4, 1) if args.smoke else (args.preset, args.rounds, args.repeats)
     this = next((src for _, src in trees if src == (ROOT / "src").resolve()), trees[-1][1])
     cases = [(f"{label} default threads", src, None) for label, src in trees] + [("one thread", this, 1)]
     spinners = []
     try:
         for _ in range(1 if args.smoke else args.busy):  # keep the cores busy for the whole benchmark (bounded in time)
-            spinners.append(subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=60 if args.smoke else args.timeout * 4 * repeats)], start_new_session=True))
+            spinners.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", SPIN.format(seconds=60 if args.smoke else args.timeout * 4 * repeats)],
+                    start_new_session=True,
+                )
+            )
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in cases}
         for r in range(repeats):
             for name, src, threads in cases if r % 2 == 0 else cases[::-1]:
@@ -88,14 +114,31 @@ def main() -> None:
     summary = {}
     for name, results in runs.items():
         good = [x for x in results if "error" not in x]
-        summary[name] = {"wall_s": statistics.median(x["wall_s"] for x in good), "cpu_s": statistics.median(x["cpu_s"] for x in good),
-                         "runs": [x for x in results]} if good else {"error": results[-1]["error"]}
+        summary[name] = (
+            {
+                "wall_s": statistics.median(x["wall_s"] for x in good),
+                "cpu_s": statistics.median(x["cpu_s"] for x in good),
+                "runs": [x for x in results],
+            }
+            if good
+            else {"error": results[-1]["error"]}
+        )
     one = summary["one thread"].get("wall_s")
     ratios = {name: round(s["wall_s"] / one, 2) for name, s in summary.items() if "wall_s" in s and one}
-    payload = {"setup": {"preset": preset, "seed": 0, "rounds": rounds or "preset's own", "busy_processes": len(spinners), "repeats": repeats,
-                         "load_average_at_end": os.getloadavg(),
-                         "trees": {label: str(src) for label, src in trees}},
-               "cases": summary, "wall_over_one_thread": ratios, "goal": "default settings within 1.2x of one operator thread"}
+    payload = {
+        "setup": {
+            "preset": preset,
+            "seed": 0,
+            "rounds": rounds or "preset's own",
+            "busy_processes": len(spinners),
+            "repeats": repeats,
+            "load_average_at_end": os.getloadavg(),
+            "trees": {label: str(src) for label, src in trees},
+        },
+        "cases": summary,
+        "wall_over_one_thread": ratios,
+        "goal": "default settings within 1.2x of one operator thread",
+    }
     if args.smoke:
         print(json.dumps(payload))
         return

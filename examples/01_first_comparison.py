@@ -9,8 +9,8 @@
 # The same from the command line: `fedshuffle run quickstart --variant FedAvg --variant FedShuffle`.
 
 # %% tags=["parameters"]
-ROUNDS = 1000        # rounds of each run
-SEEDS = [0, 1, 2]    # one run per variant and seed
+ROUNDS = 1000  # rounds of each run
+SEEDS = [0, 1, 2]  # one run per variant and seed
 
 # %%
 import matplotlib.pyplot as plt
@@ -18,16 +18,20 @@ import numpy as np
 
 import fedshuffle as fs
 
-exp = fs.experiment({
-    "experiment": {"name": "first-comparison", "title": "FedAvg against FedShuffle on the quadratic (36)"},
-    "problem": {"name": "quadratic"},
-    "data": {"client_sizes": [1, 2, 3]},                       # |D_i|: the targets e_1..e_6 split 1/2/3
-    "local": {"lr": 1 / 240, "epochs": 1, "batch_size": 1},    # η/max|D_i| with η = 1/80
-    "sampler": {"name": "full"},
-    "run": {"rounds": ROUNDS, "eval_every": 10},
-    "variants": [{"label": "FedAvg", "method": {"name": "fedavg"}},
-                 {"label": "FedShuffle", "method": {"name": "fedshuffle"}}],
-})
+exp = fs.experiment(
+    {
+        "experiment": {"name": "first-comparison", "title": "FedAvg against FedShuffle on the quadratic (36)"},
+        "problem": {"name": "quadratic"},
+        "data": {"client_sizes": [1, 2, 3]},  # |D_i|: the targets e_1..e_6 split 1/2/3
+        "local": {"lr": 1 / 240, "epochs": 1, "batch_size": 1},  # η/max|D_i| with η = 1/80
+        "sampler": {"name": "full"},
+        "run": {"rounds": ROUNDS, "eval_every": 10},
+        "variants": [
+            {"label": "FedAvg", "method": {"name": "fedavg"}},
+            {"label": "FedShuffle", "method": {"name": "fedshuffle"}},
+        ],
+    }
+)
 print(exp)
 
 # %% [markdown]
@@ -41,7 +45,7 @@ for label in exp.variants:
 assert exp.objective("FedShuffle").max_deviation < 1e-9 < exp.objective("FedAvg").max_deviation
 
 # %%
-results = exp.run(seeds=SEEDS, progress=False)     # into results/first-comparison/ (or -2, -3, ... when taken)
+results = exp.run(seeds=SEEDS, progress=False)  # into results/first-comparison/ (or -2, -3, ... when taken)
 print(results.path)
 summary = results.summary(["f_gap", "dist_sq"])
 summary

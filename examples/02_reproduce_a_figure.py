@@ -11,7 +11,7 @@
 
 # %% tags=["parameters"]
 PRESET = "fedshuffle-fig1-sum-one"
-ROUNDS = None        # None: the preset's own (10,000 rounds, a few minutes on a 2-core CPU); fewer for a quick look
+ROUNDS = None  # None: the preset's own (10,000 rounds, a few minutes on a 2-core CPU); fewer for a quick look
 
 # %%
 import matplotlib.pyplot as plt
@@ -27,7 +27,7 @@ for claim in exp.config.claims:
     print("claim:", claim["quote"])
 
 # %%
-results = exp.run(f"results/{PRESET}", progress=False)     # every variant on the preset's seeds
+results = exp.run(f"results/{PRESET}", progress=False)  # every variant on the preset's seeds
 ax = results.plot("f_gap")
 ax.set_title(meta.title)
 plt.savefig(results.path / "f_gap.png", dpi=110)

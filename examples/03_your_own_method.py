@@ -32,8 +32,13 @@ class DampedFedAvg(fs.Method):
         return self.damping * direction, state, extras
 
 
-fs.METHODS.add("damped_fedavg", DampedFedAvg, "FedAvg with a damped server direction",
-               local={"order": "reshuffle"}, aggregation={"normalization": "sum_one"})
+fs.METHODS.add(
+    "damped_fedavg",
+    DampedFedAvg,
+    "FedAvg with a damped server direction",
+    local={"order": "reshuffle"},
+    aggregation={"normalization": "sum_one"},
+)
 
 # %% [markdown]
 # `check_method` checks it as the package's tests check every built-in method: each declared setting's bad
@@ -46,19 +51,23 @@ check_method("damped_fedavg")
 try:
     fs.experiment({"method": {"name": "damped_fedavg", "damping": 2.0}})
 except fs.ConfigError as error:
-    print(error)     # method.damping: Input should be less than or equal to 1 (got 2.0)
+    print(error)  # method.damping: Input should be less than or equal to 1 (got 2.0)
 
 # %%
-exp = fs.experiment({
-    "experiment": {"name": "damped"},
-    "data": {"client_sizes": [1, 2, 3]},
-    "local": {"lr": 0.05},
-    "run": {"rounds": ROUNDS, "eval_every": 5},
-    "variants": [{"label": "FedAvgRR", "method": {"name": "fedavg_rr"}},
-                 {"label": "damped 0.5", "method": {"name": "damped_fedavg"}},
-                 {"label": "damped 0.2", "method": {"name": "damped_fedavg", "damping": 0.2}}],
-})
-print(exp.spec("damped 0.2").method)          # name='damped_fedavg' damping=0.2
+exp = fs.experiment(
+    {
+        "experiment": {"name": "damped"},
+        "data": {"client_sizes": [1, 2, 3]},
+        "local": {"lr": 0.05},
+        "run": {"rounds": ROUNDS, "eval_every": 5},
+        "variants": [
+            {"label": "FedAvgRR", "method": {"name": "fedavg_rr"}},
+            {"label": "damped 0.5", "method": {"name": "damped_fedavg"}},
+            {"label": "damped 0.2", "method": {"name": "damped_fedavg", "damping": 0.2}},
+        ],
+    }
+)
+print(exp.spec("damped 0.2").method)  # name='damped_fedavg' damping=0.2
 results = exp.run(seeds=SEEDS, progress=False)
 summary = results.summary("f_gap")
 summary

@@ -18,8 +18,14 @@ import numpy as np
 import fedshuffle as fs
 
 exp = fs.experiment("quickstart", overrides={"run.rounds": ROUNDS, "run.executor": "vectorized"})
-swept = exp.sweep({"local.lr": STEPS}, "results/lr-sweep", seeds=SEEDS, variants=["FedAvg", "FedShuffle"], pick="f_gap",
-                  progress=False)
+swept = exp.sweep(
+    {"local.lr": STEPS},
+    "results/lr-sweep",
+    seeds=SEEDS,
+    variants=["FedAvg", "FedShuffle"],
+    pick="f_gap",
+    progress=False,
+)
 for label, best in swept.best.items():
     print(f"{label}: best {best['point']} (mean f − f* {best['mean']:.3g} over {len(SEEDS)} seeds)")
 swept.summary("f_gap")
@@ -32,7 +38,8 @@ swept.summary("f_gap")
 first = exp.with_overrides({"local.lr": STEPS[0]})
 alone = first.run("results/lr-alone", seeds=SEEDS[:1], variants=["FedShuffle"], progress=False)
 curves = swept.curves
-replica = curves[(curves["variant"] == "FedShuffle") & (curves["point"] == f"local.lr={STEPS[0]}")
-                 & (curves["seed"] == SEEDS[0])]
+replica = curves[
+    (curves["variant"] == "FedShuffle") & (curves["point"] == f"local.lr={STEPS[0]}") & (curves["seed"] == SEEDS[0])
+]
 np.testing.assert_array_equal(replica["f_gap"].to_numpy(), alone.curves["f_gap"].to_numpy())
 print(f"{len(replica)} evaluations, equal")

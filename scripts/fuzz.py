@@ -7,7 +7,8 @@
 
 Cases are those of ``tests/fuzzing.py`` (each drawn from ``kind:seed``); the kinds of inputs from
 outside (``fuzzing.INPUT_KINDS``: hostile HTTP servers on 127.0.0.1, decompression and allocation
-bombs, special files as inputs, huge and deeply nested values) bound each case by wall-clock time. They run in worker processes,
+bombs, special files as inputs, huge and deeply nested values) bound each case by wall-clock time. They run in worker
+processes,
 each with a memory cap (``FEDSHUFFLE_MAX_MEMORY=1G`` for the estimates, and an address-space limit so
 that an allocation that escapes the estimates fails instead of swapping); a worker that stops answering
 for longer than a case may take is killed and its case counted as a hang, one that dies counts as a
@@ -53,14 +54,23 @@ def worker(kind: str, start: int, stop: int, root: Path) -> None:
     import torch
 
     torch.set_num_threads(1)
-    template = fuzzing.make_template(root / f"template-{os.getpid()}") if kind in ("cli", "results", "hostile") else None
+    template = (
+        fuzzing.make_template(root / f"template-{os.getpid()}") if kind in ("cli", "results", "hostile") else None
+    )
     for seed in range(start, stop):
         work = root / f"{kind}-{seed}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         began = time.monotonic()
         result = fuzzing.run_case(kind, seed, work, template)
-        line = {"kind": kind, "seed": seed, "outcome": result.outcome, "detail": result.detail, "case": result.case, "seconds": round(time.monotonic() - began, 2)}
+        line = {
+            "kind": kind,
+            "seed": seed,
+            "outcome": result.outcome,
+            "detail": result.detail,
+            "case": result.case,
+            "seconds": round(time.monotonic() - began, 2),
+        }
         print(json.dumps(line), flush=True)
         shutil.rmtree(work, ignore_errors=True)
 
@@ -77,7 +87,12 @@ class Worker:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", self.kind, str(self.next), str(self.stop), str(self.root)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.last = time.monotonic()
@@ -141,16 +156,35 @@ def supervise(kinds: list[str], per_kind: int, jobs: int, root: Path, start: int
                     running.remove(w)
                 elif done or silent:
                     outcome = "hang" if silent and not done else "traceback"
-                    detail = f"worker {'silent for' if outcome == 'hang' else 'died (exit ' + str(w.proc.returncode) + ') in'} case"
+                    detail = (
+                        "worker "
+                        f"{'silent for' if outcome == 'hang' else 'died (exit ' + str(w.proc.returncode) + ') in'} "
+                        "case"
+                    )
                     w.kill()
-                    results.append({"kind": w.kind, "seed": w.next, "outcome": outcome, "detail": detail, "case": "", "seconds": None})
+                    results.append(
+                        {
+                            "kind": w.kind,
+                            "seed": w.next,
+                            "outcome": outcome,
+                            "detail": detail,
+                            "case": "",
+                            "seconds": None,
+                        }
+                    )
                     w.next += 1
                     running.remove(w)
                     if w.next < w.stop:
                         pending.insert(0, w)
             if progress:
                 counts = Counter(r["outcome"] for r in results)
-                print(f"\r{len(results)} cases, {time.monotonic() - began:.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), end="", file=sys.stderr, flush=True)
+                print(
+                    f"\r{len(results)} cases, {time.monotonic() - began:.0f} s: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         for w in running:
             w.kill()
@@ -160,15 +194,24 @@ def supervise(kinds: list[str], per_kind: int, jobs: int, root: Path, start: int
 
 
 def report(results: list[dict], seconds: float) -> dict:
-    by_kind = {kind: dict(Counter(r["outcome"] for r in results if r["kind"] == kind)) for kind in sorted({r["kind"] for r in results})}
+    by_kind = {
+        kind: dict(Counter(r["outcome"] for r in results if r["kind"] == kind))
+        for kind in sorted({r["kind"] for r in results})
+    }
     totals = Counter(r["outcome"] for r in results)
     bad = [r for r in results if r["outcome"] in fuzzing.BAD]
     faults = Counter(f"{r['case']} → {r['outcome']}" for r in results if r["kind"] == "data")
     attacks = Counter(f"{r['case'].split(':', 1)[0]} → {r['outcome']}" for r in results if r["kind"] == "hostile")
     slowest = sorted((r for r in results if r["seconds"] is not None), key=lambda r: -r["seconds"])[:5]
     return {
-        "cases": len(results), "seconds": round(seconds, 1), "totals": {o: totals.get(o, 0) for o in fuzzing.OUTCOMES}, "by_kind": by_kind,
-        "bad": bad[:300], "data_cases": dict(sorted(faults.items())), "hostile_attacks": dict(sorted(attacks.items())), "slowest": slowest,
+        "cases": len(results),
+        "seconds": round(seconds, 1),
+        "totals": {o: totals.get(o, 0) for o in fuzzing.OUTCOMES},
+        "by_kind": by_kind,
+        "bad": bad[:300],
+        "data_cases": dict(sorted(faults.items())),
+        "hostile_attacks": dict(sorted(attacks.items())),
+        "slowest": slowest,
     }
 
 
@@ -178,7 +221,9 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(fuzzing.KINDS), help=f"comma-separated: {', '.join(fuzzing.KINDS)}")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     parser.add_argument("--start", type=int, default=0, help="first seed")
-    parser.add_argument("--out", type=Path, default=Path("fuzz-results.json"), help="JSON of the counts and the bad cases")
+    parser.add_argument(
+        "--out", type=Path, default=Path("fuzz-results.json"), help="JSON of the counts and the bad cases"
+    )
     parser.add_argument("--replay", help="KIND:SEED — run one case here and print its outcome")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--worker", nargs=4, metavar=("KIND", "START", "STOP", "ROOT"), help=argparse.SUPPRESS)
@@ -205,7 +250,17 @@ def main() -> None:
         results = supervise(kinds, -(-args.cases // len(kinds)), args.jobs, root, args.start, not args.quiet)
         summary = report(results, time.monotonic() - began)
         args.out.write_text(json.dumps(summary, indent=1) + "\n")
-        print(json.dumps({"cases": summary["cases"], "totals": summary["totals"], "by_kind": summary["by_kind"], "seconds": summary["seconds"]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "cases": summary["cases"],
+                    "totals": summary["totals"],
+                    "by_kind": summary["by_kind"],
+                    "seconds": summary["seconds"],
+                },
+                indent=1,
+            )
+        )
         if any(summary["totals"][o] for o in fuzzing.BAD):
             sys.exit(1)
     finally:

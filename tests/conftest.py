@@ -39,7 +39,9 @@ def quadratic_dataset(sizes, targets=None):
     """Clients with contiguous blocks of targets (default: canonical basis, the paper's (36))."""
     total = sum(sizes)
     x = torch.eye(total, dtype=torch.float64) if targets is None else torch.as_tensor(targets, dtype=torch.float64)
-    return FederatedDataset(x, torch.zeros(total), contiguous_partition(sizes), objective_weights(np.array(sizes), "size"))
+    return FederatedDataset(
+        x, torch.zeros(total), contiguous_partition(sizes), objective_weights(np.array(sizes), "size")
+    )
 
 
 @pytest.fixture
@@ -89,13 +91,33 @@ def shared_data():
 
 #: the settings of an algorithm's parts, written flat in tests: key → (section, setting)
 FLAT_SETTINGS = {
-    **{k: ("local", k) for k in ("lr", "lr_multiplier", "epochs", "steps", "order", "batch_size", "step_normalization", "weight_decay", "clip_norm", "prox_mu", "drop_last_steps", "straggler_probability")},
+    **{
+        k: ("local", k)
+        for k in (
+            "lr",
+            "lr_multiplier",
+            "epochs",
+            "steps",
+            "order",
+            "batch_size",
+            "step_normalization",
+            "weight_decay",
+            "clip_norm",
+            "prox_mu",
+            "drop_last_steps",
+            "straggler_probability",
+        )
+    },
     "local_momentum": ("local", "momentum"),
     **{k: ("aggregation", k) for k in ("weighting", "normalization", "tau_eff", "direction")},
     **{f"server_{k}": ("server", k) for k in ("lr", "optimizer", "momentum", "beta1", "beta2", "eps")},
     **{k: ("server", k) for k in ("global_lr", "global_momentum", "momentum_estimator", "meta_epoch_step")},
-    "lr_schedule": ("schedule", "name"), "lr_decay_at": ("schedule", "decay_at"), "lr_decay_factor": ("schedule", "decay_factor"),
-    **{k: ("method", k) for entry in METHODS.entries() for k in entry.setting_names()},  # each method's own settings, as it declares them
+    "lr_schedule": ("schedule", "name"),
+    "lr_decay_at": ("schedule", "decay_at"),
+    "lr_decay_factor": ("schedule", "decay_factor"),
+    **{
+        k: ("method", k) for entry in METHODS.entries() for k in entry.setting_names()
+    },  # each method's own settings, as it declares them
 }
 
 
@@ -179,7 +201,9 @@ eval_every = {eval_every}
 """
 
 
-def toy_config(tmp_path, *, method: str, rounds: int, seeds=(0,), eval_every: int, name: str = "toy.toml", extra: str = "") -> Path:
+def toy_config(
+    tmp_path, *, method: str, rounds: int, seeds=(0,), eval_every: int, name: str = "toy.toml", extra: str = ""
+) -> Path:
     """A small quadratic experiment file (three clients of sizes 1, 2, 3; 2 per round) for the CLI tests."""
     path = tmp_path / name
     path.write_text(TOY_CONFIG.format(method=method, rounds=rounds, seeds=list(seeds), eval_every=eval_every) + extra)

@@ -49,23 +49,49 @@ def make_certificates(folder: Path, days: int = 2) -> dict[str, Path]:
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, server_key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedshuffle test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=days))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA384()))
-    server = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])).issuer_name(ca_name)
-              .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-              .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-                             critical=False)
-              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-              .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-              .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-              .sign(ca_key, hashes.SHA384()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
+    server = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
     paths = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
@@ -83,7 +109,9 @@ def make_node_keys(folder: Path, name: str) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP384R1())
     private = _write_key(folder / name, key, serialization.PrivateFormat.OpenSSH)
     public = folder / f"{name}.pub"
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n")
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
+    )
     return private, public
 
 
@@ -101,19 +129,40 @@ class SecureFederation:
         self.connection = "secure"
 
     def flwr(self, args: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
-        return subprocess.run([str(scripts_dir() / "flwr"), *args], capture_output=True, text=True, env=self.env, timeout=timeout,
-                              start_new_session=True)
+        return subprocess.run(
+            [str(scripts_dir() / "flwr"), *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            start_new_session=True,
+        )
 
     def register(self, public_key: Path) -> subprocess.CompletedProcess:
         """``flwr supernode register PUBLIC_KEY secure``: the SuperLink accepts the node holding its private key."""
         return self.flwr(["supernode", "register", str(public_key), self.connection, "--format", "json"])
 
-    def node(self, name: str, node_config: str, private_key: Path | None, root_certificates: Path | None,
-             retries: int | None = None) -> subprocess.Popen:
+    def node(
+        self,
+        name: str,
+        node_config: str,
+        private_key: Path | None,
+        root_certificates: Path | None,
+        retries: int | None = None,
+    ) -> subprocess.Popen:
         """A ``flower-supernode`` connecting over TLS (trusting ``root_certificates``; None: the system's CAs)
         and signing its requests with ``private_key`` (None: no key)."""
-        command = [str(scripts_dir() / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
-                   "--port", str(free_port()), "--node-config", node_config]
+        command = [
+            str(scripts_dir() / "flower-supernode"),
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--node-config",
+            node_config,
+        ]
         if root_certificates is not None:
             command += ["--root-certificates", str(root_certificates)]
         if private_key is not None:
@@ -133,14 +182,33 @@ def secure_federation(work: Path, deadline: float):
     home.mkdir(parents=True, exist_ok=True)
     certificates = make_certificates(work / "certificates")
     port = free_port()
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "secure"\n\n[superlink.secure]\naddress = "127.0.0.1:{port}"\n'
-                                      f'root-certificates = "{certificates["ca"]}"\n')
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "secure"\n\n[superlink.secure]\naddress = "127.0.0.1:{port}"\n'
+        f'root-certificates = "{certificates["ca"]}"\n'
+    )
     federation = SecureFederation(work, certificates, flower_env(home), port)
     try:
-        link = start([str(scripts_dir() / "flower-superlink"), "--ssl-ca-certfile", str(certificates["ca"]),
-                      "--ssl-certfile", str(certificates["cert"]), "--ssl-keyfile", str(certificates["key"]), "--enable-supernode-auth",
-                      "--host", "127.0.0.1", "--port", str(port),
-                      "--disable-runtime-dependency-installation", "--database", str(work / "state.db")], work / "superlink.log", federation.env)
+        link = start(
+            [
+                str(scripts_dir() / "flower-superlink"),
+                "--ssl-ca-certfile",
+                str(certificates["ca"]),
+                "--ssl-certfile",
+                str(certificates["cert"]),
+                "--ssl-keyfile",
+                str(certificates["key"]),
+                "--enable-supernode-auth",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--disable-runtime-dependency-installation",
+                "--database",
+                str(work / "state.db"),
+            ],
+            work / "superlink.log",
+            federation.env,
+        )
         federation.processes.append(link)
         _wait_port(port, deadline, link, work / "superlink.log")
         yield federation
@@ -153,13 +221,19 @@ def secure_federation(work: Path, deadline: float):
 
 
 def local_run(seconds: float, app: str, options: list[str]) -> dict:
-    """``flwr run APP OPTIONS`` on the default connection, waited for (at most ``seconds``); see the module docstring."""
+    """``flwr run APP OPTIONS`` on the default connection, waited for (at most ``seconds``); see the module
+    docstring."""
     deadline = time.monotonic() + seconds
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    env = {**os.environ, "PATH": os.pathsep.join([str(scripts_dir()), os.environ.get("PATH", "")])}  # flwr starts flower-superlink by name
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(scripts_dir()), os.environ.get("PATH", "")]),
+    }  # flwr starts flower-superlink by name
 
     def call(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["flwr", *args], capture_output=True, text=True, env=env, timeout=max(1.0, deadline - time.monotonic()))
+        return subprocess.run(
+            ["flwr", *args], capture_output=True, text=True, env=env, timeout=max(1.0, deadline - time.monotonic())
+        )
 
     submitted = call("run", app, *options, "--format", "json")
     if submitted.returncode != 0 or '"run-id"' not in submitted.stdout:
@@ -170,7 +244,12 @@ def local_run(seconds: float, app: str, options: list[str]) -> dict:
         run = json.loads(listed.stdout)["runs"][0] if listed.returncode == 0 else {}
         if str(run.get("status", "")).startswith("finished"):
             log = call("log", run_id, "--show")
-            return {"status": run["status"], "details": run.get("status-details", ""), "run-id": run_id, "log": log.stdout + log.stderr}
+            return {
+                "status": run["status"],
+                "details": run.get("status-details", ""),
+                "run-id": run_id,
+                "log": log.stdout + log.stderr,
+            }
         time.sleep(0.5)
     return {"status": "timeout", "details": f"run {run_id} did not finish in {seconds:g} s"}
 

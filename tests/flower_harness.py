@@ -23,8 +23,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 #: environment of every Flower process the tests start: no telemetry, no update check, private home
-FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-              "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5", "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.5",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
 
 
 # -- an in-process grid -------------------------------------------------------------------------------
@@ -41,21 +46,37 @@ class FakeGrid:
     ClientApp becomes an error reply, as a SuperNode sends it.
     """
 
-    def __init__(self, client_app, num_nodes: int, run_config: dict | None = None, node_config: Callable[[int], dict] | None = None,
-                 hosts: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        client_app,
+        num_nodes: int,
+        run_config: dict | None = None,
+        node_config: Callable[[int], dict] | None = None,
+        hosts: list[str] | None = None,
+    ) -> None:
         from flwr.app import Context, RecordDict
         from flwr.supercore.task_identity import TaskIdentity
 
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a ServerApp process is told by its runtime
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = (
+            1,
+            1,
+            1,
+        )  # what a ServerApp process is told by its runtime
         self.app = client_app
         self.hosts = hosts
 
         def config(k: int) -> dict:
-            own = ({"clients": hosts[k]} if hosts[k] is not None else {}) if hosts else {"partition-id": k, "num-partitions": num_nodes}
+            own = (
+                ({"clients": hosts[k]} if hosts[k] is not None else {})
+                if hosts
+                else {"partition-id": k, "num-partitions": num_nodes}
+            )
             return {**own, **(node_config(k) if node_config else {})}
 
         self.contexts = {
-            1000 + k: Context(run_id=1, node_id=1000 + k, node_config=config(k), state=RecordDict(), run_config=dict(run_config or {}))
+            1000 + k: Context(
+                run_id=1, node_id=1000 + k, node_config=config(k), state=RecordDict(), run_config=dict(run_config or {})
+            )
             for k in range(num_nodes)
         }
         self.run_config = dict(run_config or {})
@@ -66,7 +87,8 @@ class FakeGrid:
         self._count = 0
 
     def node_of(self, client: int) -> int:
-        """The node hosting ``client`` (``hosts``: node k hosts the clients its entry names; else node k hosts client k)."""
+        """The node hosting ``client`` (``hosts``: node k hosts the clients its entry names; else node k hosts
+        client k)."""
         if not self.hosts:
             return 1000 + client
         from fedshuffle.integrations.flower.common import parse_clients
@@ -74,7 +96,11 @@ class FakeGrid:
 
         def hosted(k: int) -> tuple[int, ...]:
             named = self.hosts[k]
-            return parse_clients(named) if named is not None else folder_clients(Path(self.contexts[1000 + k].node_config["data-path"]))
+            return (
+                parse_clients(named)
+                if named is not None
+                else folder_clients(Path(self.contexts[1000 + k].node_config["data-path"]))
+            )
 
         return next(1000 + k for k in range(len(self.hosts)) if client in hosted(k))
 
@@ -95,7 +121,9 @@ class FakeGrid:
         from flwr.app import Context, RecordDict
 
         node = self._last_id = self._last_id + 1
-        self.contexts[node] = Context(run_id=1, node_id=node, node_config=dict(node_config), state=RecordDict(), run_config=dict(self.run_config))
+        self.contexts[node] = Context(
+            run_id=1, node_id=node, node_config=dict(node_config), state=RecordDict(), run_config=dict(self.run_config)
+        )
         return node
 
     def get_node_ids(self) -> Iterable[int]:
@@ -235,7 +263,12 @@ def stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
 def flower_env(home: Path) -> dict[str, str]:
     """This environment with Flower's settings, a private home, and Flower's commands on PATH (the SuperLink
     starts ``flower-superexec`` by name, as from an activated environment)."""
-    return {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home), "PATH": os.pathsep.join([str(scripts_dir()), os.environ.get("PATH", "")])}
+    return {
+        **os.environ,
+        **FLOWER_ENV,
+        "FLWR_HOME": str(home),
+        "PATH": os.pathsep.join([str(scripts_dir()), os.environ.get("PATH", "")]),
+    }
 
 
 def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -282,14 +315,32 @@ class Federation:
 
     def start_node(self, k: int) -> None:
         bin_dir, runtime_port = scripts_dir(), free_port()
-        command = [str(bin_dir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
-                   "--port", str(runtime_port), "--node-config", self.node_configs[k]]
+        command = [
+            str(bin_dir / "flower-supernode"),
+            "--insecure",
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(runtime_port),
+            "--node-config",
+            self.node_configs[k],
+        ]
         if self.persistent:
             command += ["--isolation", "process"]
         self.nodes[k] = [self.add(command, self.work / f"supernode-{k}.log")]
         if self.persistent:
-            worker = [sys.executable, "-m", "fedshuffle.integrations.flower.worker", "--runtime-api-address", f"127.0.0.1:{runtime_port}", "--insecure",
-                      "--supernode-pid", str(self.nodes[k][0].pid)]
+            worker = [
+                sys.executable,
+                "-m",
+                "fedshuffle.integrations.flower.worker",
+                "--runtime-api-address",
+                f"127.0.0.1:{runtime_port}",
+                "--insecure",
+                "--supernode-pid",
+                str(self.nodes[k][0].pid),
+            ]
             self.nodes[k].append(self.add(worker, self.work / f"worker-{k}.log"))
 
     def kill(self, k: int) -> None:
@@ -306,7 +357,9 @@ class Federation:
 
 
 @contextmanager
-def local_federation(work: Path, num_nodes: int, deadline: float, node_configs: list[str] | None = None, persistent: bool = False):
+def local_federation(
+    work: Path, num_nodes: int, deadline: float, node_configs: list[str] | None = None, persistent: bool = False
+):
     """A ``flower-superlink`` and ``num_nodes`` ``flower-supernode`` on free 127.0.0.1 ports, each in its own
     process group, stopped on exit; node k's ``--node-config`` is ``node_configs[k]`` (default: ``partition-id=k``);
     yields the :class:`Federation` (``persistent``: each node with one long-lived ClientApp process)."""
@@ -315,12 +368,26 @@ def local_federation(work: Path, num_nodes: int, deadline: float, node_configs: 
     home.mkdir(parents=True, exist_ok=True)
     env = flower_env(home)
     port = free_port()
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
     configs = node_configs or [f"partition-id={k} num-partitions={num_nodes}" for k in range(num_nodes)]
     federation = Federation(work, port, env, configs, persistent)
     try:
-        link = federation.add([str(bin_dir / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation",
-                               "--database", str(work / "state.db")], work / "superlink.log")
+        link = federation.add(
+            [
+                str(bin_dir / "flower-superlink"),
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--disable-runtime-dependency-installation",
+                "--database",
+                str(work / "state.db"),
+            ],
+            work / "superlink.log",
+        )
         _wait_port(port, deadline, link, work / "superlink.log")
         for k in range(num_nodes):
             federation.start_node(k)
@@ -346,16 +413,35 @@ def server_log(run_id: int, connection: str, env: dict[str, str], timeout: float
 
 
 def flwr(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([str(scripts_dir() / "flwr"), *args], capture_output=True, text=True, env=env, timeout=max(timeout, 1.0), start_new_session=True)
+    return subprocess.run(
+        [str(scripts_dir() / "flwr"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=max(timeout, 1.0),
+        start_new_session=True,
+    )
 
 
-def run_app(app_dir: Path, connection: str, env: dict[str, str], run_config: str, done: Callable[[], bool], deadline: float, watch: Callable[[], None],
-            run_ids: list[int] | None = None) -> tuple[str, float]:
+def run_app(
+    app_dir: Path,
+    connection: str,
+    env: dict[str, str],
+    run_config: str,
+    done: Callable[[], bool],
+    deadline: float,
+    watch: Callable[[], None],
+    run_ids: list[int] | None = None,
+) -> tuple[str, float]:
     """``flwr run APP CONNECTION -c …``, then wait until ``done()`` (the ServerApp's results are written; files are
     cheaper to poll than ``flwr ls``, which is asked every 15 s so that a failed run ends the wait) and return the
     run's status as ``flwr ls`` gives it, and the seconds until ``done()``; the run's id is appended to ``run_ids``."""
     started = time.monotonic()
-    submitted = flwr(["run", str(app_dir), connection, "--run-config", run_config, "--format", "json"], env, deadline - time.monotonic())
+    submitted = flwr(
+        ["run", str(app_dir), connection, "--run-config", run_config, "--format", "json"],
+        env,
+        deadline - time.monotonic(),
+    )
     if submitted.returncode != 0:
         raise RuntimeError(f"flwr run failed: {submitted.stdout}\n{submitted.stderr}")
     run_id = json.loads(submitted.stdout)["run-id"]

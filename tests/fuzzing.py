@@ -78,14 +78,23 @@ def time_limit(seconds: float) -> contextlib.AbstractContextManager[None]:
 def environment(root: Path) -> dict[str, str]:
     """Environment of a fuzzing process: small memory cap, private cache, no downloads, no GUI."""
     return {
-        "FEDSHUFFLE_MAX_MEMORY": "1G", "FEDSHUFFLE_CACHE": str(root / "cache"), "FEDSHUFFLE_LIBSVM_URL": "http://127.0.0.1:1/",
-        "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NO_COLOR": "1", "COLUMNS": "200",
+        "FEDSHUFFLE_MAX_MEMORY": "1G",
+        "FEDSHUFFLE_CACHE": str(root / "cache"),
+        "FEDSHUFFLE_LIBSVM_URL": "http://127.0.0.1:1/",
+        "MPLBACKEND": "Agg",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
     }
 
 
 def _tail(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
-    where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames) if "fedshuffle" in f.filename), frames[-1].filename if frames else "?")
+    where = next(
+        (f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames) if "fedshuffle" in f.filename),
+        frames[-1].filename if frames else "?",
+    )
     return f"{type(exc).__name__}: {str(exc)[:200]} [{where}]"
 
 
@@ -114,7 +123,11 @@ def toml_value(v: Any) -> str:
 
 def toml_text(doc: dict[str, Any]) -> str:
     """A TOML document: scalar keys first, then one table per dict, then arrays of tables for lists of dicts."""
-    lines = [f"{_key(k)} = {toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict) and not (isinstance(v, list) and v and all(isinstance(x, dict) for x in v))]
+    lines = [
+        f"{_key(k)} = {toml_value(v)}"
+        for k, v in doc.items()
+        if not isinstance(v, dict) and not (isinstance(v, list) and v and all(isinstance(x, dict) for x in v))
+    ]
     for k, v in doc.items():
         if isinstance(v, dict):
             lines.append(f"[{_key(k)}]")
@@ -129,57 +142,185 @@ def toml_text(doc: dict[str, Any]) -> str:
 
 # -- value pools: valid, boundary and nonsense values of every setting -------------------------------------
 
-NUMBERS = [0, -1, 1, 0.5, -0.0, 1e-300, 1e300, float("nan"), float("inf"), -float("inf"), 10**12, 2**70, "1", "", True, [], {}]
+NUMBERS = [
+    0,
+    -1,
+    1,
+    0.5,
+    -0.0,
+    1e-300,
+    1e300,
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    10**12,
+    2**70,
+    "1",
+    "",
+    True,
+    [],
+    {},
+]
 POOLS: dict[str, dict[str, list[Any]]] = {
     "method": {
-        "name": ["fedavg", "fedavg_rr", "fedavg_min", "fedavg_mean", "fednova", "fednova_rr", "fedshuffle", "fedshuffle_gen", "fedshuffle_mvr", "nastya",
-                 "rr_cli", "fedprox", "generalized_fedavg", "scaffold", "fedcdr", "feddyn", "FedAvg", "bogus", "", 3],
-        "option": ["I", "II", "III", 1], "alpha": [1.0, 0.01, 0.0, 2.0, -1.0, float("nan"), float("inf")], "eta": [1.0, 0.0, -1.0],
-        "form": ["y", "x", "z"], "exact_prox": [True, False, "yes"], "warm_start": [True, False],
+        "name": [
+            "fedavg",
+            "fedavg_rr",
+            "fedavg_min",
+            "fedavg_mean",
+            "fednova",
+            "fednova_rr",
+            "fedshuffle",
+            "fedshuffle_gen",
+            "fedshuffle_mvr",
+            "nastya",
+            "rr_cli",
+            "fedprox",
+            "generalized_fedavg",
+            "scaffold",
+            "fedcdr",
+            "feddyn",
+            "FedAvg",
+            "bogus",
+            "",
+            3,
+        ],
+        "option": ["I", "II", "III", 1],
+        "alpha": [1.0, 0.01, 0.0, 2.0, -1.0, float("nan"), float("inf")],
+        "eta": [1.0, 0.0, -1.0],
+        "form": ["y", "x", "z"],
+        "exact_prox": [True, False, "yes"],
+        "warm_start": [True, False],
     },
     "local": {
         "lr": [0.01, 0.1, 0.5, 1e3, "theory", 0, -0.1, float("nan"), float("inf"), "x", [0.1], True, 1e-300],
-        "lr_multiplier": [1.0, 2.0, 0.0, -1.0, float("inf")], "epochs": [1, 2, [1, 2], [2, 1], [1], 0, -1, 10**10, 1.5, "a", [0, 1]],
-        "steps": [1, 3, "min", "mean", 0, -2, "x", 10**10], "order": ["reshuffle", "shuffle_once", "with_replacement", "random", 1],
-        "batch_size": [1, 2, 3, 10**9, 0, -3, 1.5, 2**70], "step_normalization": ["none", "local_work", "max_local_work", [1.0], [1.0, 2.0], [0.0], [], [-1.0], [float("nan")], "x"],
-        "weight_decay": [0.0, 0.01, -1.0, float("inf")], "clip_norm": [0.1, 10.0, 0.0, -1.0, float("nan")], "momentum": [0.0, 0.5, 1.0, -0.5],
-        "prox_mu": [0.0, 0.1, -1.0], "drop_last_steps": [0, 1, 5, -1], "straggler_probability": [0.0, 0.5, 1.0, 1.5, -0.1],
+        "lr_multiplier": [1.0, 2.0, 0.0, -1.0, float("inf")],
+        "epochs": [1, 2, [1, 2], [2, 1], [1], 0, -1, 10**10, 1.5, "a", [0, 1]],
+        "steps": [1, 3, "min", "mean", 0, -2, "x", 10**10],
+        "order": ["reshuffle", "shuffle_once", "with_replacement", "random", 1],
+        "batch_size": [1, 2, 3, 10**9, 0, -3, 1.5, 2**70],
+        "step_normalization": [
+            "none",
+            "local_work",
+            "max_local_work",
+            [1.0],
+            [1.0, 2.0],
+            [0.0],
+            [],
+            [-1.0],
+            [float("nan")],
+            "x",
+        ],
+        "weight_decay": [0.0, 0.01, -1.0, float("inf")],
+        "clip_norm": [0.1, 10.0, 0.0, -1.0, float("nan")],
+        "momentum": [0.0, 0.5, 1.0, -0.5],
+        "prox_mu": [0.0, 0.1, -1.0],
+        "drop_last_steps": [0, 1, 5, -1],
+        "straggler_probability": [0.0, 0.5, 1.0, 1.5, -0.1],
     },
     "aggregation": {
-        "weighting": ["data", "normalized", "x", [1.0], [1.0, 1.0], [0.0, 0.0], [0.0], [0.0, 0.0, 0.0, 0.0], [1.0, -1.0], [float("nan")], [], [1, 2, 3, 4]],
-        "normalization": ["unbiased", "sum_one", "x"], "tau_eff": ["planned", "cohort", "x"], "direction": ["model_delta", "mean_gradient", "x"],
+        "weighting": [
+            "data",
+            "normalized",
+            "x",
+            [1.0],
+            [1.0, 1.0],
+            [0.0, 0.0],
+            [0.0],
+            [0.0, 0.0, 0.0, 0.0],
+            [1.0, -1.0],
+            [float("nan")],
+            [],
+            [1, 2, 3, 4],
+        ],
+        "normalization": ["unbiased", "sum_one", "x"],
+        "tau_eff": ["planned", "cohort", "x"],
+        "direction": ["model_delta", "mean_gradient", "x"],
     },
     "server": {
-        "optimizer": ["sgd", "heavy_ball", "adam", "adagrad", "yogi", "adgd", "x", None], "lr": [1.0, 0.5, 0.01, 1e-6, "theory", 0, -1.0, float("inf")],
-        "momentum": [0.0, 0.9, 1.0, -0.1], "beta1": [0.9, 1.0, -0.1], "beta2": [0.99, 1.0], "eps": [1e-3, 0.0, -1.0, float("nan")],
-        "meta_epoch_step": [True, False, "x"], "global_lr": [1.0, "theory", 0.0, -1.0], "global_momentum": [0.0, 0.9, 1.0, -0.1],
+        "optimizer": ["sgd", "heavy_ball", "adam", "adagrad", "yogi", "adgd", "x", None],
+        "lr": [1.0, 0.5, 0.01, 1e-6, "theory", 0, -1.0, float("inf")],
+        "momentum": [0.0, 0.9, 1.0, -0.1],
+        "beta1": [0.9, 1.0, -0.1],
+        "beta2": [0.99, 1.0],
+        "eps": [1e-3, 0.0, -1.0, float("nan")],
+        "meta_epoch_step": [True, False, "x"],
+        "global_lr": [1.0, "theory", 0.0, -1.0],
+        "global_momentum": [0.0, 0.9, 1.0, -0.1],
         "momentum_estimator": ["exact", "x"],
     },
-    "schedule": {"name": ["constant", "inverse_epochs", "step", "x"], "decay_at": [[0.5], [0.8, 0.5], [], [1.5], [-0.1], ["a"]], "decay_factor": [0.1, 1.0, 0.0, 2.0]},
+    "schedule": {
+        "name": ["constant", "inverse_epochs", "step", "x"],
+        "decay_at": [[0.5], [0.8, 0.5], [], [1.5], [-0.1], ["a"]],
+        "decay_factor": [0.1, 1.0, 0.0, 2.0],
+    },
     "sampler": {
-        "name": ["full", "uniform", "with_replacement", "importance", "independent", "cyclic", "x"], "cohort": [1, 2, 0.5, 3.5, 10**12, 0, -1, float("nan"), "x"],
-        "order": ["reshuffle", "shuffle_once", "fixed", "x"], "probabilities": ["uniform", "weights", [1.0], [0.5, 0.5], [0.0, 0.0], [-1.0, 2.0], [1.0, 1.0, 1.0, 1.0], "x"],
+        "name": ["full", "uniform", "with_replacement", "importance", "independent", "cyclic", "x"],
+        "cohort": [1, 2, 0.5, 3.5, 10**12, 0, -1, float("nan"), "x"],
+        "order": ["reshuffle", "shuffle_once", "fixed", "x"],
+        "probabilities": ["uniform", "weights", [1.0], [0.5, 0.5], [0.0, 0.0], [-1.0, 2.0], [1.0, 1.0, 1.0, 1.0], "x"],
     },
     "problem": {
-        "name": ["quadratic", "logistic", "softmax", "mlp", "x"], "l2": [0.0, 0.01, -1.0, float("nan"), float("inf")],
+        "name": ["quadratic", "logistic", "softmax", "mlp", "x"],
+        "l2": [0.0, 0.01, -1.0, float("nan"), float("inf")],
         "hidden": [[2], [3, 2], [], [0], [-1], [10**6, 10**6], [10**12], [1.5], "x"],
     },
     "data": {
-        "source": ["targets", "synthetic", "npz", "libsvm", "fedprox_synthetic", "leaf", "x"], "samples": [1, 5, 20, 0, -1, 10**12, 1.5, 2**70],
-        "features": [1, 3, 0, 10**11, -1], "classes": [2, 3, 1, 10**9], "clients": [1, 2, 4, 0, -1, 10**9, 10**18], "partition": ["sizes", "iid", "equal", "dirichlet", "x"],
-        "alpha": [0.5, 0.0, -1.0, 1e-300, float("inf")], "client_sizes": [[1, 2, 3], [2], [], [0], [-1], [10**9], [10**7], [1.5], "x"],
-        "separation": [1.0, 0.0, -0.0, -1.0, float("nan"), float("inf"), 1e300], "test_fraction": [0.0, 0.3, 0.99, 1.0, -0.1],
-        "weights": ["size", "uniform", [1.0, 1.0], [0.0, 0.0], [1.0], [float("nan"), 1.0], [-1.0, 2.0], [1e308, 1e308], "x"],
-        "seed": [0, 1, -1, 2**70, None], "synthetic_alpha": [0.0, 1.0, -1.0], "synthetic_beta": [0.0, 1.0, float("nan")], "iid": [True, False],
-        "path": ["missing.npz", "d.npz", "", "/", ".", "targets.npy", "missing.npy"], "libsvm_test": [True, False], "download": [False], "verify": [True, False],
+        "source": ["targets", "synthetic", "npz", "libsvm", "fedprox_synthetic", "leaf", "x"],
+        "samples": [1, 5, 20, 0, -1, 10**12, 1.5, 2**70],
+        "features": [1, 3, 0, 10**11, -1],
+        "classes": [2, 3, 1, 10**9],
+        "clients": [1, 2, 4, 0, -1, 10**9, 10**18],
+        "partition": ["sizes", "iid", "equal", "dirichlet", "x"],
+        "alpha": [0.5, 0.0, -1.0, 1e-300, float("inf")],
+        "client_sizes": [[1, 2, 3], [2], [], [0], [-1], [10**9], [10**7], [1.5], "x"],
+        "separation": [1.0, 0.0, -0.0, -1.0, float("nan"), float("inf"), 1e300],
+        "test_fraction": [0.0, 0.3, 0.99, 1.0, -0.1],
+        "weights": [
+            "size",
+            "uniform",
+            [1.0, 1.0],
+            [0.0, 0.0],
+            [1.0],
+            [float("nan"), 1.0],
+            [-1.0, 2.0],
+            [1e308, 1e308],
+            "x",
+        ],
+        "seed": [0, 1, -1, 2**70, None],
+        "synthetic_alpha": [0.0, 1.0, -1.0],
+        "synthetic_beta": [0.0, 1.0, float("nan")],
+        "iid": [True, False],
+        "path": ["missing.npz", "d.npz", "", "/", ".", "targets.npy", "missing.npy"],
+        "libsvm_test": [True, False],
+        "download": [False],
+        "verify": [True, False],
     },
     "run": {
-        "rounds": [1, 2, 3, 0, -1, 1.5, "x", 2**70], "seed": [0, 5, -1, 2**70, 1.5], "dtype": ["float64", "float32", "float16", "x"], "eval_every": [1, 2, 0, -1, 10**12],
-        "executor": ["sequential", "vectorized", "x"], "device": ["cpu", "cuda", "tpu"], "chunk_size": [1, 2, 0, -1, 10**12, None], "memory_budget_mb": [1, 1024, 0, 10**12],
-        "ray_workers": [1, 0], "state_memory_mb": [1, 0, 10**12], "checkpoint_every": [0, 1, -1, 10**12], "sinks": [[], ["x"]],
+        "rounds": [1, 2, 3, 0, -1, 1.5, "x", 2**70],
+        "seed": [0, 5, -1, 2**70, 1.5],
+        "dtype": ["float64", "float32", "float16", "x"],
+        "eval_every": [1, 2, 0, -1, 10**12],
+        "executor": ["sequential", "vectorized", "x"],
+        "device": ["cpu", "cuda", "tpu"],
+        "chunk_size": [1, 2, 0, -1, 10**12, None],
+        "memory_budget_mb": [1, 1024, 0, 10**12],
+        "ray_workers": [1, 0],
+        "state_memory_mb": [1, 0, 10**12],
+        "checkpoint_every": [0, 1, -1, 10**12],
+        "sinks": [[], ["x"]],
     },
-    "plot": {"metric": ["loss", "f_gap", [], ["loss", "f_gap"], "bogus", ["bogus"]], "x": ["round", "epochs", "sample_gradients", "bytes", "x"], "log_y": [True, False, "x"], "band": ["std", "minmax", "x"]},
-    "experiment": {"name": ["exp", "", "..", "a/b", "ü", "x" * 300], "seeds": [[0], [0, 1], [0, 0, 0], [-1], [], [2**70], [1.5], "x"], "title": ["t", "ü" * 10, 3]},
+    "plot": {
+        "metric": ["loss", "f_gap", [], ["loss", "f_gap"], "bogus", ["bogus"]],
+        "x": ["round", "epochs", "sample_gradients", "bytes", "x"],
+        "log_y": [True, False, "x"],
+        "band": ["std", "minmax", "x"],
+    },
+    "experiment": {
+        "name": ["exp", "", "..", "a/b", "ü", "x" * 300],
+        "seeds": [[0], [0, 1], [0, 0, 0], [-1], [], [2**70], [1.5], "x"],
+        "title": ["t", "ü" * 10, 3],
+    },
 }
 
 
@@ -194,8 +335,14 @@ def _declared_values() -> None:
     from fedshuffle.server import SERVER_OPTIMIZERS
     from fedshuffle.testing import bad_values
 
-    choosers = {("method", "name"): METHODS, ("problem", "name"): PROBLEMS, ("data", "source"): SOURCES, ("data", "partition"): PARTITIONS,
-                ("sampler", "name"): SAMPLERS, ("server", "optimizer"): SERVER_OPTIMIZERS}
+    choosers = {
+        ("method", "name"): METHODS,
+        ("problem", "name"): PROBLEMS,
+        ("data", "source"): SOURCES,
+        ("data", "partition"): PARTITIONS,
+        ("sampler", "name"): SAMPLERS,
+        ("server", "optimizer"): SERVER_OPTIMIZERS,
+    }
     for (section, chooser), registry in choosers.items():
         pool = POOLS[section]
         pool[chooser] = [*pool.get(chooser, []), *(n for n in registry.names() if n not in pool.get(chooser, []))]
@@ -203,7 +350,9 @@ def _declared_values() -> None:
             for setting, bad in bad_values(entry).items():
                 default = entry.settings.model_fields[setting].default
                 known = pool.setdefault(setting, [])
-                known.extend(v for v in [default, *bad] if not any(v is k or (type(v) is type(k) and v == k) for k in known))
+                known.extend(
+                    v for v in [default, *bad] if not any(v is k or (type(v) is type(k) and v == k) for k in known)
+                )
 
 
 _declared_values()
@@ -212,9 +361,31 @@ METHODS_OK = [m for m in POOLS["method"]["name"] if isinstance(m, str) and m.isl
 
 #: inputs that must be refused, whatever else the config says: (name, predicate on the raw config)
 MUST_REFUSE: list[tuple[str, Callable[[dict], bool]]] = [
-    ("all-zero or negative aggregation weighting", lambda raw: _is_list(raw.get("aggregation", {}).get("weighting")) and (not any(_num(w) > 0 for w in raw["aggregation"]["weighting"]) or any(_num(w) < 0 for w in raw["aggregation"]["weighting"]))),
-    ("duplicate seeds", lambda raw: _is_list(raw.get("experiment", {}).get("seeds")) and len(set(map(repr, raw["experiment"]["seeds"]))) < len(raw["experiment"]["seeds"])),
-    ("duplicate variant labels", lambda raw: isinstance(raw.get("variants"), list) and len({str(v.get("label")).strip().lower() for v in raw["variants"] if isinstance(v, dict)}) < len(raw["variants"])),
+    (
+        "all-zero or negative aggregation weighting",
+        lambda raw: (
+            _is_list(raw.get("aggregation", {}).get("weighting"))
+            and (
+                not any(_num(w) > 0 for w in raw["aggregation"]["weighting"])
+                or any(_num(w) < 0 for w in raw["aggregation"]["weighting"])
+            )
+        ),
+    ),
+    (
+        "duplicate seeds",
+        lambda raw: (
+            _is_list(raw.get("experiment", {}).get("seeds"))
+            and len(set(map(repr, raw["experiment"]["seeds"]))) < len(raw["experiment"]["seeds"])
+        ),
+    ),
+    (
+        "duplicate variant labels",
+        lambda raw: (
+            isinstance(raw.get("variants"), list)
+            and len({str(v.get("label")).strip().lower() for v in raw["variants"] if isinstance(v, dict)})
+            < len(raw["variants"])
+        ),
+    ),
 ]
 
 
@@ -268,17 +439,35 @@ def base_config(rng: random.Random) -> dict[str, Any]:
     method = rng.choice(METHODS_OK)
     problem = rng.choice(["quadratic", "logistic", "softmax", "mlp"])
     if problem == "quadratic":
-        data: dict[str, Any] = {"source": "targets", "client_sizes": [rng.randint(1, 3) for _ in range(rng.randint(1, 4))]}
+        data: dict[str, Any] = {
+            "source": "targets",
+            "client_sizes": [rng.randint(1, 3) for _ in range(rng.randint(1, 4))],
+        }
         clients = len(data["client_sizes"])
     else:
         clients = rng.randint(1, 4)
-        data = {"source": "synthetic", "samples": rng.randint(2 * clients, 24), "features": rng.randint(1, 3), "classes": 2 if problem == "logistic" else rng.randint(2, 3),
-                "clients": clients, "partition": rng.choice(["iid", "equal", "dirichlet"])}
+        data = {
+            "source": "synthetic",
+            "samples": rng.randint(2 * clients, 24),
+            "features": rng.randint(1, 3),
+            "classes": 2 if problem == "logistic" else rng.randint(2, 3),
+            "clients": clients,
+            "partition": rng.choice(["iid", "equal", "dirichlet"]),
+        }
     raw: dict[str, Any] = {
-        "method": {"name": method}, "local": {"lr": rng.choice([0.01, 0.1, 0.5]), "epochs": rng.randint(1, 2), "batch_size": rng.randint(1, 3)},
-        "problem": {"name": problem, **({"hidden": [rng.randint(1, 3)]} if problem == "mlp" else {})}, "data": data,
-        "sampler": {"name": "cyclic", "cohort": 1} if method == "rr_cli" else {"name": rng.choice(["full", "uniform", "with_replacement"]), "cohort": rng.randint(1, clients)},
-        "run": {"rounds": rng.randint(1, 3), "eval_every": rng.randint(1, 2), "dtype": rng.choice(["float32", "float64"]), "executor": rng.choice(["sequential", "vectorized"])},
+        "method": {"name": method},
+        "local": {"lr": rng.choice([0.01, 0.1, 0.5]), "epochs": rng.randint(1, 2), "batch_size": rng.randint(1, 3)},
+        "problem": {"name": problem, **({"hidden": [rng.randint(1, 3)]} if problem == "mlp" else {})},
+        "data": data,
+        "sampler": {"name": "cyclic", "cohort": 1}
+        if method == "rr_cli"
+        else {"name": rng.choice(["full", "uniform", "with_replacement"]), "cohort": rng.randint(1, clients)},
+        "run": {
+            "rounds": rng.randint(1, 3),
+            "eval_every": rng.randint(1, 2),
+            "dtype": rng.choice(["float32", "float64"]),
+            "executor": rng.choice(["sequential", "vectorized"]),
+        },
     }
     if method == "fedcdr":
         raw["local"].update(epochs=1, batch_size=2)
@@ -286,8 +475,11 @@ def base_config(rng: random.Random) -> dict[str, Any]:
 
 
 def mutate(raw: dict[str, Any], rng: random.Random) -> None:
-    """One random change: a setting from its pool or junk, a removed or misspelled setting, a section of the wrong type, an unknown section."""
-    action = rng.choices(["pool", "junk", "remove", "misspell", "section_type", "unknown_section", "nested"], [10, 3, 2, 1, 1, 1, 1])[0]
+    """One random change: a setting from its pool or junk, a removed or misspelled setting, a section of the wrong
+    type, an unknown section."""
+    action = rng.choices(
+        ["pool", "junk", "remove", "misspell", "section_type", "unknown_section", "nested"], [10, 3, 2, 1, 1, 1, 1]
+    )[0]
     if action in ("pool", "junk"):
         section = rng.choice(sorted(POOLS))
         key = rng.choice(sorted(POOLS[section]))
@@ -326,10 +518,18 @@ def config_document(rng: random.Random) -> tuple[str, dict[str, Any] | None]:
             return "".join(chr(rng.randint(0, 0x2FF)) for _ in range(rng.randint(1, 200))), None
         if choice == "duplicate":
             return text + text, None
-        return text[:cut] + rng.choice(["[", "]", "=", '"', "\n[local]\n", "\x00", "\ud800", "key = \n"]) + text[cut:], None
+        return text[:cut] + rng.choice(["[", "]", "=", '"', "\n[local]\n", "\x00", "\ud800", "key = \n"]) + text[
+            cut:
+        ], None
     if mode == "deep":
         depth = rng.choice([100, 1000, 5000])
-        return rng.choice([f"x = {'[' * depth}{']' * depth}\n", f"x = {'{a=' * depth}1{'}' * depth}\n", "".join(f"[{'a.' * k}a]\n" for k in range(1, min(depth, 300)))]), None
+        return rng.choice(
+            [
+                f"x = {'[' * depth}{']' * depth}\n",
+                f"x = {'{a=' * depth}1{'}' * depth}\n",
+                "".join(f"[{'a.' * k}a]\n" for k in range(1, min(depth, 300))),
+            ]
+        ), None
     raw = base_config(rng)
     for _ in range(rng.choices([0, 1, 2, 3, 4], [2, 5, 4, 2, 1])[0]):
         mutate(raw, rng)
@@ -337,7 +537,11 @@ def config_document(rng: random.Random) -> tuple[str, dict[str, Any] | None]:
         raw["run"].setdefault("rounds", 2)  # the default 1000 rounds are legitimately slow, not a hang
     if mode == "variants":
         raw["variants"] = [
-            {"label": rng.choice(LABELS), **({"method": {"name": rng.choice(METHODS_OK)}} if rng.random() < 0.7 else {}), **({"local": {"lr": rng.choice([0.05, 0.2])}} if rng.random() < 0.3 else {})}
+            {
+                "label": rng.choice(LABELS),
+                **({"method": {"name": rng.choice(METHODS_OK)}} if rng.random() < 0.7 else {}),
+                **({"local": {"lr": rng.choice([0.05, 0.2])}} if rng.random() < 0.3 else {}),
+            }
             for _ in range(rng.randint(1, 3))
         ]
         if rng.random() < 0.05:
@@ -351,7 +555,14 @@ def run_config_case(seed: int, work: Path) -> Result:
     rng = random.Random(f"configs:{seed}")
     text, raw = config_document(rng)
     if raw is not None and rng.random() < 0.15 and isinstance(raw.get("problem"), dict):
-        np.save(work / "targets.npy", np.eye(sum(raw["data"].get("client_sizes", [1, 2, 3])) if isinstance(raw.get("data"), dict) and _sizes_ok(raw["data"].get("client_sizes")) else 3))
+        np.save(
+            work / "targets.npy",
+            np.eye(
+                sum(raw["data"].get("client_sizes", [1, 2, 3]))
+                if isinstance(raw.get("data"), dict) and _sizes_ok(raw["data"].get("client_sizes"))
+                else 3
+            ),
+        )
     config = work / "c.toml"
     config.write_text(text, errors="surrogatepass")
     result, _ = invoke(["run", str(config), "--out", str(work / "out"), "--quiet"], work)
@@ -386,7 +597,10 @@ def _results_problem(out: Path) -> str:
             return f"{path.parent.name}: summary or metrics empty after exit 0"
         if summary.get("status") == "complete":
             if rows["round"][-1] != summary.get("rounds"):
-                return f"{path.parent.name}: metrics end at round {rows['round'][-1]} but the summary says {summary.get('rounds')}"
+                return (
+                    f"{path.parent.name}: metrics end at round {rows['round'][-1]} but the summary says "
+                    f"{summary.get('rounds')}"
+                )
             if not math.isfinite(summary["final"].get("loss", math.nan)):
                 return f"{path.parent.name}: complete with a non-finite loss"
     if not (out / "summary.json").exists():
@@ -418,22 +632,71 @@ method = { name = "fedshuffle" }
 """
 
 SET_VALUES = [
-    "local.lr=0.1", "run.rounds=2", "run.seed=5", "local.lr=x", "x", "=", "a.b.c=1", "local.lr=[", "local.=1", ".lr=1", "local.lr=", "data.samples=1e12",
-    "problem.hidden=[1000000, 1000000]", "local.batch_size=1e9", "run.rounds=-1", "aggregation.weighting=[0.0, 0.0]", "local.lr=nan", "plot.metric=[]",
-    "data.separation=-0.0", "experiment.seeds=[0]", "run.executor=\"vectorized\"", "local.epochs=[2, 1]", "sampler.cohort=1e12", "ü.x=1", "local.lr=1e400",
+    "local.lr=0.1",
+    "run.rounds=2",
+    "run.seed=5",
+    "local.lr=x",
+    "x",
+    "=",
+    "a.b.c=1",
+    "local.lr=[",
+    "local.=1",
+    ".lr=1",
+    "local.lr=",
+    "data.samples=1e12",
+    "problem.hidden=[1000000, 1000000]",
+    "local.batch_size=1e9",
+    "run.rounds=-1",
+    "aggregation.weighting=[0.0, 0.0]",
+    "local.lr=nan",
+    "plot.metric=[]",
+    "data.separation=-0.0",
+    "experiment.seeds=[0]",
+    'run.executor="vectorized"',
+    "local.epochs=[2, 1]",
+    "sampler.cohort=1e12",
+    "ü.x=1",
+    "local.lr=1e400",
 ]
 SEEDS = ["0", "0..2", "0,1", "2..0", "-1", "a", "", "0..99999999999", "1,1", "0..1e3", "9" * 30, "0..", ",,"]
-GRIDS = ["local.lr=0.1,0.2", "local.lr=", "bad", "local.lr=0.1", "x.y=1,2", "local.epochs=[1,2],[2,3]", "local.lr=0.1,0.1", "=1", "local.lr=\"a,b\""]
+GRIDS = [
+    "local.lr=0.1,0.2",
+    "local.lr=",
+    "bad",
+    "local.lr=0.1",
+    "x.y=1,2",
+    "local.epochs=[1,2],[2,3]",
+    "local.lr=0.1,0.1",
+    "=1",
+    'local.lr="a,b"',
+]
 METRIC_NAMES = ["loss", "f_gap", "bogus", "", "round", "train_accuracy"]
 
 
 def _path_value(rng: random.Random, work: Path) -> str:
-    return rng.choice([str(work / "c.toml"), str(work / "results"), str(work / "missing"), "", ".", str(work / "file.txt"), str(work / "emptydir"),
-                       str(work / "bad.toml"), "quickstart", "nonexistent-preset", str(work / "results" / "A"), str(work / "c.toml") + "/x"])
+    return rng.choice(
+        [
+            str(work / "c.toml"),
+            str(work / "results"),
+            str(work / "missing"),
+            "",
+            ".",
+            str(work / "file.txt"),
+            str(work / "emptydir"),
+            str(work / "bad.toml"),
+            "quickstart",
+            "nonexistent-preset",
+            str(work / "results" / "A"),
+            str(work / "c.toml") + "/x",
+        ]
+    )
 
 
 def cli_argv(rng: random.Random, work: Path) -> list[str]:
-    command = rng.choices(["run", "sweep", "plot", "table", "show", "inspect", "presets", "bogus", "--help", ""], [6, 4, 4, 4, 2, 4, 1, 1, 1, 1])[0]
+    command = rng.choices(
+        ["run", "sweep", "plot", "table", "show", "inspect", "presets", "bogus", "--help", ""],
+        [6, 4, 4, 4, 2, 4, 1, 1, 1, 1],
+    )[0]
     argv = [command] if command else []
     p = lambda: _path_value(rng, work)  # noqa: E731
     if command in ("run", "sweep", "show"):
@@ -441,18 +704,53 @@ def cli_argv(rng: random.Random, work: Path) -> list[str]:
     if command in ("plot", "table"):
         argv += [rng.choice([str(work / "results")] * 3 + [p()]) for _ in range(rng.choice([1, 1, 2]))]
     options: dict[str, list[Callable[[], list[str]]]] = {
-        "run": [lambda: ["--set", rng.choice(SET_VALUES)], lambda: ["--out", rng.choice([str(work / "out"), p()])], lambda: ["--resume", rng.choice([str(work / "results"), p()])],
-                lambda: ["--workers", rng.choice(["1", "0", "-1", "x", "2"])], lambda: ["--quiet"], lambda: ["--bogus"]],
-        "sweep": [lambda: ["--grid", rng.choice(GRIDS)], lambda: ["--seeds", rng.choice(SEEDS)], lambda: ["--set", rng.choice(SET_VALUES)], lambda: ["--out", rng.choice([str(work / "out"), p()])],
-                  lambda: ["--workers", rng.choice(["1", "1", "0", "x"])], lambda: ["--pick", rng.choice(METRIC_NAMES)], lambda: ["--variant", rng.choice(["A", "B", "C", ""])], lambda: ["--quiet"]],
-        "plot": [lambda: ["--metric", rng.choice(METRIC_NAMES)], lambda: ["--x", rng.choice(["round", "epochs", "bytes", "bogus", ""])], lambda: ["--band", rng.choice(["std", "minmax", "x"])],
-                 lambda: ["--linear"], lambda: ["--out", rng.choice([str(work / "plotout"), p(), str(work / "newdir" / "p")])], lambda: ["--title", rng.choice(["t", "ü" * 50, "$\\frac{$"])]],
-        "table": [lambda: ["--metric", rng.choice(METRIC_NAMES)], lambda: ["--stat", rng.choice(["final", "best", "x", ""])]],
-        "inspect": [lambda: ["--method", rng.choice(METHODS_OK + ["x"])], lambda: ["--sizes", rng.choice(["1,2,3", "0", "", "1,a", "99999999999", "1,-2", "5", "1,1,1,1,1,1,1,1"])],
-                    lambda: ["--sampler", rng.choice(["full", "uniform", "with_replacement", "importance", "independent", "cyclic", "x"])], lambda: ["--cohort", rng.choice(["1", "0", "-1", "1e9", "nan", "2.5"])],
-                    lambda: ["--epochs", rng.choice(["1", "2-5", "5-2", "a", "-1", "0", "1-"])], lambda: ["--lr", rng.choice(["0.01", "-1", "nan", "inf", "0"])],
-                    lambda: ["--weights", rng.choice(["size", "uniform", "1,2,3", "a", "0,0,0", "1", "-1,1,1", "nan,1,1"])], lambda: ["--set", rng.choice(SET_VALUES)],
-                    lambda: ["--monte-carlo"], lambda: ["--samples", rng.choice(["10", "0", "-5", "100"])], lambda: ["--json"], lambda: ["--config", rng.choice([str(work / "c.toml"), p()])]],
+        "run": [
+            lambda: ["--set", rng.choice(SET_VALUES)],
+            lambda: ["--out", rng.choice([str(work / "out"), p()])],
+            lambda: ["--resume", rng.choice([str(work / "results"), p()])],
+            lambda: ["--workers", rng.choice(["1", "0", "-1", "x", "2"])],
+            lambda: ["--quiet"],
+            lambda: ["--bogus"],
+        ],
+        "sweep": [
+            lambda: ["--grid", rng.choice(GRIDS)],
+            lambda: ["--seeds", rng.choice(SEEDS)],
+            lambda: ["--set", rng.choice(SET_VALUES)],
+            lambda: ["--out", rng.choice([str(work / "out"), p()])],
+            lambda: ["--workers", rng.choice(["1", "1", "0", "x"])],
+            lambda: ["--pick", rng.choice(METRIC_NAMES)],
+            lambda: ["--variant", rng.choice(["A", "B", "C", ""])],
+            lambda: ["--quiet"],
+        ],
+        "plot": [
+            lambda: ["--metric", rng.choice(METRIC_NAMES)],
+            lambda: ["--x", rng.choice(["round", "epochs", "bytes", "bogus", ""])],
+            lambda: ["--band", rng.choice(["std", "minmax", "x"])],
+            lambda: ["--linear"],
+            lambda: ["--out", rng.choice([str(work / "plotout"), p(), str(work / "newdir" / "p")])],
+            lambda: ["--title", rng.choice(["t", "ü" * 50, "$\\frac{$"])],
+        ],
+        "table": [
+            lambda: ["--metric", rng.choice(METRIC_NAMES)],
+            lambda: ["--stat", rng.choice(["final", "best", "x", ""])],
+        ],
+        "inspect": [
+            lambda: ["--method", rng.choice(METHODS_OK + ["x"])],
+            lambda: ["--sizes", rng.choice(["1,2,3", "0", "", "1,a", "99999999999", "1,-2", "5", "1,1,1,1,1,1,1,1"])],
+            lambda: [
+                "--sampler",
+                rng.choice(["full", "uniform", "with_replacement", "importance", "independent", "cyclic", "x"]),
+            ],
+            lambda: ["--cohort", rng.choice(["1", "0", "-1", "1e9", "nan", "2.5"])],
+            lambda: ["--epochs", rng.choice(["1", "2-5", "5-2", "a", "-1", "0", "1-"])],
+            lambda: ["--lr", rng.choice(["0.01", "-1", "nan", "inf", "0"])],
+            lambda: ["--weights", rng.choice(["size", "uniform", "1,2,3", "a", "0,0,0", "1", "-1,1,1", "nan,1,1"])],
+            lambda: ["--set", rng.choice(SET_VALUES)],
+            lambda: ["--monte-carlo"],
+            lambda: ["--samples", rng.choice(["10", "0", "-5", "100"])],
+            lambda: ["--json"],
+            lambda: ["--config", rng.choice([str(work / "c.toml"), p()])],
+        ],
     }
     for _ in range(rng.randint(0, 4)):
         if command in options:
@@ -498,21 +796,49 @@ def _svmlight_case(rng: random.Random, work: Path) -> DataCase:
     n, d = rng.randint(2, 8), rng.randint(1, 5)
     values = [rng.choice(["-1", "+1"]) for _ in range(n)]
     values[0], values[1] = "-1", "+1"
-    lines = [f"{values[i]} " + " ".join(f"{j}:{rng.uniform(-2, 2):.3g}" for j in sorted(rng.sample(range(1, d + 1), rng.randint(1, d)))) for i in range(n)]
-    fault = rng.choice(["none", "none", "float_label", "third_label", "nan", "inf", "huge_index", "decreasing", "duplicate_index", "junk_token", "empty", "binary",
-                        "crlf", "comments_only", "qid", "long_line", "negative_index", "zero_index", "truncate", "label_only", "one_class", "nan_label"])
+    lines = [
+        f"{values[i]} "
+        + " ".join(f"{j}:{rng.uniform(-2, 2):.3g}" for j in sorted(rng.sample(range(1, d + 1), rng.randint(1, d))))
+        for i in range(n)
+    ]
+    fault = rng.choice(
+        [
+            "none",
+            "none",
+            "float_label",
+            "third_label",
+            "nan",
+            "inf",
+            "huge_index",
+            "decreasing",
+            "duplicate_index",
+            "junk_token",
+            "empty",
+            "binary",
+            "crlf",
+            "comments_only",
+            "qid",
+            "long_line",
+            "negative_index",
+            "zero_index",
+            "truncate",
+            "label_only",
+            "one_class",
+            "nan_label",
+        ]
+    )
     refuse = ""
     k = rng.randrange(n)
     if fault == "float_label":
-        lines[k] = "0.5" + lines[k][lines[k].index(" "):]
+        lines[k] = "0.5" + lines[k][lines[k].index(" ") :]
         refuse = "a fractional label"
     elif fault == "nan_label":
-        lines[k] = "nan" + lines[k][lines[k].index(" "):]
+        lines[k] = "nan" + lines[k][lines[k].index(" ") :]
         refuse = "a NaN label"
     elif fault == "third_label":  # both −1 and +1 stay (rows 0 and 1): three values
         k = rng.randrange(2, n) if n > 2 else None
         if k is not None:
-            lines[k] = "7" + lines[k][lines[k].index(" "):]
+            lines[k] = "7" + lines[k][lines[k].index(" ") :]
             refuse = "a third label value"
     elif fault in ("nan", "inf"):
         lines[k] += f" {d + 1}:{fault}"
@@ -544,7 +870,7 @@ def _svmlight_case(rng: random.Random, work: Path) -> DataCase:
         lines = [line.split(" ")[0] for line in lines]
         refuse = "no features at all"
     elif fault == "one_class":
-        lines = ["+1" + line[line.index(" "):] for line in lines]
+        lines = ["+1" + line[line.index(" ") :] for line in lines]
         refuse = "a single class"
     text = "\n".join(lines) + ("\n" if lines else "")
     path = work / "d.svm"
@@ -555,7 +881,10 @@ def _svmlight_case(rng: random.Random, work: Path) -> DataCase:
     else:
         path.write_text(text)
     clients = rng.randint(1, 3)
-    raw = {"problem": {"name": "logistic"}, "data": {"source": "libsvm", "path": str(path), "partition": "iid", "clients": clients}}
+    raw = {
+        "problem": {"name": "logistic"},
+        "data": {"source": "libsvm", "path": str(path), "partition": "iid", "clients": clients},
+    }
     return DataCase(raw, refuse)
 
 
@@ -563,7 +892,10 @@ def _leaf_case(rng: random.Random, work: Path) -> DataCase:
     width, classes = rng.randint(1, 4), rng.randint(2, 4)
 
     def user(n: int) -> dict[str, Any]:
-        return {"x": [[round(rng.uniform(-1, 1), 3) for _ in range(width)] for _ in range(n)], "y": [rng.randrange(classes) for _ in range(n)]}
+        return {
+            "x": [[round(rng.uniform(-1, 1), 3) for _ in range(width)] for _ in range(n)],
+            "y": [rng.randrange(classes) for _ in range(n)],
+        }
 
     names = [f"u{i}" for i in range(rng.randint(1, 4))]
     train = {"users": list(names), "num_samples": [], "user_data": {}}
@@ -572,9 +904,39 @@ def _leaf_case(rng: random.Random, work: Path) -> DataCase:
         train["user_data"][name], test["user_data"][name] = user(rng.randint(1, 4)), user(rng.randint(0, 2))
     for split in (train, test):
         split["num_samples"] = [len(split["user_data"][u]["y"]) for u in split["users"]]
-    fault = rng.choice(["none", "none", "float_label", "integral_float_label", "negative_label", "scalar_label", "matrix_label", "bool_label", "string_label",
-                        "duplicate_user", "duplicate_across_files", "list_user", "width_mismatch", "test_width_mismatch", "deep", "truncate", "gz_corrupt", "empty_file",
-                        "num_samples", "missing_test", "ragged", "string_x", "nan_x", "huge_x", "no_users", "missing_user_data", "empty_rows", "huge_label", "x_scalar"])
+    fault = rng.choice(
+        [
+            "none",
+            "none",
+            "float_label",
+            "integral_float_label",
+            "negative_label",
+            "scalar_label",
+            "matrix_label",
+            "bool_label",
+            "string_label",
+            "duplicate_user",
+            "duplicate_across_files",
+            "list_user",
+            "width_mismatch",
+            "test_width_mismatch",
+            "deep",
+            "truncate",
+            "gz_corrupt",
+            "empty_file",
+            "num_samples",
+            "missing_test",
+            "ragged",
+            "string_x",
+            "nan_x",
+            "huge_x",
+            "no_users",
+            "missing_user_data",
+            "empty_rows",
+            "huge_label",
+            "x_scalar",
+        ]
+    )
     refuse, extra, victim = "", None, rng.choice(names)
     record = train["user_data"][victim]
     if fault == "float_label":
@@ -667,7 +1029,10 @@ def _leaf_case(rng: random.Random, work: Path) -> DataCase:
         refuse = "no test folder"
     else:
         (folder / "test" / "a.json").write_text(json.dumps(test))
-    raw = {"problem": {"name": rng.choice(["softmax", "mlp"]), "hidden": [2]}, "data": {"source": "leaf", "path": str(folder)}}
+    raw = {
+        "problem": {"name": rng.choice(["softmax", "mlp"]), "hidden": [2]},
+        "data": {"source": "leaf", "path": str(folder)},
+    }
     samples = sum(len(train["user_data"][u]["y"]) for u in names) if fault in ("none", "integral_float_label") else None
     return DataCase(raw, refuse, samples)
 
@@ -682,17 +1047,73 @@ def _arrays_case(rng: random.Random, work: Path) -> DataCase:
     x = np.random.default_rng(rng.randrange(2**32)).normal(size=(n, d))
     y = np.arange(n) % classes
     targets = rng.random() < 0.3
-    fault = rng.choice(["none", "none", "complex_x", "complex_y", "zero_width", "nan", "inf", "strings", "bool_y", "integral_float_y", "fractional_y", "negative_y",
-                        "mismatch", "empty", "truncate", "forged_header", "forged_small", "x_scalar", "y_matrix", "missing_key", "extra_key", "not_zip", "three_d", "huge_label",
-                        "object"])
-    refuse = {"complex_x": "complex features", "complex_y": "complex labels", "zero_width": "zero-feature data", "nan": "NaN features", "inf": "infinite features",
-              "strings": "string features", "bool_y": "boolean labels", "fractional_y": "fractional labels", "negative_y": "negative labels", "mismatch": "x/y length mismatch",
-              "empty": "no samples", "truncate": "a truncated file", "forged_header": "a header claiming 10^12 rows", "x_scalar": "scalar features", "y_matrix": "2-D labels",
-              "missing_key": "a missing array", "not_zip": "not an archive", "huge_label": "a class count beyond memory", "object": "pickled objects", "forged_small": "a header claiming more than the file"}.get(fault, "")
+    fault = rng.choice(
+        [
+            "none",
+            "none",
+            "complex_x",
+            "complex_y",
+            "zero_width",
+            "nan",
+            "inf",
+            "strings",
+            "bool_y",
+            "integral_float_y",
+            "fractional_y",
+            "negative_y",
+            "mismatch",
+            "empty",
+            "truncate",
+            "forged_header",
+            "forged_small",
+            "x_scalar",
+            "y_matrix",
+            "missing_key",
+            "extra_key",
+            "not_zip",
+            "three_d",
+            "huge_label",
+            "object",
+        ]
+    )
+    refuse = {
+        "complex_x": "complex features",
+        "complex_y": "complex labels",
+        "zero_width": "zero-feature data",
+        "nan": "NaN features",
+        "inf": "infinite features",
+        "strings": "string features",
+        "bool_y": "boolean labels",
+        "fractional_y": "fractional labels",
+        "negative_y": "negative labels",
+        "mismatch": "x/y length mismatch",
+        "empty": "no samples",
+        "truncate": "a truncated file",
+        "forged_header": "a header claiming 10^12 rows",
+        "x_scalar": "scalar features",
+        "y_matrix": "2-D labels",
+        "missing_key": "a missing array",
+        "not_zip": "not an archive",
+        "huge_label": "a class count beyond memory",
+        "object": "pickled objects",
+        "forged_small": "a header claiming more than the file",
+    }.get(fault, "")
     if targets:
-        refuse = {"complex_x": "complex targets", "zero_width": "zero-width targets", "nan": "NaN targets", "inf": "infinite targets", "strings": "string targets", "empty": "no samples",
-                  "truncate": "a truncated file", "forged_header": "a header claiming 10^12 rows", "forged_small": "a header claiming more than the file", "x_scalar": "a scalar",
-                  "three_d": "3-D targets", "object": "pickled objects", "not_zip": ""}.get(fault, "")
+        refuse = {
+            "complex_x": "complex targets",
+            "zero_width": "zero-width targets",
+            "nan": "NaN targets",
+            "inf": "infinite targets",
+            "strings": "string targets",
+            "empty": "no samples",
+            "truncate": "a truncated file",
+            "forged_header": "a header claiming 10^12 rows",
+            "forged_small": "a header claiming more than the file",
+            "x_scalar": "a scalar",
+            "three_d": "3-D targets",
+            "object": "pickled objects",
+            "not_zip": "",
+        }.get(fault, "")
     x_out: Any = x
     y_out: Any = y
     if fault == "complex_x":
@@ -763,9 +1184,15 @@ def _arrays_case(rng: random.Random, work: Path) -> DataCase:
         path.write_bytes(payload[: rng.randint(0, len(payload) - 1)])
     if targets:
         sizes = [1] * (n - 1) + [1] if fault not in ("empty",) else [1]
-        raw = {"problem": {"name": "quadratic"}, "data": {"source": "targets", "path": str(path), "client_sizes": sizes}}
+        raw = {
+            "problem": {"name": "quadratic"},
+            "data": {"source": "targets", "path": str(path), "client_sizes": sizes},
+        }
     else:
-        raw = {"problem": {"name": rng.choice(["softmax", "logistic", "mlp"]), "hidden": [2]}, "data": {"source": "npz", "path": str(path), "partition": "iid", "clients": rng.randint(1, 3)}}
+        raw = {
+            "problem": {"name": rng.choice(["softmax", "logistic", "mlp"]), "hidden": [2]},
+            "data": {"source": "npz", "path": str(path), "partition": "iid", "clients": rng.randint(1, 3)},
+        }
     return DataCase(raw, refuse)
 
 
@@ -795,7 +1222,11 @@ def run_data_case(seed: int, work: Path) -> Result:
     labels = data.labels.numpy()
     if not np.isfinite(features).all() or features.reshape(len(features), -1).shape[1] == 0:
         return Result("nonsense", "loaded non-finite or zero-width features", label)
-    if problem.name != "quadratic" and problem.name != "logistic" and (labels.min() < 0 or not np.array_equal(labels, np.round(labels))):
+    if (
+        problem.name != "quadratic"
+        and problem.name != "logistic"
+        and (labels.min() < 0 or not np.array_equal(labels, np.round(labels)))
+    ):
         return Result("nonsense", "loaded labels that are not class indices", label)
     if case.samples is not None and data.num_samples != case.samples:
         return Result("nonsense", f"loaded {data.num_samples} samples, the files hold {case.samples}", label)
@@ -804,7 +1235,10 @@ def run_data_case(seed: int, work: Path) -> Result:
 
 # -- results folders ----------------------------------------------------------------------------------------
 
-RESULTS_CONFIG = SMALL_CONFIG.replace("rounds = 2\neval_every = 1", "rounds = 4\neval_every = 1\ncheckpoint_every = 1") + "[experiment]\nseeds = [0, 1]\n"
+RESULTS_CONFIG = (
+    SMALL_CONFIG.replace("rounds = 2\neval_every = 1", "rounds = 4\neval_every = 1\ncheckpoint_every = 1")
+    + "[experiment]\nseeds = [0, 1]\n"
+)
 
 
 def make_template(root: Path) -> Path:
@@ -814,13 +1248,27 @@ def make_template(root: Path) -> Path:
         return folder
     root.mkdir(parents=True, exist_ok=True)
     (root / "template.toml").write_text(RESULTS_CONFIG)
-    result, output = invoke(["run", str(root / "template.toml"), "--out", str(folder), "--quiet", "--workers", "1"], root, seconds=600)
+    result, output = invoke(
+        ["run", str(root / "template.toml"), "--out", str(folder), "--quiet", "--workers", "1"], root, seconds=600
+    )
     if result.outcome != "ran":
         raise RuntimeError(f"could not build the results template: {result.detail} {output[-500:]}")
     return folder
 
 
-CORRUPTIONS = ("truncate", "empty", "bytes", "flip", "delete", "directory", "append", "json_type", "json_fields", "csv_rows", "csv_header")
+CORRUPTIONS = (
+    "truncate",
+    "empty",
+    "bytes",
+    "flip",
+    "delete",
+    "directory",
+    "append",
+    "json_type",
+    "json_fields",
+    "csv_rows",
+    "csv_header",
+)
 
 
 def corrupt(path: Path, how: str, rng: random.Random) -> None:
@@ -844,7 +1292,21 @@ def corrupt(path: Path, how: str, rng: random.Random) -> None:
     elif how == "append":
         path.write_bytes(data + rng.choice([b"\x00garbage", b"\n1,2,3\n", b"}", b"\xff\xfe"]))
     elif how == "json_type":
-        path.write_text(rng.choice(["[]", '"x"', "{}", "null", "1e999", '{"status": 5}', '{"final": []}', '{"status": "complete", "final": {"loss": "x"}}', '{"label": [], "seed": "x"}']))
+        path.write_text(
+            rng.choice(
+                [
+                    "[]",
+                    '"x"',
+                    "{}",
+                    "null",
+                    "1e999",
+                    '{"status": 5}',
+                    '{"final": []}',
+                    '{"status": "complete", "final": {"loss": "x"}}',
+                    '{"label": [], "seed": "x"}',
+                ]
+            )
+        )
     elif how == "json_fields" and path.suffix == ".json":
         try:
             doc = json.loads(data)
@@ -858,7 +1320,9 @@ def corrupt(path: Path, how: str, rng: random.Random) -> None:
         lines = data.decode(errors="replace").splitlines()
         if len(lines) > 1:
             k = rng.randrange(1, len(lines))
-            lines[k] = rng.choice(["", "x,y", ",".join(["nan"] * 13), lines[k] + ",extra", lines[k].replace(",", ";"), "1" * 5000])
+            lines[k] = rng.choice(
+                ["", "x,y", ",".join(["nan"] * 13), lines[k] + ",extra", lines[k].replace(",", ";"), "1" * 5000]
+            )
         path.write_text("\n".join(lines) + "\n")
     elif how == "csv_header" and path.suffix == ".csv":
         lines = data.decode(errors="replace").splitlines()
@@ -873,7 +1337,21 @@ def run_results_case(seed: int, work: Path, template: Path) -> Result:
     folder = work / "results"
     shutil.copytree(template, folder)
     files = sorted(p for p in folder.rglob("*") if p.is_file())
-    preferred = [p for p in files if p.name in ("checkpoint.pt", "summary.json", "metrics.csv", "config.json", "final_params.npy", "journal.npz", "applied", "metrics.parquet")] or files
+    preferred = [
+        p
+        for p in files
+        if p.name
+        in (
+            "checkpoint.pt",
+            "summary.json",
+            "metrics.csv",
+            "config.json",
+            "final_params.npy",
+            "journal.npz",
+            "applied",
+            "metrics.parquet",
+        )
+    ] or files
     interrupted = rng.random() < 0.4
     if interrupted:  # as if killed after a checkpoint: no summaries
         for summary in folder.rglob("summary.json"):
@@ -890,8 +1368,13 @@ def run_results_case(seed: int, work: Path, template: Path) -> Result:
             corrupt(path, how, rng)
             touched.append(f"{path.relative_to(folder)}:{how}")
     command = rng.choices(["resume", "plot", "table", "table_best", "plot_metric"], [5, 2, 2, 1, 1])[0]
-    argv = {"resume": ["run", str(template.parent / "template.toml"), "--resume", str(folder), "--quiet", "--workers", "1"], "plot": ["plot", str(folder)],
-            "table": ["table", str(folder)], "table_best": ["table", str(folder), "--stat", "best"], "plot_metric": ["plot", str(folder), "--metric", rng.choice(METRIC_NAMES)]}[command]
+    argv = {
+        "resume": ["run", str(template.parent / "template.toml"), "--resume", str(folder), "--quiet", "--workers", "1"],
+        "plot": ["plot", str(folder)],
+        "table": ["table", str(folder)],
+        "table_best": ["table", str(folder), "--stat", "best"],
+        "plot_metric": ["plot", str(folder), "--metric", rng.choice(METRIC_NAMES)],
+    }[command]
     result, _ = invoke(argv, work)
     result.case = f"{command} after {', '.join(touched) or 'no change'}{' (interrupted)' if interrupted else ''}"
     if result.outcome == "ran" and command == "resume":
@@ -922,8 +1405,31 @@ HOSTILE = ("symlink", "fifo", "name", "swap", "malicious", "deep")
 #: wall-clock seconds a hostile case may take (a process blocked on a FIFO uses no CPU time)
 HOSTILE_SECONDS = 120
 VICTIM = b"precious\n"
-RESULTS_FILES = ("metrics.csv", "summary.json", "config.json", "timing.csv", "checkpoint.pt", ".lock", ".write-test", "final_params.npy")
-PATH_NAMES = ["..", "../x", "../../x", "/tmp/fedshuffle-fuzz-abs", ".", "a/b", "..\\x", " ", "a\u0000b", "x\u0007", "~", "x" * 300, "ok-name"]
+RESULTS_FILES = (
+    "metrics.csv",
+    "summary.json",
+    "config.json",
+    "timing.csv",
+    "checkpoint.pt",
+    ".lock",
+    ".write-test",
+    "final_params.npy",
+)
+PATH_NAMES = [
+    "..",
+    "../x",
+    "../../x",
+    "/tmp/fedshuffle-fuzz-abs",
+    ".",
+    "a/b",
+    "..\\x",
+    " ",
+    "a\u0000b",
+    "x\u0007",
+    "~",
+    "x" * 300,
+    "ok-name",
+]
 
 
 class _Payload:
@@ -987,7 +1493,9 @@ def unnest(folder: Path) -> None:
 
 def _snapshot(root: Path) -> dict[str, bytes]:
     """Every file below ``root`` (not following links) and its bytes."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()
+    }
 
 
 def run_hostile_case(seed: int, work: Path, template: Path) -> Result:
@@ -1006,10 +1514,24 @@ def run_hostile_case(seed: int, work: Path, template: Path) -> Result:
     if rng.random() < 0.6:  # as if killed after a checkpoint: resume reads what is left
         (run / "summary.json").unlink(missing_ok=True)
     command = rng.choice(["resume", "resume", "plot", "table"])
-    argv = {"resume": ["run", config, "--resume", str(folder), "--quiet", "--workers", "1"], "plot": ["plot", str(folder), "--out", str(work / "p")], "table": ["table", str(folder)]}[command]
+    argv = {
+        "resume": ["run", config, "--resume", str(folder), "--quiet", "--workers", "1"],
+        "plot": ["plot", str(folder), "--out", str(work / "p")],
+        "table": ["table", str(folder)],
+    }[command]
     cwd, deep = work, None
     if attack == "symlink":
-        where = rng.choice([*(run / name for name in RESULTS_FILES), folder / ".lock", folder / ".write-test", folder / "manifest.json", run, run.parent, run / "client_state"])
+        where = rng.choice(
+            [
+                *(run / name for name in RESULTS_FILES),
+                folder / ".lock",
+                folder / ".write-test",
+                folder / "manifest.json",
+                run,
+                run.parent,
+                run / "client_state",
+            ]
+        )
         if where == folder / "manifest.json" or where in (run, run.parent):
             command = "resume"
             argv = ["run", config, "--resume", str(folder), "--quiet", "--workers", "1"]
@@ -1044,7 +1566,11 @@ def run_hostile_case(seed: int, work: Path, template: Path) -> Result:
         (run / "checkpoint.pt").write_bytes(hostile_checkpoint(marker, form))
         (run / "summary.json").unlink(missing_ok=True)
         command = rng.choice(["resume", "resume", "sweep"])
-        argv = ["run", config, "--resume", str(folder), "--quiet", "--workers", "1"] if command == "resume" else ["sweep", config, "--out", str(folder), "--quiet", "--workers", "1"]
+        argv = (
+            ["run", config, "--resume", str(folder), "--quiet", "--workers", "1"]
+            if command == "resume"
+            else ["sweep", config, "--out", str(folder), "--quiet", "--workers", "1"]
+        )
         case = f"pickled os.system in {run.relative_to(folder)}/checkpoint.pt ({form}); {command}"
     else:
         deep = rng.choice([folder, run, run.parent])
@@ -1060,7 +1586,11 @@ def run_hostile_case(seed: int, work: Path, template: Path) -> Result:
     result.case = case = f"{attack}: {case}"
     if marker.exists():
         return Result("nonsense", "code ran from a file of the results folder (the marker exists)", case)
-    if victim.read_bytes() != VICTIM or _snapshot(victim_dir) != before or sorted(p.name for p in victim_dir.iterdir()) != ["kept.txt"]:
+    if (
+        victim.read_bytes() != VICTIM
+        or _snapshot(victim_dir) != before
+        or sorted(p.name for p in victim_dir.iterdir()) != ["kept.txt"]
+    ):
         return Result("nonsense", "a file outside the results folder was written", case)
     if attack == "name":
         outside = sorted(p.name for p in cwd.iterdir() if p.name != "results")
@@ -1119,7 +1649,12 @@ INPUT_CASE_SECONDS = 30.0
 
 
 def _status(code: int = 200, headers: tuple[str, ...] = (), length: int | None = None) -> bytes:
-    lines = [f"HTTP/1.1 {code} X", *headers, *([f"Content-Length: {length}"] if length is not None else []), "Connection: close"]
+    lines = [
+        f"HTTP/1.1 {code} X",
+        *headers,
+        *([f"Content-Length: {length}"] if length is not None else []),
+        "Connection: close",
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -1148,8 +1683,12 @@ HOSTILE_REPLIES: dict[str, Callable[[socket.socket, threading.Event, bytes], Non
     "garbage_status": lambda c, s, body: c.sendall(b"GARBAGE \x00\xff\r\n\r\n"),
     "empty_reply": lambda c, s, body: None,
     "incomplete": lambda c, s, body: c.sendall(_status(200, length=len(body)) + body[: len(body) // 2]),
-    "long_header_line": lambda c, s, body: c.sendall(b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n" + body),
-    "too_many_headers": lambda c, s, body: c.sendall(_status(200, tuple(f"X-{k}: 1" for k in range(150)), len(body)) + body),
+    "long_header_line": lambda c, s, body: c.sendall(
+        b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n" + body
+    ),
+    "too_many_headers": lambda c, s, body: c.sendall(
+        _status(200, tuple(f"X-{k}: 1" for k in range(150)), len(body)) + body
+    ),
     "huge_length": lambda c, s, body: c.sendall(_status(200, length=10**15) + body),
     "endless_body": lambda c, s, body: _endless(c, s, _status(200)),
     "trickle_headers": lambda c, s, body: _trickle(c, s, _status(200, length=len(body)) + body, 0.2),
@@ -1208,10 +1747,30 @@ def download_limits():
     """Download bounds small enough for tests: 1 s to connect or read, a 1.5 s deadline, two tries."""
     from fedshuffle.data.sources.fetch import DownloadLimits
 
-    return DownloadLimits(connect_timeout=1.0, read_timeout=1.0, deadline=1.5, min_rate=1e12, attempts=2, backoff=0.05, max_bytes=1 << 20, margin=0.0, slack=0)
+    return DownloadLimits(
+        connect_timeout=1.0,
+        read_timeout=1.0,
+        deadline=1.5,
+        min_rate=1e12,
+        attempts=2,
+        backoff=0.05,
+        max_bytes=1 << 20,
+        margin=0.0,
+        slack=0,
+    )
 
 
-MIRRORS = ["not a url", "http://[::1", "ftp://127.0.0.1/x", "http://", "http://127.0.0.1:99999", "http://exa mple/", "file:///etc", "http://127.0.0.1:1\r\nX: y", "\0"]
+MIRRORS = [
+    "not a url",
+    "http://[::1",
+    "ftp://127.0.0.1/x",
+    "http://",
+    "http://127.0.0.1:99999",
+    "http://exa mple/",
+    "file:///etc",
+    "http://127.0.0.1:1\r\nX: y",
+    "\0",
+]
 
 
 def run_download_case(seed: int, work: Path) -> Result:
@@ -1220,11 +1779,22 @@ def run_download_case(seed: int, work: Path) -> Result:
 
     rng = random.Random(f"downloads:{seed}")
     body = rng.randbytes(rng.choice([1, 100, 5000]))
-    remote = lambda url: fetch.RemoteFile("toy", "toy.bin", url, hashlib.sha256(body).hexdigest(), len(body))  # noqa: E731
+
+    def remote(url: str) -> fetch.RemoteFile:
+        return fetch.RemoteFile("toy", "toy.bin", url, hashlib.sha256(body).hexdigest(), len(body))
+
     replies = [rng.choice(sorted(HOSTILE_REPLIES)) for _ in range(rng.choice([1, 1, 2]))]
     mirror = rng.choice(MIRRORS) if rng.random() < 0.15 else None
     label = f"mirror {mirror!r}" if mirror is not None else "→".join(replies)
-    retried = ("server_error", "reset", "incomplete", "empty_reply", "garbage_status", "long_header_line", "too_many_headers")
+    retried = (
+        "server_error",
+        "reset",
+        "incomplete",
+        "empty_reply",
+        "garbage_status",
+        "long_header_line",
+        "too_many_headers",
+    )
     must_succeed = mirror is None and (replies[0] == "good" or (replies[-1] == "good" and replies[0] in retried))
     previous = fetch.LIMITS
     fetch.LIMITS = download_limits()
@@ -1242,7 +1812,9 @@ def run_download_case(seed: int, work: Path) -> Result:
     except ConfigError as exc:
         leftovers = list((work.parent / "cache").rglob("*.part")) if (work.parent / "cache").exists() else []
         if "\n" in str(exc) or leftovers:
-            return Result("nonsense", f"not one line, or a partial file left: {str(exc)[:120]!r} {leftovers[:1]}", label)
+            return Result(
+                "nonsense", f"not one line, or a partial file left: {str(exc)[:120]!r} {leftovers[:1]}", label
+            )
         if must_succeed:
             return Result("nonsense", f"refused a download that the last try served: {exc}", label)
         return Result("clean_error", str(exc)[:200], label)
@@ -1253,7 +1825,11 @@ def run_download_case(seed: int, work: Path) -> Result:
         shutil.rmtree(fetch.cache_dir() / "toy", ignore_errors=True)
     if time.monotonic() - began > 10:
         return Result("hang", f"took {time.monotonic() - began:.1f} s with a 1.5 s deadline", label)
-    if mirror is not None or not set(replies) & {"good", "trickle_body", "trickle_headers"}:  # the replies that send the genuine file (slowly: in time for a small one)
+    if mirror is not None or not set(replies) & {
+        "good",
+        "trickle_body",
+        "trickle_headers",
+    }:  # the replies that send the genuine file (slowly: in time for a small one)
         return Result("nonsense", "accepted a download that must fail", label)
     return Result("ran", "", label)
 
@@ -1294,7 +1870,13 @@ def _cifar_member(rng: random.Random, labels: Any = None, data: Any = None) -> b
     import pickle
 
     n = 4
-    return pickle.dumps({"data": np.zeros((n, 3072), np.uint8) if data is None else data, "labels": list(range(n)) if labels is None else labels}, protocol=2)
+    return pickle.dumps(
+        {
+            "data": np.zeros((n, 3072), np.uint8) if data is None else data,
+            "labels": list(range(n)) if labels is None else labels,
+        },
+        protocol=2,
+    )
 
 
 def _h5(path: Path, build: Callable[[Any], None]) -> Path:
@@ -1320,21 +1902,55 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
 
     from fedshuffle.data.sources import arrays, cifar, fetch, mnist, shakespeare
 
-    members = [f"cifar-10-batches-py/{m}" for m in (*cifar.CIFAR_ARCHIVES["cifar10"][2], cifar.CIFAR_ARCHIVES["cifar10"][3])]
-    kind = rng.choice(["gzip_idx", "idx_header", "reconstruct", "cifar_labels", "tar_member_size", "corrupt_xz", "lzma_npz", "npy_header",
-                       "tff_cifar", "tff_shakespeare", "gunzip", "leaf_gzip"])
+    members = [
+        f"cifar-10-batches-py/{m}" for m in (*cifar.CIFAR_ARCHIVES["cifar10"][2], cifar.CIFAR_ARCHIVES["cifar10"][3])
+    ]
+    kind = rng.choice(
+        [
+            "gzip_idx",
+            "idx_header",
+            "reconstruct",
+            "cifar_labels",
+            "tar_member_size",
+            "corrupt_xz",
+            "lzma_npz",
+            "npy_header",
+            "tff_cifar",
+            "tff_shakespeare",
+            "gunzip",
+            "leaf_gzip",
+        ]
+    )
     path = work / f"{kind}.bin"
     if kind == "gzip_idx":
-        path.write_bytes(gzip.compress(b"\0\0\x08\x01" + (10).to_bytes(4, "big") + b"\0" * rng.choice([11, 1 << 20, 30 << 20]), 1))
+        path.write_bytes(
+            gzip.compress(b"\0\0\x08\x01" + (10).to_bytes(4, "big") + b"\0" * rng.choice([11, 1 << 20, 30 << 20]), 1)
+        )
         return kind, lambda: mnist.read_idx(path, 1)
     if kind == "idx_header":
-        path.write_bytes(b"\0\0\x08\x03" + b"".join(n.to_bytes(4, "big") for n in (rng.choice([2**31, 2**32 - 1, 60000]), 28, rng.choice([28, 2**30]))) + b"\0" * 100)
+        path.write_bytes(
+            b"\0\0\x08\x03"
+            + b"".join(
+                n.to_bytes(4, "big") for n in (rng.choice([2**31, 2**32 - 1, 60000]), 28, rng.choice([28, 2**30]))
+            )
+            + b"\0" * 100
+        )
         return kind, lambda: mnist.read_idx(path, 3)
     if kind in ("reconstruct", "cifar_labels"):
         import pickle
 
-        bad = (pickle.dumps({"data": _HugeArray(rng.choice([(2**40,), (2**20, 2**20), (2**62, 4)])), "labels": [0]}, protocol=2) if kind == "reconstruct"
-               else _cifar_member(rng, labels=rng.choice([["3"] * 4, [2**70] * 4, None if rng.random() < 0.5 else {"a": 1}, [1.5] * 4, [[1, 2]] * 4])))
+        bad = (
+            pickle.dumps(
+                {"data": _HugeArray(rng.choice([(2**40,), (2**20, 2**20), (2**62, 4)])), "labels": [0]}, protocol=2
+            )
+            if kind == "reconstruct"
+            else _cifar_member(
+                rng,
+                labels=rng.choice(
+                    [["3"] * 4, [2**70] * 4, None if rng.random() < 0.5 else {"a": 1}, [1.5] * 4, [[1, 2]] * 4]
+                ),
+            )
+        )
         if kind == "cifar_labels" and bad == _cifar_member(rng):
             bad = _cifar_member(rng, labels="abcd")
         path.write_bytes(tar_bytes({m: bad if k == 0 else _cifar_member(rng) for k, m in enumerate(members)}))
@@ -1353,11 +1969,15 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
         np.savez(buffer, x=np.ones((4, 2)), y=np.arange(4))
         source = zipfile.ZipFile(io.BytesIO(buffer.getvalue()))
         path = work / "d.npz"
-        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_LZMA if kind == "lzma_npz" else zipfile.ZIP_DEFLATED) as out:
+        with zipfile.ZipFile(
+            path, "w", compression=zipfile.ZIP_LZMA if kind == "lzma_npz" else zipfile.ZIP_DEFLATED
+        ) as out:
             for name in source.namelist():
                 payload = source.read(name)
                 if kind == "npy_header" and name == "x.npy":
-                    payload = payload.replace(b"(4, 2)", rng.choice([b"(1000000000000, 2)", b"(4, 100000000000)", b"(-1, 2)"]).ljust(6))
+                    payload = payload.replace(
+                        b"(4, 2)", rng.choice([b"(1000000000000, 2)", b"(4, 100000000000)", b"(-1, 2)"]).ljust(6)
+                    )
                 out.writestr(name, payload)
         if kind == "lzma_npz":
             raw = bytearray(path.read_bytes())
@@ -1369,7 +1989,12 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
         images = np.zeros((rng.choice([0, 2]), 32, 32, 3), np.uint8)
         variant = rng.choice(["strings", "2d", "empty", "dataset_as_client", "floats_image"])
         if variant == "strings":
-            _h5(path, lambda h5: _tff_cifar_client(h5, images[:2] if len(images) else np.zeros((2, 32, 32, 3), np.uint8), np.array([b"1", b"2"])))
+            _h5(
+                path,
+                lambda h5: _tff_cifar_client(
+                    h5, images[:2] if len(images) else np.zeros((2, 32, 32, 3), np.uint8), np.array([b"1", b"2"])
+                ),
+            )
         elif variant == "2d":
             _h5(path, lambda h5: _tff_cifar_client(h5, np.zeros((2, 32, 32, 3), np.uint8), np.zeros((2, 2), np.int64)))
         elif variant == "empty":
@@ -1381,6 +2006,7 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
         return f"{kind}:{variant}", lambda: cifar.read_tff_cifar100(path)
     if kind == "tff_shakespeare":
         variant = rng.choice(["examples_dataset", "role_dataset", "snippets_ints", "snippets_group", "snippets_2d"])
+
         def build(h5):
             if variant == "examples_dataset":
                 h5.create_dataset("examples", data=np.zeros(3))
@@ -1394,9 +2020,12 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
                 examples.create_group("ROLE").create_group("snippets")
             else:
                 examples.create_group("ROLE").create_dataset("snippets", data=np.array([[b"ab", b"c"]]))
+
         _h5(path, build)
         return f"{kind}:{variant}", lambda: shakespeare.read_tff_shakespeare(path)
-    if kind == "leaf_gzip":  # a JSON file that inflates past what memory allows (the fuzzing environment's 1 GiB: 102 MiB of text)
+    if (
+        kind == "leaf_gzip"
+    ):  # a JSON file that inflates past what memory allows (the fuzzing environment's 1 GiB: 102 MiB of text)
         from fedshuffle.data.sources.leaf import load_leaf
 
         text = json.dumps({"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [[1.0]], "y": [1]}}})
@@ -1404,14 +2033,17 @@ def bomb(rng: random.Random, work: Path) -> tuple[str, Callable[[], Any]]:
             (work / split).mkdir()
             (work / split / "a.json").write_text(text)
         (work / "train" / "a.json").unlink()
-        (work / "train" / "a.json.gz").write_bytes(gzip.compress((text + " " * rng.choice([200 << 20, 300 << 20])).encode(), 1))
+        (work / "train" / "a.json.gz").write_bytes(
+            gzip.compress((text + " " * rng.choice([200 << 20, 300 << 20])).encode(), 1)
+        )
         return kind, lambda: load_leaf(work, None)
     path.write_bytes(gzip.compress(b"\0" * (4 << 20), 1))
     return kind, lambda: fetch.gunzip(path, work / "out.bin", 1 << 20)
 
 
 def _refused(exc: BaseException, label: str) -> Result:
-    """An input case that stopped with ``exc``: a hang, a one-line refusal (clean), a refusal of several lines, or a traceback."""
+    """An input case that stopped with ``exc``: a hang, a one-line refusal (clean), a refusal of several lines, or a
+    traceback."""
     from fedshuffle.core.errors import ConfigError
 
     if isinstance(exc, Hang):
@@ -1463,20 +2095,37 @@ def run_special_case(seed: int, work: Path) -> Result:
     try:
         with wall_limit(INPUT_CASE_SECONDS):
             if use in ("run", "show", "inspect"):
-                argv = {"run": ["run", str(path), "--quiet", "--out", str(work / "out")], "show": ["show", str(path)], "inspect": ["inspect", "--config", str(path)]}[use]
+                argv = {
+                    "run": ["run", str(path), "--quiet", "--out", str(work / "out")],
+                    "show": ["show", str(path)],
+                    "inspect": ["inspect", "--config", str(path)],
+                }[use]
                 result, _ = invoke(argv, work)
                 result.case = label
-                return Result("nonsense", "exit 0 with a special file as the config", label) if result.outcome == "ran" else result
-            data = {"npz": {"source": "npz", "path": str(path)}, "targets": {"source": "targets", "path": str(path), "client_sizes": [1]},
-                    "libsvm": {"source": "libsvm", "path": str(path)}, "leaf": {"source": "leaf", "path": str(work)},
-                    "mnist": {"source": "mnist", "data_dirs": [str(work)], "download": False}}[use]
+                return (
+                    Result("nonsense", "exit 0 with a special file as the config", label)
+                    if result.outcome == "ran"
+                    else result
+                )
+            data = {
+                "npz": {"source": "npz", "path": str(path)},
+                "targets": {"source": "targets", "path": str(path), "client_sizes": [1]},
+                "libsvm": {"source": "libsvm", "path": str(path)},
+                "leaf": {"source": "leaf", "path": str(work)},
+                "mnist": {"source": "mnist", "data_dirs": [str(work)], "download": False},
+            }[use]
             if use == "leaf":
                 (work / "train").mkdir(exist_ok=True)
                 (work / "test").mkdir(exist_ok=True)
                 os.mkfifo(work / "train" / "all_data.json")
             if use == "mnist":
                 (work / "mnist").mkdir(exist_ok=True)
-                for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+                for name in (
+                    "train-images-idx3-ubyte.gz",
+                    "train-labels-idx1-ubyte.gz",
+                    "t10k-images-idx3-ubyte.gz",
+                    "t10k-labels-idx1-ubyte.gz",
+                ):
                     os.mkfifo(work / "mnist" / name)
             problem = {"name": "quadratic"} if use == "targets" else {"name": "logistic"}
             build_problem_and_data(validate(RunSpec, {"data": data, "problem": problem}))
@@ -1490,10 +2139,17 @@ def huge_values(rng: random.Random) -> list[list[str]]:
     digits = "9" * rng.choice([4301, 5000, 100_000])
     depth = rng.choice([500, 1000, 3000])
     return [
-        [f"local.lr={digits}"], [f"local.lr={'[' * depth}"], [f"local.lr={'[' * depth}1{']' * depth}"], [f"run.rounds={digits}"], [f"run.seed={digits}"],
-        [f"local.prox_mu={rng.choice(['1e308', '1e300', '1e30'])}"], [f"data.path=\"{'a' * rng.choice([256, 300, 5000])}\""],
-        ["aggregation.weighting=[1e308, 1e308]", 'aggregation.normalization="sum_one"'], [f"local.lr=\"{'x' * 200_000}\""],
-        ['plot.metric="test_accuracy"'], [f"local.epochs={digits}"],
+        [f"local.lr={digits}"],
+        [f"local.lr={'[' * depth}"],
+        [f"local.lr={'[' * depth}1{']' * depth}"],
+        [f"run.rounds={digits}"],
+        [f"run.seed={digits}"],
+        [f"local.prox_mu={rng.choice(['1e308', '1e300', '1e30'])}"],
+        [f'data.path="{"a" * rng.choice([256, 300, 5000])}"'],
+        ["aggregation.weighting=[1e308, 1e308]", 'aggregation.normalization="sum_one"'],
+        [f'local.lr="{"x" * 200_000}"'],
+        ['plot.metric="test_accuracy"'],
+        [f"local.epochs={digits}"],
         ['data.source="fedprox_synthetic"', f"data.clients={rng.choice([10**9, 10**6])}", 'data.partition="sizes"'],
     ]
 
@@ -1526,7 +2182,18 @@ def run_values_case(seed: int, work: Path) -> Result:
         argv = [*run, *(a for s in settings for a in ("--set", s))]
     elif how == "grid":
         key, value = settings[0].split("=", 1)
-        argv = ["sweep", str(work / "c.toml"), "--grid", f"{key}=0.1,{value}", *(a for s in settings[1:] for a in ("--set", s)), "--workers", "1", "--quiet", "--out", str(work / "out")]
+        argv = [
+            "sweep",
+            str(work / "c.toml"),
+            "--grid",
+            f"{key}=0.1,{value}",
+            *(a for s in settings[1:] for a in ("--set", s)),
+            "--workers",
+            "1",
+            "--quiet",
+            "--out",
+            str(work / "out"),
+        ]
     elif how == "file":
         (work / "c.toml").write_text(_with_settings(SMALL_CONFIG, settings))
         argv = run
@@ -1535,8 +2202,27 @@ def run_values_case(seed: int, work: Path) -> Result:
     elif how == "seeds":
         argv = [*run, "--seeds", rng.choice(["9" * 4301, "0.." + "9" * 40, "0,1,2" + ",1" * 100])]
     else:
-        argv = ["inspect", *rng.choice([["--sizes", "1000000000,1"], ["--sizes", "100000000,1"], ["--lr", "1e308"],
-                                        ["--sizes", "1000,1000,1000", "--sampler", "uniform", "--cohort", "1", "--monte-carlo", "--samples", "100000000"]])]
+        argv = [
+            "inspect",
+            *rng.choice(
+                [
+                    ["--sizes", "1000000000,1"],
+                    ["--sizes", "100000000,1"],
+                    ["--lr", "1e308"],
+                    [
+                        "--sizes",
+                        "1000,1000,1000",
+                        "--sampler",
+                        "uniform",
+                        "--cohort",
+                        "1",
+                        "--monte-carlo",
+                        "--samples",
+                        "100000000",
+                    ],
+                ]
+            ),
+        ]
     case = f"{how}: {' '.join(argv).replace(str(work), 'W')[:160]}"
     try:
         with wall_limit(INPUT_CASE_SECONDS):
@@ -1551,5 +2237,10 @@ def run_values_case(seed: int, work: Path) -> Result:
 
 def run_input_case(kind: str, seed: int, work: Path) -> Result:
     """One case of the inputs-from-outside kinds (:data:`INPUT_KINDS`)."""
-    runner = {"downloads": run_download_case, "bombs": run_bomb_case, "special": run_special_case, "values": run_values_case}[kind]
+    runner = {
+        "downloads": run_download_case,
+        "bombs": run_bomb_case,
+        "special": run_special_case,
+        "values": run_values_case,
+    }[kind]
     return runner(seed, work)

@@ -21,7 +21,10 @@ SMALL = {
     "local": {"lr": 0.02},
     "sampler": {"name": "uniform", "cohort": 2},
     "run": {"rounds": 6, "eval_every": 3},
-    "variants": [{"label": "FedAvg", "method": {"name": "fedavg"}}, {"label": "FedShuffle", "method": {"name": "fedshuffle"}}],
+    "variants": [
+        {"label": "FedAvg", "method": {"name": "fedavg"}},
+        {"label": "FedShuffle", "method": {"name": "fedshuffle"}},
+    ],
 }
 
 
@@ -133,7 +136,12 @@ def test_plot_draws_one_line_per_variant_and_refuses_what_the_runs_lack(small_ru
     assert [line.get_label() for line in ax.get_lines()] == ["FedAvg", "FedShuffle"] and ax.get_yscale() == "log"
     assert len(ax.collections) == 2  # one band per variant (2 seeds each)
     plt.close("all")
-    for kwargs, field in [({"metric": "test_accuracy"}, "metric"), ({"metric": "nope"}, "metric"), ({"x": "f_gap"}, "x"), ({"band": "iqr"}, "band")]:
+    for kwargs, field in [
+        ({"metric": "test_accuracy"}, "metric"),
+        ({"metric": "nope"}, "metric"),
+        ({"x": "f_gap"}, "x"),
+        ({"band": "iqr"}, "band"),
+    ]:
         with pytest.raises(ConfigError) as err:
             results.plot(**kwargs)
         assert err.value.field == field
@@ -142,7 +150,13 @@ def test_plot_draws_one_line_per_variant_and_refuses_what_the_runs_lack(small_ru
 
 
 def test_a_diverging_run_is_a_status_and_a_warning_not_an_exception(tmp_path):
-    config = {**SMALL, "local": {"lr": 1e3}, "sampler": {"name": "full"}, "run": {"rounds": 40, "eval_every": 40}, "experiment": {"seeds": [0]}}
+    config = {
+        **SMALL,
+        "local": {"lr": 1e3},
+        "sampler": {"name": "full"},
+        "run": {"rounds": 40, "eval_every": 40},
+        "experiment": {"seeds": [0]},
+    }
     with pytest.warns(RuntimeWarning, match="not every run completed"):
         results = fs.experiment(config).run(tmp_path / "boom", progress=False, variants=["FedAvg"])
     assert list(results.runs.status) == ["diverged"]
@@ -221,7 +235,10 @@ def test_a_taken_folder_is_left_alone_and_the_folder_used_is_named(small_run, ca
     assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()) == before
     assert {Path(p).parent.parent.name for p in again.runs["path"]} == {f"{out.name}-2"}
     assert again.path == Path(f"{out}-2") and fs.load_results(out).path == out  # the folder written, the folder read
-    assert f"{out} already holds results of 'small'; writing to {out}-2 (to continue the runs in {out}: resume=True)" in capsys.readouterr().err
+    assert (
+        f"{out} already holds results of 'small'; writing to {out}-2 (to continue the runs in {out}: resume=True)"
+        in capsys.readouterr().err
+    )
     both = fs.load_results(out, f"{out}-2")
     assert both.paths == (out, Path(f"{out}-2"))
     with pytest.raises(ConfigError, match="read from 2 folders; see Results.paths"):
@@ -243,13 +260,23 @@ def test_parts_registered_after_import_are_accepted_and_unknown_ones_named():
         PROBLEMS.add("my_quadratic", quadratic, "a quadratic under another name")
         SOURCES.add("ones", ones, "all-ones targets")
         PARTITIONS.add("halves", halves, "two halves")
-        exp = fs.experiment({"problem": {"name": "my_quadratic"}, "data": {"source": "ones", "samples": 6, "partition": "halves"}, "local": {"lr": 0.1}})
+        exp = fs.experiment(
+            {
+                "problem": {"name": "my_quadratic"},
+                "data": {"source": "ones", "samples": 6, "partition": "halves"},
+                "local": {"lr": 0.1},
+            }
+        )
         assert list(exp.simulation().data.sizes) == [3, 3]
     finally:
         for registry, entries in zip((PROBLEMS, SOURCES, PARTITIONS), saved):
             registry._entries.clear()
             registry._entries.update(entries)
-    for raw, field in [({"problem": {"name": "my_quadratic"}}, "problem.name"), ({"data": {"source": "ones"}}, "data.source"), ({"data": {"partition": "halves"}}, "data.partition")]:
+    for raw, field in [
+        ({"problem": {"name": "my_quadratic"}}, "problem.name"),
+        ({"data": {"source": "ones"}}, "data.source"),
+        ({"data": {"partition": "halves"}}, "data.partition"),
+    ]:
         with pytest.raises(ConfigError) as err:
             fs.experiment({**raw, "local": {"lr": 0.1}})
         assert err.value.field == field and "accepted:" in err.value.message
@@ -274,21 +301,44 @@ def test_warnings_are_not_raised_by_a_clean_run(small_run):
 
 def test_metric_columns_include_the_methods_diagnostics_whatever_is_imported_first():
     code = "from fedshuffle.experiments.results import METRIC_COLUMNS; print('prox_residual' in METRIC_COLUMNS)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "True"
+    )
 
 
 def test_a_sweep_from_python_runs_every_point_and_picks_the_best(tmp_path):
     """Experiment.sweep: the grid's every combination × seed, the best point per variant by the final metric,
     the edge of the grid flagged, and bad grids refused naming the argument."""
-    exp = fs.experiment({"data": {"client_sizes": [1, 2, 3]}, "local": {"lr": 0.1}, "run": {"rounds": 6, "eval_every": 3},
-                         "variants": [{"label": "FedAvgRR", "method": {"name": "fedavg_rr"}}]})
+    exp = fs.experiment(
+        {
+            "data": {"client_sizes": [1, 2, 3]},
+            "local": {"lr": 0.1},
+            "run": {"rounds": 6, "eval_every": 3},
+            "variants": [{"label": "FedAvgRR", "method": {"name": "fedavg_rr"}}],
+        }
+    )
     results = exp.sweep({"local.lr": [0.01, 0.1, 0.5]}, tmp_path / "sweep", seeds=[0, 1], pick="f_gap", progress=False)
     assert len(results.runs) == 6 and set(results.runs["status"]) == {"complete"}
-    final = results.final().merge(results.runs[["point", "seed", "local.lr"]], on=["point", "seed"]).groupby("local.lr")["f_gap"].mean()
+    final = (
+        results.final()
+        .merge(results.runs[["point", "seed", "local.lr"]], on=["point", "seed"])
+        .groupby("local.lr")["f_gap"]
+        .mean()
+    )
     best = results.best["FedAvgRR"]
-    assert best["point"] == {"local": {"lr": float(final.idxmin())}} and best["mean"] == pytest.approx(final.min()) and best["candidates"] == 3
+    assert (
+        best["point"] == {"local": {"lr": float(final.idxmin())}}
+        and best["mean"] == pytest.approx(final.min())
+        and best["candidates"] == 3
+    )
     assert best["at_edge"] == (["local.lr"] if final.idxmin() in (0.01, 0.5) else [])
-    for bad, argument in (({}, "grid"), ({"lr": [1]}, "grid"), ({"local.lr": []}, "grid"), ({"local.lr": "0.1"}, "grid")):
+    for bad, argument in (
+        ({}, "grid"),
+        ({"lr": [1]}, "grid"),
+        ({"local.lr": []}, "grid"),
+        ({"local.lr": "0.1"}, "grid"),
+    ):
         with pytest.raises(fs.ConfigError) as err:
             exp.sweep(bad, tmp_path / "bad", progress=False)
         assert err.value.field == argument

@@ -31,7 +31,9 @@ from fedshuffle.data.catalog import fedprox_synthetic_source
 from fedshuffle.data.sources import arrays, cifar, fetch, mnist, shakespeare
 from fuzzing import SMALL_CONFIG, HostileServer, tar_bytes
 
-CIFAR10_MEMBERS = [f"cifar-10-batches-py/{m}" for m in (*cifar.CIFAR_ARCHIVES["cifar10"][2], cifar.CIFAR_ARCHIVES["cifar10"][3])]
+CIFAR10_MEMBERS = [
+    f"cifar-10-batches-py/{m}" for m in (*cifar.CIFAR_ARCHIVES["cifar10"][2], cifar.CIFAR_ARCHIVES["cifar10"][3])
+]
 BODY = b"the genuine file\n" * 20
 
 
@@ -71,9 +73,20 @@ def toy(url: str, body: bytes = BODY) -> fetch.RemoteFile:
 
 
 HOSTILE = {
-    "garbage_status": "BadStatusLine", "empty_reply": "RemoteDisconnected", "incomplete": "ncomplete", "long_header_line": "LineTooLong",
-    "too_many_headers": "more than 100 headers", "huge_length": "announces", "endless_body": "sent more than", "trickle_headers": "deadline",
-    "trickle_body": "deadline", "silent": "deadline|timed out", "server_error": "HTTP 503", "not_found": "HTTP 404", "reset": "reset", "redirect_loop": "HTTP 302",
+    "garbage_status": "BadStatusLine",
+    "empty_reply": "RemoteDisconnected",
+    "incomplete": "ncomplete",
+    "long_header_line": "LineTooLong",
+    "too_many_headers": "more than 100 headers",
+    "huge_length": "announces",
+    "endless_body": "sent more than",
+    "trickle_headers": "deadline",
+    "trickle_body": "deadline",
+    "silent": "deadline|timed out",
+    "server_error": "HTTP 503",
+    "not_found": "HTTP 404",
+    "reset": "reset",
+    "redirect_loop": "HTTP 302",
     "wrong_file": "checksum mismatch",
 }
 
@@ -114,11 +127,15 @@ def test_a_file_larger_than_its_known_size_is_cut_off_at_the_cap(small_limits, m
     with HostileServer(["endless_body"], BODY) as server:
         with pytest.raises(DataError, match=f"sent more than the {int(len(BODY) * 1.5) + 100} B"):
             fetch.locate(toy(f"{server.url}/toy.bin"))
-    assert fetch.LIMITS.cap(fetch.RemoteFile("d", "f", "", "")) == small_limits.max_bytes  # unknown size: the default cap
+    assert (
+        fetch.LIMITS.cap(fetch.RemoteFile("d", "f", "", "")) == small_limits.max_bytes
+    )  # unknown size: the default cap
     assert mnist.remote_files("train")[0].size == 9912422 and cifar.remote_archive("cifar10").size == 170498071
 
 
-@pytest.mark.parametrize("mirror", ["not a url", "http://[::1", "ftp://host/x", "http://", "http://127.0.0.1:99999", "http://a b/"])
+@pytest.mark.parametrize(
+    "mirror", ["not a url", "http://[::1", "ftp://host/x", "http://", "http://127.0.0.1:99999", "http://a b/"]
+)
 def test_a_mirror_that_is_not_an_http_url_is_refused_naming_the_setting(mirror):
     with pytest.raises(ConfigError, match=r"^data\.mirror: ") as err:
         fetch.locate(toy("https://example.invalid/toy.bin"), mirror=mirror)
@@ -163,7 +180,11 @@ def test_a_pickled_terabyte_array_is_refused_before_it_is_allocated(tmp_path, sh
 
 
 def test_damaged_compressed_archives_and_members_are_one_line(tmp_path):
-    xz = bytearray(cifar_archive(tmp_path, pickle.dumps({"data": np.zeros((4, 3072), np.uint8), "labels": [0] * 4}), "w:xz").read_bytes())
+    xz = bytearray(
+        cifar_archive(
+            tmp_path, pickle.dumps({"data": np.zeros((4, 3072), np.uint8), "labels": [0] * 4}), "w:xz"
+        ).read_bytes()
+    )
     xz[len(xz) // 2] ^= 0xFF
     (tmp_path / "bad.tar.xz").write_bytes(bytes(xz))
     with pytest.raises(DataError, match="not a readable tar.gz archive"):
@@ -194,7 +215,9 @@ def test_a_corrupt_lzma_member_of_an_npz_is_one_line(tmp_path):
 
 def test_a_gzip_bomb_in_an_idx_file_stops_at_the_declared_size(tmp_path):
     path = tmp_path / "labels.gz"
-    path.write_bytes(gzip.compress(b"\0\0\x08\x01" + (10).to_bytes(4, "big") + bytes(64 << 20), 1))  # 64 MiB of zeros behind 10 labels
+    path.write_bytes(
+        gzip.compress(b"\0\0\x08\x01" + (10).to_bytes(4, "big") + bytes(64 << 20), 1)
+    )  # 64 MiB of zeros behind 10 labels
     began = time.monotonic()
     with pytest.raises(DataError, match="more bytes after the 10 records the header declares"):
         mnist.read_idx(path, 1)
@@ -228,29 +251,49 @@ def tff_cifar(path: Path, image, label, coarse=None) -> Path:
     return fuzzing._h5(path, lambda h5: fuzzing._tff_cifar_client(h5, image, label, coarse))
 
 
-@pytest.mark.parametrize("label, images, reason", [
-    (np.array([b"1", b"2"]), 2, "label must be 2 integers"),
-    (np.zeros((2, 2), np.int64), 2, r"label must be 2 integers \(one per image, shape \(2,\)\), got int64 \(2, 2\)"),
-    (np.array([1.5, 2.0]), 2, "label must be 2 integers"),
-    (np.zeros(0, np.int64), 0, "the client has no images"),
-])
+@pytest.mark.parametrize(
+    "label, images, reason",
+    [
+        (np.array([b"1", b"2"]), 2, "label must be 2 integers"),
+        (
+            np.zeros((2, 2), np.int64),
+            2,
+            r"label must be 2 integers \(one per image, shape \(2,\)\), got int64 \(2, 2\)",
+        ),
+        (np.array([1.5, 2.0]), 2, "label must be 2 integers"),
+        (np.zeros(0, np.int64), 0, "the client has no images"),
+    ],
+)
 def test_tff_cifar100_files_are_checked_strictly(tmp_path, label, images, reason):
     path = tff_cifar(tmp_path / "t.h5", np.zeros((images, 32, 32, 3), np.uint8), label)
     with pytest.raises(DataError, match=rf"^{path}, client '0': {reason}") as err:
         cifar.read_tff_cifar100(path)
     one_line(err.value)
-    assert not fetch.RemoteFile("cifar100/tff", "fed_cifar100_train.h5", "", "").sha256  # TFF publishes none: the structure is what is checked
+    assert not fetch.RemoteFile(
+        "cifar100/tff", "fed_cifar100_train.h5", "", ""
+    ).sha256  # TFF publishes none: the structure is what is checked
 
 
 def test_tff_hdf5_files_of_another_structure_are_one_line(tmp_path):
-    wrong = fuzzing._h5(tmp_path / "a.h5", lambda h5: h5.require_group("examples").create_dataset("0", data=np.zeros(3)))
+    wrong = fuzzing._h5(
+        tmp_path / "a.h5", lambda h5: h5.require_group("examples").create_dataset("0", data=np.zeros(3))
+    )
     with pytest.raises(DataError, match="client '0': expected a group"):
         cifar.read_tff_cifar100(wrong)
     for build, reason in [
         (lambda h5: h5.create_dataset("examples", data=np.zeros(3)), "no /examples group"),
-        (lambda h5: h5.create_group("examples").create_dataset("ROLE", data=np.zeros(3)), "client 'ROLE': expected a group"),
-        (lambda h5: h5.create_group("examples").create_group("ROLE").create_dataset("snippets", data=np.arange(3)), "snippets must be a non-empty list of strings"),
-        (lambda h5: h5.create_group("examples").create_group("ROLE").create_group("snippets"), "'snippets' is a Group, not a dataset"),
+        (
+            lambda h5: h5.create_group("examples").create_dataset("ROLE", data=np.zeros(3)),
+            "client 'ROLE': expected a group",
+        ),
+        (
+            lambda h5: h5.create_group("examples").create_group("ROLE").create_dataset("snippets", data=np.arange(3)),
+            "snippets must be a non-empty list of strings",
+        ),
+        (
+            lambda h5: h5.create_group("examples").create_group("ROLE").create_group("snippets"),
+            "'snippets' is a Group, not a dataset",
+        ),
     ]:
         path = fuzzing._h5(tmp_path / "s.h5", build)
         with pytest.raises(DataError, match=reason) as err:
@@ -261,7 +304,9 @@ def test_tff_hdf5_files_of_another_structure_are_one_line(tmp_path):
 # --- memory and time bombs -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("clients, what", [(10**9, "the sizes of 1000000000 devices"), (10**6, "1000000 Synthetic devices")])
+@pytest.mark.parametrize(
+    "clients, what", [(10**9, "the sizes of 1000000000 devices"), (10**6, "1000000 Synthetic devices")]
+)
 def test_fedprox_synthetic_populations_that_cannot_fit_are_refused_before_generation(monkeypatch, clients, what):
     monkeypatch.setenv("FEDSHUFFLE_MAX_MEMORY", "4G")
     began = time.monotonic()
@@ -274,7 +319,21 @@ def test_fedprox_synthetic_populations_that_cannot_fit_are_refused_before_genera
 def test_inspect_sizes_are_checked_against_memory_and_time(monkeypatch):
     monkeypatch.setenv("FEDSHUFFLE_MAX_MEMORY", "4G")
     assert "needs about" in refused(cli("inspect", "--sizes", "1000000000,1"), "--sizes")
-    slow = refused(cli("inspect", "--sizes", "1000,1000,1000", "--sampler", "uniform", "--cohort", "1", "--monte-carlo", "--samples", "10000000"), "--samples")
+    slow = refused(
+        cli(
+            "inspect",
+            "--sizes",
+            "1000,1000,1000",
+            "--sampler",
+            "uniform",
+            "--cohort",
+            "1",
+            "--monte-carlo",
+            "--samples",
+            "10000000",
+        ),
+        "--samples",
+    )
     assert "would take at least" in slow and "FEDSHUFFLE_MAX_SECONDS" in slow
     monkeypatch.setenv("FEDSHUFFLE_MAX_SECONDS", "1e-9")
     refused(cli("inspect"), "--sizes")
@@ -304,7 +363,9 @@ def test_a_config_that_is_not_a_regular_file_or_too_large_is_refused_before_read
         path = Path("/dev/zero")
     with fuzzing.wall_limit(20):
         line = refused(cli("run", str(path), "--out", str(tmp_path / "out")), "config")
-    assert {"fifo": "a FIFO", "dev_zero": "a character device", "socket": "a socket", "big": "larger than 1.0 MiB"}[kind] in line
+    assert {"fifo": "a FIFO", "dev_zero": "a character device", "socket": "a socket", "big": "larger than 1.0 MiB"}[
+        kind
+    ] in line
     assert not (tmp_path / "out").exists()
 
 
@@ -317,18 +378,29 @@ def small(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("value, reason", [("9" * 4301, "Exceeds the limit"), ("[" * 1000, "nests too deeply"), ("x" * 100_001, "at most 100000")])
+@pytest.mark.parametrize(
+    "value, reason",
+    [("9" * 4301, "Exceeds the limit"), ("[" * 1000, "nests too deeply"), ("x" * 100_001, "at most 100000")],
+)
 def test_huge_and_deeply_nested_set_and_grid_values_are_one_line(small, value, reason):
-    assert reason in refused(cli("run", str(small / "c.toml"), "--set", f"local.lr={value}", "--out", str(small / "out")), "--set")
-    assert reason in refused(cli("sweep", str(small / "c.toml"), "--grid", f"local.lr=0.1,{value}", "--out", str(small / "out")), "--grid")
-    (small / "deep.toml").write_text(SMALL_CONFIG.replace("lr = 0.1", f"lr = {value}" if value[0] != "x" else "lr = 0.1"))
+    assert reason in refused(
+        cli("run", str(small / "c.toml"), "--set", f"local.lr={value}", "--out", str(small / "out")), "--set"
+    )
+    assert reason in refused(
+        cli("sweep", str(small / "c.toml"), "--grid", f"local.lr=0.1,{value}", "--out", str(small / "out")), "--grid"
+    )
+    (small / "deep.toml").write_text(
+        SMALL_CONFIG.replace("lr = 0.1", f"lr = {value}" if value[0] != "x" else "lr = 0.1")
+    )
     if value[0] != "x":
         refused(cli("run", str(small / "deep.toml"), "--out", str(small / "out")), "config")
     assert not (small / "out").exists()
 
 
 def test_every_problem_of_a_config_is_on_one_line_and_a_union_lists_its_alternatives(small):
-    result = cli("run", str(small / "c.toml"), "--set", "local.lr=fast", "--set", "server.lr=-1", "--out", str(small / "out"))
+    result = cli(
+        "run", str(small / "c.toml"), "--set", "local.lr=fast", "--set", "server.lr=-1", "--out", str(small / "out")
+    )
     line = refused(result, "--set local.lr")  # the override's fault, not the first variant's
     assert len([x for x in result.output.splitlines() if x.strip()]) == 1, result.output
     assert "Input should be 'theory' or a valid number" in line and line.count("(got 'fast')") == 1
@@ -336,17 +408,33 @@ def test_every_problem_of_a_config_is_on_one_line_and_a_union_lists_its_alternat
 
 
 def test_a_huge_worker_count_is_refused_before_any_folder_is_written(small):
-    assert "from 1 to" in refused(cli("run", str(small / "c.toml"), "--workers", "9999999999999999999999", "--out", str(small / "out")), "--workers")
+    assert "from 1 to" in refused(
+        cli("run", str(small / "c.toml"), "--workers", "9999999999999999999999", "--out", str(small / "out")),
+        "--workers",
+    )
     assert not (small / "out").exists()
 
 
 def test_a_prox_mu_that_makes_the_proximal_step_diverge_is_refused(small):
-    assert "η·μ" in refused(cli("run", str(small / "c.toml"), "--set", "local.prox_mu=1e308", "--out", str(small / "out")), "local.prox_mu")
+    assert "η·μ" in refused(
+        cli("run", str(small / "c.toml"), "--set", "local.prox_mu=1e308", "--out", str(small / "out")), "local.prox_mu"
+    )
 
 
 def test_weights_whose_sum_overflows_are_refused(small):
-    line = refused(cli("run", str(small / "c.toml"), "--set", "aggregation.weighting=[1e308, 1e308]", "--set", 'aggregation.normalization="sum_one"',
-                       "--out", str(small / "out")), "--set aggregation.weighting")
+    line = refused(
+        cli(
+            "run",
+            str(small / "c.toml"),
+            "--set",
+            "aggregation.weighting=[1e308, 1e308]",
+            "--set",
+            'aggregation.normalization="sum_one"',
+            "--out",
+            str(small / "out"),
+        ),
+        "--set aggregation.weighting",
+    )
     assert "largest float" in line
 
 
@@ -359,7 +447,10 @@ def test_a_data_path_longer_than_the_file_system_allows_is_one_line(small):
 
 
 def test_a_plot_metric_that_no_run_records_is_refused_before_running(small):
-    line = refused(cli("run", str(small / "c.toml"), "--set", 'plot.metric="test_accuracy"', "--out", str(small / "out")), "plot.metric")
+    line = refused(
+        cli("run", str(small / "c.toml"), "--set", 'plot.metric="test_accuracy"', "--out", str(small / "out")),
+        "plot.metric",
+    )
     assert "no run records test_accuracy" in line and not (small / "out").exists()
 
 
@@ -379,7 +470,10 @@ def test_a_run_config_with_a_bad_round_count_is_refused_on_resume(finished, tmp_
     text = stored.read_text()
     assert text.count('"rounds": 2') >= 1
     stored.write_text(text.replace('"rounds": 2', f'"rounds": {rounds}', 1))
-    line = refused(cli("run", str(tmp_path / "copy" / "c.toml"), "--resume", str(tmp_path / "copy" / "out"), "--quiet"), str(stored))
+    line = refused(
+        cli("run", str(tmp_path / "copy" / "c.toml"), "--resume", str(tmp_path / "copy" / "out"), "--quiet"),
+        str(stored),
+    )
     assert "not a whole number of rounds" in line
 
 
@@ -389,12 +483,28 @@ def test_an_unreachable_mlflow_server_fails_at_once_in_one_line(small):
     port = closed.getsockname()[1]
     closed.close()  # nothing listens there now
     began = time.monotonic()
-    line = refused(cli("run", str(small / "c.toml"), "--set", 'run.sinks=["mlflow"]', "--set", f'run.mlflow_uri="http://127.0.0.1:{port}"',
-                       "--out", str(small / "out")), "run.mlflow_uri")
-    assert "cannot reach the MLflow tracking server" in line and time.monotonic() - began < 30 and not (small / "out").exists()
+    line = refused(
+        cli(
+            "run",
+            str(small / "c.toml"),
+            "--set",
+            'run.sinks=["mlflow"]',
+            "--set",
+            f'run.mlflow_uri="http://127.0.0.1:{port}"',
+            "--out",
+            str(small / "out"),
+        ),
+        "run.mlflow_uri",
+    )
+    assert (
+        "cannot reach the MLflow tracking server" in line
+        and time.monotonic() - began < 30
+        and not (small / "out").exists()
+    )
 
 
-# --- the fuzzer's new classes (scripts/fuzz.py runs thousands) --------------------------------------------------------------
+# --- the fuzzer's new classes (scripts/fuzz.py runs thousands)
+# --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind, seeds", [("downloads", 12), ("bombs", 16), ("special", 4), ("values", 6)])
@@ -406,6 +516,8 @@ def test_fuzzed_inputs_from_outside_end_cleanly(tmp_path, monkeypatch, kind, see
         work = tmp_path / f"{kind}-{seed}"
         work.mkdir()
         result = fuzzing.run_case(kind, seed, work, None)
-        assert result.outcome not in fuzzing.BAD, f"{result.outcome}: {result.detail} [{result.case}] — replay: python scripts/fuzz.py --replay {kind}:{seed}"
+        assert result.outcome not in fuzzing.BAD, (
+            f"{result.outcome}: {result.detail} [{result.case}] — replay: python scripts/fuzz.py --replay {kind}:{seed}"
+        )
         outcomes.append(result.outcome)
     assert "clean_error" in outcomes

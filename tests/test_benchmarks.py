@@ -15,16 +15,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def smoke(module: str, *args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
-    out = subprocess.run([sys.executable, "-m", module, "--smoke", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--smoke", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module, cases", [
-    ("benchmarks.scale", {"100", "10000"}),
-    ("benchmarks.client_state", {"scaffold-200", "scaffold-20000", "fedcdr-200", "fedcdr-20000"}),
-    ("benchmarks.ray_workers", {"vectorized", "ray-1"}),
-])
+@pytest.mark.parametrize(
+    "module, cases",
+    [
+        ("benchmarks.scale", {"100", "10000"}),
+        ("benchmarks.client_state", {"scaffold-200", "scaffold-20000", "fedcdr-200", "fedcdr-20000"}),
+        ("benchmarks.ray_workers", {"vectorized", "ray-1"}),
+    ],
+)
 def test_population_and_executor_benchmarks_time_every_case(module, cases):
     if module == "benchmarks.ray_workers":
         pytest.importorskip("ray")  # the Ray executor's benchmark needs Ray (fedshuffle[ray])
@@ -33,7 +38,9 @@ def test_population_and_executor_benchmarks_time_every_case(module, cases):
     for name, case in result["cases"].items():
         assert "error" not in case, f"{name}: {case.get('error')}"
         assert case["median_s"] > 0 and case["rounds"] == result["setup"]["rounds"]
-    if module == "benchmarks.client_state":  # the larger population's state was kept for the clients that took part, not all
+    if (
+        module == "benchmarks.client_state"
+    ):  # the larger population's state was kept for the clients that took part, not all
         for method in ("scaffold", "fedcdr"):
             large = result["cases"][f"{method}-20000"]
             assert 0 < large["clients_with_state"] < 20000
@@ -52,11 +59,14 @@ def test_threads_benchmark_times_every_tree_and_the_one_thread_case():
     for name, case in result["cases"].items():
         assert "error" not in case, f"{name}: {case.get('error')}"
         assert case["wall_s"] > 0 and case["cpu_s"] > 0
-    assert result["cases"]["this default threads"]["runs"][0]["chosen"].startswith("operator threads per run: 1 (logistic")
+    assert result["cases"]["this default threads"]["runs"][0]["chosen"].startswith(
+        "operator threads per run: 1 (logistic"
+    )
 
 
 def test_flower_rounds_benchmark_times_fedshuffle_run():
-    """The smoke case times ``fedshuffle run``'s rounds from its timing.csv; the SuperLink cases run in the full benchmark."""
+    """The smoke case times ``fedshuffle run``'s rounds from its timing.csv; the SuperLink cases run in the full
+    benchmark."""
     result = smoke("benchmarks.flower_rounds")
     assert set(result["cases"]) == {"fedshuffle-run"}
     case = result["cases"]["fedshuffle-run"]

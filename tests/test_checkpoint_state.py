@@ -20,8 +20,14 @@ OWNER = {"config_hash": "h", "label": "", "seed": 0}
 
 
 def simulation(method: str = "scaffold", **run):
-    return fs.experiment({"method": {"name": method}, "data": {"client_sizes": [2, 3, 4]}, "local": {"lr": 0.05},
-                          "run": {"rounds": 6, **run}}).simulation()
+    return fs.experiment(
+        {
+            "method": {"name": method},
+            "data": {"client_sizes": [2, 3, 4]},
+            "local": {"lr": 0.05},
+            "run": {"rounds": 6, **run},
+        }
+    ).simulation()
 
 
 @pytest.fixture
@@ -114,24 +120,28 @@ def _extras_a_string(s):
     s["simulation"]["last_extras"] = {"x": "1"}
 
 
-@pytest.mark.parametrize("tamper, said", [
-    (_extra_counter, "state.counters has other keys than the run's (extra 'extra')"),
-    (_string_rounds, "state.counters.rounds = '2', expected an integer >= 0"),
-    (_float_rounds, "state.counters.rounds = 2.0, expected an integer >= 0"),
-    (_no_server, "state has other keys than the run's (missing 'server')"),
-    (_other_method_state, "state.method has other keys than the run's (extra 'momentum'; missing 'control')"),
-    (_short_control, "state.method.control is a Tensor (4,) of torch.float64, the run's is a Tensor (9,) of"),
-    (_int64_params, "state.params is a Tensor (9,) of torch.int64, the run's is a Tensor (9,) of torch.float64"),
-    (_float16_params, "state.params is a Tensor (9,) of torch.float16"),
-    (_rows_of_integers, "rows[0] is not a record of numbers"),
-    (_no_rows, "rows hold rounds [], metrics.csv rounds [0, 2]"),
-    (_rows_a_dict, "rows is a dict, expected a list of records"),
-    (_rows_out_of_order, "rows[1] is of round 0, after round 2"),
-    (_rows_past_the_checkpoint, "rows[2] is of round 4, after round 2 and up to the checkpoint's 2"),
-    (_extra_top_key, "checkpoint has other keys than the run's (extra 'more')"),
-    (_client_rows_of_other_dtype, "state.client_store.arrays.control is a ndarray (3, 9) of float32"),
-    (_extras_a_string, "state.last_extras is not a dict of numbers"),
-], ids=lambda v: getattr(v, "__name__", "")[1:])
+@pytest.mark.parametrize(
+    "tamper, said",
+    [
+        (_extra_counter, "state.counters has other keys than the run's (extra 'extra')"),
+        (_string_rounds, "state.counters.rounds = '2', expected an integer >= 0"),
+        (_float_rounds, "state.counters.rounds = 2.0, expected an integer >= 0"),
+        (_no_server, "state has other keys than the run's (missing 'server')"),
+        (_other_method_state, "state.method has other keys than the run's (extra 'momentum'; missing 'control')"),
+        (_short_control, "state.method.control is a Tensor (4,) of torch.float64, the run's is a Tensor (9,) of"),
+        (_int64_params, "state.params is a Tensor (9,) of torch.int64, the run's is a Tensor (9,) of torch.float64"),
+        (_float16_params, "state.params is a Tensor (9,) of torch.float16"),
+        (_rows_of_integers, "rows[0] is not a record of numbers"),
+        (_no_rows, "rows hold rounds [], metrics.csv rounds [0, 2]"),
+        (_rows_a_dict, "rows is a dict, expected a list of records"),
+        (_rows_out_of_order, "rows[1] is of round 0, after round 2"),
+        (_rows_past_the_checkpoint, "rows[2] is of round 4, after round 2 and up to the checkpoint's 2"),
+        (_extra_top_key, "checkpoint has other keys than the run's (extra 'more')"),
+        (_client_rows_of_other_dtype, "state.client_store.arrays.control is a ndarray (3, 9) of float32"),
+        (_extras_a_string, "state.last_extras is not a dict of numbers"),
+    ],
+    ids=lambda v: getattr(v, "__name__", "")[1:],
+)
 def test_a_checkpoint_not_of_the_runs_state_is_a_damaged_checkpoint_line(saved, tamper, said):
     state, path = saved
     state = copy.deepcopy(state)
@@ -178,7 +188,7 @@ def test_a_file_backed_client_store_is_checked_without_writing_its_journal(tmp_p
 
 def test_resuming_from_a_checkpoint_without_its_rows_leaves_metrics_csv_as_it_was(tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text('[data]\nclient_sizes = [2, 3]\n[local]\nlr = 0.1\n[run]\nrounds = 4\neval_every = 2\n')
+    config.write_text("[data]\nclient_sizes = [2, 3]\n[local]\nlr = 0.1\n[run]\nrounds = 4\neval_every = 2\n")
     out = tmp_path / "out"
     first = CliRunner().invoke(app, ["run", str(config), "--out", str(out), "--quiet"])
     assert first.exit_code == 0, first.output

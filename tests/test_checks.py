@@ -38,7 +38,9 @@ def test_every_sampler_passes_its_check(name):
 def test_every_partition_passes_its_check(name):
     settings = {"client_sizes": [10, 20, 30]} if name == "sizes" else {"clients": 4}
     if name == "pachinko":
-        with pytest.raises(ConfigError, match="coarse labels"):  # needs a source with coarse labels (cifar100), which it says
+        with pytest.raises(
+            ConfigError, match="coarse labels"
+        ):  # needs a source with coarse labels (cifar100), which it says
             testing.check_partition(name, settings)
         return
     testing.check_partition(name, settings)
@@ -54,12 +56,22 @@ def test_every_problem_passes_check_problem(name, tmp_path):
     data = PROBLEM_DATA.get(name)
     rng = np.random.default_rng(0)
     if name in IMAGE_SHAPES:
-        np.savez(tmp_path / "x.npz", x=rng.normal(size=(12, *IMAGE_SHAPES[name])).astype(np.float32), y=rng.integers(0, 3, size=12))
+        np.savez(
+            tmp_path / "x.npz",
+            x=rng.normal(size=(12, *IMAGE_SHAPES[name])).astype(np.float32),
+            y=rng.integers(0, 3, size=12),
+        )
         data = {"source": "npz", "path": str(tmp_path / "x.npz"), "partition": "iid", "clients": 3}
     elif data == "tokens":
         np.savez(tmp_path / "t.npz", x=rng.integers(0, 5, size=(12, 6)), y=rng.integers(0, 5, size=12))
         data = {"source": "npz", "path": str(tmp_path / "t.npz"), "partition": "iid", "clients": 3}
-    settings = {"lstm_hidden": 8, "lstm_layers": 1} if name == "char_lstm" else {"resnet_width": 4} if name == "resnet18" else {}
+    settings = (
+        {"lstm_hidden": 8, "lstm_layers": 1}
+        if name == "char_lstm"
+        else {"resnet_width": 4}
+        if name == "resnet18"
+        else {}
+    )
     testing.check_problem(name, data, settings)
 
 
@@ -69,13 +81,26 @@ def test_every_source_passes_check_source(name, tmp_path, shared_data):
     np.savez(tmp_path / "x.npz", x=rng.normal(size=(12, 3)), y=rng.integers(0, 3, size=12))
     files = {"data_dirs": [str(shared_data)], "download": False}
     settings = {
-        "targets": {"client_sizes": [1, 2, 3]}, "synthetic": {}, "libsvm": {"dataset": "a3a", **files}, "npz": {"path": str(tmp_path / "x.npz")},
-        "fedprox_synthetic": {"clients": 3}, "leaf": {"path": str(shared_data / "femnist"), "clients": 3}, "mnist": files, "cifar10": files,
-        "cifar100": files, "tff_cifar100": {"clients": 3, **files}, "shakespeare": {"clients": 3, **files}, "shakespeare_leaf": {"clients": 3, **files},
+        "targets": {"client_sizes": [1, 2, 3]},
+        "synthetic": {},
+        "libsvm": {"dataset": "a3a", **files},
+        "npz": {"path": str(tmp_path / "x.npz")},
+        "fedprox_synthetic": {"clients": 3},
+        "leaf": {"path": str(shared_data / "femnist"), "clients": 3},
+        "mnist": files,
+        "cifar10": files,
+        "cifar100": files,
+        "tff_cifar100": {"clients": 3, **files},
+        "shakespeare": {"clients": 3, **files},
+        "shakespeare_leaf": {"clients": 3, **files},
     }
     if name not in settings:
         pytest.skip(f"{name} is registered by another test")
-    pooled = {"partition": "iid", "clients": 3} if name in ("synthetic", "libsvm", "npz", "mnist", "cifar10", "cifar100") else {}
+    pooled = (
+        {"partition": "iid", "clients": 3}
+        if name in ("synthetic", "libsvm", "npz", "mnist", "cifar10", "cifar100")
+        else {}
+    )
     try:
         testing.check_source(name, settings[name], pooled)
     except ConfigError as exc:  # its files are not on this machine (nothing is downloaded in tests)
@@ -102,7 +127,11 @@ PLUGIN = textwrap.dedent('''
     class DampedFedAvg(fs.Method):
         """x ← x − damping·Σ ω_iΔ_i."""
 
-        def __init__(self, aggregator, damping: Annotated[float, Field(gt=0, le=1, description="the server direction's factor")] = 0.5):
+        def __init__(
+            self,
+            aggregator,
+            damping: Annotated[float, Field(gt=0, le=1, description="the server direction's factor")] = 0.5,
+        ):
             super().__init__(aggregator)
             self.damping = damping
 
@@ -111,7 +140,13 @@ PLUGIN = textwrap.dedent('''
             return self.damping * direction, state, extras
 
 
-    fs.METHODS.add("damped_fedavg", DampedFedAvg, "FedAvg with a damped server direction", "a user's plugin", aggregation={"normalization": "sum_one"})
+    fs.METHODS.add(
+        "damped_fedavg",
+        DampedFedAvg,
+        "FedAvg with a damped server direction",
+        "a user's plugin",
+        aggregation={"normalization": "sum_one"},
+    )
 ''')
 
 
@@ -119,7 +154,8 @@ def test_a_method_from_a_users_module_takes_its_setting_from_toml_and_set_and_pa
     """One file outside the package: named in [experiment] plugins, configured by TOML and --set, run in worker
     processes (which import it), refused with one line for a bad value, and passing check_method."""
     (tmp_path / "user_methods.py").write_text(PLUGIN)
-    (tmp_path / "exp.toml").write_text(textwrap.dedent('''
+    (tmp_path / "exp.toml").write_text(
+        textwrap.dedent("""
         [experiment]
         name = "damped"
         plugins = ["user_methods"]
@@ -134,14 +170,33 @@ def test_a_method_from_a_users_module_takes_its_setting_from_toml_and_set_and_pa
         [run]
         rounds = 4
         eval_every = 2
-    '''))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "fedshuffle", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "fedshuffle", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
-    run = cli("run", "exp.toml", "--set", "method.damping=0.2", "--out", "out", "--workers", "2", "--quiet",
-              "--plugins", "user_methods")
+    run = cli(
+        "run",
+        "exp.toml",
+        "--set",
+        "method.damping=0.2",
+        "--out",
+        "out",
+        "--workers",
+        "2",
+        "--quiet",
+        "--plugins",
+        "user_methods",
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     config = json.loads(next((tmp_path / "out").rglob("config.json")).read_text())
     assert config["spec"]["method"] == {"name": "damped_fedavg", "damping": 0.2}
@@ -149,8 +204,18 @@ def test_a_method_from_a_users_module_takes_its_setting_from_toml_and_set_and_pa
     assert bad.returncode == 2 and "method.damping" in bad.stderr and "Traceback" not in bad.stderr
     typo = cli("show", "exp.toml", "--set", "method.dampin=0.2", "--plugins", "user_methods")
     assert typo.returncode == 2 and "did you mean 'damping'" in typo.stderr + typo.stdout
-    check = subprocess.run([sys.executable, "-c", "import user_methods; from fedshuffle.testing import check_method; check_method('damped_fedavg')"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import user_methods; from fedshuffle.testing import check_method; check_method('damped_fedavg')",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert check.returncode == 0, check.stderr[-2000:]
 
 
@@ -169,7 +234,8 @@ def test_a_part_defined_in_the_script_cannot_go_to_worker_processes(tmp_path):
     """A script registering a source without a __main__ guard, run with two workers: refused in one line,
     and the script does not run again in the workers."""
     script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(f'''
+    script.write_text(
+        textwrap.dedent(f"""
         import numpy as np
         import fedshuffle as fs
         from fedshuffle.data.catalog import SOURCES, Samples
@@ -180,13 +246,15 @@ def test_a_part_defined_in_the_script_cannot_go_to_worker_processes(tmp_path):
             return Samples(rng.normal(size=(samples, 2)), rng.integers(0, 2, samples), 2)
 
         SOURCES.add("blobs", blobs, "blobs")
-        exp = fs.experiment({{"problem": {{"name": "logistic"}}, "data": {{"source": "blobs", "partition": "iid", "clients": 3}},
+        exp = fs.experiment({{"problem": {{"name": "logistic"}},
+                              "data": {{"source": "blobs", "partition": "iid", "clients": 3}},
                               "local": {{"lr": 0.1}}, "run": {{"rounds": 2}}}})
         try:
             exp.run({str(tmp_path / "out")!r}, seeds=[0, 1], workers=2, progress=False)
         except fs.ConfigError as error:
             print("refused:", error)
-    '''))
+    """)
+    )
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.stdout.count("script ran") == 1, done.stdout + done.stderr
     assert "refused: data.source: 'blobs' is defined in the script being run" in done.stdout, done.stdout + done.stderr
@@ -205,15 +273,27 @@ def test_workers_take_the_callers_environment_and_the_fork_servers_preload_start
     if context.get_start_method() == "forkserver":
         multiprocessing.forkserver.ensure_running()
     monkeypatch.setenv("FEDSHUFFLE_WORKER_PROBE", "set after the server started")
-    with ProcessPoolExecutor(1, mp_context=context, initializer=sweep._start_worker, initargs=((), dict(os.environ))) as pool:
+    with ProcessPoolExecutor(
+        1, mp_context=context, initializer=sweep._start_worker, initargs=((), dict(os.environ))
+    ) as pool:
         assert pool.submit(os.getenv, "FEDSHUFFLE_WORKER_PROBE").result(timeout=120) == "set after the server started"
-    preload = subprocess.run([sys.executable, "-c", f"import threading, {sweep.PRELOAD}; print(threading.active_count())"], capture_output=True, text=True, timeout=300)
+    preload = subprocess.run(
+        [sys.executable, "-c", f"import threading, {sweep.PRELOAD}; print(threading.active_count())"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert preload.returncode == 0 and preload.stdout.strip() == "1", preload.stderr[-2000:]
 
 
 def test_settings_the_chosen_part_does_not_take_are_refused_for_every_registered_part():
     """For every entry of every configured registry: another entry's setting is refused naming the part."""
-    sections = {"method": (METHODS, "name"), "problem": (PROBLEMS, "name"), "sampler": (SAMPLERS, "name"), "server": (SERVER_OPTIMIZERS, "optimizer")}
+    sections = {
+        "method": (METHODS, "name"),
+        "problem": (PROBLEMS, "name"),
+        "sampler": (SAMPLERS, "name"),
+        "server": (SERVER_OPTIMIZERS, "optimizer"),
+    }
     for section, (registry, chooser) in sections.items():
         every = {s for e in registry.entries() for s in e.setting_names()}
         for entry in registry.entries():
@@ -236,9 +316,18 @@ def test_an_override_of_what_the_variants_set_is_refused_and_a_variant_choosing_
     with pytest.raises(ConfigError) as err:
         quickstart.runs({"method": {"name": "fedavg"}})
     assert err.value.field == "method.name" and "the variants set it themselves" in err.value.message
-    assert [spec.local.lr for _, spec in quickstart.runs({"local": {"lr": 0.2}})] == [0.2] * len(quickstart.variants)  # what no variant sets applies to all
-    exp = validate(Experiment, {"sampler": {"name": "uniform", "cohort": 2}, "data": {"client_sizes": [1, 2, 3]}, "local": {"lr": 0.1},
-                                "variants": [{"label": "all", "sampler": {"name": "full"}}, {"label": "two"}]})
+    assert [spec.local.lr for _, spec in quickstart.runs({"local": {"lr": 0.2}})] == [0.2] * len(
+        quickstart.variants
+    )  # what no variant sets applies to all
+    exp = validate(
+        Experiment,
+        {
+            "sampler": {"name": "uniform", "cohort": 2},
+            "data": {"client_sizes": [1, 2, 3]},
+            "local": {"lr": 0.1},
+            "variants": [{"label": "all", "sampler": {"name": "full"}}, {"label": "two"}],
+        },
+    )
     (_, full), (_, two) = exp.runs()
     assert full.sampler.own_settings() == {} and two.sampler.own_settings() == {"cohort": 2}
 
@@ -248,9 +337,20 @@ def test_runs_that_are_the_same_have_one_config_hash_whether_defaults_are_writte
     give the same spec, so the same identity and hash (the results folder continues, never forks)."""
     from fedshuffle.experiments.folders import config_hash, identity
 
-    plain = {"method": {"name": "fedcdr"}, "sampler": {"name": "cyclic", "cohort": 2}, "server": {}, "local": {"lr": 0.1}, "data": {"client_sizes": [1, 2, 3]}}
-    spelled = {"method": {"name": "fedcdr", "alpha": 1.0, "prox_solver": "sgd"}, "sampler": {"name": "cyclic", "cohort": 2, "order": "reshuffle"},
-               "server": {"optimizer": "sgd", "lr": 1.0}, "local": {"lr": 0.1}, "data": {"client_sizes": [1, 2, 3], "partition": "sizes"}}
+    plain = {
+        "method": {"name": "fedcdr"},
+        "sampler": {"name": "cyclic", "cohort": 2},
+        "server": {},
+        "local": {"lr": 0.1},
+        "data": {"client_sizes": [1, 2, 3]},
+    }
+    spelled = {
+        "method": {"name": "fedcdr", "alpha": 1.0, "prox_solver": "sgd"},
+        "sampler": {"name": "cyclic", "cohort": 2, "order": "reshuffle"},
+        "server": {"optimizer": "sgd", "lr": 1.0},
+        "local": {"lr": 0.1},
+        "data": {"client_sizes": [1, 2, 3], "partition": "sizes"},
+    }
     a, b = (identity(validate(RunSpec, raw).model_dump()) for raw in (plain, spelled))
     assert a == b and config_hash(a) == config_hash(b)
     other = identity(validate(RunSpec, {**spelled, "server": {"optimizer": "sgd", "lr": 0.5}}).model_dump())
@@ -263,9 +363,30 @@ def test_the_cli_refuses_an_override_of_what_variants_set_and_takes_it_for_one_v
     from fedshuffle.cli import app
 
     runner = CliRunner()
-    refused = runner.invoke(app, ["run", "quickstart", "--set", "method.name=fedavg_rr", "--out", str(tmp_path / "all")])
-    assert refused.exit_code == 2 and "method.name: the variants set it themselves" in refused.output and "--variant" in refused.output
-    one = runner.invoke(app, ["run", "quickstart", "--variant", "FedAvg", "--set", "method.name=fedavg_rr", "--set", "run.rounds=4", "--out", str(tmp_path / "one"), "--quiet"])
+    refused = runner.invoke(
+        app, ["run", "quickstart", "--set", "method.name=fedavg_rr", "--out", str(tmp_path / "all")]
+    )
+    assert (
+        refused.exit_code == 2
+        and "method.name: the variants set it themselves" in refused.output
+        and "--variant" in refused.output
+    )
+    one = runner.invoke(
+        app,
+        [
+            "run",
+            "quickstart",
+            "--variant",
+            "FedAvg",
+            "--set",
+            "method.name=fedavg_rr",
+            "--set",
+            "run.rounds=4",
+            "--out",
+            str(tmp_path / "one"),
+            "--quiet",
+        ],
+    )
     assert one.exit_code == 0, one.output
     configs = [json.loads(p.read_text())["spec"]["method"]["name"] for p in (tmp_path / "one").rglob("config.json")]
     assert configs and set(configs) == {"fedavg_rr"}

@@ -15,10 +15,12 @@ from conftest import toy_config
 
 runner = CliRunner()
 
+
 def write_config(tmp_path, text):
     path = tmp_path / "exp.toml"
     path.write_text(text)
     return path
+
 
 BASE = """
 [problem]
@@ -39,6 +41,7 @@ rounds = {rounds}
 eval_every = 5
 """
 
+
 def test_quickstart_preset_writes_every_result(tmp_path):
     out = tmp_path / "res"
     result = runner.invoke(app, ["run", "--out", str(out), "--set", "run.rounds=60", "--quiet"])
@@ -56,12 +59,21 @@ def test_quickstart_preset_writes_every_result(tmp_path):
     assert params.dtype == np.float64 and params.shape == (6,)
     assert np.sum((params - 1 / 6) ** 2) == pytest.approx(metrics["dist_sq"][-1])
 
+
 def test_every_preset_validates():
     names = preset_names()
-    assert {"quickstart", "fedshuffle-fig1-full", "fedshuffle-fig1-momentum", "fedshuffle-fig1-sum-one", "fedshuffle-fig1-importance", "fedshuffle-fig4-unfinished"} <= set(names)
+    assert {
+        "quickstart",
+        "fedshuffle-fig1-full",
+        "fedshuffle-fig1-momentum",
+        "fedshuffle-fig1-sum-one",
+        "fedshuffle-fig1-importance",
+        "fedshuffle-fig4-unfinished",
+    } <= set(names)
     for name in names:
         runs = load_experiment(name).runs()
         assert runs and all(spec.local.lr for _, spec in runs)
+
 
 def test_user_targets_file(tmp_path):
     targets = np.random.default_rng(0).normal(size=(5, 3))
@@ -76,17 +88,18 @@ def test_user_targets_file(tmp_path):
     assert metrics["dist_sq"][-1] == pytest.approx(np.sum((final - targets.mean(0)) ** 2))
     assert metrics["dist_sq"][-1] < 1e-3 * metrics["dist_sq"][0]
 
+
 @pytest.mark.parametrize(
     "edit, field",
     [
         (("lr = 0.1", "lr = -0.1"), "local.lr"),
-        (("name = \"fedshuffle\"", "name = \"fedshufle\""), "did you mean 'fedshuffle'"),
+        (('name = "fedshuffle"', 'name = "fedshufle"'), "did you mean 'fedshuffle'"),
         (("rounds = 10", "roundz = 10"), "did you mean 'rounds'"),
-        (("name = \"full\"", "name = \"uniform\"\ncohort = 3"), "sampler.cohort"),
+        (('name = "full"', 'name = "uniform"\ncohort = 3'), "sampler.cohort"),
         (("client_sizes = [2, 3]", "client_sizes = [2, 4]"), "data.client_sizes"),
         (("client_sizes = [2, 3]", "client_sizes = [5, 0]"), "data.client_sizes"),
-        (("path = \"t.npy\"", "path = \"missing.npy\""), "data.path"),
-        (("path = \"t.npy\"", "path = \"bad.npy\""), "bad.npy: not a .npy array"),
+        (('path = "t.npy"', 'path = "missing.npy"'), "data.path"),
+        (('path = "t.npy"', 'path = "bad.npy"'), "bad.npy: not a .npy array"),
     ],
 )
 def test_bad_config_exits_2_with_one_clear_line(tmp_path, edit, field):
@@ -97,20 +110,29 @@ def test_bad_config_exits_2_with_one_clear_line(tmp_path, edit, field):
     assert result.exit_code == 2, result.output
     assert field in result.stderr and "Traceback" not in result.stderr
 
+
 def test_bad_override_and_unknown_preset_exit_2(tmp_path):
     assert runner.invoke(app, ["run", "quickstart", "--set", "local.lr"]).exit_code == 2
     result = runner.invoke(app, ["run", "quikstart"])
     assert result.exit_code == 2 and "did you mean 'quickstart'" in result.stderr
 
+
 def test_divergence_stops_keeps_results_and_marks_summary(tmp_path):
     np.save(tmp_path / "t.npy", np.eye(5))
-    cfg = write_config(tmp_path, BASE.format(targets="t.npy", lr=5.0, rounds=500).replace("client_sizes = [2, 3]", "client_sizes = [2, 3]").replace("name = \"fedshuffle\"", "name = \"fedavg_rr\"").replace("rounds = 500", "rounds = 500\ndtype = \"float32\""))
+    cfg = write_config(
+        tmp_path,
+        BASE.format(targets="t.npy", lr=5.0, rounds=500)
+        .replace("client_sizes = [2, 3]", "client_sizes = [2, 3]")
+        .replace('name = "fedshuffle"', 'name = "fedavg_rr"')
+        .replace("rounds = 500", 'rounds = 500\ndtype = "float32"'),
+    )
     result = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "o"), "--quiet"])
     assert result.exit_code == 3
     summary = json.loads((tmp_path / "o" / "seed-0" / "summary.json").read_text())
     assert summary["status"] == "diverged" and "round" in summary["message"]
     metrics = read_metrics(tmp_path / "o" / "seed-0" / "metrics.csv")
     assert len(metrics["round"]) >= 2 and np.isfinite(metrics["loss"][0])
+
 
 def test_resume_from_checkpoint_gives_the_same_numbers(tmp_path):
     exp = load_experiment("fedshuffle-fig1-sum-one")
@@ -121,9 +143,12 @@ def test_resume_from_checkpoint_gives_the_same_numbers(tmp_path):
     (tmp_path / "cut" / "summary.json").unlink()  # as if killed after the round-140 checkpoint
     resumed = run_single(spec, tmp_path / "cut", seed=9, resume=True, extend=True)
     assert resumed.status == "complete"
-    assert np.array_equal(np.load(tmp_path / "full" / "final_params.npy"), np.load(tmp_path / "cut" / "final_params.npy"))
+    assert np.array_equal(
+        np.load(tmp_path / "full" / "final_params.npy"), np.load(tmp_path / "cut" / "final_params.npy")
+    )
     assert (tmp_path / "full" / "metrics.csv").read_text() == (tmp_path / "cut" / "metrics.csv").read_text()
     assert full.final["round"] == 300
+
 
 def test_show_and_presets_commands():
     result = runner.invoke(app, ["show", "fedshuffle-fig1-sum-one"])
@@ -131,18 +156,25 @@ def test_show_and_presets_commands():
     listing = runner.invoke(app, ["presets"], terminal_width=200)
     assert listing.exit_code == 0 and "fedshuffle-fig4-unfinished" in listing.stdout
 
+
 def test_show_prints_every_default_resolved_and_takes_set():
     result = runner.invoke(app, ["show", "quickstart", "--set", "local.lr=0.5", "--set", "server.momentum=0.5"])
     assert result.exit_code == 0, result.output
     fedavg = json.loads(result.stdout)["runs"]["FedAvg"]
     assert fedavg["local"]["lr"] == 0.5 and fedavg["local"]["order"] == "with_replacement"
     # the server optimizer the parts choose (heavy ball for momentum > 0) and its step size, not null
-    assert fedavg["server"]["optimizer"] == "heavy_ball" and fedavg["server"]["lr"] == 1.0 and fedavg["server"]["momentum"] == 0.5
+    assert (
+        fedavg["server"]["optimizer"] == "heavy_ball"
+        and fedavg["server"]["lr"] == 1.0
+        and fedavg["server"]["momentum"] == 0.5
+    )
     assert fedavg["method"] == {"name": "fedavg"}  # other methods' settings are not shown
     fedcdr = json.loads(runner.invoke(app, ["show", "fedcdr-femnist"]).stdout)["runs"]["FedCDR"]["method"]
     assert fedcdr["form"] == "y" and fedcdr["exact_prox"] is True and None not in fedcdr.values()
     assert fedcdr["initialization"] == "lazy" and fedcdr["prox_solver"] == "sgd" and fedcdr["warm_start"] is True
-    for name in preset_names():  # every preset's every run shows as plain settings, and each shown setting is one its part takes
+    for name in (
+        preset_names()
+    ):  # every preset's every run shows as plain settings, and each shown setting is one its part takes
         for label, spec in load_experiment(name).runs():
             settings = spec.model_dump(mode="json")
             json.dumps(settings)
@@ -150,6 +182,7 @@ def test_show_prints_every_default_resolved_and_takes_set():
     bad = runner.invoke(app, ["show", "quickstart", "--set", "local.lrr=1"])
     assert bad.exit_code == 2 and "local.lrr" in bad.output and "did you mean 'lr'" in bad.output
     assert runner.invoke(app, ["show", "quickstart", "--set", "lr=1"]).exit_code == 2
+
 
 def test_tables_off_a_terminal_are_markdown_and_never_cut():
     listing = runner.invoke(app, ["presets"])  # not a terminal: Markdown, one line per preset
@@ -162,6 +195,7 @@ def test_tables_off_a_terminal_are_markdown_and_never_cut():
     parts = runner.invoke(app, ["show", "server-optimizers"])
     assert "…" not in parts.stdout and "Malitsky & Mishchenko, ICML 2020, Algorithm 1" in parts.stdout
 
+
 def test_inspect_config_reports_each_variants_objective_weights():
     result = runner.invoke(app, ["inspect", "--config", "quickstart", "--json"])
     assert result.exit_code == 0, result.output
@@ -170,9 +204,17 @@ def test_inspect_config_reports_each_variants_objective_weights():
     assert np.allclose(rows["FedAvg"]["objective"]["effective_weights"], np.array([1, 4, 9]) / 14, atol=1e-12)
     assert np.allclose(rows["FedShuffle"]["objective"]["effective_weights"], np.array([1, 2, 3]) / 6, atol=1e-12)
     assert rows["FedAvg"]["objective"]["biased"] and not rows["FedNova"]["objective"]["biased"]
-    assert rows["FedShuffle"]["local_lr"] == pytest.approx(0.004166666666666667) and rows["FedShuffle"]["objective"]["mode"] == "exact"
+    assert (
+        rows["FedShuffle"]["local_lr"] == pytest.approx(0.004166666666666667)
+        and rows["FedShuffle"]["objective"]["mode"] == "exact"
+    )
     text = runner.invoke(app, ["inspect", "--config", "quickstart", "--set", "local.lr=0.001"]).stdout
-    assert "| 2 | 3 | 0.5 | 0.6429 | 0.6429 | 0.5 | 0.5 |" in text and "FedAvg minimizes Σ ŵ_i f_i" in text and "0.001" in text
+    assert (
+        "| 2 | 3 | 0.5 | 0.6429 | 0.6429 | 0.5 | 0.5 |" in text
+        and "FedAvg minimizes Σ ŵ_i f_i" in text
+        and "0.001" in text
+    )
+
 
 RR_CLI = """
 [problem]
@@ -205,15 +247,21 @@ rounds = {rounds}
 eval_every = 1
 """
 
+
 def test_rr_cli_resumes_mid_meta_epoch_with_nested_server_state(tmp_path):
     """The meta-epoch anchor and an adaptive server's moments survive a checkpoint taken inside a meta-epoch."""
-    spec = lambda rounds: load_experiment(write_config(tmp_path, RR_CLI.format(server="adam", rounds=rounds))).runs()[0][1]  # noqa: E731
+    spec = lambda rounds: load_experiment(write_config(tmp_path, RR_CLI.format(server="adam", rounds=rounds))).runs()[
+        0
+    ][1]  # noqa: E731
     run_single(spec(10), tmp_path / "full", seed=1)
     run_single(spec(6), tmp_path / "cut", seed=1)  # 6 = 1.5 meta-epochs of R = 4
     (tmp_path / "cut" / "summary.json").unlink()
     run_single(spec(10), tmp_path / "cut", seed=1, resume=True, extend=True)
-    assert np.array_equal(np.load(tmp_path / "full" / "final_params.npy"), np.load(tmp_path / "cut" / "final_params.npy"))
+    assert np.array_equal(
+        np.load(tmp_path / "full" / "final_params.npy"), np.load(tmp_path / "cut" / "final_params.npy")
+    )
     assert (tmp_path / "full" / "metrics.csv").read_text() == (tmp_path / "cut" / "metrics.csv").read_text()
+
 
 def test_inspect_config_shows_theoretical_step_sizes(tmp_path):
     path = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=5))
@@ -221,11 +269,14 @@ def test_inspect_config_shows_theoretical_step_sizes(tmp_path):
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)["run"]
     c = row["constants"]
-    assert row["local_lr"] == pytest.approx(1 / c["L_sample_max"]) and row["server_lr"] == pytest.approx(row["local_lr"] * 4)  # N = 20/5 steps
+    assert row["local_lr"] == pytest.approx(1 / c["L_sample_max"]) and row["server_lr"] == pytest.approx(
+        row["local_lr"] * 4
+    )  # N = 20/5 steps
     assert row["global_lr"] == 2.0 and row["from_theory"] == ["lr", "server_lr"] and row["local_steps"] == 4
     bad = write_config(tmp_path, RR_CLI.format(server="adamw", rounds=5))
     result = runner.invoke(app, ["inspect", "--config", str(bad)])
     assert result.exit_code == 2 and "server.optimizer" in result.output
+
 
 def test_executor_setting_runs_the_same_numbers(tmp_path):
     """run.executor switches the executor, not the results (metrics files identical)."""
@@ -239,13 +290,19 @@ def test_executor_setting_runs_the_same_numbers(tmp_path):
     np.testing.assert_allclose(a["loss"], d["loss"], rtol=1e-12)
     assert json.loads((tmp_path / "threaded" / "config.json").read_text())["executor"] == {"name": "threaded"}
     picked = json.loads((tmp_path / "auto" / "config.json").read_text())["executor"]
-    assert picked["name"] == "vectorized" and picked["chosen"].startswith("auto: vectorized")  # logistic regression: batched closed forms
-    bad = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6).replace('[run]', '[run]\nexecutor = "gpu"'))
+    assert picked["name"] == "vectorized" and picked["chosen"].startswith(
+        "auto: vectorized"
+    )  # logistic regression: batched closed forms
+    bad = write_config(tmp_path, RR_CLI.format(server="sgd", rounds=6).replace("[run]", '[run]\nexecutor = "gpu"'))
     result = runner.invoke(app, ["run", str(bad), "--out", str(tmp_path / "bad")])
-    assert result.exit_code == 2 and "run.executor" in result.output and "auto" in result.output  # the accepted values are listed
+    assert (
+        result.exit_code == 2 and "run.executor" in result.output and "auto" in result.output
+    )  # the accepted values are listed
+
 
 def fake_sweep(root, lrs=(0.1, 0.2, 0.4), labels=("FedAvg", "FedShuffle"), seeds=(0, 1)):
-    """Run folders as a sweep writes them (sealed), with f_gap = 1/(1 + lr·r) · (1 + k): the largest step is each variant's best point."""
+    """Run folders as a sweep writes them (sealed), with f_gap = 1/(1 + lr·r) · (1 + k): the largest step is each
+    variant's best point."""
     from fedshuffle.core.io import write_json
     from fedshuffle.experiments.folders import sealed
     from fedshuffle.experiments.results import write_metrics
@@ -257,7 +314,20 @@ def fake_sweep(root, lrs=(0.1, 0.2, 0.4), labels=("FedAvg", "FedShuffle"), seeds
                 rows = [{"round": r, "f_gap": (1 + k) / (1 + lr * r) * (1 + 0.01 * seed)} for r in range(0, 101, 10)]
                 folder.mkdir(parents=True)
                 write_metrics(folder / "metrics.csv", rows)
-                write_json(folder / "summary.json", sealed({"status": "complete", "final": {"f_gap": rows[-1]["f_gap"]}, "label": label, "point": {"local": {"lr": lr}}, "seed": seed}, folder))
+                write_json(
+                    folder / "summary.json",
+                    sealed(
+                        {
+                            "status": "complete",
+                            "final": {"f_gap": rows[-1]["f_gap"]},
+                            "label": label,
+                            "point": {"local": {"lr": lr}},
+                            "seed": seed,
+                        },
+                        folder,
+                    ),
+                )
+
 
 def test_sweep_plot_draws_each_variants_best_point_with_the_legend_outside(tmp_path):
     from fedshuffle.experiments.plots import comparison_figure
@@ -282,8 +352,17 @@ def test_sweep_plot_draws_each_variants_best_point_with_the_legend_outside(tmp_p
     result = runner.invoke(app, ["plot", str(tmp_path / "sweep"), "--metric", "f_gap", "--out", str(tmp_path / "p")])
     assert result.exit_code == 0, result.output
     assert "best of 3 grid points" in result.stderr and (tmp_path / "p.png").exists()
-    empty = runner.invoke(app, ["plot", str(tmp_path / "sweep"), "--metric", "test_accuracy", "--all-points", "--out", str(tmp_path / "q")])
-    assert empty.exit_code == 2 and "test_accuracy" in empty.stderr and "f_gap" in empty.stderr and not (tmp_path / "q.png").exists()
+    empty = runner.invoke(
+        app,
+        ["plot", str(tmp_path / "sweep"), "--metric", "test_accuracy", "--all-points", "--out", str(tmp_path / "q")],
+    )
+    assert (
+        empty.exit_code == 2
+        and "test_accuracy" in empty.stderr
+        and "f_gap" in empty.stderr
+        and not (tmp_path / "q.png").exists()
+    )
+
 
 def test_single_seed_tables_print_no_zero_spread(tmp_path):
     fake_sweep(tmp_path / "sweep", lrs=(0.1,), seeds=(0,))
@@ -292,6 +371,7 @@ def test_single_seed_tables_print_no_zero_spread(tmp_path):
     assert "±" not in result.stdout and "| FedShuffle | 0.1818 | 1 |" in result.stdout
     fake_sweep(tmp_path / "two", lrs=(0.1,), seeds=(0, 1))
     assert "0.09136 ± 0.00045" in runner.invoke(app, ["table", str(tmp_path / "two")]).stdout
+
 
 def test_a_data_path_is_found_by_the_data_location_rules_from_any_working_directory(tmp_path, monkeypatch):
     from fedshuffle.experiments.build import build_problem_and_data
@@ -310,11 +390,20 @@ def test_a_data_path_is_found_by_the_data_location_rules_from_any_working_direct
         _, data = build_problem_and_data(spec)
         assert np.array_equal(data.features.numpy(), expected)
     np.save(tmp_path / "config" / "t.npy", 3 * targets)  # next to the config file: found first
-    spec = load_experiment(write_config(tmp_path / "config", BASE.format(targets="t.npy", lr=0.01, rounds=5))).runs()[0][1]
+    spec = load_experiment(write_config(tmp_path / "config", BASE.format(targets="t.npy", lr=0.01, rounds=5))).runs()[
+        0
+    ][1]
     assert np.array_equal(build_problem_and_data(spec)[1].features.numpy(), 3 * targets)
-    missing = runner.invoke(app, ["run", str(config), "--set", 'data.path="quad/none.npy"', "--out", str(tmp_path / "o"), "--quiet"])
-    assert missing.exit_code == 2 and "data.path" in missing.stderr and str(tmp_path / "data" / "quad" / "none.npy") in missing.stderr
+    missing = runner.invoke(
+        app, ["run", str(config), "--set", 'data.path="quad/none.npy"', "--out", str(tmp_path / "o"), "--quiet"]
+    )
+    assert (
+        missing.exit_code == 2
+        and "data.path" in missing.stderr
+        and str(tmp_path / "data" / "quad" / "none.npy") in missing.stderr
+    )
     assert not (tmp_path / "o").exists()
+
 
 def test_femnist_preset_finds_its_data_in_fedshuffle_data_from_any_directory(shared_data, tmp_path, monkeypatch):
     from fedshuffle.data.sources.fetch import resolve_data_path
@@ -325,6 +414,7 @@ def test_femnist_preset_finds_its_data_in_fedshuffle_data_from_any_directory(sha
     for label, spec in load_experiment("fedcdr-femnist").runs():
         assert resolve_data_path(spec.data.path, spec.data.data_dirs) == shared_data / "femnist"
         assert "data.path" in data_hashes(spec.model_dump())  # recorded by content, wherever it was found
+
 
 def test_forty_lines_never_share_colour_and_dash_pattern():
     from fedshuffle.experiments.plots import line_style
@@ -367,9 +457,9 @@ def test_show_diff_lists_exactly_the_settings_on_which_the_base_and_the_variants
     assert differing <= set(diff) and "method.name" in diff and "run.rounds" not in diff
     for key, values in diff.items():  # each row: the base and every variant, not all equal
         assert set(values) <= {"base", *full}
-        assert len({json.dumps(v) for v in values.values()}) > 1 or len(values) < 1 + len(
-            full
-        ), key  # differ, or some column lacks it
+        assert len({json.dumps(v) for v in values.values()}) > 1 or len(values) < 1 + len(full), (
+            key
+        )  # differ, or some column lacks it
         for label in full:
             assert values.get(label, "missing") == flat[label].get(key, "missing"), (key, label)
     assert diff["method.name"]["base"] == "fedshuffle" and diff["method.name"]["FedAvg"] == "fedavg"
@@ -509,6 +599,6 @@ def test_help_texts_fill_the_terminal_rather_than_break_at_the_docstrings_line_e
         assert paragraphs, name
         for paragraph in paragraphs:
             for line, following in zip(paragraph, paragraph[1:]):
-                assert (
-                    len(line) + 1 + len(following.split()[0]) > shown - 4
-                ), f"fedshuffle {name} --help breaks early at {shown} columns: {line!r}"
+                assert len(line) + 1 + len(following.split()[0]) > shown - 4, (
+                    f"fedshuffle {name} --help breaks early at {shown} columns: {line!r}"
+                )

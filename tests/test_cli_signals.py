@@ -29,9 +29,15 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _start(*args: object, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m fedshuffle ARGS`` in its own process group (its pid is the group's id)."""
-    return subprocess.Popen([sys.executable, "-m", "fedshuffle", *map(str, args)], env=env or _env(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedshuffle", *map(str, args)],
+        env=env or _env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _group(pgid: int) -> list[tuple[int, str]]:
@@ -42,7 +48,7 @@ def _group(pgid: int) -> list[tuple[int, str]]:
             continue
         try:
             stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+            fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
             if int(fields[2]) == pgid and fields[0] != "Z":
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 found.append((int(entry.name), command))
@@ -97,8 +103,10 @@ def _one_line(stderr: str, start: str) -> None:
     assert [line for line in lines if line.startswith("interrupted")] == lines[-1:], stderr
 
 
-@pytest.mark.parametrize("signum, status, delay", [(signal.SIGINT, 130, 0.0), (signal.SIGINT, 130, 1.0),
-                                                   (signal.SIGTERM, 143, 0.0), (signal.SIGTERM, 143, 2.0)])
+@pytest.mark.parametrize(
+    "signum, status, delay",
+    [(signal.SIGINT, 130, 0.0), (signal.SIGINT, 130, 1.0), (signal.SIGTERM, 143, 0.0), (signal.SIGTERM, 143, 2.0)],
+)
 def test_a_signal_while_the_command_starts_is_one_line(tmp_path, signum, status, delay):
     """From the moment the command's handler is in place (then it imports for a second or more; later the run's own
     imports and preflight): one line, the signal's exit status."""
@@ -117,8 +125,10 @@ def test_a_signal_while_the_command_starts_is_one_line(tmp_path, signum, status,
 def test_ctrl_c_while_the_fork_server_loads_is_one_line_and_stops_it(tmp_path):
     proc = _start("run", "quickstart", "--seeds", "0..3", "--workers", "2", "--out", tmp_path / "out", "--quiet")
     try:
-        _wait_for(lambda: any("forkserver" in cmd for _, cmd in _group(proc.pid)) or proc.poll() is not None,
-                  "the fork server")
+        _wait_for(
+            lambda: any("forkserver" in cmd for _, cmd in _group(proc.pid)) or proc.poll() is not None,
+            "the fork server",
+        )
         os.killpg(proc.pid, signal.SIGINT)
         stderr = _finish(proc)
         left = _group(proc.pid)
@@ -131,11 +141,13 @@ def test_ctrl_c_while_the_fork_server_loads_is_one_line_and_stops_it(tmp_path):
 
 def test_sigterm_stops_the_workers_and_the_fork_server_and_leaves_the_runs_resumable(tmp_path):
     out = tmp_path / "out"
-    proc = _start("run", "quickstart", "--seeds", "0..3", "--workers", "2", "--out", out, "--quiet",
-                  "--set", "run.rounds=100000")
+    proc = _start(
+        "run", "quickstart", "--seeds", "0..3", "--workers", "2", "--out", out, "--quiet", "--set", "run.rounds=100000"
+    )
     try:
-        _wait_for(lambda: any(out.glob("*/seed-*/checkpoint.pt")) or proc.poll() is not None,
-                  "a worker's first checkpoint")
+        _wait_for(
+            lambda: any(out.glob("*/seed-*/checkpoint.pt")) or proc.poll() is not None, "a worker's first checkpoint"
+        )
         os.kill(proc.pid, signal.SIGTERM)  # the command alone, as `timeout` or `docker stop` sends it
         stderr = _finish(proc)
         left = _group(proc.pid)
@@ -197,19 +209,27 @@ def test_ray_not_starting_is_one_line_exit_3_with_how_to_continue(tmp_path, monk
 
 def test_a_traceback_the_command_prints_shows_no_local_variables(tmp_path):
     assert app.pretty_exceptions_show_locals is False
-    script = ("import sys\n"
-              "import fedshuffle.cli.common as common\n"
-              "def load(config):\n"
-              "    secret_local = 'LOCAL-VALUE-' + 'SHOWN'\n"
-              "    raise RuntimeError('unexpected')\n"
-              "common.load_config = load\n"
-              "import fedshuffle.cli.runs as runs\n"
-              "runs.load_config = load\n"
-              "from fedshuffle.__main__ import main\n"
-              "sys.argv = ['fedshuffle', 'run', 'quickstart', '--out', sys.argv[1]]\n"
-              "main()\n")
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], env=_env(COLUMNS="200"),
-                          capture_output=True, text=True, timeout=300, check=False)
+    script = (
+        "import sys\n"
+        "import fedshuffle.cli.common as common\n"
+        "def load(config):\n"
+        "    secret_local = 'LOCAL-VALUE-' + 'SHOWN'\n"
+        "    raise RuntimeError('unexpected')\n"
+        "common.load_config = load\n"
+        "import fedshuffle.cli.runs as runs\n"
+        "runs.load_config = load\n"
+        "from fedshuffle.__main__ import main\n"
+        "sys.argv = ['fedshuffle', 'run', 'quickstart', '--out', sys.argv[1]]\n"
+        "main()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "out")],
+        env=_env(COLUMNS="200"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 1
     assert "RuntimeError" in proc.stderr and "unexpected" in proc.stderr
     assert "LOCAL-VALUE-SHOWN" not in proc.stderr  # the source line shows, the variable's value does not

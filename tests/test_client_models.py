@@ -37,9 +37,14 @@ def test_keeping_the_clients_models_leaves_the_servers_trajectory_and_scores_the
 
 
 def test_one_client_with_full_participation_owns_the_server_model(tmp_path):
-    """With one client and the server step 1, x ← x − Δ = y: the client's own model is the server model at every round."""
-    one = {**LOGISTIC, "data": {**LOGISTIC["data"], "client_sizes": [120]}, "sampler": {"name": "full"},
-           "variants": [{"label": "FedAvg", "method": {"name": "fedavg"}}]}
+    """With one client and the server step 1, x ← x − Δ = y: the client's own model is the server model at every
+    round."""
+    one = {
+        **LOGISTIC,
+        "data": {**LOGISTIC["data"], "client_sizes": [120]},
+        "sampler": {"name": "full"},
+        "variants": [{"label": "FedAvg", "method": {"name": "fedavg"}}],
+    }
     kept = run(tmp_path, one, score_client_models=True)
     np.testing.assert_allclose(kept["local_loss"], kept["loss"], rtol=1e-10)
 

@@ -54,7 +54,10 @@ def test_registered_dataset_downloads_from_a_mirror_and_matches_the_offline_copy
     np.testing.assert_array_equal(y, y_offline)
 
 
-@pytest.mark.parametrize("name, rows, positives", [("phishing", 11055, 6157), ("mushrooms", 8124, 4208), ("w3a", 4912, 143), ("a3a", 3185, 773)])
+@pytest.mark.parametrize(
+    "name, rows, positives",
+    [("phishing", 11055, 6157), ("mushrooms", 8124, 4208), ("w3a", 4912, 143), ("a3a", 3185, 773)],
+)
 def test_offline_copies_load_with_their_shapes_and_labels(shared_data, name, rows, positives):
     x, y = load_libsvm_dataset(name, data_dirs=[shared_data], download=False)
     assert x.shape == (rows, LIBSVM_DATASETS[name][0]) and int(y.sum()) == positives and set(np.unique(y)) == {0, 1}
@@ -107,7 +110,13 @@ def test_official_test_split_is_used_for_test_metrics(shared_data, monkeypatch):
     from fedshuffle.experiments.build import build_problem_and_data
 
     monkeypatch.setenv("FEDSHUFFLE_DATA", str(shared_data))
-    spec = validate(RunSpec, {"problem": {"name": "logistic", "l2": 1e-3}, "data": {"source": "libsvm", "dataset": "a3a", "partition": "equal", "clients": 5, "libsvm_test": True}})
+    spec = validate(
+        RunSpec,
+        {
+            "problem": {"name": "logistic", "l2": 1e-3},
+            "data": {"source": "libsvm", "dataset": "a3a", "partition": "equal", "clients": 5, "libsvm_test": True},
+        },
+    )
     _, data = build_problem_and_data(spec)
     assert data.num_samples == 3185 // 5 * 5 and data.test_features.shape == (29376, 123)
     assert float(data.test_labels.sum()) == 7068 - 22308  # a3a.t: 7068 positive, 22308 negative, as ±1

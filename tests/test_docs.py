@@ -21,7 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
-FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.MULTILINE | re.DOTALL)
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.MULTILINE | re.DOTALL
+)
 CHEAP_COMMANDS = {"presets", "show"}
 PART_KINDS = {"methods", "problems", "sources", "partitions", "samplers", "server-optimizers", "metrics"}
 
@@ -46,7 +48,9 @@ def _name(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
-PYTHON_PAGES = [p for p in (*PAGES, ROOT / "src/fedshuffle/api.py") if blocks(p, "python")]  # and the API's module docstring
+PYTHON_PAGES = [
+    p for p in (*PAGES, ROOT / "src/fedshuffle/api.py") if blocks(p, "python")
+]  # and the API's module docstring
 
 
 @pytest.fixture
@@ -71,7 +75,8 @@ def test_python_examples_run(page, tmp_path, monkeypatch, clean_registries):
     namespace: dict = {"__name__": "__docs__"}
     try:
         for line, code in blocks(page, "python"):
-            exec(compile(code, f"{_name(page)}:{line}", "exec"), namespace)  # noqa: S102 - the documentation's own examples
+            # the documentation's own examples
+            exec(compile(code, f"{_name(page)}:{line}", "exec"), namespace)
     finally:
         plt.close("all")
 
@@ -87,14 +92,18 @@ def fedshuffle_commands(code: str) -> list[list[str]]:
     return commands
 
 
-BASH_COMMANDS = [(page, line, words) for page in PAGES for line, code in blocks(page, "bash") for words in fedshuffle_commands(code)]
+BASH_COMMANDS = [
+    (page, line, words) for page in PAGES for line, code in blocks(page, "bash") for words in fedshuffle_commands(code)
+]
 
 
 def test_the_pages_have_commands_to_check():
     assert len(BASH_COMMANDS) >= 15 and len(PYTHON_PAGES) >= 5 and TOML_BLOCKS
 
 
-@pytest.mark.parametrize(("page", "line", "words"), BASH_COMMANDS, ids=[f"{_name(p)}:{n}:{' '.join(w[:2])}" for p, n, w in BASH_COMMANDS])
+@pytest.mark.parametrize(
+    ("page", "line", "words"), BASH_COMMANDS, ids=[f"{_name(p)}:{n}:{' '.join(w[:2])}" for p, n, w in BASH_COMMANDS]
+)
 def test_shell_examples_parse_and_cheap_ones_run(page, line, words, tmp_path, monkeypatch):
     import typer
     from typer.testing import CliRunner
@@ -111,11 +120,18 @@ def test_shell_examples_parse_and_cheap_ones_run(page, line, words, tmp_path, mo
     assert name in group.commands, f"{_name(page)}:{line}: no command {name!r}"
     params = group.commands[name].make_context(name, list(args)).params  # unknown options and bad values raise here
     config = params.get("config")
-    if config and not config.endswith(".toml") and config not in PART_KINDS and name in ("run", "sweep", "show", "inspect"):
+    if (
+        config
+        and not config.endswith(".toml")
+        and config not in PART_KINDS
+        and name in ("run", "sweep", "show", "inspect")
+    ):
         experiment = load_experiment(config)  # a preset that does not exist fails here
         overrides = parse_overrides(params.get("set_") or []) if name in ("run", "sweep") else {}
         for point in parse_grid(params.get("grid") or []):
-            experiment.runs({**overrides, **{k: {**overrides.get(k, {}), **v} for k, v in point.items()}})  # settings and values are valid
+            experiment.runs(
+                {**overrides, **{k: {**overrides.get(k, {}), **v} for k, v in point.items()}}
+            )  # settings and values are valid
     if name in CHEAP_COMMANDS or (name == "inspect" and not params.get("config")):
         monkeypatch.chdir(tmp_path)
         result = CliRunner().invoke(app, words)
@@ -176,14 +192,31 @@ def test_every_page_is_in_the_navigation():
 
 
 def test_sphinx_roles_of_the_docstrings_render_as_code():
-    html = "see :class:<code>~fedshuffle.api.Results</code>, :func:<code>fedshuffle.api.load_results</code> and :mod:<code>fedshuffle.metrics</code>"
-    assert docs_hooks.plain_roles(html) == "see <code>Results</code>, <code>fedshuffle.api.load_results</code> and <code>fedshuffle.metrics</code>"
+    html = (
+        "see :class:<code>~fedshuffle.api.Results</code>, :func:<code>fedshuffle.api.load_results</code> and "
+        ":mod:<code>fedshuffle.metrics</code>"
+    )
+    assert (
+        docs_hooks.plain_roles(html)
+        == "see <code>Results</code>, <code>fedshuffle.api.load_results</code> and <code>fedshuffle.metrics</code>"
+    )
 
 
 def test_every_module_is_in_the_api_reference():
-    documented = {line.split()[1] for page in (DOCS / "reference").glob("*.md") for line in page.read_text().splitlines() if line.startswith("::: ")}
-    modules = {".".join(path.relative_to(ROOT / "src").with_suffix("").parts) for path in (ROOT / "src/fedshuffle").rglob("*.py") if path.name != "__init__.py"}
-    command_line = {m for m in modules if m.startswith("fedshuffle.cli.")} | {"fedshuffle.__main__"}  # the command line has its own page
+    documented = {
+        line.split()[1]
+        for page in (DOCS / "reference").glob("*.md")
+        for line in page.read_text().splitlines()
+        if line.startswith("::: ")
+    }
+    modules = {
+        ".".join(path.relative_to(ROOT / "src").with_suffix("").parts)
+        for path in (ROOT / "src/fedshuffle").rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    command_line = {m for m in modules if m.startswith("fedshuffle.cli.")} | {
+        "fedshuffle.__main__"
+    }  # the command line has its own page
     undocumented = sorted(modules - documented - command_line)
     assert not undocumented, f"add to a page of docs/reference (a '::: module' line): {', '.join(undocumented)}"
 
@@ -229,9 +262,9 @@ def test_every_readme_link_resolves_to_a_page_the_docs_build_or_a_file_of_the_re
         path, _, anchor = link.partition("#")
         assert (ROOT / path).is_file(), f"README links to {path}, which does not exist"
         if path.startswith("docs/"):
-            assert (
-                path.endswith(".md") and str(Path(path).relative_to("docs")) in nav
-            ), f"{path} is not in mkdocs.yml's nav"
+            assert path.endswith(".md") and str(Path(path).relative_to("docs")) in nav, (
+                f"{path} is not in mkdocs.yml's nav"
+            )
             assert not anchor or anchor in heading_anchors(ROOT / path), f"{link}: no such heading"
 
 

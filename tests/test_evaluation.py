@@ -16,7 +16,14 @@ SIZES = [7, 11, 14]
 
 def dataset(features: torch.Tensor, labels: torch.Tensor, test_features=None, test_labels=None) -> FederatedDataset:
     sizes = np.array(SIZES)
-    return FederatedDataset(features, labels, contiguous_partition(SIZES), objective_weights(sizes, "size"), test_features=test_features, test_labels=test_labels)
+    return FederatedDataset(
+        features,
+        labels,
+        contiguous_partition(SIZES),
+        objective_weights(sizes, "size"),
+        test_features=test_features,
+        test_labels=test_labels,
+    )
 
 
 def cases():
@@ -25,10 +32,16 @@ def cases():
     x = torch.randn(n, d, generator=g, dtype=torch.float64)
     xt = torch.randn(9, d, generator=g, dtype=torch.float64)
     classes, test_classes = torch.randint(0, k, (n,), generator=g), torch.randint(0, k, (9,), generator=g)
-    signs, test_signs = torch.randint(0, 2, (n,), generator=g) * 2.0 - 1, torch.randint(0, 2, (9,), generator=g) * 2.0 - 1
-    images, test_images = torch.randn(n, 3 * 16 * 16, generator=g, dtype=torch.float64), torch.randn(5, 3 * 16 * 16, generator=g, dtype=torch.float64)
-    tokens, test_tokens = torch.randint(0, 7, (n, 5), generator=g).double(), torch.randint(0, 7, (4, 5), generator=g).double()
-    next_tokens, test_next = torch.randint(-1, 7, (n, 5), generator=g), torch.randint(0, 7, (4, 5), generator=g)  # -1: padding, not scored
+    signs = torch.randint(0, 2, (n,), generator=g) * 2.0 - 1
+    test_signs = torch.randint(0, 2, (9,), generator=g) * 2.0 - 1
+    images = torch.randn(n, 3 * 16 * 16, generator=g, dtype=torch.float64)
+    test_images = torch.randn(5, 3 * 16 * 16, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, 7, (n, 5), generator=g).double()
+    test_tokens = torch.randint(0, 7, (4, 5), generator=g).double()
+    next_tokens, test_next = (
+        torch.randint(-1, 7, (n, 5), generator=g),
+        torch.randint(0, 7, (4, 5), generator=g),
+    )  # -1: padding, not scored
     yield "quadratic", Quadratic(d), dataset(x, torch.zeros(n))
     yield "logistic", LogisticRegression(d, 0.3), dataset(x, signs.double(), xt, test_signs.double())
     yield "softmax", SoftmaxRegression(d, k, 0.2), dataset(x, classes, xt, test_classes)
@@ -61,10 +74,12 @@ def in_chunks_of(problem, rows: int) -> list[int]:
         problem.eval_batch = rows
         evaluate = problem._evaluate
         problem._evaluate = lambda params, features, labels, each, index=None: evaluate(
-            params, features, labels, lambda b, o, i: (sizes.append(o.shape[0]), each(b, o, i)), index)
+            params, features, labels, lambda b, o, i: (sizes.append(o.shape[0]), each(b, o, i)), index
+        )
         return sizes
     chunk_scores = problem.chunk_scores
     problem.chunk_rows = lambda features: rows
+
     def counted(params, features, *rest):
         sizes.append(features.shape[0])
         return chunk_scores(params, features, *rest)
@@ -78,7 +93,9 @@ def in_chunks_of(problem, rows: int) -> list[int]:
 def test_one_pass_scores_equal_the_separate_passes(name, problem, data, chunk):
     """Also in chunks of 4 samples (train and test sets of 32 and 9 samples: 8 and 3 chunks), the sums added chunk
     by chunk."""
-    params = problem.init_params(torch.Generator().manual_seed(1), torch.float64) + 0.1 * torch.randn(problem.dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    params = problem.init_params(torch.Generator().manual_seed(1), torch.float64) + 0.1 * torch.randn(
+        problem.dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64
+    )
     expected = old_scores(problem, data, params)
     sizes = in_chunks_of(problem, chunk) if chunk else []
     got = metrics.ModelScores(problem, data)(params)
@@ -99,16 +116,25 @@ def test_one_pass_scores_equal_the_separate_passes(name, problem, data, chunk):
 def test_scores_without_the_gradient_skip_it():
     problem = SoftmaxRegression(3, 3, 0.1)
     data = dataset(torch.randn(sum(SIZES), 3, dtype=torch.float64), torch.randint(0, 3, (sum(SIZES),)))
-    scores = problem.scores(torch.zeros(problem.dim, dtype=torch.float64), data.features, data.labels, data.sample_weights(), gradient=False)
-    assert scores.grad_norm_sq is None and scores.loss == pytest.approx(np.log(3), rel=1e-12)  # uniform softmax: CE = log K
+    scores = problem.scores(
+        torch.zeros(problem.dim, dtype=torch.float64), data.features, data.labels, data.sample_weights(), gradient=False
+    )
+    assert scores.grad_norm_sq is None and scores.loss == pytest.approx(
+        np.log(3), rel=1e-12
+    )  # uniform softmax: CE = log K
 
 
 def test_a_run_without_the_gradient_norm_leaves_only_that_column_empty(tmp_path):
     """run.grad_norm = false: grad_norm_sq empty in every row, every other metric the same bits as with it."""
     import fedshuffle as fs
 
-    config = {"problem": {"name": "mlp", "hidden": [4]}, "data": {"source": "synthetic", "samples": 120, "features": 5, "classes": 3, "partition": "iid", "clients": 4},
-              "local": {"lr": 0.1}, "sampler": {"name": "full"}, "run": {"rounds": 4, "eval_every": 2, "executor": "vectorized"}}
+    config = {
+        "problem": {"name": "mlp", "hidden": [4]},
+        "data": {"source": "synthetic", "samples": 120, "features": 5, "classes": 3, "partition": "iid", "clients": 4},
+        "local": {"lr": 0.1},
+        "sampler": {"name": "full"},
+        "run": {"rounds": 4, "eval_every": 2, "executor": "vectorized"},
+    }
     runs = {}
     for flag in (True, False):
         config["run"]["grad_norm"] = flag
@@ -125,15 +151,31 @@ def test_a_run_without_the_gradient_norm_leaves_only_that_column_empty(tmp_path)
 def test_the_solution_key_follows_the_settings_that_make_the_data_and_the_problem():
     from fedshuffle.problems.solution import solution_key
 
-    spec = {"problem": {"name": "logistic", "l2": 0.1}, "data": {"source": "libsvm", "dataset": "a3a", "seed": 0, "data_dirs": []}, "run": {"dtype": "float64", "seed": 3}}
+    spec = {
+        "problem": {"name": "logistic", "l2": 0.1},
+        "data": {"source": "libsvm", "dataset": "a3a", "seed": 0, "data_dirs": []},
+        "run": {"dtype": "float64", "seed": 3},
+    }
 
     def changed(section, key, value, files=None):
         return solution_key({**spec, section: {**spec[section], key: value}}, files or {})
 
     key = solution_key(spec, {})
-    assert key == changed("data", "data_dirs", ["/elsewhere"]) == changed("run", "seed", 4)  # where data is looked for, the run's seed: same x*
-    assert len({key, changed("data", "seed", 1), changed("problem", "l2", 0.2), changed("run", "dtype", "float32"),
-                solution_key(spec, {"data.path": "ab" * 32})}) == 5
+    assert (
+        key == changed("data", "data_dirs", ["/elsewhere"]) == changed("run", "seed", 4)
+    )  # where data is looked for, the run's seed: same x*
+    assert (
+        len(
+            {
+                key,
+                changed("data", "seed", 1),
+                changed("problem", "l2", 0.2),
+                changed("run", "dtype", "float32"),
+                solution_key(spec, {"data.path": "ab" * 32}),
+            }
+        )
+        == 5
+    )
     unseeded = {**spec, "data": {**spec["data"], "seed": None}}  # split by the run's seed: one x* per seed
     assert solution_key(unseeded, {}) != solution_key({**unseeded, "run": {**spec["run"], "seed": 4}}, {})
 
@@ -182,8 +224,15 @@ def test_a_partition_that_leaves_samples_out_builds_a_training_tensor_of_the_cli
     the samples (rows of the source, by their features) that it held when the remainder was kept."""
     from fedshuffle.data.catalog import PARTITIONS, federate, load_samples
 
-    settings = {"source": "synthetic", "samples": 103, "features": 4, "classes": 3, "partition": "equal", "clients": 5,
-                "seed": 7}
+    settings = {
+        "source": "synthetic",
+        "samples": 103,
+        "features": 4,
+        "classes": 3,
+        "partition": "equal",
+        "clients": 5,
+        "seed": 7,
+    }
     samples, rng = load_samples(settings, 0)
     data = federate(samples, settings, rng)
     assert data.features.shape[0] == data.num_samples == 100 and data.held_rows() is None

@@ -40,8 +40,20 @@ SETTINGS = {
 #: every method, plus global momentum and an adaptive server optimizer around the stateful methods
 CASES = {
     **{m: (m, settings) for m, settings in SETTINGS.items()},
-    "scaffold+mvr+adam": ("scaffold", {**SETTINGS["scaffold"], "global_momentum": 0.9, "server_optimizer": "adam", "server_lr": 0.05}),
-    "fedcdr+momentum+yogi": ("fedcdr", {**SETTINGS["fedcdr"], "global_momentum": 0.5, "momentum_estimator": "approx", "server_optimizer": "yogi", "server_lr": 0.05}),
+    "scaffold+mvr+adam": (
+        "scaffold",
+        {**SETTINGS["scaffold"], "global_momentum": 0.9, "server_optimizer": "adam", "server_lr": 0.05},
+    ),
+    "fedcdr+momentum+yogi": (
+        "fedcdr",
+        {
+            **SETTINGS["fedcdr"],
+            "global_momentum": 0.5,
+            "momentum_estimator": "approx",
+            "server_optimizer": "yogi",
+            "server_lr": 0.05,
+        },
+    ),
     "feddyn+mvr+heavy_ball": ("feddyn", {**SETTINGS["feddyn"], "global_momentum": 0.9, "server_momentum": 0.5}),
 }
 
@@ -80,7 +92,9 @@ def test_vectorized_and_threaded_equal_sequential(method):
 def test_vectorized_equals_sequential_for_a_network(method):
     """The vmap(grad) path: a small MLP on 3 classes."""
     problem, data = MLP(4, [5], 3, 1e-3), dataset(classes=3)
-    assert_close(trajectory(method, VectorizedExecutor(), problem, data), trajectory(method, SequentialExecutor(), problem, data))
+    assert_close(
+        trajectory(method, VectorizedExecutor(), problem, data), trajectory(method, SequentialExecutor(), problem, data)
+    )
 
 
 def test_memory_budget_sets_the_chunk_size():
@@ -96,7 +110,10 @@ def test_full_local_gradients_agree():
     problem, data = LogisticRegression(4, 1e-2), dataset()
     x = torch.linspace(-1, 1, 4, dtype=torch.float64)
     clients = np.array([0, 3, 4, 3])
-    assert_close(VectorizedExecutor(chunk_size=3).client_gradients(problem, data, x, clients), SequentialExecutor().client_gradients(problem, data, x, clients))
+    assert_close(
+        VectorizedExecutor(chunk_size=3).client_gradients(problem, data, x, clients),
+        SequentialExecutor().client_gradients(problem, data, x, clients),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +135,9 @@ def test_lazy_dataset_gives_the_in_memory_trajectory():
 
     data = dataset()
     x, y = data.features.numpy(), data.labels.numpy()
-    lazy = LazyFederatedDataset(data.sizes, data.weights, lambda i: (x[data.client_indices[i]], y[data.client_indices[i]]), (4,))
+    lazy = LazyFederatedDataset(
+        data.sizes, data.weights, lambda i: (x[data.client_indices[i]], y[data.client_indices[i]]), (4,)
+    )
     for method in ("fedshuffle", "fedshuffle_mvr", "fedavg"):
         reference = trajectory(method, SequentialExecutor())
         for executor in (SequentialExecutor(), VectorizedExecutor(chunk_size=2)):
@@ -148,12 +167,22 @@ def test_auto_picks_by_problem_and_device():
     lstm, cnn, dropout = ModuleProblem(CharLSTM(7, 3, 5, 1)), CNN((3, 8, 8), 3, dropout=False), CNN((3, 8, 8), 3)
     assert choose(LogisticRegression(4, 0.1))[0] == choose(MLP(4, [3], 2))[0] == "vectorized"
     assert choose(cnn, threads=2)[0] == choose(lstm, threads=4)[0] == "threaded"
-    assert choose(cnn, threads=1)[0] == choose(dropout, threads=2)[0] == choose(lstm, "cuda")[0] == choose(dropout, "cuda")[0] == "sequential"
+    assert (
+        choose(cnn, threads=1)[0]
+        == choose(dropout, threads=2)[0]
+        == choose(lstm, "cuda")[0]
+        == choose(dropout, "cuda")[0]
+        == "sequential"
+    )
     assert choose(cnn, "cuda")[0] == "vectorized"
     executor = make_executor("auto", LogisticRegression(4, 0.1))
     assert isinstance(executor, VectorizedExecutor) and executor.chosen.startswith("auto: vectorized")
     threaded = make_executor("auto", cnn, threads=3)
-    assert isinstance(threaded, ThreadedExecutor) and threaded.threads == 3 and threaded.chosen.startswith("auto: threaded — cnn on the CPU: 3 clients at a time")
+    assert (
+        isinstance(threaded, ThreadedExecutor)
+        and threaded.threads == 3
+        and threaded.chosen.startswith("auto: threaded — cnn on the CPU: 3 clients at a time")
+    )
     with pytest.raises(ConfigError, match="run.executor.*auto, sequential, vectorized, threaded, ray"):
         make_executor("gpu")
 
@@ -174,8 +203,12 @@ def test_compiled_backend_gives_the_reference_trajectory(problem_name):
         "mlp": (MLP(4, [5, 3], 3, 1e-2), dataset(classes=3)),
     }[problem_name]
     assert fused.problem_code(problem) is not None
-    cases = {"quadratic": ("fedavg_rr", "fednova"), "logistic": ("fedavg", "scaffold+mvr+adam"), "softmax": ("scaffold+mvr+adam",),
-             "mlp": ("fedcdr", "scaffold+mvr+adam", "fedavg_rr")}[problem_name]
+    cases = {
+        "quadratic": ("fedavg_rr", "fednova"),
+        "logistic": ("fedavg", "scaffold+mvr+adam"),
+        "softmax": ("scaffold+mvr+adam",),
+        "mlp": ("fedcdr", "scaffold+mvr+adam", "fedavg_rr"),
+    }[problem_name]
     compiled_calls = []
     original = fused.run
 
@@ -207,8 +240,12 @@ def test_compiled_backend_runs_a_small_float32_mlp_and_leaves_larger_ones_to_tor
 
     rng = np.random.default_rng(1)
     problem = MLP(60, [32], 10)
-    x, y = torch.from_numpy(rng.standard_normal((300, 60)).astype(np.float32)), torch.from_numpy(rng.integers(0, 10, 300))
-    plans = [ClientPlan(c, rng.integers(0, 300, (steps, 10)), 0.05, steps, float(steps)) for c, steps in enumerate((40, 7, 23))]
+    x = torch.from_numpy(rng.standard_normal((300, 60)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, 300))
+    plans = [
+        ClientPlan(c, rng.integers(0, 300, (steps, 10)), 0.05, steps, float(steps))
+        for c, steps in enumerate((40, 7, 23))
+    ]
     plans[1].batches[-1, 4:] = -1  # a short last batch
     start = problem.init_params(torch.Generator().manual_seed(0), torch.float32).expand(3, -1).contiguous()
     work = LocalWork(plans, start, StepChain([Prox(0.1)]), center=start + 0.01)
@@ -237,8 +274,12 @@ def test_a_diverging_mlp_gives_non_finite_updates_on_the_compiled_loop_as_on_the
 
     rng = np.random.default_rng(0)
     problem = MLP(60, [32], 10)
-    x, y = torch.from_numpy(5 * rng.standard_normal((100, 60)).astype(np.float32)), torch.from_numpy(rng.integers(0, 10, 100))
-    work = LocalWork([ClientPlan(0, rng.integers(0, 100, (200, 10)), 1e10, 200, 200.0)], problem.init_params(torch.Generator().manual_seed(0), torch.float32))
+    x = torch.from_numpy(5 * rng.standard_normal((100, 60)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, 100))
+    work = LocalWork(
+        [ClientPlan(0, rng.integers(0, 100, (200, 10)), 1e10, 200, 200.0)],
+        problem.init_params(torch.Generator().manual_seed(0), torch.float32),
+    )
     for compiled in (False, True):
         assert not torch.isfinite(run_local(problem, x, y, work, compiled=compiled)).all(), f"compiled={compiled}"
 
@@ -250,11 +291,30 @@ def test_summed_updates_equal_the_stacked_ones(method, monkeypatch):
     from fedshuffle.methods.base import Method
 
     def run(executor):
-        sim = Simulation(LogisticRegression(4, 1e-2), dataset(), build_flat(method, {"lr": 0.1, **SETTINGS[method]}), UniformWithoutReplacement(6, 3), seed=5, executor=executor)
+        sim = Simulation(
+            LogisticRegression(4, 1e-2),
+            dataset(),
+            build_flat(method, {"lr": 0.1, **SETTINGS[method]}),
+            UniformWithoutReplacement(6, 3),
+            seed=5,
+            executor=executor,
+        )
         return params_trajectory(sim, ROUNDS), sim.counters.bytes_up
 
-    assert Simulation(LogisticRegression(4, 1e-2), dataset(), build_flat(method, {"lr": 0.1, **SETTINGS[method]}), UniformWithoutReplacement(6, 3)).method.sums_updates
-    summed = {name: run(executor) for name, executor in {"sequential": SequentialExecutor(), "vectorized": VectorizedExecutor(chunk_size=2), "threaded": ThreadedExecutor(2)}.items()}
+    assert Simulation(
+        LogisticRegression(4, 1e-2),
+        dataset(),
+        build_flat(method, {"lr": 0.1, **SETTINGS[method]}),
+        UniformWithoutReplacement(6, 3),
+    ).method.sums_updates
+    summed = {
+        name: run(executor)
+        for name, executor in {
+            "sequential": SequentialExecutor(),
+            "vectorized": VectorizedExecutor(chunk_size=2),
+            "threaded": ThreadedExecutor(2),
+        }.items()
+    }
     assert torch.equal(run(ThreadedExecutor(2))[0], summed["threaded"][0])  # the threads' timing does not change a bit
     monkeypatch.setattr(Method, "sums_updates", property(lambda self: False))
     stacked, up = run(SequentialExecutor())

@@ -28,7 +28,9 @@ def test_fedavg_rr_converges_to_its_closed_form_biased_point(epochs, lr):
     sizes = [1, 2, 3]
     targets = np.repeat(np.eye(3), sizes, axis=0)
     data = quadratic_dataset(sizes, targets)
-    sim = Simulation(Quadratic(3), data, build_flat("fedavg_rr", {"lr": lr, "epochs": epochs}), FullParticipation(3), seed=0)
+    sim = Simulation(
+        Quadratic(3), data, build_flat("fedavg_rr", {"lr": lr, "epochs": epochs}), FullParticipation(3), seed=0
+    )
     for _ in range(3000):  # until the iterates stop moving (deterministic: RR over copies of one point)
         before = sim.params.clone()
         sim.step()
@@ -53,7 +55,9 @@ def test_fedavg_rr_small_step_limit_is_the_size_squared_objective():
     gaps = []
     for lr in (1e-2, 1e-3, 1e-4):
         alg = build_flat("fedavg_rr", {"lr": lr})
-        gaps.append(np.abs(unit_quadratic_fixed_point(alg, FullParticipation(3), sizes, data.weights, np.eye(3)) - limit).max())
+        gaps.append(
+            np.abs(unit_quadratic_fixed_point(alg, FullParticipation(3), sizes, data.weights, np.eye(3)) - limit).max()
+        )
     assert gaps[0] > gaps[1] > gaps[2]
     assert gaps[2] < 1e-4 and 8 < gaps[1] / gaps[2] < 12
 
@@ -87,7 +91,9 @@ def test_fedavg_saturates_while_fedshuffle_and_fednova_rr_remove_the_inconsisten
     """Figure 1 (left): FedAvgRR's error floor is ~5e4 times FedShuffle's; FedShuffle beats FedNovaRR."""
     errors = {}
     for method in ("fedavg_rr", "fednova_rr", "fedshuffle"):
-        x_hat = unit_quadratic_fixed_point(build_flat(method, {"lr": ETA / 3}), FullParticipation(3), toy.sizes, toy.weights, client_means(toy))
+        x_hat = unit_quadratic_fixed_point(
+            build_flat(method, {"lr": ETA / 3}), FullParticipation(3), toy.sizes, toy.weights, client_means(toy)
+        )
         errors[method] = np.sum((x_hat - X_STAR) ** 2)
     assert errors["fedavg_rr"] == pytest.approx(1.689147e-2, rel=1e-5)
     assert errors["fedavg_rr"] > 1e4 * errors["fedshuffle"]
@@ -131,7 +137,10 @@ def test_importance_sampling_beats_uniform_on_the_d10_instance():
     data = quadratic_dataset([8, 1, 1])
     x_star = torch.full((10,), 0.1, dtype=torch.float64)
     window = {}
-    for label, lr, sampler in (("uniform", 1 / 4000, UniformWithoutReplacement(3, 1)), ("importance", 1 / 2400, Independent.importance(data.weights, 1))):
+    for label, lr, sampler in (
+        ("uniform", 1 / 4000, UniformWithoutReplacement(3, 1)),
+        ("importance", 1 / 2400, Independent.importance(data.weights, 1)),
+    ):
         gaps = []
         for seed in (1, 2, 3):
             sim = Simulation(Quadratic(10), data, build_flat("fedshuffle", {"lr": lr}), sampler, seed=seed)

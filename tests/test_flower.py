@@ -28,7 +28,9 @@ from flower_harness import FLOWER_ENV, FakeGrid, local_federation, outside_loopb
 
 for _key in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):  # before Flower reads them
     os.environ.setdefault(_key, FLOWER_ENV[_key])
-pytest.importorskip("flwr", reason="the Flower integration needs flwr (pip install 'fedshuffle[flower]', Python >= 3.11)")
+pytest.importorskip(
+    "flwr", reason="the Flower integration needs flwr (pip install 'fedshuffle[flower]', Python >= 3.11)"
+)
 
 from flwr.app import ConfigRecord, Context, RecordDict  # noqa: E402
 
@@ -42,10 +44,12 @@ from fedshuffle.experiments.session import run_experiment  # noqa: E402
 from fedshuffle.integrations.flower.app import client_app, server_app  # noqa: E402
 from fedshuffle.integrations.flower.bundle import write_app  # noqa: E402
 from fedshuffle.integrations.flower.client import FileStore, StateLost, accepted_rows, hosted_clients  # noqa: E402
-from fedshuffle.integrations.flower.common import AppSettings, federated_runs, format_clients, parse_clients  # noqa: E402
+
+from fedshuffle.integrations.flower.common import AppSettings, federated_runs, format_clients, parse_clients
 from fedshuffle.integrations.flower.messages import TRAIN, record_tensors, records_plans  # noqa: E402
 from fedshuffle.integrations.flower.nodedata import write_node_folders  # noqa: E402
-from fedshuffle.integrations.flower.strategy import ClientStateLost, FederationError, FedShuffleStrategy, keep_members  # noqa: E402
+
+from fedshuffle.integrations.flower.strategy import ClientStateLost, FederationError, FedShuffleStrategy, keep_members
 from fedshuffle.methods import METHODS  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -53,11 +57,15 @@ ROUNDS = 3
 #: seconds the deployment test may take, SuperLink start to results (a heavily shared machine may need more)
 DEPLOYMENT_SECONDS = float(os.environ.get("FEDSHUFFLE_FLOWER_DEADLINE", "180"))
 
-#: samplers per method, so that every kind is exercised: repeats (with replacement), random and empty cohorts, meta-epochs
+#: samplers per method, so that every kind is exercised: repeats (with replacement), random and empty cohorts,
+#: meta-epochs
 SAMPLERS = {
-    "rr_cli": {"name": "cyclic", "cohort": 2}, "fedcdr": {"name": "cyclic", "cohort": 2, "order": "shuffle_once"},
-    "scaffold": {"name": "with_replacement", "cohort": 3}, "fedshuffle": {"name": "importance", "cohort": 2},
-    "fedavg": {"name": "independent", "cohort": 2}, "nastya": {"name": "full"},
+    "rr_cli": {"name": "cyclic", "cohort": 2},
+    "fedcdr": {"name": "cyclic", "cohort": 2, "order": "shuffle_once"},
+    "scaffold": {"name": "with_replacement", "cohort": 3},
+    "fedshuffle": {"name": "importance", "cohort": 2},
+    "fedavg": {"name": "independent", "cohort": 2},
+    "nastya": {"name": "full"},
 }
 
 
@@ -66,7 +74,14 @@ def experiment(variants: list[dict], clients: int = 4, rounds: int = ROUNDS, see
     raw = {
         "experiment": {"name": "flower-test", "seeds": [seed]},
         "problem": {"name": "logistic", "l2": 0.05},
-        "data": {"source": "synthetic", "samples": 12 * clients, "features": 3, "clients": clients, "partition": "dirichlet", "alpha": 0.8},
+        "data": {
+            "source": "synthetic",
+            "samples": 12 * clients,
+            "features": 3,
+            "clients": clients,
+            "partition": "dirichlet",
+            "alpha": 0.8,
+        },
         "local": {"lr": 0.2, "batch_size": 3},
         "sampler": {"name": "uniform", "cohort": 2},
         "run": {"rounds": rounds, "eval_every": 1},
@@ -134,14 +149,26 @@ def test_configure_train_sends_the_simulations_plans_and_aggregate_train_returns
             ins = message.content["instructions"]
             client = int(ins["client"])
             assert message.metadata.dst_node_id == grid.node_of(client) and message.metadata.message_type == TRAIN
-            assert int(ins["round"]) == rnd.index and float(ins["lr-scale"]) == rnd.lr_scale and int(ins["last-round"]) == accepted.get(client, -1)
+            assert (
+                int(ins["round"]) == rnd.index
+                and float(ins["lr-scale"]) == rnd.lr_scale
+                and int(ins["last-round"]) == accepted.get(client, -1)
+            )
             own_rows = sim.data.client_indices[client]
             sent_plans = records_plans(client, ins, message.content["plans"], run.seed, int(ins["round"]))
             wanted = [p for p in rnd.plans if p.client == client]
             assert len(sent_plans) == len(wanted) == int(np.sum(rnd.cohort == client))
             for got, want in zip(sent_plans, wanted):
-                assert np.array_equal(np.where(got.batches >= 0, own_rows[np.clip(got.batches, 0, None)], -1), want.batches)  # the node's numbering of the same rows
-                assert (got.lr, got.planned_steps, got.a_l1, got.steps, got.key) == (want.lr, want.planned_steps, want.a_l1, want.steps, want.key)
+                assert np.array_equal(
+                    np.where(got.batches >= 0, own_rows[np.clip(got.batches, 0, None)], -1), want.batches
+                )  # the node's numbering of the same rows
+                assert (got.lr, got.planned_steps, got.a_l1, got.steps, got.key) == (
+                    want.lr,
+                    want.planned_steps,
+                    want.a_l1,
+                    want.steps,
+                    want.key,
+                )
             sent = record_tensors(message.content["broadcast"])
             assert sorted(sent) == sorted(broadcast)
             for key in broadcast:
@@ -154,14 +181,20 @@ def test_configure_train_sends_the_simulations_plans_and_aggregate_train_returns
         arrays, metrics = strategy.aggregate_train(r, grid.send_and_receive(messages))
         assert_equal_to_rounding(model(arrays), sim.params)
         assert metrics["dropped"] == 0 and metrics["members"] == len(rnd.cohort)
-        assert (metrics["sample_gradients"], metrics["bytes_up"], metrics["bytes_down"]) == (record.sample_gradients, record.bytes_up, record.bytes_down)
+        assert (metrics["sample_gradients"], metrics["bytes_up"], metrics["bytes_down"]) == (
+            record.sample_gradients,
+            record.bytes_up,
+            record.bytes_down,
+        )
         accepted.update({int(c): rnd.index for c in rnd.cohort})
     measured = strategy.half.counters.worker_compute_seconds  # the rounds' time at the server: measured, not simulated
     assert replace(strategy.half.counters, worker_compute_seconds=0.0) == sim.counters and measured > 0
 
 
 def test_an_empty_cohort_sends_no_training_message_and_takes_the_simulations_step():
-    exp = experiment([{"label": "fs", "method": {"name": "fedshuffle"}, "sampler": {"name": "independent", "cohort": 0.4}}], rounds=1)
+    exp = experiment(
+        [{"label": "fs", "method": {"name": "fedshuffle"}, "sampler": {"name": "independent", "cohort": 0.4}}], rounds=1
+    )
     seed = next(s for s in range(200) if len(build_simulation(single_run(exp).spec, s)[0].sampler.sample(0, s)) == 0)
     run = federated_runs(exp, AppSettings(seed=seed))[0]
     grid = FakeGrid(client_app(exp, {"seed": seed}), 4)
@@ -203,7 +236,9 @@ def test_lost_client_state_stops_the_run_naming_the_client_never_resetting_it():
     exp = experiment([{"label": "scaffold", "method": {"name": "scaffold"}, "sampler": {"name": "full"}}])
     grid = FakeGrid(client_app(exp), 4)
     strategy = FedShuffleStrategy(single_run(exp))
-    arrays, _ = strategy.aggregate_train(1, grid.send_and_receive(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid)))
+    arrays, _ = strategy.aggregate_train(
+        1, grid.send_and_receive(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid))
+    )
     grid.forget(2)  # the SuperNode of client 2 restarted and lost its context
     messages = list(strategy.configure_train(2, arrays, ConfigRecord(), grid))
     with pytest.raises(ClientStateLost, match=r"client 2 .*round 0"):
@@ -211,7 +246,8 @@ def test_lost_client_state_stops_the_run_naming_the_client_never_resetting_it():
 
 
 def dropped_in_simulation(run, rounds: int, leaves: dict[int, set[int]]):
-    """The simulation with, in round r, the members ``leaves[r]`` left out (unfinished work; their state not advanced)."""
+    """The simulation with, in round r, the members ``leaves[r]`` left out (unfinished work; their state not
+    advanced)."""
     sim, _ = build_simulation(run.spec, run.seed)
     for r in range(1, rounds + 1):
         rnd, points = sim.open_round()
@@ -228,9 +264,13 @@ def test_a_restarted_node_is_asked_again_and_serves_its_clients_with_the_state_i
     before round 3: its clients get no message and are dropped as unfinished work; before round 4 it comes back as
     node 1002 (a restarted SuperNode, fresh context): the server asks it for its clients, it serves them from round 4
     with the control variates its files kept, and the run is the simulation's with clients 3-5 left out of round 3."""
-    exp = experiment([{"label": "scaffold", "method": {"name": "scaffold"}, "sampler": {"name": "full"}}], clients=6, rounds=5)
+    exp = experiment(
+        [{"label": "scaffold", "method": {"name": "scaffold"}, "sampler": {"name": "full"}}], clients=6, rounds=5
+    )
     run = single_run(exp)
-    grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"], node_config=lambda k: {"state-dir": str(tmp_path / f"node-{k}")})
+    grid = FakeGrid(
+        client_app(exp), 2, hosts=["0-2", "3-5"], node_config=lambda k: {"state-dir": str(tmp_path / f"node-{k}")}
+    )
     logged: list[str] = []
     strategy = FedShuffleStrategy(run, log=logged.append)
     strategy.handshake(grid)
@@ -245,7 +285,12 @@ def test_a_restarted_node_is_asked_again_and_serves_its_clients_with_the_state_i
         arrays, metrics = strategy.aggregate_train(r, grid.send_and_receive(messages))
         dropped.append(int(metrics["dropped"]))
         served = {int(m.content["instructions"]["client"]): m.metadata.dst_node_id for m in train_messages(grid, since)}
-        assert served == {0: 1000, 1: 1000, 2: 1000, **({} if r == 3 else {c: 1001 if r < 3 else 1002 for c in (3, 4, 5)})}
+        assert served == {
+            0: 1000,
+            1: 1000,
+            2: 1000,
+            **({} if r == 3 else {c: 1001 if r < 3 else 1002 for c in (3, 4, 5)}),
+        }
     assert dropped == [0, 0, 3, 0, 0]
     assert_equal_to_rounding(model(arrays), dropped_in_simulation(run, 5, {3: {3, 4, 5}}).params)
     assert float((model(arrays) - simulated(run, 5)).abs().max()) > 1e-6  # leaving one round out changed the run
@@ -258,7 +303,9 @@ def test_a_joining_node_with_other_rows_is_not_used_and_one_with_the_same_rows_t
     """A server without the data (node-data): the rows' digests the first nodes reported are what a re-joining node
     must hold. Node 1001 leaves; a node whose client 4 has other rows joins and is not used (clients 3-5 stay
     dropped); a node with node 1001's folder joins and serves them. Federated evaluation scores every client again."""
-    exp = experiment([{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "full"}}], clients=6, rounds=4)
+    exp = experiment(
+        [{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "full"}}], clients=6, rounds=4
+    )
     run = single_run(exp)
     folders = write_node_folders(exp, 2, tmp_path / "nodes")
     other = tmp_path / "other"
@@ -277,10 +324,16 @@ def test_a_joining_node_with_other_rows_is_not_used_and_one_with_the_same_rows_t
             grid.join({"data-path": str(other)})
         if r == 3:
             grid.join(config)
-        arrays, metrics = strategy.aggregate_train(r, grid.send_and_receive(strategy.configure_train(r, arrays, ConfigRecord(), grid)))
+        arrays, metrics = strategy.aggregate_train(
+            r, grid.send_and_receive(strategy.configure_train(r, arrays, ConfigRecord(), grid))
+        )
         dropped.append(int(metrics["dropped"]))
     assert dropped == [0, 3, 0, 0] and strategy.half.dropped == 3  # per round; metrics.csv's dropped: so far
-    assert any("node 1002 joined and is not used: node 1002 holds other samples for client 4 than its node at the start" in line for line in logged)
+    assert any(
+        "node 1002 joined and is not used: node 1002 holds other samples for client 4 than its node at the start"
+        in line
+        for line in logged
+    )
     assert strategy.nodes == {0: 1000, 1: 1000, 2: 1000, 3: 1003, 4: 1003, 5: 1003}
     assert_equal_to_rounding(model(arrays), dropped_in_simulation(run, 4, {2: {3, 4, 5}}).params)
     sim, _ = build_simulation(run.spec, run.seed)
@@ -349,12 +402,19 @@ def test_the_worker_answers_a_failing_clientapp_with_an_error_reply_and_goes_on(
     def task(client):
         message = Message(RecordDict(), dst_node_id=1, message_type="query")
         message.metadata.__dict__["_message_id"] = "m1"
-        return message, Context(run_id=1, node_id=1, node_config=dict(config), state=RecordDict(), run_config={}), Run(), Bundle()
+        return (
+            message,
+            Context(run_id=1, node_id=1, node_config=dict(config), state=RecordDict(), run_config={}),
+            Run(),
+            Bundle(),
+        )
 
     config = {"fail": True}
     monkeypatch.setattr(worker, "pull_task_input", task)
     monkeypatch.setattr(worker, "push_message", lambda client, reply, context: pushed.append(reply))
-    monkeypatch.setattr(worker, "push_task_output", lambda client, context, sub_status, details: outputs.append((sub_status, details)))
+    monkeypatch.setattr(
+        worker, "push_task_output", lambda client, context, sub_status, details: outputs.append((sub_status, details))
+    )
     monkeypatch.setattr(worker.ClientApps, "get", lambda self, *bundle: app)
 
     class Client:
@@ -363,7 +423,11 @@ def test_the_worker_answers_a_failing_clientapp_with_an_error_reply_and_goes_on(
 
     apps = worker.ClientApps()
     assert worker.run_task(Client(), apps) is False
-    assert pushed[-1].has_error() and pushed[-1].error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and "no such client" in pushed[-1].error.reason
+    assert (
+        pushed[-1].has_error()
+        and pushed[-1].error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+        and "no such client" in pushed[-1].error.reason
+    )
     assert outputs[-1][0] == SubStatus.FAILED and "no such client" in outputs[-1][1]
     config["fail"] = False
     assert worker.run_task(Client(), apps) is True
@@ -374,8 +438,12 @@ def test_federated_evaluation_on_a_server_with_the_data_equals_the_central_one_a
     """run-config evaluation = "federated" where the server has the data: each node scores its clients and the sum
     equals the server's central scores. A node that left is re-joined for the evaluation (its successor scores its
     clients); with no successor, the run stops naming the clients that could not be scored."""
-    exp = experiment([{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "full"}}], clients=6, problem={"name": "softmax", "l2": 0.05},
-                     data={"classes": 3})
+    exp = experiment(
+        [{"label": "fedavg", "method": {"name": "fedavg"}, "sampler": {"name": "full"}}],
+        clients=6,
+        problem={"name": "softmax", "l2": 0.05},
+        data={"classes": 3},
+    )
     run = single_run(exp)
     grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"])
     strategy = FedShuffleStrategy(run, evaluation="federated", connect_timeout=0.2, round_timeout=0.2)
@@ -389,19 +457,27 @@ def test_federated_evaluation_on_a_server_with_the_data_equals_the_central_one_a
     assert strategy.federated_scores(params)["loss"] == pytest.approx(central["loss"], rel=1e-12)
     assert strategy.nodes[4] == 1002
     grid.leave(1002)
-    with pytest.raises(FederationError, match=r"client\(s\) 3-5 could not be scored in the federated evaluation \(node 1002: offline\)"):
+    with pytest.raises(
+        FederationError, match=r"client\(s\) 3-5 could not be scored in the federated evaluation \(node 1002: offline\)"
+    ):
         strategy.federated_scores(params)
     with pytest.raises(ConfigError, match="run-config.evaluation"):
         FedShuffleStrategy(run, evaluation="central", node_data=True)
-    with pytest.raises(ConfigError, match="run-config.evaluation: unknown evaluation 'nodes'; accepted: auto, central, federated, both"):
+    with pytest.raises(
+        ConfigError, match="run-config.evaluation: unknown evaluation 'nodes'; accepted: auto, central, federated, both"
+    ):
         AppSettings.from_run_config({"evaluation": "nodes"})
 
 
-@pytest.mark.parametrize("name, sampler", [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
+@pytest.mark.parametrize(
+    "name, sampler",
+    [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})],
+)
 def test_six_clients_on_two_nodes_run_the_simulations_cohorts_and_reach_its_model(name, sampler):
     """Node 1000 hosts clients 0-2, node 1001 clients 3-5: the server samples clients (not nodes) with the simulation's
     streams, each sampled client's message goes to its node, and the run ends at the simulation's model
-    (SCAFFOLD: each node keeps the control variates of its three clients; with replacement, a client may be sampled twice)."""
+    (SCAFFOLD: each node keeps the control variates of its three clients; with replacement, a client may be sampled
+    twice)."""
     exp = experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4)
     run = single_run(exp)
     grid = FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"])
@@ -417,46 +493,93 @@ def test_six_clients_on_two_nodes_run_the_simulations_cohorts_and_reach_its_mode
         sim.step()
     assert {m.metadata.dst_node_id for m in train_messages(grid, 0)} == {1000, 1001}
     assert_equal_to_rounding(model(result.arrays), sim.params)
-    assert float((sim.params - simulated(single_run(experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, seed=6)), 4)).abs().max()) > 1e-6
+    assert (
+        float(
+            (
+                sim.params
+                - simulated(
+                    single_run(
+                        experiment(
+                            [{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, seed=6
+                        )
+                    ),
+                    4,
+                )
+            )
+            .abs()
+            .max()
+        )
+        > 1e-6
+    )
     if name == "scaffold":
         assert repeated  # the case of one client's plans twice in one message is exercised
-        assert sum(key.startswith("fedshuffle.") for key in grid.contexts[1000].state.keys()) >= 2  # state of several clients on one node
+        assert (
+            sum(key.startswith("fedshuffle.") for key in grid.contexts[1000].state.keys()) >= 2
+        )  # state of several clients on one node
 
 
-@pytest.mark.parametrize("name, sampler", [("fedavg", {"name": "uniform", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
+@pytest.mark.parametrize(
+    "name, sampler",
+    [("fedavg", {"name": "uniform", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})],
+)
 def test_nodes_bringing_their_own_data_reach_the_simulations_model(tmp_path, monkeypatch, name, sampler):
     """Each node reads only its own folder (written by write_node_folders; no node sees another's files) and never
     builds the federation's data; the run equals the simulation built from all the data."""
-    exp = experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, problem={"name": "softmax", "l2": 0.05},
-                     data={"classes": 3})
+    exp = experiment(
+        [{"label": name, "method": {"name": name}, "sampler": sampler}],
+        clients=6,
+        rounds=4,
+        problem={"name": "softmax", "l2": 0.05},
+        data={"classes": 3},
+    )
     run = single_run(exp)
     folders = write_node_folders(exp, 2, tmp_path / "nodes")
     assert [clients for _, clients in folders] == [(0, 1, 2), (3, 4, 5)]
     assert sorted(p.name for p in folders[1][0].iterdir()) == ["client-3.npz", "client-4.npz", "client-5.npz"]
     server = FedShuffleStrategy(run)  # the server has the data: it checks each client's rows' digest
-    monkeypatch.setattr("fedshuffle.integrations.flower.client.build_simulation", lambda *a, **k: pytest.fail("a node built the federation's data"))
+    monkeypatch.setattr(
+        "fedshuffle.integrations.flower.client.build_simulation",
+        lambda *a, **k: pytest.fail("a node built the federation's data"),
+    )
     grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
     result = server.start(grid)
-    assert server.nodes == {c: grid.node_of(c) for c in range(6)} == {0: 1000, 1: 1000, 2: 1000, 3: 1001, 4: 1001, 5: 1001}
+    assert (
+        server.nodes == {c: grid.node_of(c) for c in range(6)} == {0: 1000, 1: 1000, 2: 1000, 3: 1001, 4: 1001, 5: 1001}
+    )
     assert_equal_to_rounding(model(result.arrays), simulated(run, 4))
 
 
-@pytest.mark.parametrize("name, sampler", [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})])
-def test_a_server_without_the_data_plans_on_the_nodes_sizes_and_evaluates_federatedly(tmp_path, monkeypatch, name, sampler):
+@pytest.mark.parametrize(
+    "name, sampler",
+    [("fedshuffle", {"name": "importance", "cohort": 3}), ("scaffold", {"name": "with_replacement", "cohort": 4})],
+)
+def test_a_server_without_the_data_plans_on_the_nodes_sizes_and_evaluates_federatedly(
+    tmp_path, monkeypatch, name, sampler
+):
     """run-config node-data = true: neither the server nor a node builds the federation's data. The server learns
     |D_i| and the kind of samples from the handshake; each node scores its own clients and the server adds
     Σ_i w_i f_i(x): the model and f(x), ‖∇f(x)‖², accuracy equal ``fedshuffle run`` on the pooled data to rounding."""
-    exp = experiment([{"label": name, "method": {"name": name}, "sampler": sampler}], clients=6, rounds=4, problem={"name": "softmax", "l2": 0.05},
-                     data={"classes": 3})
+    exp = experiment(
+        [{"label": name, "method": {"name": name}, "sampler": sampler}],
+        clients=6,
+        rounds=4,
+        problem={"name": "softmax", "l2": 0.05},
+        data={"classes": 3},
+    )
     run = single_run(exp)
     folders = write_node_folders(exp, 2, tmp_path / "nodes")
     run_single(run.spec, tmp_path / "simulated", run.seed, label=name)
     for module in ("strategy", "client"):
-        monkeypatch.setattr(f"fedshuffle.integrations.flower.{module}.build_simulation", lambda *a, **k: pytest.fail("the federation's data was built"))
+        monkeypatch.setattr(
+            f"fedshuffle.integrations.flower.{module}.build_simulation",
+            lambda *a, **k: pytest.fail("the federation's data was built"),
+        )
     grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=[None, None])
     server_app(exp)(grid, server_context({"out": str(tmp_path / "flower"), "node-data": True}))
     flower, simulated_dir = tmp_path / "flower" / name / f"seed-{run.seed}", tmp_path / "simulated"
-    np.testing.assert_allclose(np.load(flower / "final_params.npy"), np.load(simulated_dir / "final_params.npy"), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        np.load(flower / "final_params.npy"), np.load(simulated_dir / "final_params.npy"), rtol=0, atol=1e-12
+    )
     ours, theirs = read_metrics(flower / "metrics.csv"), read_metrics(simulated_dir / "metrics.csv")
     for column in ("round", "loss", "grad_norm_sq", "train_accuracy", "sample_gradients", "bytes_up"):
         np.testing.assert_allclose(ours[column], theirs[column], rtol=1e-10, atol=1e-14, err_msg=column)
@@ -468,12 +591,22 @@ def test_a_server_without_the_data_plans_on_the_nodes_sizes_and_evaluates_federa
 def test_a_server_without_the_data_refuses_a_node_without_its_own_data_and_theory_step_sizes(tmp_path):
     exp = experiment([variant("fedavg")], clients=4)
     folders = write_node_folders(exp, 2, tmp_path / "nodes")
-    grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[0][0])} if k == 0 else {}, hosts=[None, "2-3"])
-    with pytest.raises(FederationError, match="node 1001 brings no data of its own .* node-data = true every node must"):
+    grid = FakeGrid(
+        client_app(exp),
+        2,
+        node_config=lambda k: {"data-path": str(folders[0][0])} if k == 0 else {},
+        hosts=[None, "2-3"],
+    )
+    with pytest.raises(
+        FederationError, match="node 1001 brings no data of its own .* node-data = true every node must"
+    ):
         server_app(exp)(grid, server_context({"node-data": True}))
     assert train_messages(grid, 0) == []
     theory = experiment([variant("fedavg")], clients=4, local={"lr": "theory"})
-    with pytest.raises(ConfigError, match="local.lr: 'theory' step sizes need the whole federation's data, and the server builds no data"):
+    with pytest.raises(
+        ConfigError,
+        match="local.lr: 'theory' step sizes need the whole federation's data, and the server builds no data",
+    ):
         FedShuffleStrategy(single_run(theory), node_data=True)
 
 
@@ -490,7 +623,11 @@ def test_a_node_holding_other_rows_or_missing_a_file_is_refused_before_training(
         FedShuffleStrategy(single_run(exp)).start(grid)
     assert train_messages(grid, 0) == []
     grid = FakeGrid(client_app(exp), 2, node_config=lambda k: {"data-path": str(folders[k][0])}, hosts=["0-1", "1-2"])
-    with pytest.raises(FederationError, match=r"node 1001 failed the handshake: .*client-1\.npz not found: the node hosts client 1 but its folder has no file for it"):
+    with pytest.raises(
+        FederationError,
+        match=r"node 1001 failed the handshake: .*client-1\.npz not found: the node hosts client 1 but its folder "
+        r"has no file for it",
+    ):
         FedShuffleStrategy(single_run(exp)).start(grid)
 
 
@@ -500,30 +637,56 @@ def test_flower_split_command_writes_each_nodes_clients_as_fedshuffle_run_splits
     from fedshuffle.cli import app as cli
 
     config = tmp_path / "exp.toml"
-    config.write_text('[experiment]\nname = "split"\nseeds = [2]\n[problem]\nname = "logistic"\n'
-                      '[data]\nsource = "synthetic"\nsamples = 30\nfeatures = 3\nclients = 5\npartition = "dirichlet"\n[local]\nlr = 0.1\n')
+    config.write_text(
+        '[experiment]\nname = "split"\nseeds = [2]\n[problem]\nname = "logistic"\n'
+        '[data]\nsource = "synthetic"\nsamples = 30\nfeatures = 3\nclients = 5\npartition = "dirichlet"\n[local]\nlr '
+        "= 0.1\n"
+    )
     result = CliRunner().invoke(cli, ["flower-split", str(config), "--nodes", "2", "--out", str(tmp_path / "nodes")])
     assert result.exit_code == 0, result.output
     assert "clients 0-2" in result.output and "clients 3-4" in result.output and "data-path=" in result.output
     sim, _ = build_simulation(single_run(load_experiment(config)).spec, 2)
     for k, clients in enumerate([(0, 1, 2), (3, 4)]):
-        assert sorted(p.name for p in (tmp_path / "nodes" / f"node-{k}").iterdir()) == [f"client-{c}.npz" for c in clients]
+        assert sorted(p.name for p in (tmp_path / "nodes" / f"node-{k}").iterdir()) == [
+            f"client-{c}.npz" for c in clients
+        ]
         for c in clients:
             with np.load(tmp_path / "nodes" / f"node-{k}" / f"client-{c}.npz") as saved:
                 rows = sim.data.client_indices[c]
-                assert np.array_equal(saved["x"], sim.data.features[rows].numpy())  # the simulation's rows, in its order
-                assert np.array_equal(np.where(saved["y"] > 0, 1.0, -1.0), sim.data.labels[rows].numpy())  # labels as the source gives them (0/1; the problem's ±1)
+                assert np.array_equal(
+                    saved["x"], sim.data.features[rows].numpy()
+                )  # the simulation's rows, in its order
+                assert np.array_equal(
+                    np.where(saved["y"] > 0, 1.0, -1.0), sim.data.labels[rows].numpy()
+                )  # labels as the source gives them (0/1; the problem's ±1)
     bad = CliRunner().invoke(cli, ["flower-split", str(config), "--nodes", "9", "--out", str(tmp_path / "more")])
-    assert bad.exit_code != 0 and "--nodes: must be 1..5 (the number of clients), got 9" in bad.output and "Traceback" not in bad.output
+    assert (
+        bad.exit_code != 0
+        and "--nodes: must be 1..5 (the number of clients), got 9" in bad.output
+        and "Traceback" not in bad.output
+    )
 
 
 def test_node_config_clients_ranges_and_lists():
-    assert parse_clients("0-2,5") == (0, 1, 2, 5) and parse_clients("7,3") == (3, 7) and parse_clients(4) == (4,) and parse_clients([7, 0]) == (0, 7)
+    assert (
+        parse_clients("0-2,5") == (0, 1, 2, 5)
+        and parse_clients("7,3") == (3, 7)
+        and parse_clients(4) == (4,)
+        and parse_clients([7, 0]) == (0, 7)
+    )
     assert format_clients([5, 0, 1, 2]) == "0-2,5"
-    for bad, why in (("2-1", "expected client ids"), ("a", "expected client ids"), ("1,1", "names a client twice"), ("", "names no client"), ("-1", "expected client ids")):
+    for bad, why in (
+        ("2-1", "expected client ids"),
+        ("a", "expected client ids"),
+        ("1,1", "names a client twice"),
+        ("", "names no client"),
+        ("-1", "expected client ids"),
+    ):
         with pytest.raises(ConfigError, match=f"node-config.clients: {why}"):
             parse_clients(bad)
-    ctx = Context(run_id=1, node_id=1, node_config={"clients": "0-1", "partition-id": 0}, state=RecordDict(), run_config={})
+    ctx = Context(
+        run_id=1, node_id=1, node_config={"clients": "0-1", "partition-id": 0}, state=RecordDict(), run_config={}
+    )
     with pytest.raises(ConfigError, match="either clients or partition-id"):
         hosted_clients(ctx)
 
@@ -536,7 +699,9 @@ def test_file_backed_client_state_survives_a_node_restart(tmp_path):
     strategy = FedShuffleStrategy(run)
     arrays = strategy.initial_arrays()
     for r in range(1, ROUNDS + 1):
-        arrays, _ = strategy.aggregate_train(r, grid.send_and_receive(strategy.configure_train(r, arrays, ConfigRecord(), grid)))
+        arrays, _ = strategy.aggregate_train(
+            r, grid.send_and_receive(strategy.configure_train(r, arrays, ConfigRecord(), grid))
+        )
         grid.forget(r % 4)
     assert_equal_to_rounding(model(arrays), simulated(run, ROUNDS))
     assert sorted(p.name for p in (tmp_path / "node-0").iterdir()) == [f"{run.digest}-0"]
@@ -546,12 +711,17 @@ def test_a_run_resumes_from_the_servers_checkpoint_with_the_nodes_state_dirs(tmp
     """The ServerApp pauses after round 2 (num_rounds=2: a checkpoint, no summary); resumed in a new run with new
     node contexts, it refuses to go on when the nodes did not keep their state, and ends at the model of an
     uninterrupted run, with its rows, when they kept it in files."""
-    exp = experiment([{"label": "scaffold", "method": {"name": "scaffold"}, "sampler": {"name": "uniform", "cohort": 3}}])
+    exp = experiment(
+        [{"label": "scaffold", "method": {"name": "scaffold"}, "sampler": {"name": "uniform", "cohort": 3}}]
+    )
     run = single_run(exp)
     folder = tmp_path / "out" / "scaffold" / f"seed-{run.seed}"
     dirs = {"node_config": lambda k: {"state-dir": str(tmp_path / f"node-{k}")}}
     FedShuffleStrategy(run, out=tmp_path / "out").start(FakeGrid(client_app(exp), 4, **dirs), num_rounds=2)
-    assert not (folder / "summary.json").exists() and load_checkpoint(folder / "checkpoint.pt")["simulation"]["counters"]["rounds"] == 2
+    assert (
+        not (folder / "summary.json").exists()
+        and load_checkpoint(folder / "checkpoint.pt")["simulation"]["counters"]["rounds"] == 2
+    )
     with pytest.raises(ClientStateLost):
         FedShuffleStrategy(run, out=tmp_path / "out", resume=True).start(FakeGrid(client_app(exp), 4))
     resumed = FedShuffleStrategy(run, out=tmp_path / "out", resume=True)
@@ -571,7 +741,10 @@ def test_the_server_refuses_to_resume_from_another_runs_checkpoint(tmp_path):
     run = single_run(exp)
     (other,) = federated_runs(exp, AppSettings(seed=run.seed + 1))
     (tmp_path / "out" / "fedavg" / f"seed-{other.seed}").mkdir()
-    shutil.copy(tmp_path / "out" / "fedavg" / f"seed-{run.seed}" / "checkpoint.pt", tmp_path / "out" / "fedavg" / f"seed-{other.seed}" / "checkpoint.pt")
+    shutil.copy(
+        tmp_path / "out" / "fedavg" / f"seed-{run.seed}" / "checkpoint.pt",
+        tmp_path / "out" / "fedavg" / f"seed-{other.seed}" / "checkpoint.pt",
+    )
     grid = FakeGrid(client_app(exp, {"seed": other.seed}), 4)
     with pytest.raises(ConfigError, match="another run"):
         FedShuffleStrategy(other, out=tmp_path / "out", resume=True).start(grid)
@@ -600,13 +773,18 @@ def test_the_node_commits_what_the_server_accepted_and_discards_the_rest(tmp_pat
 
 def folder_files(folder: Path) -> set[str]:
     """The files of a run folder, the simulation's client state aside (on Flower the nodes keep it)."""
-    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).parts[0] != "client_state"}
+    return {
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and p.relative_to(folder).parts[0] != "client_state"
+    }
 
 
 def assert_same_run_folder(flower: Path, simulated_dir: Path) -> None:
     """The Flower run's folder holds the files of ``fedshuffle run``'s, sealed alike, with the same rows, columns and
     numbers to rounding; ``dropped`` is 0 where the simulation (which never drops a member) leaves it empty, and the
-    clients' own models (FedCDR's, FedDyn's local_* metrics) are scored only where the server holds them: in a simulation."""
+    clients' own models (FedCDR's, FedDyn's local_* metrics) are scored only where the server holds them: in a
+    simulation."""
     assert folder_files(flower) == folder_files(simulated_dir)
     assert intact(flower) is not None and intact(simulated_dir) is not None  # summary.json seals the files on both
     for name in ("metrics.csv", "timing.csv"):
@@ -617,7 +795,10 @@ def assert_same_run_folder(flower: Path, simulated_dir: Path) -> None:
     assert all(np.all(np.isnan(ours[column])) for column in local)
     for column in set(ours) - local - {"dropped", "compute_seconds", "wallclock_seconds"}:
         np.testing.assert_allclose(ours[column], theirs[column], rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=column)
-    assert read_metrics(flower / "timing.csv")["round"].tolist() == read_metrics(simulated_dir / "timing.csv")["round"].tolist()
+    assert (
+        read_metrics(flower / "timing.csv")["round"].tolist()
+        == read_metrics(simulated_dir / "timing.csv")["round"].tolist()
+    )
     summaries = [json.loads((folder / "summary.json").read_text()) for folder in (flower, simulated_dir)]
     assert summaries[0].keys() == summaries[1].keys()
     for key in ("status", "message", "rounds", "label", "point", "seed"):
@@ -626,7 +807,10 @@ def assert_same_run_folder(flower: Path, simulated_dir: Path) -> None:
     assert configs[0].keys() == configs[1].keys() and configs[0]["executor"]["name"] == "flower"
     for key in ("spec", "config_hash", "data_hashes", "step_sizes", "label", "seed"):
         assert configs[0][key] == configs[1][key], key
-    assert_equal_to_rounding(torch.from_numpy(np.load(flower / "final_params.npy")), torch.from_numpy(np.load(simulated_dir / "final_params.npy")))
+    assert_equal_to_rounding(
+        torch.from_numpy(np.load(flower / "final_params.npy")),
+        torch.from_numpy(np.load(simulated_dir / "final_params.npy")),
+    )
 
 
 @pytest.mark.parametrize("lr, status", [(0.2, "complete"), (1000.0, "diverged")])
@@ -634,29 +818,45 @@ def test_a_flower_run_writes_the_folder_of_fedshuffle_run_through_the_same_loop(
     """The ServerApp (in-process nodes) and ``fedshuffle run`` of one experiment: the same run folders, evaluated every
     2 rounds and at the last. With a step size that blows up, both stop with the same message at the same round
     and keep what they wrote (rows, checkpoint, final model, sealed summary)."""
-    exp = experiment([variant("fedshuffle"), variant("scaffold")], rounds=30 if status == "diverged" else 5, local={"lr": lr}, run={"eval_every": 2})
+    exp = experiment(
+        [variant("fedshuffle"), variant("scaffold")],
+        rounds=30 if status == "diverged" else 5,
+        local={"lr": lr},
+        run={"eval_every": 2},
+    )
     server_app(exp)(FakeGrid(client_app(exp), 4), server_context({"out": str(tmp_path / "flower")}))
     run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in federated_runs(exp, AppSettings()):
         where = Path(run.label) / f"seed-{run.seed}"
         assert_same_run_folder(tmp_path / "flower" / where, tmp_path / "simulated" / where)
         summary = json.loads((tmp_path / "flower" / where / "summary.json").read_text())
-        assert summary["status"] == status and (status == "complete" or summary["message"].startswith("diverged at round "))
+        assert summary["status"] == status and (
+            status == "complete" or summary["message"].startswith("diverged at round ")
+        )
         assert summary["rounds"] == (read_metrics(tmp_path / "flower" / where / "metrics.csv")["round"][-1])
 
 
 def test_evaluation_both_records_the_nodes_federated_scores_beside_the_central_ones(tmp_path):
     """run-config evaluation = "both": the run folder holds the central scores of ``fedshuffle run`` and, beside them,
-    federated_loss, federated_grad_norm_sq and federated_train_accuracy equal to them to rounding; config.json says "both"."""
-    exp = experiment([variant("fedavg")], clients=6, rounds=3, problem={"name": "softmax", "l2": 0.05}, data={"classes": 3})
-    server_app(exp)(FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"]), server_context({"out": str(tmp_path / "flower"), "evaluation": "both"}))
+    federated_loss, federated_grad_norm_sq and federated_train_accuracy equal to them to rounding; config.json says
+    "both"."""
+    exp = experiment(
+        [variant("fedavg")], clients=6, rounds=3, problem={"name": "softmax", "l2": 0.05}, data={"classes": 3}
+    )
+    server_app(exp)(
+        FakeGrid(client_app(exp), 2, hosts=["0-2", "3-5"]),
+        server_context({"out": str(tmp_path / "flower"), "evaluation": "both"}),
+    )
     run_experiment(exp, tmp_path / "simulated", show_progress=False)
     where = Path("fedavg") / "seed-5"
-    flower, simulated = read_metrics(tmp_path / "flower" / where / "metrics.csv"), read_metrics(tmp_path / "simulated" / where / "metrics.csv")
+    flower = read_metrics(tmp_path / "flower" / where / "metrics.csv")
+    simulated = read_metrics(tmp_path / "simulated" / where / "metrics.csv")
     assert len(flower["loss"]) == 4 and np.array_equal(flower["loss"], simulated["loss"])
     for name in ("loss", "grad_norm_sq", "train_accuracy"):
         np.testing.assert_allclose(flower[f"federated_{name}"], flower[name], rtol=1e-12, atol=1e-15, err_msg=name)
-        assert np.isnan(np.asarray(simulated[f"federated_{name}"], dtype=float)).all(), name  # empty where no node scores
+        assert np.isnan(np.asarray(simulated[f"federated_{name}"], dtype=float)).all(), (
+            name
+        )  # empty where no node scores
     assert json.loads((tmp_path / "flower" / where / "config.json").read_text())["executor"]["evaluation"] == "both"
     with pytest.raises(ConfigError, match="run-config.evaluation: 'both' needs the data at the server"):
         AppSettings.from_run_config({"evaluation": "both", "node-data": True})
@@ -669,13 +869,16 @@ def server_context(run_config: dict) -> Context:
     return Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=run_config)
 
 
-@pytest.mark.parametrize("variants, run_config, field", [
-    ([{"label": "cdr", "method": {"name": "fedcdr"}}], {}, "sampler.name"),  # FedCDR needs meta-epochs
-    ([variant("fedavg")], {"rounds": 3}, "run-config.rounds"),
-    ([variant("fedavg")], {"round-timeout": -1.0}, "run-config.round-timeout"),
-    ([variant("fedavg")], {"variant": "nope"}, "run-config.variant"),
-    ([variant("fedavg")], {"set": "local.lr=-1"}, "--set local.lr"),
-])
+@pytest.mark.parametrize(
+    "variants, run_config, field",
+    [
+        ([{"label": "cdr", "method": {"name": "fedcdr"}}], {}, "sampler.name"),  # FedCDR needs meta-epochs
+        ([variant("fedavg")], {"rounds": 3}, "run-config.rounds"),
+        ([variant("fedavg")], {"round-timeout": -1.0}, "run-config.round-timeout"),
+        ([variant("fedavg")], {"variant": "nope"}, "run-config.variant"),
+        ([variant("fedavg")], {"set": "local.lr=-1"}, "--set local.lr"),
+    ],
+)
 def test_a_bad_setting_is_refused_before_any_message_naming_it(variants, run_config, field):
     exp = experiment(variants)
     grid = FakeGrid(client_app(exp), 4)
@@ -711,7 +914,8 @@ def test_flower_app_command_writes_an_app_flower_accepts_and_that_runs_the_exper
         '[experiment]\nname = "tiny"\nseeds = [3]\n[problem]\nname = "logistic"\nl2 = 0.1\n'
         '[data]\nsource = "synthetic"\nsamples = 20\nfeatures = 3\nclients = 2\npartition = "iid"\n'
         '[local]\nlr = 0.1\nbatch_size = 4\n[sampler]\nname = "full"\n[run]\nrounds = 5\n'
-        '[[variants]]\nlabel = "FedShuffle"\nmethod = { name = "fedshuffle" }\n[[variants]]\nlabel = "SCAFFOLD"\nmethod = { name = "scaffold" }\n'
+        '[[variants]]\nlabel = "FedShuffle"\nmethod = { name = "fedshuffle" }\n[[variants]]\nlabel = '
+        '"SCAFFOLD"\nmethod = { name = "scaffold" }\n'
     )
     result = CliRunner().invoke(cli, ["flower-app", str(config), str(tmp_path / "app"), "--set", "run.rounds=2"])
     assert result.exit_code == 0, result.output
@@ -723,19 +927,32 @@ def test_flower_app_command_writes_an_app_flower_accepts_and_that_runs_the_exper
     assert valid, errors
     assert pyproject["tool"]["flwr"]["app"]["config"]["set"] == "run.rounds=2"
     assert pyproject["tool"]["flwr"]["app"]["config"]["invalid-reply"] == "drop"  # listed, so `flwr run -c` may set it
-    assert AppSettings.from_run_config(pyproject["tool"]["flwr"]["app"]["config"]) == AppSettings(overrides="run.rounds=2")  # every key, read back
+    assert AppSettings.from_run_config(pyproject["tool"]["flwr"]["app"]["config"]) == AppSettings(
+        overrides="run.rounds=2"
+    )  # every key, read back
     spec = importlib.util.spec_from_file_location("fedshuffle_app_under_test", app_dir / "fedshuffle_app.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     run_config = {**pyproject["tool"]["flwr"]["app"]["config"], "out": str(tmp_path / "out")}
     module.server(FakeGrid(module.client, 2, run_config), server_context(run_config))
-    for label, run in zip(("fedshuffle", "scaffold"), federated_runs(validate(Experiment, json.loads((app_dir / "experiment.json").read_text())), AppSettings(overrides="run.rounds=2"))):
+    for label, run in zip(
+        ("fedshuffle", "scaffold"),
+        federated_runs(
+            validate(Experiment, json.loads((app_dir / "experiment.json").read_text())),
+            AppSettings(overrides="run.rounds=2"),
+        ),
+    ):
         folder = tmp_path / "out" / label / "seed-3"
         assert json.loads((folder / "summary.json").read_text())["rounds"] == 2
         assert_equal_to_rounding(torch.from_numpy(np.load(folder / "final_params.npy")), simulated(run, 2))
         assert (folder / "metrics.csv").read_text().count("\n") == 3 and (folder / "checkpoint.pt").exists()
     bad = CliRunner().invoke(cli, ["flower-app", str(config), str(tmp_path / "app2"), "--set", "local.batch_size=0"])
-    assert bad.exit_code == 2 and "local.batch_size" in bad.output and "Traceback" not in bad.output and not (tmp_path / "app2").exists()
+    assert (
+        bad.exit_code == 2
+        and "local.batch_size" in bad.output
+        and "Traceback" not in bad.output
+        and not (tmp_path / "app2").exists()
+    )
 
 
 # -- Flower's simulation engine and a real SuperLink --------------------------------------------------------
@@ -752,7 +969,9 @@ def test_every_method_on_flowers_simulation_engine_matches_fedshuffle_run(tmp_pa
     source = tmp_path / "experiment.json"
     source.write_text(exp.model_dump_json())
     out = tmp_path / "out"
-    status, log = run_child([sys.executable, str(HERE / "flower_harness.py"), "simulate", str(source), str(out), "4"], 400)
+    status, log = run_child(
+        [sys.executable, str(HERE / "flower_harness.py"), "simulate", str(source), str(out), "4"], 400
+    )
     assert status == 0, log[-4000:]
     run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in federated_runs(exp, AppSettings()):
@@ -767,8 +986,16 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
     ``fedshuffle flower-app`` writes, ``flwr run``: 2 rounds of FedShuffle, then 2 of SCAFFOLD with each node's
     control variate carried between rounds; both equal the simulation, and nothing listens beyond 127.0.0.0/8."""
     deadline = time.monotonic() + DEPLOYMENT_SECONDS
-    exp = experiment([{"label": "fedshuffle", "method": {"name": "fedshuffle"}}, {"label": "scaffold", "method": {"name": "scaffold"}}],
-                     clients=2, rounds=2, seed=7, sampler={"name": "full"})
+    exp = experiment(
+        [
+            {"label": "fedshuffle", "method": {"name": "fedshuffle"}},
+            {"label": "scaffold", "method": {"name": "scaffold"}},
+        ],
+        clients=2,
+        rounds=2,
+        seed=7,
+        sampler={"name": "full"},
+    )
     config = tmp_path / "exp.json"
     config.write_text(exp.model_dump_json())
     app_dir = write_app(config, tmp_path / "app")
@@ -776,14 +1003,28 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
     runs = federated_runs(exp, AppSettings())
     summaries = [out / run.label / f"seed-{run.seed}" / "summary.json" for run in runs]
     with local_federation(tmp_path / "federation", 2, deadline) as (connection, env, watch, watches):
-        status, _ = run_app(app_dir, connection, env, f'out="{out}" round-timeout=60.0', lambda: all(p.exists() for p in summaries), deadline, watch)
+        status, _ = run_app(
+            app_dir,
+            connection,
+            env,
+            f'out="{out}" round-timeout=60.0',
+            lambda: all(p.exists() for p in summaries),
+            deadline,
+            watch,
+        )
         watch()
     assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
     run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in runs:
-        assert_equal_to_rounding(torch.from_numpy(np.load(out / run.label / f"seed-{run.seed}" / "final_params.npy")), simulated(run, 2))
-        assert_same_run_folder(out / run.label / f"seed-{run.seed}", tmp_path / "simulated" / run.label / f"seed-{run.seed}")
-    sim, _ = build_simulation(runs[1].spec, runs[1].seed)  # SCAFFOLD with its clients' state lost after round 1 ends elsewhere
+        assert_equal_to_rounding(
+            torch.from_numpy(np.load(out / run.label / f"seed-{run.seed}" / "final_params.npy")), simulated(run, 2)
+        )
+        assert_same_run_folder(
+            out / run.label / f"seed-{run.seed}", tmp_path / "simulated" / run.label / f"seed-{run.seed}"
+        )
+    sim, _ = build_simulation(
+        runs[1].spec, runs[1].seed
+    )  # SCAFFOLD with its clients' state lost after round 1 ends elsewhere
     sim.step()
     sim.store.created[:] = False
     sim.store.arrays["control"][:] = 0
@@ -796,10 +1037,20 @@ def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulatio
     """The deployment of the issue's "done means": a SuperLink and two SuperNode processes on 127.0.0.1, each hosting
     two clients read from its own folder only (``data-path``), a server that builds no data (``node-data = true``):
     FedShuffle and SCAFFOLD reach ``fedshuffle run``'s models, and the federated evaluation its central scores. Each
-    node runs its messages in one long-lived ClientApp process (the worker; the test above uses Flower's process per message)."""
+    node runs its messages in one long-lived ClientApp process (the worker; the test above uses Flower's process per
+    message)."""
     deadline = time.monotonic() + DEPLOYMENT_SECONDS
-    exp = experiment([{"label": "fedshuffle", "method": {"name": "fedshuffle"}}, {"label": "scaffold", "method": {"name": "scaffold"}}],
-                     clients=4, rounds=2, seed=7, sampler={"name": "uniform", "cohort": 2}, run={"eval_every": 1})
+    exp = experiment(
+        [
+            {"label": "fedshuffle", "method": {"name": "fedshuffle"}},
+            {"label": "scaffold", "method": {"name": "scaffold"}},
+        ],
+        clients=4,
+        rounds=2,
+        seed=7,
+        sampler={"name": "uniform", "cohort": 2},
+        run={"eval_every": 1},
+    )
     config = tmp_path / "exp.json"
     config.write_text(exp.model_dump_json())
     app_dir = write_app(config, tmp_path / "app", AppSettings(node_data=True))
@@ -808,8 +1059,21 @@ def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulatio
     runs = federated_runs(exp, AppSettings())
     summaries = [out / run.label / f"seed-{run.seed}" / "summary.json" for run in runs]
     node_configs = [f'data-path="{folder}"' for folder, _ in folders]
-    with local_federation(tmp_path / "federation", 2, deadline, node_configs, persistent=True) as (connection, env, watch, watches):
-        status, _ = run_app(app_dir, connection, env, f'out="{out}" round-timeout=60.0', lambda: all(p.exists() for p in summaries), deadline, watch)
+    with local_federation(tmp_path / "federation", 2, deadline, node_configs, persistent=True) as (
+        connection,
+        env,
+        watch,
+        watches,
+    ):
+        status, _ = run_app(
+            app_dir,
+            connection,
+            env,
+            f'out="{out}" round-timeout=60.0',
+            lambda: all(p.exists() for p in summaries),
+            deadline,
+            watch,
+        )
         watch()
     assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
     run_experiment(exp, tmp_path / "simulated", show_progress=False)
@@ -817,21 +1081,30 @@ def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulatio
         ours, theirs = out / run.label / f"seed-{run.seed}", tmp_path / "simulated" / run.label / f"seed-{run.seed}"
         assert_equal_to_rounding(torch.from_numpy(np.load(ours / "final_params.npy")), simulated(run, 2))
         for column in ("loss", "grad_norm_sq", "train_accuracy"):
-            np.testing.assert_allclose(read_metrics(ours / "metrics.csv")[column], read_metrics(theirs / "metrics.csv")[column], rtol=1e-10, err_msg=column)
+            np.testing.assert_allclose(
+                read_metrics(ours / "metrics.csv")[column],
+                read_metrics(theirs / "metrics.csv")[column],
+                rtol=1e-10,
+                err_msg=column,
+            )
         assert json.loads((ours / "config.json").read_text())["executor"]["evaluation"] == "federated"
     assert_only_loopback(set().union(*(w.seen for w in watches)))
 
 
 def dropped_by_round(log: str) -> dict[int, set[int]]:
-    """The members each round dropped, from the ServerApp's log ("round r: no answer from client(s) …", "round r: client(s) … on offline node(s) …")."""
+    """The members each round dropped, from the ServerApp's log ("round r: no answer from client(s) …", "round r:
+    client(s) … on offline node(s) …")."""
     out: dict[int, set[int]] = {}
-    for r, answered, offline in re.findall(r"round (\d+): (?:no answer from client\(s\) ([\d, ]+):|client\(s\) ([\d,\- ]+) on offline)", log):
+    for r, answered, offline in re.findall(
+        r"round (\d+): (?:no answer from client\(s\) ([\d, ]+):|client\(s\) ([\d,\- ]+) on offline)", log
+    ):
         out.setdefault(int(r), set()).update(parse_clients((answered or offline).replace(" ", "")))
     return out
 
 
 def test_a_supernode_killed_and_restarted_mid_run_serves_its_clients_again(tmp_path):
-    """A SuperLink and two SuperNodes on 127.0.0.1, each with one long-lived ClientApp process (``--isolation process`` and
+    """A SuperLink and two SuperNodes on 127.0.0.1, each with one long-lived ClientApp process (``--isolation process``
+    and
     ``python -m fedshuffle.integrations.flower.worker``), SCAFFOLD on clients 0-1 and 2-3 (full participation, each node
     keeping its clients' control variates in its state-dir). Once round 2 is scored node 1 is killed (SIGKILL, its
     processes with it) and started again: it gets a new node id, its clients' work in the round under way is dropped
@@ -840,13 +1113,21 @@ def test_a_supernode_killed_and_restarted_mid_run_serves_its_clients_again(tmp_p
     simulation's with exactly the members the server logged as dropped left out of their rounds."""
     deadline = time.monotonic() + DEPLOYMENT_SECONDS
     rounds = 6
-    exp = experiment([{"label": "scaffold", "method": {"name": "scaffold"}}], clients=4, rounds=rounds, seed=7, sampler={"name": "full"})
+    exp = experiment(
+        [{"label": "scaffold", "method": {"name": "scaffold"}}],
+        clients=4,
+        rounds=rounds,
+        seed=7,
+        sampler={"name": "full"},
+    )
     config = tmp_path / "exp.json"
     config.write_text(exp.model_dump_json())
     app_dir = write_app(config, tmp_path / "app")
     (run,) = federated_runs(exp, AppSettings())
     folder = tmp_path / "out" / "scaffold" / f"seed-{run.seed}"
-    node_configs = [f'clients="{clients}" state-dir="{tmp_path / f"state-{k}"}"' for k, clients in enumerate(("0-1", "2-3"))]
+    node_configs = [
+        f'clients="{clients}" state-dir="{tmp_path / f"state-{k}"}"' for k, clients in enumerate(("0-1", "2-3"))
+    ]
     run_ids: list[int] = []
     events: dict[str, int] = {}
 
@@ -855,7 +1136,11 @@ def test_a_supernode_killed_and_restarted_mid_run_serves_its_clients_again(tmp_p
             lines = (folder / "metrics.csv").read_text().splitlines()
         except OSError:
             return []
-        return [dict(zip(lines[0].split(","), line.split(","))) for line in lines[1:] if line.count(",") == lines[0].count(",")]
+        return [
+            dict(zip(lines[0].split(","), line.split(",")))
+            for line in lines[1:]
+            if line.count(",") == lines[0].count(",")
+        ]
 
     with local_federation(tmp_path / "federation", 2, deadline, node_configs, persistent=True) as federation:
         connection, env, watch, watches = federation
@@ -868,22 +1153,36 @@ def test_a_supernode_killed_and_restarted_mid_run_serves_its_clients_again(tmp_p
                 federation.start_node(1)
                 events["killed"] = len(rows) - 1
 
-        status, _ = run_app(app_dir, connection, env, f'out="{tmp_path / "out"}" round-timeout=15.0', lambda: (folder / "summary.json").exists(), deadline,
-                            kill_and_restart, run_ids)
+        status, _ = run_app(
+            app_dir,
+            connection,
+            env,
+            f'out="{tmp_path / "out"}" round-timeout=15.0',
+            lambda: (folder / "summary.json").exists(),
+            deadline,
+            kill_and_restart,
+            run_ids,
+        )
         log = server_log(run_ids[0], connection, env, deadline - time.monotonic())
         workers = [(tmp_path / "federation" / f"worker-{k}.log").read_text() for k in range(2)]
         supernodes = [(tmp_path / "federation" / f"supernode-{k}.log").read_text() for k in range(2)]
     assert status == "finished:completed", log[-3000:]
     assert events == {"killed": 2}, events
     dropped = dropped_by_round(log)
-    assert any(r > 2 and {2, 3} & members for r, members in dropped.items()), log[-3000:]  # node 1's clients missed work after the kill
-    assert max(dropped) < rounds and int(read_metrics(folder / "metrics.csv")["dropped"][-1]) == sum(map(len, dropped.values()))
+    assert any(r > 2 and {2, 3} & members for r, members in dropped.items()), log[
+        -3000:
+    ]  # node 1's clients missed work after the kill
+    assert max(dropped) < rounds and int(read_metrics(folder / "metrics.csv")["dropped"][-1]) == sum(
+        map(len, dropped.values())
+    )
     joined = re.findall(r"node (\d+) joined: it serves client\(s\) 2-3 from now on", log)
     assert len(joined) == 1, log[-3000:]
     assert re.findall(r"SuperNode ID: (\d+)", supernodes[1])[-1] == joined[0]  # the restarted SuperNode's new id
     last_round = load_checkpoint(folder / "checkpoint.pt")["simulation"]["last_round"]
     assert list(np.asarray(last_round)) == [rounds - 1] * 4  # every client's update accepted in the last round
-    assert_equal_to_rounding(torch.from_numpy(np.load(folder / "final_params.npy")), dropped_in_simulation(run, rounds, dropped).params)
+    assert_equal_to_rounding(
+        torch.from_numpy(np.load(folder / "final_params.npy")), dropped_in_simulation(run, rounds, dropped).params
+    )
     # one ClientApp process per node answered every message its SuperNode received (no process per message)
     for worker, supernode in zip(workers, supernodes):
         assert len(re.findall(r"fedshuffle worker: task \d+ answered", worker)) == supernode.count("Receiving:") > 0

@@ -35,7 +35,9 @@ from flower_harness import FLOWER_ENV, FakeGrid, SocketWatch, outside_loopback, 
 
 for _key in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):  # before Flower reads them
     os.environ.setdefault(_key, FLOWER_ENV[_key])
-pytest.importorskip("flwr", reason="the Flower integration needs flwr (pip install 'fedshuffle[flower]', Python >= 3.11)")
+pytest.importorskip(
+    "flwr", reason="the Flower integration needs flwr (pip install 'fedshuffle[flower]', Python >= 3.11)"
+)
 pytest.importorskip("cryptography", reason="the certificates are made with cryptography (installed with flwr)")
 
 from flwr.app import Context, RecordDict  # noqa: E402
@@ -62,15 +64,25 @@ SUPERNODE_CONNECTION_FAILED = "Exit Code: 305"
 def experiment(rounds: int = 1) -> Experiment:
     """FedShuffle on a small logistic problem of two clients of unequal sizes, both in every round (each message to a
     SuperNode costs a ClientApp process: one round keeps the tests with Flower processes short)."""
-    return validate(Experiment, {
-        "experiment": {"name": "deploy-test", "seeds": [7]},
-        "problem": {"name": "logistic", "l2": 0.05},
-        "data": {"source": "synthetic", "samples": 24, "features": 3, "clients": 2, "partition": "dirichlet", "alpha": 0.8},
-        "local": {"lr": 0.2, "batch_size": 3},
-        "sampler": {"name": "full"},
-        "run": {"rounds": rounds, "eval_every": 1},
-        "variants": [{"label": "fedshuffle", "method": {"name": "fedshuffle"}}],
-    })
+    return validate(
+        Experiment,
+        {
+            "experiment": {"name": "deploy-test", "seeds": [7]},
+            "problem": {"name": "logistic", "l2": 0.05},
+            "data": {
+                "source": "synthetic",
+                "samples": 24,
+                "features": 3,
+                "clients": 2,
+                "partition": "dirichlet",
+                "alpha": 0.8,
+            },
+            "local": {"lr": 0.2, "batch_size": 3},
+            "sampler": {"name": "full"},
+            "run": {"rounds": rounds, "eval_every": 1},
+            "variants": [{"label": "fedshuffle", "method": {"name": "fedshuffle"}}],
+        },
+    )
 
 
 def config_file(folder: Path, exp: Experiment) -> Path:
@@ -114,7 +126,9 @@ def test_the_app_pins_the_installed_fedshuffle_and_can_bundle_its_wheel(tmp_path
     config = config_file(tmp_path, experiment())
     plain = CliRunner().invoke(cli, ["flower-app", str(config), str(tmp_path / "plain")])
     assert plain.exit_code == 0, plain.output
-    assert tomllib.loads((tmp_path / "plain" / "pyproject.toml").read_text())["project"]["dependencies"] == [f"fedshuffle[flower]=={version}"]
+    assert tomllib.loads((tmp_path / "plain" / "pyproject.toml").read_text())["project"]["dependencies"] == [
+        f"fedshuffle[flower]=={version}"
+    ]
     assert not (tmp_path / "plain" / "wheels").exists()
 
     bundled = CliRunner().invoke(cli, ["flower-app", str(config), str(tmp_path / "bundled"), "--bundle-wheel"])
@@ -125,29 +139,48 @@ def test_the_app_pins_the_installed_fedshuffle_and_can_bundle_its_wheel(tmp_path
     assert wheel.name == f"fedshuffle-{version}-py3-none-any.whl"
     assert pyproject["project"]["dependencies"] == [f"fedshuffle=={version}"]
     assert pyproject["tool"]["uv"]["sources"]["fedshuffle"] == {"path": str(wheel.resolve())}
-    assert pyproject["tool"]["uv"]["dependency-metadata"] == [{"name": "fedshuffle", "version": version, "requires-dist": []}]
+    assert pyproject["tool"]["uv"]["dependency-metadata"] == [
+        {"name": "fedshuffle", "version": version, "requires-dist": []}
+    ]
     valid, errors, _ = validate_config(pyproject, check_module=True, project_dir=app_dir)
     assert valid, errors
     with zipfile.ZipFile(wheel) as archive:  # this tree's code, under the version the app pins
         names = set(archive.namelist())
-        assert archive.read("fedshuffle/integrations/flower/bundle.py") == (ROOT / "src/fedshuffle/integrations/flower/bundle.py").read_bytes()
+        assert (
+            archive.read("fedshuffle/integrations/flower/bundle.py")
+            == (ROOT / "src/fedshuffle/integrations/flower/bundle.py").read_bytes()
+        )
         metadata = archive.read(f"fedshuffle-{version}.dist-info/METADATA").decode()
     assert "fedshuffle/presets/quickstart.toml" in names and f"\nVersion: {version}\n" in metadata
-    assert [(ROOT / "build").exists(), (ROOT / "src" / "fedshuffle.egg-info").exists()] == build_files  # built from a copy of the tree
+    assert [
+        (ROOT / "build").exists(),
+        (ROOT / "src" / "fedshuffle.egg-info").exists(),
+    ] == build_files  # built from a copy of the tree
 
-    given = CliRunner().invoke(cli, ["flower-app", str(config), str(tmp_path / "given"), "--wheel", str(wheel)])  # a wheel one has
+    given = CliRunner().invoke(
+        cli, ["flower-app", str(config), str(tmp_path / "given"), "--wheel", str(wheel)]
+    )  # a wheel one has
     assert given.exit_code == 0, given.output
     copied = tmp_path / "given" / "wheels" / wheel.name
     assert copied.read_bytes() == wheel.read_bytes()
-    assert tomllib.loads((tmp_path / "given" / "pyproject.toml").read_text())["tool"]["uv"]["sources"]["fedshuffle"] == {"path": str(copied.resolve())}
+    assert tomllib.loads((tmp_path / "given" / "pyproject.toml").read_text())["tool"]["uv"]["sources"][
+        "fedshuffle"
+    ] == {"path": str(copied.resolve())}
 
     other = tmp_path / "fedshuffle-0.0.1-py3-none-any.whl"
     other.write_bytes(wheel.read_bytes())
     refused = CliRunner().invoke(cli, ["flower-app", str(config), str(tmp_path / "other"), "--wheel", str(other)])
-    assert refused.exit_code == 2 and "--wheel" in refused.output and "0.0.1" in refused.output and version in refused.output
+    assert (
+        refused.exit_code == 2
+        and "--wheel" in refused.output
+        and "0.0.1" in refused.output
+        and version in refused.output
+    )
     assert "Traceback" not in refused.output and not (tmp_path / "other").exists()
 
-    monkeypatch.setattr(bundle, "installed_version", lambda: bundle.NOT_INSTALLED)  # imported from a source tree, no metadata
+    monkeypatch.setattr(
+        bundle, "installed_version", lambda: bundle.NOT_INSTALLED
+    )  # imported from a source tree, no metadata
     with pytest.raises(ConfigError, match="no fedshuffle distribution is installed") as err:
         write_app(config, tmp_path / "unpinned")
     assert err.value.field == "fedshuffle" and not (tmp_path / "unpinned").exists()
@@ -167,12 +200,18 @@ def test_the_apps_module_refuses_to_load_under_another_fedshuffle_version_naming
 
 def test_a_node_running_another_fedshuffle_version_is_refused_at_the_handshake_naming_both(monkeypatch):
     exp = experiment()
-    monkeypatch.setattr(node_side, "installed_version", lambda: "0.0.1")  # the node's side only; the server keeps its own
+    monkeypatch.setattr(
+        node_side, "installed_version", lambda: "0.0.1"
+    )  # the node's side only; the server keeps its own
     grid = FakeGrid(client_app(exp), 2)
     with pytest.raises(FederationError) as err:
         server_app(exp)(grid, server_context({}))
     message = str(err.value)
-    assert "\n" not in message and "runs fedshuffle 0.0.1" in message and f"the server fedshuffle {installed_version()}" in message
+    assert (
+        "\n" not in message
+        and "runs fedshuffle 0.0.1" in message
+        and f"the server fedshuffle {installed_version()}" in message
+    )
     assert {m.metadata.message_type for m in grid.sent} == {"query.fedshuffle"}  # refused before any training message
     monkeypatch.setattr(node_side, "installed_version", installed_version)
     silent = FakeGrid(client_app(exp), 2)  # a node of a fedshuffle before the check: its reply does not say
@@ -185,7 +224,9 @@ def test_a_node_running_another_fedshuffle_version_is_refused_at_the_handshake_n
         return reply
 
     silent.app = without_version
-    expected = rf"node 1000 runs fedshuffle unknown \(its reply does not say\), the server fedshuffle {installed_version()}:"
+    expected = (
+        rf"node 1000 runs fedshuffle unknown \(its reply does not say\), the server fedshuffle {installed_version()}:"
+    )
     with pytest.raises(FederationError, match=expected):
         server_app(exp)(silent, server_context({}))
     same = FakeGrid(client_app(exp), 2)
@@ -198,13 +239,26 @@ def test_a_node_running_another_fedshuffle_version_is_refused_at_the_handshake_n
 
 #: the namespace's network: loopback, plus a host address (TEST-NET-2) and a default route on it, which is what makes
 #: Ray listen on every interface; nothing beyond the namespace is reachable (offline), and nothing in it from outside
-NAMESPACE_SETUP = "ip link set lo up && ip addr add 198.51.100.7/32 dev lo && ip route add default dev lo src 198.51.100.7"
+NAMESPACE_SETUP = (
+    "ip link set lo up && ip addr add 198.51.100.7/32 dev lo && ip route add default dev lo src 198.51.100.7"
+)
 
 
 def namespace_command(command: list[str]) -> list[str]:
     """``command`` as the first process of a network namespace (:data:`NAMESPACE_SETUP`) and a PID namespace (all
     its processes end with it), with /proc of its own."""
-    return ["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", NAMESPACE_SETUP + ' && exec "$@"', "offline", *command]
+    return [
+        "unshare",
+        "--net",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "sh",
+        "-c",
+        NAMESPACE_SETUP + ' && exec "$@"',
+        "offline",
+        *command,
+    ]
 
 
 def can_isolate() -> bool:
@@ -222,16 +276,31 @@ def test_flowers_default_local_simulation_runs_the_app_offline_from_its_bundled_
     ``uv sync`` into a fresh environment. Without an index the bundled wheel is all it installs. With
     ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (as the docs say) every socket of the namespace listens on loopback."""
     if not (can_isolate() and listening.available()):
-        pytest.skip("needs unshare --net --pid (namespaces of its own) to run Flower offline, and /proc to read its sockets")
+        pytest.skip(
+            "needs unshare --net --pid (namespaces of its own) to run Flower offline, and /proc to read its sockets"
+        )
     exp = experiment()
     app_dir = write_app(config_file(tmp_path, exp), tmp_path / "app", bundle_wheel=True)
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FLWR_"))}
-    env.update(FLOWER_ENV, FLWR_HOME=str(tmp_path / "flwr-home"), PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE)]),
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.update(
+        FLOWER_ENV,
+        FLWR_HOME=str(tmp_path / "flwr-home"),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE)]),
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+    )
     started, seen = time.monotonic(), set()
-    command = namespace_command([sys.executable, str(HERE / "deploy_harness.py"), "local-run", str(DEPLOYMENT_SECONDS - 20), str(app_dir),
-                                 "--run-config", f'out="{out}"'])
+    command = namespace_command(
+        [
+            sys.executable,
+            str(HERE / "deploy_harness.py"),
+            "local-run",
+            str(DEPLOYMENT_SECONDS - 20),
+            str(app_dir),
+            "--run-config",
+            f'out="{out}"',
+        ]
+    )
     with open(tmp_path / "result.json", "wb") as stdout, open(tmp_path / "stderr.txt", "wb") as stderr:
         process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
     try:
@@ -248,7 +317,9 @@ def test_flowers_default_local_simulation_runs_the_app_offline_from_its_bundled_
     result = json.loads((tmp_path / "result.json").read_text().strip().splitlines()[-1])
     assert result["status"] == "finished:completed", result["details"][-3000:]
     wheel = app_dir.resolve() / "wheels" / f"fedshuffle-{installed_version()}-py3-none-any.whl"
-    assert f"Installed: [fedshuffle=={installed_version()} (from {wheel.as_uri()})]" in result["log"], result["log"][-3000:]
+    assert f"Installed: [fedshuffle=={installed_version()} (from {wheel.as_uri()})]" in result["log"], result["log"][
+        -3000:
+    ]
     assert_reaches_the_simulations_model(out, exp)
     assert seen, "no listening socket was seen: the check did not run"
     assert [s for s in seen if not listening.is_loopback(s[0])] == [], seen
@@ -279,7 +350,7 @@ def test_a_superlink_with_tls_and_node_authentication_serves_registered_nodes_an
         keys = [make_node_keys(work / "keys", name) for name in ("node-0", "node-1", "stranger")]
         for _, public in keys[:2]:
             registered = federation.register(public)
-            answer = registered.stdout[registered.stdout.find("{"):]
+            answer = registered.stdout[registered.stdout.find("{") :]
             assert registered.returncode == 0 and json.loads(answer)["success"], registered.stdout + registered.stderr
         stranger = federation.node("stranger", 'clients="1"', keys[2][0], federation.certificates["ca"], retries=1)
         untrusting = federation.node("no-ca", 'clients="1"', keys[1][0], None, retries=1)
@@ -290,9 +361,20 @@ def test_a_superlink_with_tls_and_node_authentication_serves_registered_nodes_an
             for w in watches:
                 w.sample()
 
-        status, seconds = run_app(app_dir, federation.connection, federation.env, f'out="{out}" round-timeout=60.0', summary.exists, deadline, watch)
+        status, seconds = run_app(
+            app_dir,
+            federation.connection,
+            federation.env,
+            f'out="{out}" round-timeout=60.0',
+            summary.exists,
+            deadline,
+            watch,
+        )
         listed = federation.flwr(["supernode", "ls", "--format", "json"])
-        for process, name, reason in [(stranger, "stranger", "Failed to activate SuperNode"), (untrusting, "no-ca", "CERTIFICATE_VERIFY_FAILED")]:
+        for process, name, reason in [
+            (stranger, "stranger", "Failed to activate SuperNode"),
+            (untrusting, "no-ca", "CERTIFICATE_VERIFY_FAILED"),
+        ]:
             log = work / f"supernode-{name}.log"
             assert wait_exit(process, deadline) not in (None, 0), log.read_text()[-2000:]
             assert SUPERNODE_CONNECTION_FAILED in log.read_text() and reason in log.read_text(), log.read_text()[-2000:]

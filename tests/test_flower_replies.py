@@ -94,28 +94,73 @@ def garbage(a):
 
 #: rogue replies: how the reply is forged, and what the logged reason must name
 ROGUES = {
-    "int64 delta": (dict(payload=lambda r: arrays_with(r, "delta", lambda a: np.round(a * 1e6).astype(np.int64))), r"payload\.delta: expected dtype float64"),
-    "bool delta": (dict(payload=lambda r: arrays_with(r, "delta", lambda a: a > 0)), r"payload\.delta: expected dtype float64.*bool"),
-    "float32 control_delta": (dict(payload=lambda r: arrays_with(r, "control_delta", lambda a: a.astype(np.float32))), r"payload\.control_delta: .*float32"),
-    "header lies about the bytes": (dict(payload=lambda r: arrays_with(r, "delta", lying_header)), r"payload\.delta: .*not a readable|payload\.delta: .*its data"),
-    "unreadable bytes": (dict(payload=lambda r: arrays_with(r, "delta", garbage)), r"payload\.delta: not a readable NumPy array"),
-    "a row too many": (dict(payload=lambda r: arrays_with(r, "delta", lambda a: np.concatenate([a, a]))), r"payload\.delta: expected dtype float64, shape \(1, 3\), got .*shape \(2, 3\)"),
-    "a coordinate short": (dict(payload=lambda r: arrays_with(r, "delta", lambda a: a[:, :-1].copy())), r"got dtype float64, shape \(1, 2\)"),
+    "int64 delta": (
+        dict(payload=lambda r: arrays_with(r, "delta", lambda a: np.round(a * 1e6).astype(np.int64))),
+        r"payload\.delta: expected dtype float64",
+    ),
+    "bool delta": (
+        dict(payload=lambda r: arrays_with(r, "delta", lambda a: a > 0)),
+        r"payload\.delta: expected dtype float64.*bool",
+    ),
+    "float32 control_delta": (
+        dict(payload=lambda r: arrays_with(r, "control_delta", lambda a: a.astype(np.float32))),
+        r"payload\.control_delta: .*float32",
+    ),
+    "header lies about the bytes": (
+        dict(payload=lambda r: arrays_with(r, "delta", lying_header)),
+        r"payload\.delta: .*not a readable|payload\.delta: .*its data",
+    ),
+    "unreadable bytes": (
+        dict(payload=lambda r: arrays_with(r, "delta", garbage)),
+        r"payload\.delta: not a readable NumPy array",
+    ),
+    "a row too many": (
+        dict(payload=lambda r: arrays_with(r, "delta", lambda a: np.concatenate([a, a]))),
+        r"payload\.delta: expected dtype float64, shape \(1, 3\), got .*shape \(2, 3\)",
+    ),
+    "a coordinate short": (
+        dict(payload=lambda r: arrays_with(r, "delta", lambda a: a[:, :-1].copy())),
+        r"got dtype float64, shape \(1, 2\)",
+    ),
     "empty delta": (dict(payload=lambda r: arrays_with(r, "delta", lambda a: np.zeros(0))), r"shape \(0,\)"),
     "NaN entry": (dict(payload=lambda r: arrays_with(r, "delta", with_nan)), r"payload\.delta: 1 non-finite entry"),
-    "infinite entry": (dict(payload=lambda r: arrays_with(r, "control_delta", with_inf)), r"payload\.control_delta: 1 non-finite entry"),
-    "missing control_delta": (dict(payload=lambda r: ArrayRecord({"delta": r["delta"]})), r"missing \['control_delta'\]"),
-    "an extra array": (dict(payload=lambda r: ArrayRecord({**{k: r[k] for k in r}, "x": Array(np.zeros(4))})), r"unexpected \['x'\]"),
+    "infinite entry": (
+        dict(payload=lambda r: arrays_with(r, "control_delta", with_inf)),
+        r"payload\.control_delta: 1 non-finite entry",
+    ),
+    "missing control_delta": (
+        dict(payload=lambda r: ArrayRecord({"delta": r["delta"]})),
+        r"missing \['control_delta'\]",
+    ),
+    "an extra array": (
+        dict(payload=lambda r: ArrayRecord({**{k: r[k] for k in r}, "x": Array(np.zeros(4))})),
+        r"unexpected \['x'\]",
+    ),
     "no payload": (dict(drop=("payload",)), r"no 'payload' in the reply"),
     "payload of scalars": (dict(payload=ConfigRecord({"delta": 1.0})), r"payload: expected arrays, got ConfigRecord"),
     "no result": (dict(drop=("result",)), r"no 'result' in the reply"),
-    "sample-gradients 10**15": (dict(result=lambda r: config_with(r, sample_gradients=10**15)), r"result\.sample-gradients: expected an integer in 0\.\.\d+, got 1000000000000000"),
-    "negative sample-gradients": (dict(result=lambda r: config_with(r, sample_gradients=-5)), r"result\.sample-gradients"),
-    "sample-gradients as a bool": (dict(result=lambda r: config_with(r, sample_gradients=True)), r"result\.sample-gradients"),
-    "members miscounted": (dict(result=lambda r: config_with(r, members=2)), r"result\.members: expected an integer in 1\.\.1, got 2"),
+    "sample-gradients 10**15": (
+        dict(result=lambda r: config_with(r, sample_gradients=10**15)),
+        r"result\.sample-gradients: expected an integer in 0\.\.\d+, got 1000000000000000",
+    ),
+    "negative sample-gradients": (
+        dict(result=lambda r: config_with(r, sample_gradients=-5)),
+        r"result\.sample-gradients",
+    ),
+    "sample-gradients as a bool": (
+        dict(result=lambda r: config_with(r, sample_gradients=True)),
+        r"result\.sample-gradients",
+    ),
+    "members miscounted": (
+        dict(result=lambda r: config_with(r, members=2)),
+        r"result\.members: expected an integer in 1\.\.1, got 2",
+    ),
     "another round": (dict(result=lambda r: config_with(r, round=7)), r"result\.round"),
     "another client": (dict(result=lambda r: config_with(r, client=0)), r"result\.client"),
-    "NaN diagnostic": (dict(result=lambda r: config_with(r, **{"extra.loss": float("nan")})), r"result\.extra\.loss: expected a finite number"),
+    "NaN diagnostic": (
+        dict(result=lambda r: config_with(r, **{"extra.loss": float("nan")})),
+        r"result\.extra\.loss: expected a finite number",
+    ),
     "unknown entry": (dict(result=lambda r: config_with(r, cost="free")), r"result: unexpected entries \['cost'\]"),
 }
 
@@ -125,7 +170,10 @@ def test_a_rogue_reply_drops_its_member_with_the_reason_logged_and_never_changes
     forge, reason = ROGUES[case]
     exp, strategy, messages, replies, logged = scaffold_round()
     sent = {m.metadata.message_id: m for m in messages}
-    rogue = [forged(r, sent[r.metadata.reply_to_message_id], **forge) if int(r.content["result"]["client"]) == ROGUE else r for r in replies]
+    rogue = [
+        forged(r, sent[r.metadata.reply_to_message_id], **forge) if int(r.content["result"]["client"]) == ROGUE else r
+        for r in replies
+    ]
     arrays, metrics = strategy.aggregate_train(1, rogue)
     assert metrics["dropped"] == 1 and metrics["rejected"] == 1 and metrics["members"] == 3
     assert torch.equal(model(arrays), without_client(exp, ROGUE))  # exactly the round without the rogue member
@@ -142,12 +190,20 @@ def test_with_invalid_reply_stop_a_rogue_reply_stops_the_run_with_one_line():
     messages = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid))
     genuine = grid.send_and_receive(messages)
     sent = {m.metadata.message_id: m for m in messages}
-    replies = [forged(r, sent[r.metadata.reply_to_message_id], payload=lambda rec: arrays_with(rec, "delta", with_nan)) if int(r.content["result"]["client"]) == ROGUE else r
-               for r in genuine]
+    replies = [
+        forged(r, sent[r.metadata.reply_to_message_id], payload=lambda rec: arrays_with(rec, "delta", with_nan))
+        if int(r.content["result"]["client"]) == ROGUE
+        else r
+        for r in genuine
+    ]
     before = strategy.half.params.clone()
     with pytest.raises(FederationError) as info:
         strategy.aggregate_train(1, replies)
-    assert "\n" not in str(info.value) and f"client {ROGUE} " in str(info.value) and "payload.delta: 1 non-finite entry" in str(info.value)
+    assert (
+        "\n" not in str(info.value)
+        and f"client {ROGUE} " in str(info.value)
+        and "payload.delta: 1 non-finite entry" in str(info.value)
+    )
     assert torch.equal(strategy.half.params, before)
 
 
@@ -166,7 +222,8 @@ def test_a_reply_from_another_node_is_refused():
 
 
 def test_a_rogue_gradient_in_fedshuffle_mvrs_exchange_drops_the_member():
-    """FedShuffleMVR asks every member for ∇f_i at x^r and x^{r−1} before the round; a NaN or float32 gradient is refused there."""
+    """FedShuffleMVR asks every member for ∇f_i at x^r and x^{r−1} before the round; a NaN or float32 gradient is
+    refused there."""
     exp = experiment([variant("fedshuffle_mvr", sampler={"name": "full"})])
     for forge in (lambda a: with_nan(a[None])[0], lambda a: a.astype(np.float32)):
         grid = FakeGrid(client_app(exp), 4)
@@ -175,14 +232,18 @@ def test_a_rogue_gradient_in_fedshuffle_mvrs_exchange_drops_the_member():
         def app(message, context, forge=forge):
             reply = original(message, context)
             if message.metadata.message_type == GRADIENTS and int(message.content["instructions"]["client"]) == ROGUE:
-                reply = Message(RecordDict({"gradients": arrays_with(reply.content["gradients"], "0", forge)}), reply_to=message)
+                reply = Message(
+                    RecordDict({"gradients": arrays_with(reply.content["gradients"], "0", forge)}), reply_to=message
+                )
             return reply
 
         grid.app = app
         logged: list[str] = []
         strategy = FedShuffleStrategy(single_run(exp), log=logged.append)
         messages = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord(), grid))
-        assert sorted(int(m.content["instructions"]["client"]) for m in messages if m.metadata.message_type == TRAIN) == [0, 1, 3]
+        assert sorted(
+            int(m.content["instructions"]["client"]) for m in messages if m.metadata.message_type == TRAIN
+        ) == [0, 1, 3]
         arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
         assert metrics["dropped"] == 1 and metrics["rejected"] == 1 and bool(torch.isfinite(model(arrays)).all())
         assert any("gradients.0" in text for text in logged)
@@ -234,19 +295,69 @@ class MalformedHandshakeGrid(FakeGrid):
         self.app = answer
 
 
-@pytest.mark.parametrize("grid, run_config, error, text", [
-    (lambda app: FakeGrid(app, 3), {"connect-timeout": 0.3}, FederationError, r"node 1000 hosts clients 0 \(num-partitions=3\); the federation has 4 clients"),
-    (lambda app: FakeGrid(app, 2, hosts=["0-1", "3"]), {"connect-timeout": 0.3}, FederationError, r"no node hosts client\(s\) 2 \(2 node\(s\) connected within 0\.3 s\); the run has clients 0\.\.3"),
-    (DuplicateGrid, {}, FederationError, r"nodes \d+ and \d+ both host client 0"),
-    (lambda app: FakeGrid(app, 2, hosts=["0-2", "2-3"]), {}, FederationError, r"nodes 1000 and 1001 both host client 2"),
-    (lambda app: FakeGrid(app, 2, hosts=["0-1", "2-9"]), {}, FederationError, r"node 1001 hosts clients 2-9 \(num-partitions=-1\); the federation has 4 clients"),
-    (lambda app: FakeGrid(app, 2, hosts=["0-1", "3-2"]), {}, FederationError, r"node 1001 failed the handshake: .*node-config\.clients: expected client ids \(ASCII digits\) and ranges such as '0-4' or '0,3,7', at most 1,000,000 clients, got '3-2'"),
-    (MalformedHandshakeGrid, {}, FederationError, r"node 1001 sent a malformed handshake reply: node\.clients: expected a list of client ids, got None"),
-    (lambda app: FakeGrid(app, 4), {"invalid-reply": "ignore"}, ConfigError, r"run-config\.invalid-reply: unknown policy 'ignore'; accepted: drop, stop"),
-    (lambda app: FakeGrid(app, 4), {"round-timeout": "long"}, ConfigError, r"run-config\.round-timeout: expected float"),
-    (lambda app: FakeGrid(app, 4), {"resume": 1}, ConfigError, r"run-config\.resume: expected bool"),
-    (lambda app: FakeGrid(app, 4, node_config=lambda k: {"partition-id": "zero" if k == 0 else k}), {}, FederationError, r"node 1000 failed the handshake: .*node-config\.partition-id: expected an integer \(ASCII digits\), got 'zero'"),
-])
+@pytest.mark.parametrize(
+    "grid, run_config, error, text",
+    [
+        (
+            lambda app: FakeGrid(app, 3),
+            {"connect-timeout": 0.3},
+            FederationError,
+            r"node 1000 hosts clients 0 \(num-partitions=3\); the federation has 4 clients",
+        ),
+        (
+            lambda app: FakeGrid(app, 2, hosts=["0-1", "3"]),
+            {"connect-timeout": 0.3},
+            FederationError,
+            r"no node hosts client\(s\) 2 \(2 node\(s\) connected within 0\.3 s\); the run has clients 0\.\.3",
+        ),
+        (DuplicateGrid, {}, FederationError, r"nodes \d+ and \d+ both host client 0"),
+        (
+            lambda app: FakeGrid(app, 2, hosts=["0-2", "2-3"]),
+            {},
+            FederationError,
+            r"nodes 1000 and 1001 both host client 2",
+        ),
+        (
+            lambda app: FakeGrid(app, 2, hosts=["0-1", "2-9"]),
+            {},
+            FederationError,
+            r"node 1001 hosts clients 2-9 \(num-partitions=-1\); the federation has 4 clients",
+        ),
+        (
+            lambda app: FakeGrid(app, 2, hosts=["0-1", "3-2"]),
+            {},
+            FederationError,
+            r"node 1001 failed the handshake: .*node-config\.clients: expected client ids \(ASCII digits\) and "
+            r"ranges such as '0-4' or '0,3,7', at most 1,000,000 clients, got '3-2'",
+        ),
+        (
+            MalformedHandshakeGrid,
+            {},
+            FederationError,
+            r"node 1001 sent a malformed handshake reply: node\.clients: expected a list of client ids, got None",
+        ),
+        (
+            lambda app: FakeGrid(app, 4),
+            {"invalid-reply": "ignore"},
+            ConfigError,
+            r"run-config\.invalid-reply: unknown policy 'ignore'; accepted: drop, stop",
+        ),
+        (
+            lambda app: FakeGrid(app, 4),
+            {"round-timeout": "long"},
+            ConfigError,
+            r"run-config\.round-timeout: expected float",
+        ),
+        (lambda app: FakeGrid(app, 4), {"resume": 1}, ConfigError, r"run-config\.resume: expected bool"),
+        (
+            lambda app: FakeGrid(app, 4, node_config=lambda k: {"partition-id": "zero" if k == 0 else k}),
+            {},
+            FederationError,
+            r"node 1000 failed the handshake: .*node-config\.partition-id: expected an integer \(ASCII digits\), got "
+            r"'zero'",
+        ),
+    ],
+)
 def test_deployment_misuse_ends_with_one_line_naming_the_node_or_setting(grid, run_config, error, text):
     exp = experiment([variant("fedavg")])
     federation = grid(client_app(exp, {}))
@@ -260,7 +371,9 @@ def test_deployment_misuse_ends_with_one_line_naming_the_node_or_setting(grid, r
 def test_other_exceptions_keep_their_traceback_in_the_log():
     logged = one_line_log(ZeroDivisionError("a bug"))
     assert "Traceback" in logged and "ZeroDivisionError: a bug" in logged
-    assert sum(isinstance(f, OneLineErrors) for f in logging.getLogger("flwr").filters) == 1  # installed once, however many apps
+    assert (
+        sum(isinstance(f, OneLineErrors) for f in logging.getLogger("flwr").filters) == 1
+    )  # installed once, however many apps
 
 
 def test_the_invalid_reply_policy_is_a_run_config_setting():

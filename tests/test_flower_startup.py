@@ -82,8 +82,9 @@ class GridWithDeadNodes(FakeGrid):
         return ids
 
 
-def strategy_and_grid(hosts: list[str], dead: set[int], **options) -> tuple[FedShuffleStrategy, GridWithDeadNodes,
-                                                                            list[str]]:
+def strategy_and_grid(
+    hosts: list[str], dead: set[int], **options
+) -> tuple[FedShuffleStrategy, GridWithDeadNodes, list[str]]:
     exp = Experiment.model_validate(EXPERIMENT)
     (run,) = federated_runs(exp, AppSettings())
     logged: list[str] = []
@@ -97,8 +98,9 @@ def test_a_dead_but_listed_node_is_left_out_when_the_others_host_every_client():
     strategy.handshake(grid)
     assert strategy.nodes == {0: 1000, 1: 1000, 2: 1001, 3: 1001}
     assert strategy.online == {1000, 1001}
-    assert logged == [("node 1002 is listed but did not answer the handshake (node unavailable): left out unless it "
-                       "answers later")]
+    assert logged == [
+        ("node 1002 is listed but did not answer the handshake (node unavailable): left out unless it answers later")
+    ]
 
 
 def test_a_node_unavailable_at_first_is_asked_again_while_the_handshake_waits():
@@ -122,8 +124,9 @@ def test_clients_hosted_by_dead_nodes_alone_stop_the_run_naming_them():
     with pytest.raises(FederationError) as info:
         strategy.handshake(grid)
     message = str(info.value)
-    assert message.startswith("no node hosts client(s) 2-3 (2 node(s) connected within 0.5 s; unavailable: node 1001 "
-                              "(node unavailable));"), message
+    assert message.startswith(
+        "no node hosts client(s) 2-3 (2 node(s) connected within 0.5 s; unavailable: node 1001 (node unavailable));"
+    ), message
 
 
 def test_a_node_whose_clientapp_raised_still_fails_the_handshake():

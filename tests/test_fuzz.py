@@ -26,7 +26,9 @@ from fedshuffle.experiments.runner import run_single
 CASES = {"configs": 0, "runs": 0, "files": 0, "datasets": 0}
 
 numbers = st.one_of(
-    st.integers(-3, 12), st.floats(allow_nan=True, allow_infinity=True, width=32), st.sampled_from([0, 1e-3, 0.5, 1e6, -1.0]),
+    st.integers(-3, 12),
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from([0, 1e-3, 0.5, 1e6, -1.0]),
 )
 junk = st.one_of(numbers, st.text(max_size=6), st.booleans(), st.lists(st.integers(-2, 6), max_size=4))
 
@@ -42,21 +44,60 @@ def config_strategy(draw):
         n = len(data["client_sizes"])
     else:
         n = draw(st.integers(1, 4))
-        problem = {"name": draw(st.sampled_from(["logistic", "softmax", "mlp"])), "l2": draw(st.sampled_from([0.0, 1e-2])), "hidden": [draw(st.integers(1, 3))]}
+        problem = {
+            "name": draw(st.sampled_from(["logistic", "softmax", "mlp"])),
+            "l2": draw(st.sampled_from([0.0, 1e-2])),
+            "hidden": [draw(st.integers(1, 3))],
+        }
         classes = 2 if problem["name"] == "logistic" else draw(st.integers(2, 3))
-        data = {"source": "synthetic", "samples": draw(st.integers(n, 24)), "features": draw(st.integers(1, 3)), "classes": classes, "clients": n,
-                "partition": draw(st.sampled_from(["iid", "equal", "dirichlet"])), "alpha": 1.0}
-    algorithm = {"lr": draw(st.sampled_from([1e-3, 0.05, 0.5, 1e3])), "epochs": draw(st.integers(1, 2)), "batch_size": draw(st.integers(1, 3))}
+        data = {
+            "source": "synthetic",
+            "samples": draw(st.integers(n, 24)),
+            "features": draw(st.integers(1, 3)),
+            "classes": classes,
+            "clients": n,
+            "partition": draw(st.sampled_from(["iid", "equal", "dirichlet"])),
+            "alpha": 1.0,
+        }
+    algorithm = {
+        "lr": draw(st.sampled_from([1e-3, 0.05, 0.5, 1e3])),
+        "epochs": draw(st.integers(1, 2)),
+        "batch_size": draw(st.integers(1, 3)),
+    }
     if method in ("nastya", "rr_cli", "generalized_fedavg"):
         algorithm["server_lr"] = draw(st.sampled_from([0.1, 1.0]))
-    algorithm.update(draw(st.fixed_dictionaries({}, optional={
-        "clip_norm": st.sampled_from([0.1, 10.0]), "local_momentum": st.sampled_from([0.0, 0.5]), "weight_decay": st.sampled_from([0.0, 1e-2]),
-        "straggler_probability": st.sampled_from([0.0, 0.5]), "lr_schedule": st.sampled_from(["constant", "inverse_epochs"]),
-    })))
+    algorithm.update(
+        draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "clip_norm": st.sampled_from([0.1, 10.0]),
+                    "local_momentum": st.sampled_from([0.0, 0.5]),
+                    "weight_decay": st.sampled_from([0.0, 1e-2]),
+                    "straggler_probability": st.sampled_from([0.0, 0.5]),
+                    "lr_schedule": st.sampled_from(["constant", "inverse_epochs"]),
+                },
+            )
+        )
+    )
     cohort = draw(st.integers(1, n))
-    sampler = {"name": "cyclic", "cohort": 1} if method == "rr_cli" else {"name": draw(st.sampled_from(["full", "uniform", "with_replacement", "importance"])), "cohort": cohort}
-    raw = {"problem": problem, "data": data, **nested(algorithm), "method": {"name": method}, "sampler": sampler,
-           "run": {"rounds": draw(st.integers(1, 4)), "eval_every": draw(st.integers(1, 3)), "dtype": draw(st.sampled_from(["float32", "float64"]))}}
+    sampler = (
+        {"name": "cyclic", "cohort": 1}
+        if method == "rr_cli"
+        else {"name": draw(st.sampled_from(["full", "uniform", "with_replacement", "importance"])), "cohort": cohort}
+    )
+    raw = {
+        "problem": problem,
+        "data": data,
+        **nested(algorithm),
+        "method": {"name": method},
+        "sampler": sampler,
+        "run": {
+            "rounds": draw(st.integers(1, 4)),
+            "eval_every": draw(st.integers(1, 3)),
+            "dtype": draw(st.sampled_from(["float32", "float64"])),
+        },
+    }
     for _ in range(draw(st.integers(0, 3))):
         section = draw(st.sampled_from(sorted(raw)))
         keys = sorted(raw[section])
@@ -73,7 +114,9 @@ def config_strategy(draw):
     return raw
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(raw=config_strategy())
 def test_random_configs_end_in_a_clear_error_or_a_correct_run(raw, tmp_path):
     CASES["configs"] += 1
@@ -107,7 +150,11 @@ def npz_case(draw):
     n, d, classes = draw(st.integers(6, 14)), draw(st.integers(1, 3)), draw(st.sampled_from([2, 2, 3]))
     rng = np.random.default_rng(n * 31 + d)
     x, y = rng.normal(size=(n, d)), rng.integers(0, classes, n)
-    fault = draw(st.sampled_from(["none", "none", "nan", "strings", "negative", "fractional", "mismatch", "empty", "truncate", "scalar"]))
+    fault = draw(
+        st.sampled_from(
+            ["none", "none", "nan", "strings", "negative", "fractional", "mismatch", "empty", "truncate", "scalar"]
+        )
+    )
     if fault == "nan":
         x[draw(st.integers(0, n - 1)), 0] = np.nan
     elif fault == "strings":
@@ -134,7 +181,10 @@ def test_random_and_broken_npz_files_end_in_a_clear_error_or_a_consistent_datase
     payload = _npz_bytes(tmp_path, x, y)
     path = tmp_path / "data.npz"
     path.write_bytes(payload if cut is None else payload[:cut])
-    raw = {"problem": {"name": problem}, "data": {"source": "npz", "path": str(path), "partition": "iid", "clients": clients}}
+    raw = {
+        "problem": {"name": problem},
+        "data": {"source": "npz", "path": str(path), "partition": "iid", "clients": clients},
+    }
     try:
         _, data = build_problem_and_data(validate(RunSpec, raw))
     except ConfigError as exc:
@@ -162,7 +212,10 @@ def test_random_svmlight_text_is_read_or_rejected_with_its_line(text, tmp_path):
 @pytest.fixture(scope="module", autouse=True)
 def report_cases():
     yield
-    print(f"\nfuzz cases: {CASES['configs']} configs ({CASES['runs']} ran), {CASES['files']} data files ({CASES['datasets']} loaded)")
+    print(
+        f"\nfuzz cases: {CASES['configs']} configs ({CASES['runs']} ran), {CASES['files']} data files "
+        f"({CASES['datasets']} loaded)"
+    )
 
 
 # --- the fuzz cases of tests/fuzzing.py (scripts/fuzz.py runs thousands of them) ----------------------------
@@ -191,10 +244,14 @@ def check_case(kind, seed, env):
     result = fuzzing.run_case(kind, seed, work, template)
     OUTCOMES[kind][result.outcome] = OUTCOMES[kind].get(result.outcome, 0) + 1
     shutil.rmtree(work, ignore_errors=True)
-    assert result.outcome not in fuzzing.BAD, f"{result.outcome}: {result.detail} [{result.case}] — replay: python scripts/fuzz.py --replay {kind}:{seed}"
+    assert result.outcome not in fuzzing.BAD, (
+        f"{result.outcome}: {result.detail} [{result.case}] — replay: python scripts/fuzz.py --replay {kind}:{seed}"
+    )
 
 
-FUZZ = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 @settings(FUZZ, max_examples=40)

@@ -13,7 +13,14 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 #: the layers that run experiments and talk to users; nothing below them may import them
-UPPER = ("fedshuffle.experiments", "fedshuffle.integrations", "fedshuffle.cli", "fedshuffle.api", "fedshuffle.testing", "fedshuffle.__main__")
+UPPER = (
+    "fedshuffle.experiments",
+    "fedshuffle.integrations",
+    "fedshuffle.cli",
+    "fedshuffle.api",
+    "fedshuffle.testing",
+    "fedshuffle.__main__",
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -42,21 +49,30 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         tree = ast.parse(path.read_text())
-        skipped = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
+        skipped = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for n in ast.walk(block)
+        }
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in skipped:
                 continue
             for name in _imported(module, node, path.name == "__init__.py"):
                 while name and name not in modules:
                     name = name.rpartition(".")[0]
-                if name and name != module and not module.startswith(name + "."):  # a module's own package runs first anyway
+                if (
+                    name and name != module and not module.startswith(name + ".")
+                ):  # a module's own package runs first anyway
                     graph[module].add(name)
     return graph
 
 
 def test_the_import_graph_has_no_cycle():
     graph = import_graph()
-    assert len(graph) > 50 and graph["fedshuffle.experiments.runner"] >= {"fedshuffle.simulation"}  # the graph is read, not empty
+    assert len(graph) > 50 and graph["fedshuffle.experiments.runner"] >= {
+        "fedshuffle.simulation"
+    }  # the graph is read, not empty
     try:
         tuple(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as exc:
@@ -64,7 +80,13 @@ def test_the_import_graph_has_no_cycle():
 
 
 def test_nothing_below_the_experiments_imports_them():
-    upward = sorted(f"{a} → {b}" for a, targets in import_graph().items() if not a.startswith(UPPER) for b in targets if b.startswith(UPPER))
+    upward = sorted(
+        f"{a} → {b}"
+        for a, targets in import_graph().items()
+        if not a.startswith(UPPER)
+        for b in targets
+        if b.startswith(UPPER)
+    )
     assert not upward, f"upward imports: {', '.join(upward)}"
 
 
@@ -79,7 +101,9 @@ def test_the_subpackages_form_layers_without_a_cycle():
     units: dict[str, set[str]] = {}
     for module, targets in import_graph().items():
         unit = ".".join(module.split(".")[:2])
-        units.setdefault(unit, set()).update(".".join(t.split(".")[:2]) for t in targets if ".".join(t.split(".")[:2]) != unit)
+        units.setdefault(unit, set()).update(
+            ".".join(t.split(".")[:2]) for t in targets if ".".join(t.split(".")[:2]) != unit
+        )
     units.pop("fedshuffle", None)
     for targets in units.values():
         targets.discard("fedshuffle")  # the package's __init__ re-exports; it is not a layer

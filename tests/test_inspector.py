@@ -32,7 +32,9 @@ def test_fedavg_full_participation_effective_weights_are_size_squared():
 
 @pytest.mark.parametrize("method", ["fedshuffle", "fednova", "fednova_rr", "fedshuffle_gen"])
 def test_consistent_methods_have_effective_weights_equal_to_w(method):
-    report = inspect_objective(build_flat(method, {"lr": 0.01, "normalization": "unbiased"}), UniformWithoutReplacement(3, 2), SIZES, W)
+    report = inspect_objective(
+        build_flat(method, {"lr": 0.01, "normalization": "unbiased"}), UniformWithoutReplacement(3, 2), SIZES, W
+    )
     assert not report.biased
     assert np.allclose(report.effective_weights, W, atol=1e-12)
 
@@ -44,7 +46,9 @@ def test_fixed_step_heuristics_are_consistent_only_under_full_participation(meth
     so even unbiased w_i/p_i weights leave ŵ ≠ w."""
     full = inspect_objective(build_flat(method, {"lr": 0.01}), FullParticipation(3), SIZES, W)
     assert np.allclose(full.effective_weights, W, atol=1e-12)
-    partial = inspect_objective(build_flat(method, {"lr": 0.01, "normalization": "unbiased"}), UniformWithoutReplacement(3, 2), SIZES, W)
+    partial = inspect_objective(
+        build_flat(method, {"lr": 0.01, "normalization": "unbiased"}), UniformWithoutReplacement(3, 2), SIZES, W
+    )
     assert partial.biased and partial.effective_weights[0] < W[0]
 
 
@@ -64,18 +68,36 @@ def test_monte_carlo_agrees_with_exact_within_its_standard_error():
 
 
 def test_random_epochs_use_monte_carlo_and_show_fedavg_bias():
-    report = inspect_objective(build_flat("fedavg_rr", {"lr": 0.01, "epochs": [2, 5]}), FullParticipation(3), np.array([4, 4, 4]), np.full(3, 1 / 3), rounds=4000)
+    report = inspect_objective(
+        build_flat("fedavg_rr", {"lr": 0.01, "epochs": [2, 5]}),
+        FullParticipation(3),
+        np.array([4, 4, 4]),
+        np.full(3, 1 / 3),
+        rounds=4000,
+    )
     assert not report.exact
     assert np.allclose(report.effective_weights, 1 / 3, atol=5 * report.effective_stderr.max())
-    fedshuffle = inspect_objective(build_flat("fedshuffle", {"lr": 0.01, "epochs": [2, 5]}), FullParticipation(3), np.array([1, 4, 9]), np.array([1, 4, 9]) / 14, rounds=2000)
+    fedshuffle = inspect_objective(
+        build_flat("fedshuffle", {"lr": 0.01, "epochs": [2, 5]}),
+        FullParticipation(3),
+        np.array([1, 4, 9]),
+        np.array([1, 4, 9]) / 14,
+        rounds=2000,
+    )
     assert np.allclose(fedshuffle.effective_weights, np.array([1, 4, 9]) / 14, atol=1e-12)
 
 
 def test_cli_inspect_json_example_from_the_issue():
-    result = CliRunner().invoke(app, ["inspect", "--method", "fedavg", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--json"])
+    result = CliRunner().invoke(
+        app, ["inspect", "--method", "fedavg", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--json"]
+    )
     assert result.exit_code == 0, result.output
-    old = CliRunner().invoke(app, ["inspect", "--algorithm", "fedavg", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--json"])
-    assert old.exit_code == 0 and old.stdout == result.stdout and "--algorithm is now --method" in old.stderr  # the old name, one more release
+    old = CliRunner().invoke(
+        app, ["inspect", "--algorithm", "fedavg", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--json"]
+    )
+    assert (
+        old.exit_code == 0 and old.stdout == result.stdout and "--algorithm is now --method" in old.stderr
+    )  # the old name, one more release
     out = json.loads(result.stdout)
     for key in ("weights", "inclusion_probabilities", "expected_aggregation_weights", "effective_weights"):
         assert key in out
@@ -85,7 +107,22 @@ def test_cli_inspect_json_example_from_the_issue():
 
 
 def test_cli_inspect_table_warns_and_names_step_convention():
-    result = CliRunner().invoke(app, ["inspect", "--method", "fedshuffle", "--sizes", "1,2,3", "--sampler", "uniform", "--cohort", "2", "--set", "aggregation.normalization='sum_one'"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "inspect",
+            "--method",
+            "fedshuffle",
+            "--sizes",
+            "1,2,3",
+            "--sampler",
+            "uniform",
+            "--cohort",
+            "2",
+            "--set",
+            "aggregation.normalization='sum_one'",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "warning" in result.stdout and "τ_max" in result.stdout
 

@@ -71,13 +71,19 @@ def readme_block(language: str, containing: str) -> str:
 def clean_env(tmp_path: Path) -> dict[str, str]:
     """The environment a user would have: no Ray setting, Flower's telemetry off, this tree's fedshuffle."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(FLOWER_ENV, FLWR_HOME=str(tmp_path / "flwr-home"), PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
-               PATH=os.pathsep.join([str(scripts_dir()), env.get("PATH", "")]))  # Flower's commands, as in an activated environment
+    env.update(
+        FLOWER_ENV,
+        FLWR_HOME=str(tmp_path / "flwr-home"),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
+        PATH=os.pathsep.join([str(scripts_dir()), env.get("PATH", "")]),
+    )  # Flower's commands, as in an activated environment
     return env
 
 
 #: a network namespace that looks like a host on a network: loopback up, a host address (TEST-NET-2) and a default route
-NAMESPACE_SETUP = "ip link set lo up && ip addr add 198.51.100.7/32 dev lo && ip route add default dev lo src 198.51.100.7"
+NAMESPACE_SETUP = (
+    "ip link set lo up && ip addr add 198.51.100.7/32 dev lo && ip route add default dev lo src 198.51.100.7"
+)
 
 
 def isolated(command: list[str]) -> list[str]:
@@ -104,7 +110,9 @@ def run_watched(command: list[str], env: dict[str, str], log: Path, deadline: fl
             except (OSError, ValueError):
                 pass  # a process of the tree ended while it was read
             time.sleep(0.2)
-        assert process.poll() is not None, f"the recipe did not finish in {RECIPE_SECONDS:g} s: {log.read_text()[-2000:]}"
+        assert process.poll() is not None, (
+            f"the recipe did not finish in {RECIPE_SECONDS:g} s: {log.read_text()[-2000:]}"
+        )
     finally:
         stop_group(process)
     assert process.returncode == 0, log.read_text()[-3000:]
@@ -125,11 +133,22 @@ def experiment_file(tmp_path) -> Path:
 def test_the_readme_flower_simulation_recipe_listens_on_loopback_only(tmp_path, experiment_file):
     """The page's ``simulate(...)`` block, as written (the config and results paths replaced), in a clean environment
     (fenced as ``py``, not ``python``: run here, in a process of its own, rather than by tests/test_docs.py)."""
-    code = readme_block("py", "simulate(").replace('"my.toml"', repr(str(experiment_file))).replace('"results/flower-sim"', repr(str(tmp_path / "out")))
+    code = (
+        readme_block("py", "simulate(")
+        .replace('"my.toml"', repr(str(experiment_file)))
+        .replace('"results/flower-sim"', repr(str(tmp_path / "out")))
+    )
     command = [sys.executable, "-c", code]
-    seen = run_watched(isolated(command) if can_isolate() else command, clean_env(tmp_path), tmp_path / "recipe.log", time.monotonic() + RECIPE_SECONDS)
+    seen = run_watched(
+        isolated(command) if can_isolate() else command,
+        clean_env(tmp_path),
+        tmp_path / "recipe.log",
+        time.monotonic() + RECIPE_SECONDS,
+    )
     assert (tmp_path / "out" / "fedshuffle" / "seed-1" / "summary.json").is_file()  # the recipe ran the experiment
-    assert len(listening_processes(seen)) >= 3, f"expected the sockets of Ray's GCS, raylet and workers, saw {sorted(seen)}"
+    assert len(listening_processes(seen)) >= 3, (
+        f"expected the sockets of Ray's GCS, raylet and workers, saw {sorted(seen)}"
+    )
     assert [s for s in seen if not listening.is_loopback(s[0])] == []
 
 
@@ -140,7 +159,8 @@ import time
 import ray
 from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
-backend = RayBackend({"init_args": {"_node_ip_address": "127.0.0.1", "num_cpus": 1}, "client_resources": {"num_cpus": 1}})
+init_args = {"_node_ip_address": "127.0.0.1", "num_cpus": 1}
+backend = RayBackend({"init_args": init_args, "client_resources": {"num_cpus": 1}})
 try:
     ray.get(ray.remote(lambda: 1).remote())
     time.sleep(2)
@@ -149,12 +169,19 @@ finally:
 """
 
 
-def test_flowers_engine_with_a_loopback_node_address_listens_beyond_loopback_which_is_why_the_readme_does_not_use_it(tmp_path):
+def test_flowers_engine_with_a_loopback_node_address_listens_beyond_loopback_which_is_why_the_readme_does_not_use_it(
+    tmp_path,
+):
     """What the README used to say: Flower's simulation engine with Ray's ``_node_ip_address = "127.0.0.1"``. On a host
     with a network its Ray still listens on every interface (shown in a namespace that reaches nothing)."""
     if not can_isolate():
         pytest.skip("needs unshare -n (a network namespace) to start an exposed Ray safely")
-    seen = run_watched(isolated([sys.executable, "-c", FLOWER_ENGINE_RAY]), clean_env(tmp_path), tmp_path / "engine.log", time.monotonic() + RECIPE_SECONDS)
+    seen = run_watched(
+        isolated([sys.executable, "-c", FLOWER_ENGINE_RAY]),
+        clean_env(tmp_path),
+        tmp_path / "engine.log",
+        time.monotonic() + RECIPE_SECONDS,
+    )
     assert [s for s in seen if not listening.is_loopback(s[0])], sorted(seen)
 
 
@@ -186,8 +213,11 @@ def test_the_readme_superlink_recipe_listens_on_loopback_only_and_a_bad_run_conf
     """The page's ``flower-superlink`` and ``flower-supernode`` commands (ports replaced by free ones), each in its own
     process group, always stopped: once every one listens, none listens beyond loopback. Then, with the page's
     connection file, an app submitted with a bad run config fails, and ``flwr log`` has one line saying why."""
-    lines = [line.strip().removesuffix("&").strip() for line in readme_block("bash", "flower-superlink").splitlines()
-             if line.strip().startswith(("flower-superlink", "flower-supernode"))]
+    lines = [
+        line.strip().removesuffix("&").strip()
+        for line in readme_block("bash", "flower-superlink").splitlines()
+        if line.strip().startswith(("flower-superlink", "flower-supernode"))
+    ]
     assert len(lines) == 3
     ports = {documented: str(free_port()) for documented in sorted(set(re.findall(r"\b(9\d{3})\b", " ".join(lines))))}
     env = clean_env(tmp_path)
@@ -198,9 +228,15 @@ def test_the_readme_superlink_recipe_listens_on_loopback_only_and_a_bad_run_conf
             for documented, port in ports.items():
                 line = re.sub(rf"\b{documented}\b", port, line)
             args = shlex.split(line)
-            args = [str(scripts_dir() / args[0]), *args[1:]] + (["--database", str(tmp_path / "state.db")] if args[0] == "flower-superlink" else [])
+            args = [str(scripts_dir() / args[0]), *args[1:]] + (
+                ["--database", str(tmp_path / "state.db")] if args[0] == "flower-superlink" else []
+            )
             with open(tmp_path / f"process-{k}.log", "wb") as log:
-                processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True))
+                processes.append(
+                    subprocess.Popen(
+                        args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True
+                    )
+                )
         wanted, seen = {int(p) for p in ports.values()}, set()
         while time.monotonic() < deadline and not wanted <= {port for _, port, _ in seen}:
             for p in processes:
@@ -219,7 +255,10 @@ def test_the_readme_superlink_recipe_listens_on_loopback_only_and_a_bad_run_conf
     assert [s for s in seen if not listening.is_loopback(s[0])] == []
     assert status["status"] == "finished:failed" and "run-config.round-timeout" in status["status-details"], status
     (line,) = [text for text in log.splitlines() if "ServerApp raised an exception" in text]
-    assert "ConfigError: run-config.round-timeout: must be a positive number of seconds, got -1.0" in line and "Traceback" not in log, log
+    assert (
+        "ConfigError: run-config.round-timeout: must be a positive number of seconds, got -1.0" in line
+        and "Traceback" not in log
+    ), log
 
 
 def failed_run(tmp_path: Path, env: dict[str, str], ports: dict[str, str], deadline: float) -> tuple[dict, str]:
@@ -237,10 +276,16 @@ def failed_run(tmp_path: Path, env: dict[str, str], ports: dict[str, str], deadl
     experiment = tmp_path / "exp.toml"
     experiment.write_text(EXPERIMENT)
     app = write_app(experiment, tmp_path / "app")
-    submitted = flwr(["run", str(app), "local-link", "--run-config", "round-timeout=-1.0", "--format", "json"], env, deadline - time.monotonic())
+    submitted = flwr(
+        ["run", str(app), "local-link", "--run-config", "round-timeout=-1.0", "--format", "json"],
+        env,
+        deadline - time.monotonic(),
+    )
     run_id = json.loads(submitted.stdout)["run-id"]
     while time.monotonic() < deadline:
-        listed = flwr(["ls", "local-link", "--run-id", str(run_id), "--format", "json"], env, deadline - time.monotonic())
+        listed = flwr(
+            ["ls", "local-link", "--run-id", str(run_id), "--format", "json"], env, deadline - time.monotonic()
+        )
         status = json.loads(listed.stdout)["runs"][0] if listed.returncode == 0 else {}
         if str(status.get("status", "")).startswith("finished"):
             return status, flwr(["log", str(run_id), "local-link", "--show"], env, deadline - time.monotonic()).stdout

@@ -1,4 +1,5 @@
-"""The method protocol: FedDyn's exactness, wrappers around stateful methods, the client half alone, the registry walk."""
+"""The method protocol: FedDyn's exactness, wrappers around stateful methods, the client half alone, the registry
+walk."""
 
 import numpy as np
 import pytest
@@ -21,7 +22,9 @@ def heterogeneous_logistic(weights="uniform"):
     sizes = [20, 5, 30, 10]
     x = np.concatenate([rng.normal(loc=3 * rng.normal(size=4), size=(s, 4)) for s in sizes])
     y = np.sign(x @ rng.normal(size=4) + rng.normal(size=len(x)))
-    data = FederatedDataset(torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), weights))
+    data = FederatedDataset(
+        torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), weights)
+    )
     return LogisticRegression(4, 0.05), data
 
 
@@ -30,9 +33,16 @@ def test_feddyn_reaches_the_exact_minimizer_where_fedavg_with_the_same_local_wor
     """Acar et al., ICLR 2021: under full participation FedDyn's fixed point is x* = argmin Σ w_i f_i."""
     problem, data = heterogeneous_logistic(weights)
     x_star, _ = solution(problem, data)
-    local = {"lr": 0.3, "steps": 5, "batch_size": 30, "order": "reshuffle"}  # 5 full-batch steps: deterministic local work
+    local = {
+        "lr": 0.3,
+        "steps": 5,
+        "batch_size": 30,
+        "order": "reshuffle",
+    }  # 5 full-batch steps: deterministic local work
     feddyn = Simulation(problem, data, build_flat("feddyn", {**local, "alpha": 0.3}), FullParticipation(4), seed=0)
-    fedavg = Simulation(problem, data, build_flat("fedavg", {**local, "normalization": "unbiased"}), FullParticipation(4), seed=0)
+    fedavg = Simulation(
+        problem, data, build_flat("fedavg", {**local, "normalization": "unbiased"}), FullParticipation(4), seed=0
+    )
     for _ in range(300):
         feddyn.step(), fedavg.step()
     assert float((feddyn.params - x_star).norm()) <= 1e-8
@@ -42,14 +52,27 @@ def test_feddyn_reaches_the_exact_minimizer_where_fedavg_with_the_same_local_wor
 def test_feddyn_server_state_is_the_weighted_sum_of_its_clients_gradients():
     """h = Σ_i w_i ∇L_i under full participation (the invariant behind its fixed point)."""
     problem, data = heterogeneous_logistic("size")
-    sim = Simulation(problem, data, build_flat("feddyn", {"lr": 0.1, "steps": 3, "batch_size": 4, "alpha": 0.5}), FullParticipation(4), seed=2)
+    sim = Simulation(
+        problem,
+        data,
+        build_flat("feddyn", {"lr": 0.1, "steps": 3, "batch_size": 4, "alpha": 0.5}),
+        FullParticipation(4),
+        seed=2,
+    )
     for _ in range(5):
         sim.step()
     grads = sim.store.get("gradient", np.arange(4)).to(torch.float64)
     torch.testing.assert_close(sim.method_state["h"], torch.as_tensor(data.weights) @ grads, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("method, extra", [("scaffold", {"steps": 3}), ("fedcdr", {"exact_prox": False, "epochs": 1, "batch_size": 4}), ("feddyn", {"steps": 3})])
+@pytest.mark.parametrize(
+    "method, extra",
+    [
+        ("scaffold", {"steps": 3}),
+        ("fedcdr", {"exact_prox": False, "epochs": 1, "batch_size": 4}),
+        ("feddyn", {"steps": 3}),
+    ],
+)
 def test_global_momentum_and_adaptive_servers_act_on_stateful_methods(method, extra):
     problem, data = heterogeneous_logistic()
     sampler = FullParticipation(4)
@@ -58,7 +81,17 @@ def test_global_momentum_and_adaptive_servers_act_on_stateful_methods(method, ex
 
         sampler = Cyclic(4, 2)
     plain = build_flat(method, {"lr": 0.1, **extra})
-    wrapped = build_flat(method, {"lr": 0.1, **extra, "global_momentum": 0.9, "momentum_estimator": "approx", "server_optimizer": "adam", "server_lr": 0.05})
+    wrapped = build_flat(
+        method,
+        {
+            "lr": 0.1,
+            **extra,
+            "global_momentum": 0.9,
+            "momentum_estimator": "approx",
+            "server_optimizer": "adam",
+            "server_lr": 0.05,
+        },
+    )
     assert wrapped.method.name == method and wrapped.method.state_fields == plain.method.state_fields
     a = params_trajectory(Simulation(problem, data, plain, sampler, seed=0), 4)
     b = params_trajectory(Simulation(problem, data, wrapped, sampler, seed=0), 4)
@@ -69,21 +102,35 @@ def test_global_momentum_and_adaptive_servers_act_on_stateful_methods(method, ex
 def test_the_client_half_runs_alone_on_one_clients_own_data(method):
     """What a device does: its broadcast, its plan, its own rows and its own data give the simulation's payload row."""
     problem, data = heterogeneous_logistic()
-    sim = Simulation(problem, data, build_flat(method, {"lr": 0.1, "steps": 3, "batch_size": 4}), UniformWithoutReplacement(4, 2), seed=3)
+    sim = Simulation(
+        problem,
+        data,
+        build_flat(method, {"lr": 0.1, "steps": 3, "batch_size": 4}),
+        UniformWithoutReplacement(4, 2),
+        seed=3,
+    )
     for _ in range(2):
         sim.step()
     rnd = sim.round_info()
     state = sim.method_state
     points = sim.method.gradient_requests(rnd, sim.params, state)
     if points:
-        state = sim.method.absorb_gradients(rnd, sim.params, state, [sim.trainer(rnd).gradients(p, rnd.cohort) for p in points])
+        state = sim.method.absorb_gradients(
+            rnd, sim.params, state, [sim.trainer(rnd).gradients(p, rnd.cohort) for p in points]
+        )
     broadcast = sim.method.configure(rnd, sim.params, state)
     cohort_result = sim.method.client_update(broadcast, rnd.plans, sim._read_rows(rnd.cohort), sim.trainer(rnd))
     for k, client in enumerate(rnd.cohort):
         own = data.client_indices[client]
         alone = FederatedDataset(data.features[own], data.labels[own], [np.arange(len(own))], np.ones(1))
         plan = rnd.plans[k]
-        local_plan = type(plan)(0, np.where(plan.batches >= 0, np.searchsorted(own, plan.batches), -1), plan.lr, plan.planned_steps, plan.a_l1)
+        local_plan = type(plan)(
+            0,
+            np.where(plan.batches >= 0, np.searchsorted(own, plan.batches), -1),
+            plan.lr,
+            plan.planned_steps,
+            plan.a_l1,
+        )
         trainer = Trainer(problem, alone, sim.executor, sim.algorithm.local, sim.seed, rnd.index, rnd.lr_scale)
         rows = {name: value[k : k + 1] for name, value in sim._read_rows(rnd.cohort).items()}
         result = sim.method.client_update(broadcast, [local_plan], rows, trainer)
@@ -92,11 +139,42 @@ def test_the_client_half_runs_alone_on_one_clients_own_data(method):
 
 
 INVALID = {
-    "method": {"option": "III", "alpha": -1.0, "eta": -1.0, "form": "z", "exact_prox": "sometimes", "warm_start": "sometimes", "prox_tol": 0.0},
-    "local": {"lr": -1.0, "epochs": [3, 2], "steps": "median", "order": "random", "batch_size": 0, "step_normalization": "half", "weight_decay": -1.0,
-              "clip_norm": 0.0, "momentum": 1.5, "prox_mu": -1.0, "drop_last_steps": -1, "straggler_probability": 2.0, "lr_multiplier": 0.0},
+    "method": {
+        "option": "III",
+        "alpha": -1.0,
+        "eta": -1.0,
+        "form": "z",
+        "exact_prox": "sometimes",
+        "warm_start": "sometimes",
+        "prox_tol": 0.0,
+    },
+    "local": {
+        "lr": -1.0,
+        "epochs": [3, 2],
+        "steps": "median",
+        "order": "random",
+        "batch_size": 0,
+        "step_normalization": "half",
+        "weight_decay": -1.0,
+        "clip_norm": 0.0,
+        "momentum": 1.5,
+        "prox_mu": -1.0,
+        "drop_last_steps": -1,
+        "straggler_probability": 2.0,
+        "lr_multiplier": 0.0,
+    },
     "aggregation": {"weighting": "size", "normalization": "mean", "tau_eff": "always", "direction": "up"},
-    "server": {"optimizer": "lbfgs", "lr": -1.0, "momentum": 1.0, "beta1": 1.0, "beta2": -0.1, "eps": 0.0, "global_momentum": 1.0, "momentum_estimator": "guess", "global_lr": -2.0},
+    "server": {
+        "optimizer": "lbfgs",
+        "lr": -1.0,
+        "momentum": 1.0,
+        "beta1": 1.0,
+        "beta2": -0.1,
+        "eps": 0.0,
+        "global_momentum": 1.0,
+        "momentum_estimator": "guess",
+        "global_lr": -2.0,
+    },
     "schedule": {"name": "cosine", "decay_at": [0.8, 0.5], "decay_factor": 2.0},
 }
 
@@ -150,7 +228,9 @@ def test_every_registered_sampler_builds_and_names_a_bad_cohort(name):
     from fedshuffle.experiments.build import build_sampler
 
     data = heterogeneous_logistic()[1]
-    spec = validate(RunSpec, {"sampler": {"name": name, **({"cohort": 2} if "cohort" in SAMPLERS[name].setting_names() else {})}}).sampler
+    spec = validate(
+        RunSpec, {"sampler": {"name": name, **({"cohort": 2} if "cohort" in SAMPLERS[name].setting_names() else {})}}
+    ).sampler
     sampler = build_sampler(spec, data)
     assert SAMPLERS[name].summary and sampler.num_clients == 4
     cohort = sampler.sample(0, seed=0)

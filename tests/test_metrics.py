@@ -17,12 +17,24 @@ TWO_NN_PARAMS = 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10  # Yang, Fang 
 
 def two_nn_spec(method: str, rounds: int) -> RunSpec:
     """The 2NN (784-200-200-10) on 40 synthetic MNIST-sized samples, 4 clients, 2 per round."""
-    return validate(RunSpec, {
-        "method": {"name": method}, "local": {"lr": 0.01, "batch_size": 10},
-        "problem": {"name": "mlp", "hidden": [200, 200]},
-        "data": {"source": "synthetic", "samples": 40, "features": 784, "classes": 10, "partition": "iid", "clients": 4},
-        "sampler": {"name": "uniform", "cohort": 2}, "run": {"rounds": rounds, "eval_every": rounds, "dtype": "float32"},
-    })
+    return validate(
+        RunSpec,
+        {
+            "method": {"name": method},
+            "local": {"lr": 0.01, "batch_size": 10},
+            "problem": {"name": "mlp", "hidden": [200, 200]},
+            "data": {
+                "source": "synthetic",
+                "samples": 40,
+                "features": 784,
+                "classes": 10,
+                "partition": "iid",
+                "clients": 4,
+            },
+            "sampler": {"name": "uniform", "cohort": 2},
+            "run": {"rounds": rounds, "eval_every": rounds, "dtype": "float32"},
+        },
+    )
 
 
 @pytest.mark.parametrize("method, models_each_way", [("fedavg", 1), ("scaffold", 2)])
@@ -86,7 +98,9 @@ eval_every = 2
     residuals = read_metrics(tmp_path / "o" / "seed-0" / "metrics.csv")["prox_residual"]
     assert np.all(np.isfinite(residuals[1:])) and np.all(residuals[1:] > 0)
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert summary["variants"][next(iter(summary["variants"]))]["final"]["prox_residual"]["mean"] == pytest.approx(residuals[-1])
+    assert summary["variants"][next(iter(summary["variants"]))]["final"]["prox_residual"]["mean"] == pytest.approx(
+        residuals[-1]
+    )
     table = runner.invoke(app, ["table", str(tmp_path / "o"), "--metric", "prox_residual"])
     assert table.exit_code == 0 and "prox_residual" in table.output
     plot = runner.invoke(app, ["plot", str(tmp_path / "o"), "--metric", "prox_residual", "--x", "mib_up"])
@@ -94,24 +108,44 @@ eval_every = 2
 
 
 def test_an_undeclared_diagnostic_is_an_error_not_a_silent_drop():
-    evaluation = metrics.Evaluation(counters=None, num_samples=1, bandwidth_mib_s=20.0, extras={"my_diag": 1.0}, model={})
+    evaluation = metrics.Evaluation(
+        counters=None, num_samples=1, bandwidth_mib_s=20.0, extras={"my_diag": 1.0}, model={}
+    )
     with pytest.raises(KeyError, match="my_diag"):
         metrics.evaluate(evaluation)
 
 
 def test_every_declared_metric_has_a_label_and_a_direction():
     for entry in metrics.METRICS.entries():
-        assert entry.summary and entry.defaults["better"] in ("min", "max") and entry.defaults["kind"] in ("cost", "model", "method")
+        assert (
+            entry.summary
+            and entry.defaults["better"] in ("min", "max")
+            and entry.defaults["kind"] in ("cost", "model", "method")
+        )
 
 
 def test_table_target_reports_the_first_evaluated_round_and_its_cost(tmp_path):
     """``table --target``: the row where test accuracy first reaches the value, with MiB and wall-clock there."""
-    spec = validate(RunSpec, {
-        "method": {"name": "fedavg"}, "local": {"lr": 0.5, "batch_size": 5},
-        "problem": {"name": "softmax"},
-        "data": {"source": "synthetic", "samples": 200, "features": 5, "classes": 3, "separation": 3.0, "partition": "iid", "clients": 4, "test_fraction": 0.25},
-        "sampler": {"name": "uniform", "cohort": 2}, "run": {"rounds": 12, "eval_every": 1},
-    })
+    spec = validate(
+        RunSpec,
+        {
+            "method": {"name": "fedavg"},
+            "local": {"lr": 0.5, "batch_size": 5},
+            "problem": {"name": "softmax"},
+            "data": {
+                "source": "synthetic",
+                "samples": 200,
+                "features": 5,
+                "classes": 3,
+                "separation": 3.0,
+                "partition": "iid",
+                "clients": 4,
+                "test_fraction": 0.25,
+            },
+            "sampler": {"name": "uniform", "cohort": 2},
+            "run": {"rounds": 12, "eval_every": 1},
+        },
+    )
     run_single(spec, tmp_path / "exp" / "seed-0", 0)
     table = read_metrics(tmp_path / "exp" / "seed-0" / "metrics.csv")
     goal = float(np.nanmax(table["test_accuracy"]))

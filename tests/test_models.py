@@ -73,11 +73,16 @@ def test_gradients_match_finite_differences(name):
         v = torch.randn(problem.dim, dtype=torch.float64, generator=gen)
         v /= v.norm()
         eps = 1e-6
-        fd = (problem.weighted_loss(x + eps * v, features, labels, w) - problem.weighted_loss(x - eps * v, features, labels, w)) / (2 * eps)
+        fd = (
+            problem.weighted_loss(x + eps * v, features, labels, w)
+            - problem.weighted_loss(x - eps * v, features, labels, w)
+        ) / (2 * eps)
         assert abs(float(g @ v) - float(fd)) <= 1e-6 * max(1.0, abs(float(fd))), (float(g @ v), float(fd))
     # the batched (per-client) gradient is the same derivative: rows = two clients' weighted minibatches
     rows = torch.stack([x, x])
-    batched = problem.batched_gradient(rows, features.reshape(2, 4, -1), labels.reshape(2, 4, *labels.shape[1:]), w.reshape(2, 4))
+    batched = problem.batched_gradient(
+        rows, features.reshape(2, 4, -1), labels.reshape(2, 4, *labels.shape[1:]), w.reshape(2, 4)
+    )
     assert_relative_close(batched.sum(0), g, 1e-12)
 
 
@@ -90,7 +95,10 @@ def dataset(name: str) -> tuple:
 def trajectory(name: str, executor, method: str = "fedavg_rr", rounds: int = 2, **settings):
     problem, data = dataset(name)
     algorithm = build_flat(method, {"lr": 0.05, "epochs": 1, "batch_size": 2, **settings})
-    return params_trajectory(Simulation(problem, data, algorithm, UniformWithoutReplacement(len(SIZES), 3), seed=4, executor=executor), rounds)
+    return params_trajectory(
+        Simulation(problem, data, algorithm, UniformWithoutReplacement(len(SIZES), 3), seed=4, executor=executor),
+        rounds,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -103,7 +111,10 @@ def test_executors_give_the_same_trajectory(name):
     assert_relative_close(trajectory(name, VectorizedExecutor()), reference, 1e-10)
     threads = torch.get_num_threads()
     if dataset(name)[0].stochastic:
-        with pytest.raises(ConfigError, match="run.executor: 'threaded' cannot run .*dropout.*accepted for it: sequential, vectorized, ray"):
+        with pytest.raises(
+            ConfigError,
+            match="run.executor: 'threaded' cannot run .*dropout.*accepted for it: sequential, vectorized, ray",
+        ):
             trajectory(name, ThreadedExecutor(2))
     else:
         assert_relative_close(trajectory(name, ThreadedExecutor(2)), reference, 1e-10)
@@ -126,7 +137,9 @@ def test_in_place_step_equals_the_flat_step(name):
     assert_relative_close(y, expected, 1e-12)
 
 
-@pytest.mark.parametrize("settings", [{}, {"local_momentum": 0.5, "clip_norm": 1.0, "weight_decay": 1e-2}, {"prox_mu": 0.5}])
+@pytest.mark.parametrize(
+    "settings", [{}, {"local_momentum": 0.5, "clip_norm": 1.0, "weight_decay": 1e-2}, {"prox_mu": 0.5}]
+)
 def test_sequential_fast_path_gives_the_reference_trajectory(settings):
     """The sequential executor on a dropout CNN, with the in-place step, against the flat reference step (y − η·d of
     the assembled gradient) — with and without step transforms (clip, weight decay, momentum, prox)."""
@@ -134,14 +147,31 @@ def test_sequential_fast_path_gives_the_reference_trajectory(settings):
 
     problem, data = dataset("cnn")
     algorithm = build_flat("fedavg", {"lr": 0.05, "steps": 3, "batch_size": 2, **settings})
-    fast = params_trajectory(Simulation(problem, data, algorithm, UniformWithoutReplacement(len(SIZES), 3), seed=4, executor=SequentialExecutor()), 2)
+    fast = params_trajectory(
+        Simulation(
+            problem, data, algorithm, UniformWithoutReplacement(len(SIZES), 3), seed=4, executor=SequentialExecutor()
+        ),
+        2,
+    )
     problem.descend = lambda *args: Problem.descend(problem, *args)
-    reference = params_trajectory(Simulation(problem, data, algorithm, UniformWithoutReplacement(len(SIZES), 3), seed=4, executor=SequentialExecutor()), 2)
+    reference = params_trajectory(
+        Simulation(
+            problem, data, algorithm, UniformWithoutReplacement(len(SIZES), 3), seed=4, executor=SequentialExecutor()
+        ),
+        2,
+    )
     assert not torch.equal(reference[0], reference[1])
     assert_relative_close(fast, reference, 1e-10)
 
 
-@pytest.mark.parametrize("method, settings", [("scaffold", {"option": "I"}), ("fedshuffle_mvr", {}), ("fedavg", {"steps": 3, "local_momentum": 0.5, "clip_norm": 1.0})])
+@pytest.mark.parametrize(
+    "method, settings",
+    [
+        ("scaffold", {"option": "I"}),
+        ("fedshuffle_mvr", {}),
+        ("fedavg", {"steps": 3, "local_momentum": 0.5, "clip_norm": 1.0}),
+    ],
+)
 def test_stateful_methods_with_dropout_agree_across_executors(method, settings):
     """Full local gradients (eval mode) and center gradients (FedShuffleMVR, same dropout mask) of a dropout CNN."""
     reference = trajectory("cnn", SequentialExecutor(), method, **settings)
@@ -201,12 +231,19 @@ def test_a_user_module_trains_through_the_python_api():
     labels = rng.integers(0, 3, 240)
     features = torch.tensor(centers[labels] + rng.normal(size=(240, 10)))
     parts = np.array_split(rng.permutation(240), 8)
-    data = FederatedDataset(features, torch.tensor(labels), parts, objective_weights(np.array([len(p) for p in parts]), "size"))
+    data = FederatedDataset(
+        features, torch.tensor(labels), parts, objective_weights(np.array([len(p) for p in parts]), "size")
+    )
     problem = ModuleProblem(TiedNet())
     head = problem.module.head.weight.numel()
-    assert problem.dim == sum(p.numel() for p in problem.module.parameters() if p.requires_grad) and "back.weight" not in problem.names
+    assert (
+        problem.dim == sum(p.numel() for p in problem.module.parameters() if p.requires_grad)
+        and "back.weight" not in problem.names
+    )
     assert problem.dim == 10 * 16 + 16 + 16 * 16 + 16 + head
-    sim = Simulation(problem, data, build_flat("fedavg_rr", {"lr": 0.1, "batch_size": 10}), UniformWithoutReplacement(8, 4), seed=0)
+    sim = Simulation(
+        problem, data, build_flat("fedavg_rr", {"lr": 0.1, "batch_size": 10}), UniformWithoutReplacement(8, 4), seed=0
+    )
     s = data.sample_weights()
     before = float(problem.weighted_loss(sim.params, data.features, data.labels, s))
     for _ in range(10):
@@ -215,18 +252,29 @@ def test_a_user_module_trains_through_the_python_api():
     assert problem.accuracy(sim.params, data.features, data.labels) > 0.9
     assert float(problem.module.scale) == 2.0  # buffers are constants
     copy = pickle.loads(pickle.dumps(problem))  # as the Ray executor ships it
-    assert torch.equal(copy.weighted_gradient(sim.params, data.features, data.labels, s), problem.weighted_gradient(sim.params, data.features, data.labels, s))
+    assert torch.equal(
+        copy.weighted_gradient(sim.params, data.features, data.labels, s),
+        problem.weighted_gradient(sim.params, data.features, data.labels, s),
+    )
 
 
 def test_batchnorm_is_refused_and_converted_to_groupnorm():
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 14 * 14, 2))
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 14 * 14, 2),
+    )
     with pytest.raises(ConfigError, match=r"BatchNorm2d at '1'.*GroupNorm"):
         ModuleProblem(net)
     problem = ModuleProblem(batchnorm_to_groupnorm(net, groups=2), sample_shape=(3, 16, 16))
     assert isinstance(problem.module[1], torch.nn.GroupNorm) and problem.module[1].num_groups == 2
     with pytest.raises(ConfigError, match="one loss per sample"):
         x = problem.init_params(torch.Generator().manual_seed(0), torch.float64)
-        ModuleProblem(net, torch.nn.CrossEntropyLoss(), sample_shape=(3, 16, 16)).weighted_loss(x, torch.rand(2, 768, dtype=torch.float64), torch.tensor([0, 1]), torch.ones(2, dtype=torch.float64))
+        ModuleProblem(net, torch.nn.CrossEntropyLoss(), sample_shape=(3, 16, 16)).weighted_loss(
+            x, torch.rand(2, 768, dtype=torch.float64), torch.tensor([0, 1]), torch.ones(2, dtype=torch.float64)
+        )
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -28,7 +28,9 @@ def test_alpha_and_beta_are_standard_deviations_and_parameters_have_their_laws(a
     assert np.std(u) == pytest.approx(alpha, rel=0.05) and np.std(big_b) == pytest.approx(beta, rel=0.05)
     w_offsets = np.array([p["W"].mean() - p["u"] for p in params])  # mean of 600 N(u, 1) entries
     v_offsets = np.array([p["v"].mean() - p["B"] for p in params])  # mean of 60 N(B, 1) entries
-    assert np.std(w_offsets) == pytest.approx(1 / np.sqrt(600), rel=0.06) and np.std(v_offsets) == pytest.approx(1 / np.sqrt(60), rel=0.06)
+    assert np.std(w_offsets) == pytest.approx(1 / np.sqrt(600), rel=0.06) and np.std(v_offsets) == pytest.approx(
+        1 / np.sqrt(60), rel=0.06
+    )
 
 
 def test_features_have_covariance_diag_j_pow_minus_1_2_and_labels_are_the_argmax():
@@ -39,16 +41,24 @@ def test_features_have_covariance_diag_j_pow_minus_1_2_and_labels_are_the_argmax
         x, y = gen.device(k)
         p = gen.parameters(k)
         assert np.array_equal(y, np.argmax(x @ p["W"] + p["b"], axis=1))
-        assert len(gen.train(k)[1]) == int(0.9 * gen.sizes[k]) and len(gen.train(k)[1]) + len(gen.test(k)[1]) == gen.sizes[k]
+        assert (
+            len(gen.train(k)[1]) == int(0.9 * gen.sizes[k])
+            and len(gen.train(k)[1]) + len(gen.test(k)[1]) == gen.sizes[k]
+        )
 
 
 def test_iid_variant_shares_one_model_and_one_input_law():
     gen = FedProxSynthetic(0, 0, 400, seed=5, iid=True)
     assert np.array_equal(gen.parameters(0)["W"], gen.parameters(399)["W"])
-    hist = lambda devices: np.bincount(np.concatenate([gen.device(k)[1] for k in devices]), minlength=10) / sum(gen.sizes[list(devices)])  # noqa: E731
+    hist = lambda devices: (
+        np.bincount(np.concatenate([gen.device(k)[1] for k in devices]), minlength=10) / sum(gen.sizes[list(devices)])
+    )  # noqa: E731
     assert 0.5 * np.abs(hist(range(0, 200)) - hist(range(200, 400))).sum() < 0.03  # the same class balance everywhere
     non_iid = FedProxSynthetic(1, 1, 400, seed=5)
-    h = lambda devices: np.bincount(np.concatenate([non_iid.device(k)[1] for k in devices]), minlength=10) / sum(non_iid.sizes[list(devices)])  # noqa: E731
+    h = lambda devices: (
+        np.bincount(np.concatenate([non_iid.device(k)[1] for k in devices]), minlength=10)
+        / sum(non_iid.sizes[list(devices)])
+    )  # noqa: E731
     assert 0.5 * np.abs(h([0]) - h([1])).sum() > 0.2  # devices disagree without IID
 
 
@@ -64,7 +74,11 @@ def test_devices_are_generated_independently_of_the_population():
 def write_leaf(folder, users, gz=False, broken=None):
     for split in ("train", "test"):
         (folder / split).mkdir(parents=True, exist_ok=True)
-        data = {"users": list(users), "num_samples": [len(v[1]) for v in users.values()], "user_data": {u: {"x": v[0], "y": v[1]} for u, v in users.items()}}
+        data = {
+            "users": list(users),
+            "num_samples": [len(v[1]) for v in users.values()],
+            "user_data": {u: {"x": v[0], "y": v[1]} for u, v in users.items()},
+        }
         text = json.dumps(data, indent=1)
         path = folder / split / ("d.json.gz" if gz else "d.json")
         path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
@@ -87,7 +101,7 @@ def test_leaf_fixture_loads_users_as_clients(tmp_path):
         ('{"users": ["a"], "user_data": {}}', "user 'a' is listed but has no x/y data"),
         ('{"users": ["a"], "user_data": {"a": {"x": [[1], [2]], "y": [0]}}}', "2 samples of x"),
         ('{"users": ["a"], "user_data": {"a": {"x": [[NaN]], "y": [0]}}}', "NaN"),
-        ('[1, 2]', "not a LEAF file"),
+        ("[1, 2]", "not a LEAF file"),
     ],
 )
 def test_malformed_leaf_files_name_the_file(tmp_path, broken, message):
@@ -107,7 +121,10 @@ def test_missing_test_folder_is_named(tmp_path):
 
 
 def test_femnist_offline_copy(shared_data):
-    spec = validate(RunSpec, {"problem": {"name": "mlp", "hidden": [128]}, "data": {"source": "leaf", "path": str(shared_data / "femnist")}})
+    spec = validate(
+        RunSpec,
+        {"problem": {"name": "mlp", "hidden": [128]}, "data": {"source": "leaf", "path": str(shared_data / "femnist")}},
+    )
     problem, data = build_problem_and_data(spec)
     assert data.num_clients == 105 and data.num_samples == 14708 and data.test_features.shape == (1685, 784)
     assert problem.widths == [784, 128, 62]  # the data has 62 classes (digits, upper and lower case)

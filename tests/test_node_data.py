@@ -17,8 +17,11 @@ from fedshuffle.integrations.flower.nodedata import OwnClients, folder_clients
 
 
 def spec(problem: str = "logistic"):
-    raw = {"problem": {"name": problem}, "local": {"lr": 0.1},
-           "data": {"source": "synthetic", "samples": 24, "features": 3, "client_sizes": [12, 12]}}
+    raw = {
+        "problem": {"name": problem},
+        "local": {"lr": 0.1},
+        "data": {"source": "synthetic", "samples": 24, "features": 3, "client_sizes": [12, 12]},
+    }
     return validate(Experiment, raw).runs()[0][1]
 
 
@@ -48,12 +51,15 @@ def test_files_that_pass_build_the_clients(tmp_path):
     assert sorted(set(own.labels.tolist())) == [-1.0, 1.0]  # logistic's coding of 0/1
 
 
-@pytest.mark.parametrize("labels, said", [
-    (np.array([0, 1, 7, 0]), "y[2] = 7: labels must be class indices 0..1 (the file's classes = 2)"),
-    (np.array([0, -1, 1, 0]), "y[1] = -1: labels must be class indices"),
-    (np.array([0.0, 0.5, 1.0, 0.0]), "y[1] = 0.5: labels must be integers"),
-    (np.array(["a", "b", "a", "b"]), "y: labels must be integers"),
-])
+@pytest.mark.parametrize(
+    "labels, said",
+    [
+        (np.array([0, 1, 7, 0]), "y[2] = 7: labels must be class indices 0..1 (the file's classes = 2)"),
+        (np.array([0, -1, 1, 0]), "y[1] = -1: labels must be class indices"),
+        (np.array([0.0, 0.5, 1.0, 0.0]), "y[1] = 0.5: labels must be integers"),
+        (np.array(["a", "b", "a", "b"]), "y: labels must be integers"),
+    ],
+)
 def test_labels_outside_the_problems_classes_fail_naming_the_file(tmp_path, labels, said):
     write(tmp_path, 0, **good())
     path = write(tmp_path, 1, **{**good(), "y": labels})
@@ -69,12 +75,15 @@ def test_labels_beyond_a_binary_problem_without_classes_name_the_file_that_holds
     assert error.field == path
 
 
-@pytest.mark.parametrize("classes, said", [
-    (np.array(2.7), "classes = 2.7: the number of classes is an integer"),
-    (np.array(-3), "classes = -3: the number of classes is an integer"),
-    (np.array([2, 2]), "classes: expected one integer (a 0-d array)"),
-    (np.array(True), "classes: expected one integer"),
-])
+@pytest.mark.parametrize(
+    "classes, said",
+    [
+        (np.array(2.7), "classes = 2.7: the number of classes is an integer"),
+        (np.array(-3), "classes = -3: the number of classes is an integer"),
+        (np.array([2, 2]), "classes: expected one integer (a 0-d array)"),
+        (np.array(True), "classes: expected one integer"),
+    ],
+)
 def test_classes_must_be_one_whole_number(tmp_path, classes, said):
     path = write(tmp_path, 0, **{**good(), "classes": classes})
     assert refused(tmp_path, said).field == path
@@ -85,11 +94,14 @@ def test_an_integral_float_for_classes_is_accepted(tmp_path):
     assert OwnClients.read(tmp_path, None, spec()).sample.classes == 2
 
 
-@pytest.mark.parametrize("x, said", [
-    (np.array([[0.0, np.nan, 1.0]] * 4), "x[0]: features must be finite"),
-    (np.zeros((4, 0)), "x: every sample needs at least one feature"),
-    (np.array([[1 + 1j] * 3] * 4), "x: features must be real numbers, got complex"),
-])
+@pytest.mark.parametrize(
+    "x, said",
+    [
+        (np.array([[0.0, np.nan, 1.0]] * 4), "x[0]: features must be finite"),
+        (np.zeros((4, 0)), "x: every sample needs at least one feature"),
+        (np.array([[1 + 1j] * 3] * 4), "x: features must be real numbers, got complex"),
+    ],
+)
 def test_features_are_checked_as_the_npz_source_checks_them(tmp_path, x, said):
     path = write(tmp_path, 0, **{**good(), "x": x})
     assert refused(tmp_path, said).field == path

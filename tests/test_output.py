@@ -14,7 +14,9 @@ LONG = "a claim quoted from the paper, " * 6  # 180 characters: past any 80-colu
 
 def test_in_a_pipe_a_table_is_markdown_and_no_line_is_wrapped(capsys, monkeypatch):
     monkeypatch.setattr(output, "console", Console(file=io.StringIO(), width=80))  # not a terminal
-    output.print_table("claims", ("claim", "verdict", "n"), [(LONG, Text.assemble(("holds", "green"), ": 3 seeds"), "3")], right=("n",))
+    output.print_table(
+        "claims", ("claim", "verdict", "n"), [(LONG, Text.assemble(("holds", "green"), ": 3 seeds"), "3")], right=("n",)
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[:4] == ["claims", "", "| claim | verdict | n |", "| --- | --- | ---: |"]
     assert lines[4] == f"| {LONG} | holds: 3 seeds | 3 |"  # one line, the styled cell as its plain text

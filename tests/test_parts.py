@@ -7,7 +7,16 @@ import pytest
 import torch
 
 from conftest import quadratic_dataset
-from fedshuffle import Cyclic, FullParticipation, Independent, LocalPlanner, Quadratic, UniformWithoutReplacement, WithReplacement, water_filling
+from fedshuffle import (
+    Cyclic,
+    FullParticipation,
+    Independent,
+    LocalPlanner,
+    Quadratic,
+    UniformWithoutReplacement,
+    WithReplacement,
+    water_filling,
+)
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.local.loop import LocalWork, run_local
 from fedshuffle.local.steps import standard_chain
@@ -32,7 +41,15 @@ def test_water_filling_is_exact_and_capped(b):
 
 @pytest.mark.parametrize(
     "sampler",
-    [FullParticipation(5), UniformWithoutReplacement(5, 2), WithReplacement(5, 3, [0.1, 0.2, 0.3, 0.2, 0.2]), WithReplacement(4, 1, np.array([3, 1, 4, 2]) / 10), Independent.importance([1, 2, 3, 4, 10], 2), Cyclic(6, 2, "reshuffle"), Cyclic(6, 3, "fixed")],
+    [
+        FullParticipation(5),
+        UniformWithoutReplacement(5, 2),
+        WithReplacement(5, 3, [0.1, 0.2, 0.3, 0.2, 0.2]),
+        WithReplacement(4, 1, np.array([3, 1, 4, 2]) / 10),
+        Independent.importance([1, 2, 3, 4, 10], 2),
+        Cyclic(6, 2, "reshuffle"),
+        Cyclic(6, 3, "fixed"),
+    ],
     ids=lambda s: type(s).__name__,
 )
 def test_distribution_matches_inclusion_probabilities_and_sampling(sampler):
@@ -84,7 +101,8 @@ def test_rr_epochs_are_permutations_and_so_repeats_one():
 
 @pytest.mark.parametrize("size, order", [(921, "shuffle_once"), (409, "reshuffle"), (265, "shuffle_once")])
 def test_epoch_batches_give_exactly_k_steps_that_cover_one_pass(size, order):
-    """RR-CLI §4.5: 100 local steps on ≈1 % of the local data, every sample once per pass (phishing, w3a, a3a splits)."""
+    """RR-CLI §4.5: 100 local steps on ≈1 % of the local data, every sample once per pass (phishing, w3a, a3a
+    splits)."""
     clients = [np.arange(size) + 7]
     plan = LocalPlanner(lr=0.1, epochs=2, order=order, epoch_batches=100).plan(clients, np.array([0]), 0, seed=1)[0]
     assert plan.steps == 200 and plan.sample_gradients == 2 * size
@@ -109,12 +127,22 @@ def test_a_norm_matches_accumulated_coefficients(momentum, prox):
     data = quadratic_dataset([1])
     solver = LocalPlanner(lr=lr, epochs=tau, momentum=momentum, prox_mu=prox / lr)
     plan = solver.plan(data.client_indices, np.array([0]), 0, 0)[0]
+
     # a constant-gradient problem: Δ = η Σ a_k g with g = x − e at x (zero-Hessian part removed by a tiny target step)
     class Linear(Quadratic):
         def batched_gradient(self, params, features, labels, weights):
             return torch.ones_like(params)
-    delta = run_local(Linear(1), data.features, data.labels, LocalWork([plan], torch.zeros(1, dtype=torch.float64), solver.chain()))[0]
-    closed = (tau - momentum * (1 - momentum**tau) / (1 - momentum)) / (1 - momentum) if momentum else (1 - (1 - prox) ** tau) / prox if prox else tau
+
+    delta = run_local(
+        Linear(1), data.features, data.labels, LocalWork([plan], torch.zeros(1, dtype=torch.float64), solver.chain())
+    )[0]
+    closed = (
+        (tau - momentum * (1 - momentum**tau) / (1 - momentum)) / (1 - momentum)
+        if momentum
+        else (1 - (1 - prox) ** tau) / prox
+        if prox
+        else tau
+    )
     assert plan.a_l1 == pytest.approx(closed)
     assert float(delta) / lr == pytest.approx(plan.a_l1, rel=1e-12)
     if (momentum, prox) == (0.9, 0.0):
@@ -127,7 +155,9 @@ def test_unfinished_work_truncates_plans():
     clients = [np.arange(4)]
     assert LocalPlanner(lr=0.1, drop_last_steps=1).plan(clients, np.array([0]), 0, 0)[0].steps == 3
     assert LocalPlanner(lr=0.1, drop_last_steps=10).plan(clients, np.array([0]), 0, 0)[0].steps == 1
-    stragglers = [LocalPlanner(lr=0.1, straggler_probability=1.0).plan(clients, np.array([0]), r, 0)[0].steps for r in range(100)]
+    stragglers = [
+        LocalPlanner(lr=0.1, straggler_probability=1.0).plan(clients, np.array([0]), r, 0)[0].steps for r in range(100)
+    ]
     assert set(stragglers) == {1, 2, 3, 4}
 
 
@@ -135,7 +165,9 @@ def test_clipping_and_weight_decay_follow_their_definitions():
     data = quadratic_dataset([1], np.array([[10.0, 0.0]]))
     plan = LocalPlanner(lr=0.5, epochs=1).plan(data.client_indices, np.array([0]), 0, 0)[0]
     x = torch.tensor([0.0, 1.0], dtype=torch.float64)
-    delta = run_local(Quadratic(2), data.features, data.labels, LocalWork([plan], x, standard_chain(weight_decay=0.1, clip_norm=1.0)))[0]
+    delta = run_local(
+        Quadratic(2), data.features, data.labels, LocalWork([plan], x, standard_chain(weight_decay=0.1, clip_norm=1.0))
+    )[0]
     g = x - data.features[0]
     expected = 0.5 * (g / g.norm() + 0.1 * x)
     assert torch.allclose(delta, expected)
@@ -143,8 +175,13 @@ def test_clipping_and_weight_decay_follow_their_definitions():
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"lr": -1}, "lr"), ({"lr": 0.1, "order": "random"}, "order"), ({"lr": 0.1, "epochs": (3, 2)}, "epochs"),
-     ({"lr": 0.1, "momentum": 0.9, "prox_mu": 0.1}, "momentum"), ({"lr": 0.1, "steps": "median"}, "steps")],
+    [
+        ({"lr": -1}, "lr"),
+        ({"lr": 0.1, "order": "random"}, "order"),
+        ({"lr": 0.1, "epochs": (3, 2)}, "epochs"),
+        ({"lr": 0.1, "momentum": 0.9, "prox_mu": 0.1}, "momentum"),
+        ({"lr": 0.1, "steps": "median"}, "steps"),
+    ],
 )
 def test_local_solver_rejects_bad_settings(kwargs, field):
     with pytest.raises(ConfigError) as info:
@@ -160,7 +197,10 @@ def test_executor_independence_of_streams():
     for i, plan in enumerate(together):
         alone = solver.plan(clients, np.array([i]), 7, seed=3)[0]
         assert np.array_equal(alone.batches, plan.batches)
-    assert any(not np.array_equal(a.batches, b.batches) for a, b in itertools.pairwise([together[0], solver.plan(clients, np.array([0]), 8, seed=3)[0]]))
+    assert any(
+        not np.array_equal(a.batches, b.batches)
+        for a, b in itertools.pairwise([together[0], solver.plan(clients, np.array([0]), 8, seed=3)[0]])
+    )
 
 
 def test_a_cohort_plan_is_its_members_plans_and_selects_joins_and_pickles_them_without_mixing_rows():
@@ -172,21 +212,41 @@ def test_a_cohort_plan_is_its_members_plans_and_selects_joins_and_pickles_them_w
 
     clients = [np.arange(0, 7), np.arange(7, 10), np.arange(10, 22)]
     cohort = np.array([2, 0, 2, 1])
-    for settings in ({"batch_size": 1}, {"batch_size": 5, "epochs": 2, "straggler_probability": 0.7}, {"epoch_batches": 3, "momentum": 0.5}):
+    for settings in (
+        {"batch_size": 1},
+        {"batch_size": 5, "epochs": 2, "straggler_probability": 0.7},
+        {"epoch_batches": 3, "momentum": 0.5},
+    ):
         plans = LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, seed=9)
         members = [plans[c] for c in range(len(plans))]
         assert [p.key for p in members] == [(9, 4, 2, 0), (9, 4, 0, 0), (9, 4, 2, 1), (9, 4, 1, 0)]
         assert not np.array_equal(members[0].batches, members[2].batches)  # a client drawn twice: two independent runs
         rebuilt = CohortPlan.of(members)
         assert plans.sample_gradients == rebuilt.sample_gradients == sum(p.sample_gradients for p in members)
-        for columns in (rebuilt, pickle.loads(pickle.dumps(plans.take([3, 0]))), CohortPlan.joined([plans.take([3]), members[:1]]), plans[::3][::-1]):
+        for columns in (
+            rebuilt,
+            pickle.loads(pickle.dumps(plans.take([3, 0]))),
+            CohortPlan.joined([plans.take([3]), members[:1]]),
+            plans[::3][::-1],
+        ):
             picked = [members[3], members[0]] if len(columns) == 2 else members
             for got, want in zip(columns, picked, strict=True):
                 assert np.array_equal(got.batches, want.batches) and got.key == want.key
-                assert (got.client, got.lr, got.planned_steps, got.a_l1, got.steps) == (want.client, want.lr, want.planned_steps, want.a_l1, want.steps)
+                assert (got.client, got.lr, got.planned_steps, got.a_l1, got.steps) == (
+                    want.client,
+                    want.lr,
+                    want.planned_steps,
+                    want.a_l1,
+                    want.steps,
+                )
         assert len(pickle.dumps(plans.take([1]))) < len(pickle.dumps(plans))  # a worker gets its own members' rows only
     # plans made by hand keep their clients whatever their keys; a seed past 64 bits stays in the keys exactly
-    by_hand = CohortPlan.of([ClientPlan(5, np.zeros((2, 1), dtype=np.int64), 0.1, 2, 2.0), ClientPlan(2, np.ones((2, 1), dtype=np.int64), 0.1, 2, 2.0)])
+    by_hand = CohortPlan.of(
+        [
+            ClientPlan(5, np.zeros((2, 1), dtype=np.int64), 0.1, 2, 2.0),
+            ClientPlan(2, np.ones((2, 1), dtype=np.int64), 0.1, 2, 2.0),
+        ]
+    )
     assert by_hand.clients.tolist() == [5, 2] and [p.client for p in by_hand] == [5, 2]
     huge = LocalPlanner(lr=0.1).plan(clients, cohort, 4, seed=2**64 + 5)
     assert [p.key for p in huge][2] == (2**64 + 5, 4, 2, 1) and huge.clients.tolist() == cohort.tolist()
@@ -204,17 +264,24 @@ def test_runs_that_differ_in_step_sizes_share_each_rounds_draws():
     settings = {"batch_size": 2, "epochs": (1, 3), "straggler_probability": 0.5, "prox_mu": 0.5}
     first = LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, 9, shared=shared)
     for lr, scale in ((0.3, 1.0), (0.1, 0.5)):
-        own, reused = (LocalPlanner(lr=lr, **settings).plan(clients, cohort, 4, 9, scale, shared=s) for s in (None, shared))
+        own, reused = (
+            LocalPlanner(lr=lr, **settings).plan(clients, cohort, 4, 9, scale, shared=s) for s in (None, shared)
+        )
         assert reused.rows is first.rows and not reused.rows.flags.writeable
         for column in ("clients", "rows", "row_starts", "steps", "widths", "lrs", "planned_steps", "a_l1", "keys"):
             assert np.array_equal(getattr(own, column), getattr(reused, column)), column
         assert not np.array_equal(reused.lrs, first.lrs) and not np.array_equal(reused.a_l1, first.a_l1)
-    others = [LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, 10, shared=shared), LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 5, 9, shared=shared),
-              LocalPlanner(lr=0.1, **settings).plan(clients, cohort[:2], 4, 9, shared=shared),
-              LocalPlanner(lr=0.1, **{**settings, "batch_size": 3}).plan(clients, cohort, 4, 9, shared=shared)]
+    others = [
+        LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, 10, shared=shared),
+        LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 5, 9, shared=shared),
+        LocalPlanner(lr=0.1, **settings).plan(clients, cohort[:2], 4, 9, shared=shared),
+        LocalPlanner(lr=0.1, **{**settings, "batch_size": 3}).plan(clients, cohort, 4, 9, shared=shared),
+    ]
     assert all(other.rows is not first.rows for other in others)
     LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 6, 9, shared=shared)
-    assert LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, 9, shared=shared).rows is not first.rows  # round 4 is gone once round 6 is drawn
+    assert (
+        LocalPlanner(lr=0.1, **settings).plan(clients, cohort, 4, 9, shared=shared).rows is not first.rows
+    )  # round 4 is gone once round 6 is drawn
 
 
 def test_batched_generators_are_the_keyed_generators():
@@ -242,7 +309,15 @@ def test_batched_permutations_are_the_keyed_generators_permutations(monkeypatch)
     lengths = np.concatenate([[1, 2, 3, 70_000], rng.integers(1, 600, 21)])
     repeats = rng.integers(1, 4, 25)
     for seed, rows in ((3, keys), (2**33, keys[:3]), (0, np.array([[2**40, 1, 0]]))):
-        expected = np.concatenate([g.permutation(n) for g, n, r in zip((generator(seed, Stream.DATA_ORDER, *k) for k in rows.tolist()), lengths.tolist(), repeats.tolist()) for _ in range(r)])
+        expected = np.concatenate(
+            [
+                g.permutation(n)
+                for g, n, r in zip(
+                    (generator(seed, Stream.DATA_ORDER, *k) for k in rows.tolist()), lengths.tolist(), repeats.tolist()
+                )
+                for _ in range(r)
+            ]
+        )
         for compiled in (True, False):
             monkeypatch.setattr(streams, "_COMPILED_AGREES", compiled and streams._compiled_shuffles is not None)
             got = permutations(seed, Stream.DATA_ORDER, rows, lengths[: len(rows)], repeats[: len(rows)])
@@ -254,7 +329,8 @@ def test_batched_permutations_are_the_keyed_generators_permutations(monkeypatch)
 
 
 def test_the_planners_population_scan_is_kept_per_sizes_array_and_never_pickled():
-    """τ_max = max epochs · max_j ⌈|D_j|/B⌉ is scanned once per population (planning a round is O(cohort)); another sizes
+    """τ_max = max epochs · max_j ⌈|D_j|/B⌉ is scanned once per population (planning a round is O(cohort)); another
+    sizes
     array is scanned afresh, and a pickled planner (sent to workers) carries no population."""
     import pickle
 
@@ -264,4 +340,7 @@ def test_the_planners_population_scan_is_kept_per_sizes_array_and_never_pickled(
     assert planner.max_planned_steps(sizes) == 3 * 25_000
     assert planner.max_planned_steps(np.array([1, 2, 9])) == 3 * 3
     assert len(pickle.dumps(planner)) < 8_000
-    assert pickle.loads(pickle.dumps(planner)) == planner and pickle.loads(pickle.dumps(planner)).max_planned_steps(sizes) == 75_000
+    assert (
+        pickle.loads(pickle.dumps(planner)) == planner
+        and pickle.loads(pickle.dumps(planner)).max_planned_steps(sizes) == 75_000
+    )

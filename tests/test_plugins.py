@@ -14,7 +14,7 @@ from fedshuffle.core.errors import ConfigError
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
-CONFIG = '''
+CONFIG = """
 [experiment]
 name = "plugged"
 plugins = [{names}]
@@ -24,7 +24,7 @@ client_sizes = [1, 2, 3]
 lr = 0.1
 [run]
 rounds = 2
-'''
+"""
 
 #: a method of the user's own, appending this process's id to MARKER when imported
 METHOD = '''
@@ -58,8 +58,15 @@ def _folder(tmp_path: Path, module: str, body: str) -> Path:
 def _cli(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k != plugins.ENVIRONMENT}
     environment.update({"PYTHONPATH": SRC, **(env or {})})
-    return subprocess.run([sys.executable, "-m", "fedshuffle", *args], cwd=cwd, env=environment, capture_output=True,
-                          text=True, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "fedshuffle", *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def _one_line(stderr: str) -> str:
@@ -90,12 +97,15 @@ def test_the_environment_consents_and_another_name_does_not(tmp_path):
     assert _one_line(allowed.stderr) == f"plugin: importing evil (consented by {plugins.ENVIRONMENT})"
 
 
-@pytest.mark.parametrize("body, shown", [
-    ("raise SystemExit(0)\n", "SystemExit: 0"),
-    ("import sys\nsys.exit()\n", "(SystemExit)"),
-    ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
-    ("import no_such_module_anywhere\n", "ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    "body, shown",
+    [
+        ("raise SystemExit(0)\n", "SystemExit: 0"),
+        ("import sys\nsys.exit()\n", "(SystemExit)"),
+        ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
+        ("import no_such_module_anywhere\n", "ModuleNotFoundError"),
+    ],
+)
 def test_a_plugin_that_exits_or_fails_on_import_is_one_line_and_exit_2(tmp_path, body, shown):
     folder = _folder(tmp_path, "quits", body)
     result = _cli(folder, "show", "c.toml", "--plugins", "quits")
@@ -115,8 +125,20 @@ def test_a_consented_package_beside_the_config_runs_from_another_folder_and_in_w
     (project / "myfl" / "__init__.py").write_text("")
     (project / "myfl" / "methods.py").write_text(METHOD.format(marker=str(marker), name="halved_fedavg"))
     (project / "mine.toml").write_text(CONFIG.format(names='"myfl.methods"') + '[method]\nname = "halved_fedavg"\n')
-    result = _cli(elsewhere, "run", str(project / "mine.toml"), "--plugins", "myfl", "--seeds", "0,1", "--workers", "2",
-                  "--out", str(tmp_path / "out"), "--quiet")
+    result = _cli(
+        elsewhere,
+        "run",
+        str(project / "mine.toml"),
+        "--plugins",
+        "myfl",
+        "--seeds",
+        "0,1",
+        "--workers",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"plugin: importing myfl.methods (consented by --plugins) from {project.resolve()}" in result.stderr
     assert result.stderr.count("plugin: importing") == 1  # announced once, by the command
@@ -139,15 +161,19 @@ def test_an_installed_entry_point_needs_no_other_consent(tmp_path):
     assert announced in result.stderr
 
 
-@pytest.mark.parametrize("argv", [
-    ["run", "{config}", "--out", "{out}"],
-    ["sweep", "{config}", "--out", "{out}", "--workers", "1"],
-    ["data", "{config}", "--out", "{out}"],
-    ["inspect", "--config", "{config}"],
-    ["reproduce", "{config}", "--no-run", "--out", "{out}"],
-    ["flower-app", "{config}", "{out}"],
-    ["flower-split", "{config}", "--nodes", "2", "--out", "{out}"],
-], ids=lambda argv: argv[0])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "{config}", "--out", "{out}"],
+        ["sweep", "{config}", "--out", "{out}", "--workers", "1"],
+        ["data", "{config}", "--out", "{out}"],
+        ["inspect", "--config", "{config}"],
+        ["reproduce", "{config}", "--no-run", "--out", "{out}"],
+        ["flower-app", "{config}", "{out}"],
+        ["flower-split", "{config}", "--nodes", "2", "--out", "{out}"],
+    ],
+    ids=lambda argv: argv[0],
+)
 def test_every_command_reading_a_config_refuses_an_unconsented_plugin_and_takes_the_option(tmp_path, argv):
     module = f"never_{argv[0].replace('-', '_')}"
     (tmp_path / f"{module}.py").write_text(f'open({str(tmp_path / "marker")!r}, "w").write("ran")\n')

@@ -14,8 +14,13 @@ pytest.importorskip("opacus", reason="the privacy accountant needs Opacus")
 
 
 def spec(**privacy):
-    raw = {"data": {"client_sizes": [2, 3, 4, 5]}, "local": {"lr": 0.1}, "run": {"rounds": 2},
-           "sampler": {"name": "uniform", "cohort": 2}, "privacy": {"mode": "central", "clip": 1.0, **privacy}}
+    raw = {
+        "data": {"client_sizes": [2, 3, 4, 5]},
+        "local": {"lr": 0.1},
+        "run": {"rounds": 2},
+        "sampler": {"name": "uniform", "cohort": 2},
+        "privacy": {"mode": "central", "clip": 1.0, **privacy},
+    }
     return validate(Experiment, raw).runs()[0][1]
 
 

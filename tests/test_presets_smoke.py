@@ -29,7 +29,8 @@ def test_every_gpu_preset_builds_and_runs_two_rounds_at_its_real_shapes():
     for r in results:
         assert "random samples" in r.data and "not found on this machine" in r.data
     by_name = {r.preset: r for r in results}
-    # the paper's models at full size: ResNet-18 (CIFAR stem, 100 and 10 classes), the 2×512 character LSTM, LeNet-5, Table 4's CNN
+    # the paper's models at full size: ResNet-18 (CIFAR stem, 100 and 10 classes), the 2×512 character LSTM, LeNet-5,
+    # Table 4's CNN
     assert by_name["fedshuffle-cifar100"].parameters == 11_220_132
     assert by_name["yang-table2-cifar10"].parameters == 11_173_962
     assert by_name["fedshuffle-shakespeare-table2"].parameters == 3_217_194
@@ -44,8 +45,12 @@ def test_smoke_spec_cuts_the_scale_and_keeps_model_method_and_steps():
         assert (cut.data.clients, cut.sampler.cohort, cut.run.rounds) == (smoke.CLIENTS, smoke.COHORT, smoke.ROUNDS)
         for part in ("problem", "method", "aggregation", "server", "schedule"):
             assert getattr(cut, part) == getattr(spec, part)
-        assert cut.local.epochs == 1 and cut.local.model_dump(exclude={"epochs", "steps"}) == spec.local.model_dump(exclude={"epochs", "steps"})
-        assert cut.local.steps == (min(spec.local.steps, smoke.LOCAL_STEPS) if isinstance(spec.local.steps, int) else spec.local.steps)
+        assert cut.local.epochs == 1 and cut.local.model_dump(exclude={"epochs", "steps"}) == spec.local.model_dump(
+            exclude={"epochs", "steps"}
+        )
+        assert cut.local.steps == (
+            min(spec.local.steps, smoke.LOCAL_STEPS) if isinstance(spec.local.steps, int) else spec.local.steps
+        )
         assert cut.sampler.name == spec.sampler.name and cut.data.source == spec.data.source
 
 
@@ -76,12 +81,17 @@ def test_real_files_found_on_the_machine_are_cut_class_by_class(tmp_path, monkey
     assert origin == "real cifar10 files (a cut)"
     assert samples.features.shape == (smoke.CLIENTS * 10, 3, 32, 32)  # every class once per client
     assert np.bincount(samples.labels, minlength=10).tolist() == [smoke.CLIENTS] * 10
-    assert np.allclose(samples.features * 255, np.round(samples.features * 255), atol=1e-4)  # the archive's bytes, not random draws
+    assert np.allclose(
+        samples.features * 255, np.round(samples.features * 255), atol=1e-4
+    )  # the archive's bytes, not random draws
 
 
 def test_a_preset_that_does_not_build_fails_by_name_and_the_registry_is_restored(tmp_path):
     broken = tmp_path / "broken-lstm-on-images.toml"
-    broken.write_text('[experiment]\nbudget = "gpu"\n[problem]\nname = "char_lstm"\n[data]\nsource = "cifar10"\npartition = "equal"\nclients = 4\n')
+    broken.write_text(
+        '[experiment]\nbudget = "gpu"\n[problem]\nname = "char_lstm"\n[data]\nsource = "cifar10"\npartition = '
+        '"equal"\nclients = 4\n'
+    )
     before = SOURCES["cifar10"].factory
     result = CliRunner().invoke(app, ["reproduce", str(broken), "--smoke"])
     assert result.exit_code == 3
@@ -98,7 +108,11 @@ def test_memory_is_checked_before_the_samples_are_allocated(monkeypatch):
     monkeypatch.setenv("FEDSHUFFLE_MAX_MEMORY", "64K")
     (result,) = smoke.smoke(["nastya-fig2-lenet-cifar10"])
     assert result.status == "failed"
-    assert "data.source" in result.error and "the smoke run's samples" in result.error and "64.0 KiB available" in result.error
+    assert (
+        "data.source" in result.error
+        and "the smoke run's samples" in result.error
+        and "64.0 KiB available" in result.error
+    )
 
 
 def test_cifar_cpu_preset_runs_on_a_fixture_archive_served_from_loopback(server, monkeypatch, tmp_path):
@@ -111,8 +125,22 @@ def test_cifar_cpu_preset_runs_on_a_fixture_archive_served_from_loopback(server,
     (root / "cifar10").mkdir()
     (root / "cifar10" / archive).write_bytes(raw)
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["run", "nastya-fig2-lenet-cifar10-cpu", "--set", "run.rounds=1", "--set", f"data.mirror={base}",
-                                      "--seeds", "0", "--out", str(out), "--quiet"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "nastya-fig2-lenet-cifar10-cpu",
+            "--set",
+            "run.rounds=1",
+            "--set",
+            f"data.mirror={base}",
+            "--seeds",
+            "0",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert requests.count(f"/cifar10/{archive}") == 1  # downloaded once, then served from the cache
     finals = [json.loads(p.read_text())["final"] for p in out.glob("*/seed-0/summary.json")]

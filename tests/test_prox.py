@@ -16,7 +16,12 @@ def quadratic_population(sizes=(3, 1, 4, 2, 5, 1), dim=3, spread=4.0, seed=0):
     rng = np.random.default_rng(seed)
     centers = spread * rng.normal(size=(len(sizes), dim))
     targets = np.concatenate([c + rng.normal(size=(s, dim)) for c, s in zip(centers, sizes)])
-    data = FederatedDataset(torch.tensor(targets), torch.zeros(len(targets)), contiguous_partition(list(sizes)), objective_weights(np.array(sizes), "uniform"))
+    data = FederatedDataset(
+        torch.tensor(targets),
+        torch.zeros(len(targets)),
+        contiguous_partition(list(sizes)),
+        objective_weights(np.array(sizes), "uniform"),
+    )
     means = np.stack([targets[ix].mean(0) for ix in data.client_indices])  # f_i(z) = ½‖z − ē_i‖² + const
     return Quadratic(dim), data, torch.tensor(means)
 
@@ -26,7 +31,18 @@ def test_fedcdr_with_the_lbfgs_prox_equals_algorithm_1_in_closed_form_on_quadrat
     """prox_{ηf_i}(y) = (y + ηē_i)/(1 + η); Algorithm 1 run by hand with it, on the simulation's cohorts."""
     problem, data, means = quadratic_population()
     alpha, eta = 0.8, 1.5
-    alg = build_flat("fedcdr", {"lr": 0.1, "alpha": alpha, "eta": eta, "exact_prox": False, "prox_solver": "lbfgs", "prox_tol": 1e-11, "initialization": init})
+    alg = build_flat(
+        "fedcdr",
+        {
+            "lr": 0.1,
+            "alpha": alpha,
+            "eta": eta,
+            "exact_prox": False,
+            "prox_solver": "lbfgs",
+            "prox_tol": 1e-11,
+            "initialization": init,
+        },
+    )
     sim = Simulation(problem, data, alg, Cyclic(6, 2, "reshuffle"), seed=5)
     prox = lambda v, i: (v + eta * means[i]) / (1 + eta)  # noqa: E731
     x0 = sim.params.clone()
@@ -44,7 +60,9 @@ def test_fedcdr_with_the_lbfgs_prox_equals_algorithm_1_in_closed_form_on_quadrat
         torch.testing.assert_close(sim.params, x, rtol=0, atol=1e-9)
         assert record.extras["prox_residual"] <= 1e-11
     gradient = x - means.mean(0)  # ∇f(x) for f = (1/n)Σ f_i
-    offset = 2 * (x0 - torch.stack([prox(x0, i) for i in range(6)]).mean(0)) / eta  # Algorithm 1 keeps x − (1/n)Σx̂_i = η·offset/1
+    offset = (
+        2 * (x0 - torch.stack([prox(x0, i) for i in range(6)]).mean(0)) / eta
+    )  # Algorithm 1 keeps x − (1/n)Σx̂_i = η·offset/1
     if init == "prox":  # the literal initialization converges to ∇f(x) = 2·(1/n)Σ∇f_i(x_i⁰), not to x*
         for _ in range(300):
             sim.step()
@@ -58,7 +76,9 @@ def logistic_clients():
     sizes = [30, 7, 55, 12]
     x = np.concatenate([rng.normal(loc=2 * rng.normal(size=5), size=(s, 5)) for s in sizes])
     y = np.sign(x @ rng.normal(size=5) + 0.5 * rng.normal(size=len(x)))
-    return LogisticRegression(5, 0.01), FederatedDataset(torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), "uniform"))
+    return LogisticRegression(5, 0.01), FederatedDataset(
+        torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), "uniform")
+    )
 
 
 def mlp_clients():
@@ -66,11 +86,20 @@ def mlp_clients():
     sizes = [40, 9, 25]
     x = rng.normal(size=(sum(sizes), 6))
     y = rng.integers(0, 3, size=sum(sizes))
-    return MLP(6, [8], 3), FederatedDataset(torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), "uniform"))
+    return MLP(6, [8], 3), FederatedDataset(
+        torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), "uniform")
+    )
 
 
-@pytest.mark.parametrize("make, clients, eta, tol", [(logistic_clients, [0, 1, 2, 3], 10.0, 1e-7), (logistic_clients, [0, 1, 2, 3], 0.5, 1e-7), (mlp_clients, [0, 2], 0.5, 1e-4)],
-                         ids=["logistic-eta10", "logistic-eta0.5", "mlp-eta0.5"])
+@pytest.mark.parametrize(
+    "make, clients, eta, tol",
+    [
+        (logistic_clients, [0, 1, 2, 3], 10.0, 1e-7),
+        (logistic_clients, [0, 1, 2, 3], 0.5, 1e-7),
+        (mlp_clients, [0, 2], 0.5, 1e-4),
+    ],
+    ids=["logistic-eta10", "logistic-eta0.5", "mlp-eta0.5"],
+)
 def test_lbfgs_prox_meets_its_tolerance_on_the_clients_full_data(make, clients, eta, tol):
     problem, data = make()
     clients = np.array(clients)
@@ -93,7 +122,9 @@ def test_the_prox_residual_is_reported_when_a_relu_kink_stops_the_solver():
     centers = torch.randn(1, problem.dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     solution = solve_prox(ClientObjectives(problem, data, np.array([1]), centers.device), centers, 0.5, 1e-8, 200)
     gradients = VectorizedExecutor().client_gradients(problem, data, solution.points, np.array([1]))
-    torch.testing.assert_close((gradients + (solution.points - centers) / 0.5).norm(dim=1), solution.residual, rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(
+        (gradients + (solution.points - centers) / 0.5).norm(dim=1), solution.residual, rtol=1e-6, atol=1e-12
+    )
     assert solution.iterations < 200 and float(solution.residual[0]) > 1e-8
 
 
@@ -106,7 +137,13 @@ def test_a_cohort_solve_equals_each_member_solved_alone(make):
     centers = torch.randn(len(clients), problem.dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     together = solve_prox(ClientObjectives(problem, data, clients, centers.device), centers, 2.0, 1e-6, 25)
     for row in range(len(clients)):
-        alone = solve_prox(ClientObjectives(problem, data, clients[row : row + 1], centers.device), centers[row : row + 1], 2.0, 1e-6, 25)
+        alone = solve_prox(
+            ClientObjectives(problem, data, clients[row : row + 1], centers.device),
+            centers[row : row + 1],
+            2.0,
+            1e-6,
+            25,
+        )
         torch.testing.assert_close(together.points[row : row + 1], alone.points, rtol=0, atol=1e-9)
         torch.testing.assert_close(together.residual[row : row + 1], alone.residual, rtol=0, atol=1e-9)
 
@@ -115,6 +152,7 @@ def textbook_lbfgs(objective, center, eta, tol, max_iter, memory=10):
     """One row's L-BFGS as the solver's docstring states it, unbatched: the pairs of the last ``memory`` iterations
     (None where sᵀy ≤ 0 left a pair out), the two-loop recursion, Armijo backtracking by halving (a shrinking ‖∇h‖
     instead, where h changes by less than its value's resolution)."""
+
     def h(z):
         value, gradient = objective(z[None], torch.tensor([0]))
         return float(value[0] + (z - center).square().sum() / (2 * eta)), gradient[0] + (z - center) / eta
@@ -139,7 +177,9 @@ def textbook_lbfgs(objective, center, eta, tol, max_iter, memory=10):
         for halving in range(40):
             step = 0.5**halving
             trial_value, trial_gradient = h(z + step * direction)
-            if abs(trial_value - value) <= 4 * torch.finfo(torch.float64).eps * abs(value):  # below the value's resolution
+            if abs(trial_value - value) <= 4 * torch.finfo(torch.float64).eps * abs(
+                value
+            ):  # below the value's resolution
                 if float(trial_gradient.norm()) < float(gradient.norm()):
                     break
             elif trial_value <= value + 1e-4 * step * float(gradient @ direction):
@@ -154,7 +194,9 @@ def textbook_lbfgs(objective, center, eta, tol, max_iter, memory=10):
     return z
 
 
-@pytest.mark.parametrize("make, eta, iterations", [(logistic_clients, 10.0, 25), (mlp_clients, 2.0, 15)], ids=["logistic", "mlp"])
+@pytest.mark.parametrize(
+    "make, eta, iterations", [(logistic_clients, 10.0, 25), (mlp_clients, 2.0, 15)], ids=["logistic", "mlp"]
+)
 def test_the_batched_solver_follows_textbook_lbfgs_row_by_row(make, eta, iterations):
     """The ring of pairs shared by the cohort gives each row the iterates of an unbatched L-BFGS (memory 3, so
     the ring wraps around several times; the logistic rows meet the tolerance at different iterations). Compared
@@ -163,10 +205,19 @@ def test_the_batched_solver_follows_textbook_lbfgs_row_by_row(make, eta, iterati
     problem, data = make()
     clients = np.arange(len(data.sizes))
     centers = torch.randn(len(clients), problem.dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    batched = solve_prox(ClientObjectives(problem, data, clients, centers.device), centers, eta, 1e-9, iterations, memory=3)
+    batched = solve_prox(
+        ClientObjectives(problem, data, clients, centers.device), centers, eta, 1e-9, iterations, memory=3
+    )
     assert batched.iterations > 3 * 3  # the ring of 3 slots went round at least three times
     for row in range(len(clients)):
-        reference = textbook_lbfgs(ClientObjectives(problem, data, clients[row : row + 1], centers.device), centers[row], eta, 1e-9, iterations, memory=3)
+        reference = textbook_lbfgs(
+            ClientObjectives(problem, data, clients[row : row + 1], centers.device),
+            centers[row],
+            eta,
+            1e-9,
+            iterations,
+            memory=3,
+        )
         torch.testing.assert_close(batched.points[row], reference, rtol=0, atol=1e-10)
 
 
@@ -176,7 +227,9 @@ def test_a_tolerance_below_the_precision_limit_stops_the_solver_instead_of_wande
     limit within a few iterations, not after ``max_iter`` steps accepted on rounding."""
     problem, data, means = quadratic_population()
     clients = np.arange(len(data.sizes))
-    centers = 1e6 * torch.randn(len(clients), problem.dim, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    centers = 1e6 * torch.randn(
+        len(clients), problem.dim, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )
     eta = 1.5
     solved = solve_prox(ClientObjectives(problem, data, clients, centers.device), centers, eta, 1e-14, 500)
     exact = (centers + eta * means) / (1 + eta)

@@ -76,11 +76,15 @@ def test_ray_with_one_client_per_block_gives_the_sequential_trajectory():
     pytest.importorskip("ray")
     data = scattered()
     x, y = data.features.numpy(), data.labels.numpy()
-    lazy = LazyFederatedDataset(data.sizes, data.weights, lambda i: (x[data.client_indices[i]], y[data.client_indices[i]]), (4,))
+    lazy = LazyFederatedDataset(
+        data.sizes, data.weights, lambda i: (x[data.client_indices[i]], y[data.client_indices[i]]), (4,)
+    )
 
     def trajectory(executor, data):
         alg = build_algorithm("scaffold", {"local": {"lr": 0.1, "epochs": 1, "batch_size": 2}})
-        sim = Simulation(LogisticRegression(4, 1e-2), data, alg, UniformWithoutReplacement(len(SIZES), 5), seed=3, executor=executor)
+        sim = Simulation(
+            LogisticRegression(4, 1e-2), data, alg, UniformWithoutReplacement(len(SIZES), 5), seed=3, executor=executor
+        )
         out = []
         for _ in range(3):
             sim.step()
@@ -102,8 +106,14 @@ def test_the_ray_data_benchmark_smoke_case_runs_and_writes_its_json(tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "smoke.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.ray_data", "--smoke", str(out)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.ray_data", "--smoke", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         log, _ = proc.communicate(timeout=180)
     finally:

@@ -27,7 +27,10 @@ OTHER_RAY = """
 import os, sys
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray
-ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=sys.argv[1], _node_ip_address="127.0.0.1")
+ray.init(
+    address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=sys.argv[1],
+    _node_ip_address="127.0.0.1",
+)
 print(ray.get_runtime_context().gcs_address, flush=True)
 sys.stdin.read()
 ray.shutdown()
@@ -42,7 +45,9 @@ def ray_processes(root: int, besides: int | None = None) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "ray" in cmdline and "multiprocessing.forkserver" not in cmdline:  # the sweep workers' fork server (and its forks) carry sys.path, Ray's folders in it
+        if (
+            "ray" in cmdline and "multiprocessing.forkserver" not in cmdline
+        ):  # the sweep workers' fork server (and its forks) carry sys.path, Ray's folders in it
             found.append(pid)
     return found
 
@@ -52,7 +57,14 @@ def other_ray():
     """Another local Ray instance on this machine, in its own process session, named by ``RAY_ADDRESS``; its
     folder is short (Ray's socket paths must fit in 107 bytes, which pytest's nested temporary folders may not)."""
     folder = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    proc = subprocess.Popen([sys.executable, "-c", OTHER_RAY, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OTHER_RAY, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         address = proc.stdout.readline().strip()
         assert address, "the other Ray instance did not start"
@@ -73,14 +85,29 @@ def other_ray():
 
 
 def ray_spec(**run):
-    return validate(RunSpec, {
-        "method": {"name": "fedavg"}, "local": {"lr": 0.1, "epochs": 1, "batch_size": 2}, "sampler": {"name": "uniform", "cohort": 4},
-        "problem": {"name": "logistic", "l2": 1e-2}, "data": {"source": "synthetic", "samples": 80, "features": 3, "classes": 2, "clients": 6, "partition": "iid"},
-        "run": {"rounds": 3, "eval_every": 1, **run},
-    })
+    return validate(
+        RunSpec,
+        {
+            "method": {"name": "fedavg"},
+            "local": {"lr": 0.1, "epochs": 1, "batch_size": 2},
+            "sampler": {"name": "uniform", "cohort": 4},
+            "problem": {"name": "logistic", "l2": 1e-2},
+            "data": {
+                "source": "synthetic",
+                "samples": 80,
+                "features": 3,
+                "classes": 2,
+                "clients": 6,
+                "partition": "iid",
+            },
+            "run": {"rounds": 3, "eval_every": 1, **run},
+        },
+    )
 
 
-def test_a_local_ray_run_listens_on_loopback_only_beside_another_ray_and_stops_everything(tmp_path, monkeypatch, other_ray):
+def test_a_local_ray_run_listens_on_loopback_only_beside_another_ray_and_stops_everything(
+    tmp_path, monkeypatch, other_ray
+):
     """A whole run on run.executor = "ray" while another Ray runs and RAY_ADDRESS names it: the run starts
     its own Ray (not the other), every socket of this process tree listens on 127.0.0.0/8 or ::1 while
     it runs, the numbers are the sequential executor's, and afterwards no Ray process of ours is left
@@ -99,11 +126,18 @@ def test_a_local_ray_run_listens_on_loopback_only_beside_another_ray_and_stops_e
     outcome = run_single(ray_spec(executor="ray", ray_workers=2), tmp_path / "ray", seed=0, on_round=during_round)
     reference = run_single(ray_spec(executor="sequential"), tmp_path / "seq", seed=0)
     assert outcome.status == reference.status == "complete"
-    np.testing.assert_allclose(np.load(tmp_path / "ray" / "final_params.npy"), np.load(tmp_path / "seq" / "final_params.npy"), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        np.load(tmp_path / "ray" / "final_params.npy"),
+        np.load(tmp_path / "seq" / "final_params.npy"),
+        rtol=1e-12,
+        atol=1e-14,
+    )
     assert sessions and other_address not in sessions, "the run joined the other Ray instead of starting its own"
     ours = [s for s in seen if s[2] != other.pid]
     assert len({s[2] for s in ours}) >= 3, f"expected sockets of the driver, GCS and raylet, saw {ours}"
-    assert not [s for s in ours if not listening.is_loopback(s[0])], f"listening beyond loopback: {[s for s in ours if not listening.is_loopback(s[0])]}"
+    assert not [s for s in ours if not listening.is_loopback(s[0])], (
+        f"listening beyond loopback: {[s for s in ours if not listening.is_loopback(s[0])]}"
+    )
     gc.collect()  # the run's executor is unreachable now: its finalizer shuts its Ray down
     deadline = time.monotonic() + 30
     while ray_processes(os.getpid(), besides=other.pid) and time.monotonic() < deadline:
@@ -160,8 +194,11 @@ def test_the_cli_refuses_an_unreachable_ray_address_with_exit_status_2(tmp_path)
     from fedshuffle.cli import app
 
     config = tmp_path / "c.toml"
-    config.write_text('[local]\nlr = 0.1\n[problem]\nname = "logistic"\n[data]\nsource = "synthetic"\nsamples = 40\nfeatures = 2\nclients = 2\npartition = "iid"\n'
-                      '[run]\nrounds = 2\nexecutor = "ray"\nray_address = "127.0.0.1:1"\n')
+    config.write_text(
+        '[local]\nlr = 0.1\n[problem]\nname = "logistic"\n[data]\nsource = "synthetic"\nsamples = 40\nfeatures = '
+        '2\nclients = 2\npartition = "iid"\n'
+        '[run]\nrounds = 2\nexecutor = "ray"\nray_address = "127.0.0.1:1"\n'
+    )
     start = time.monotonic()
     result = CliRunner().invoke(app, ["run", str(config), "--out", str(tmp_path / "out"), "--quiet"])
     assert time.monotonic() - start < 30

@@ -84,12 +84,21 @@ def test_the_multi_node_ray_recipe_listens_on_loopback_only():
         pytest.skip(f"{' '.join(unshare)} is not allowed here (no network or user namespaces)")
     script = "\n".join(line for line in lines if not line.startswith(("fedshuffle run", "ray stop")))
     temp = tempfile.mkdtemp(prefix="fsrec-", dir="/tmp")  # Ray's sockets live under it: short
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "TMPDIR": temp,  # no Ray setting
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
+        "TMPDIR": temp,  # no Ray setting
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
     script = f"readlink /proc/$$/ns/net\n{script}\necho started\nread line\n"  # its namespace first: the cleanup
-    proc = subprocess.Popen([*unshare, script], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [*unshare, script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     own, link = os.readlink("/proc/self/ns/net"), ""
     try:
         timer = threading.Timer(START_SECONDS, lambda: os.killpg(proc.pid, signal.SIGKILL))

@@ -17,7 +17,6 @@ import sys
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -47,14 +46,20 @@ import ray._private.utils
 from ray.cluster_utils import Cluster
 ray._private.utils.write_ray_address = lambda *args, **kwargs: None  # leave /tmp/ray's "current cluster" file to others
 node = dict(node_ip_address="127.0.0.1", num_cpus=1, object_store_memory=80 << 20, temp_dir=sys.argv[1])
-detection = {"health_check_period_ms": 200, "health_check_timeout_ms": 200, "health_check_failure_threshold": 5, "health_check_initial_delay_ms": 0}
-cluster = Cluster(initialize_head=True, head_node_args={**node, "num_cpus": 0, "include_dashboard": False, "_system_config": detection})
+detection = {
+    "health_check_period_ms": 200, "health_check_timeout_ms": 200, "health_check_failure_threshold": 5,
+    "health_check_initial_delay_ms": 0,
+}
+head = {**node, "num_cpus": 0, "include_dashboard": False, "_system_config": detection}
+cluster = Cluster(initialize_head=True, head_node_args=head)
 workers = [cluster.add_node(**node) for _ in range(2)]  # each returns once its node is registered
-print(json.dumps({"address": cluster.address, "raylets": [w.all_processes["raylet"][0].process.pid for w in workers]}), flush=True)
+raylets = [w.all_processes["raylet"][0].process.pid for w in workers]
+print(json.dumps({"address": cluster.address, "raylets": raylets}), flush=True)
 sys.stdin.read()  # until the test closes it (or kills this process)
 """
 #: Waits (≤ 60 s) until a worker process of a worker node (raylet pids in argv) has run a share's task for
-#: 10 ms, then SIGKILLs it and every other process of its node and prints its pid ("ready" first, once it watches). A task takes ~0.2 s here,
+#: 10 ms, then SIGKILLs it and every other process of its node and prints its pid ("ready" first, once it watches). A
+#: task takes ~0.2 s here,
 #: so one seen at 10 ms is still computing when it is killed.
 KILLER = """
 import os, signal, sys, time
@@ -75,7 +80,8 @@ while time.monotonic() < deadline:
     now = time.monotonic()
     if now > rescan:  # the raylet, its agents and its worker processes (reused from task to task)
         nodes, rescan = {raylet: listening.process_tree(raylet) for raylet in raylets}, now + 1
-    since = {pid: since.get(pid, now) for pids in nodes.values() for pid in pids if title(pid).startswith("ray::_run_share")}
+    tasks = [pid for pids in nodes.values() for pid in pids if title(pid).startswith("ray::_run_share")]
+    since = {pid: since.get(pid, now) for pid in tasks}
     busy = [pid for pid, start in since.items() if now - start >= 0.01]
     if busy:
         raylet = next(r for r, pids in nodes.items() if busy[0] in pids)
@@ -105,8 +111,13 @@ class LoopbackCluster:
         """A process (its own session: a thread of this one would wait for the GIL while the driver waits for
         Ray) that kills the first worker node seen computing a task; ``killed`` gets the killed task process's
         pid when the block ends (nothing if none was seen)."""
-        proc = subprocess.Popen([sys.executable, "-c", KILLER, str(Path(__file__).parent), *map(str, self.raylets)], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLER, str(Path(__file__).parent), *map(str, self.raylets)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         try:
             assert _first_line(proc, 60) == "ready", "the killer did not start"
             yield
@@ -140,15 +151,23 @@ def _running(pid: int) -> bool:
 @contextmanager
 def loopback_cluster() -> Iterator[LoopbackCluster]:
     folder = tempfile.mkdtemp(prefix="fsrt-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    keeper = subprocess.Popen([sys.executable, "-c", KEEPER, folder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True, start_new_session=True)
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", KEEPER, folder],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = _first_line(keeper, 90)
         assert line, "the Ray cluster did not start"
         info = json.loads(line)
         yield LoopbackCluster(keeper, info["address"], info["raylets"])
     finally:
-        tree = listening.process_tree(keeper.pid)  # the keeper and every Ray process it started, even one that left its session
+        tree = listening.process_tree(
+            keeper.pid
+        )  # the keeper and every Ray process it started, even one that left its session
         for pid in sorted(tree):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -171,12 +190,22 @@ def dataset(clients: int = 8, size: int = 40, dim: int = 5) -> FederatedDataset:
 
 
 def simulation(executor, data: FederatedDataset) -> Simulation:
-    """SCAFFOLD (client control variates kept by the driver) with long enough local work that a task can be caught running."""
+    """SCAFFOLD (client control variates kept by the driver) with long enough local work that a task can be caught
+    running."""
     algorithm = build_algorithm("scaffold", {"local": {"lr": 0.02, "epochs": 60, "batch_size": 1}})
-    return Simulation(LogisticRegression(data.features.shape[1], 1e-2), data, algorithm, UniformWithoutReplacement(data.num_clients, 6), seed=5, executor=executor)
+    return Simulation(
+        LogisticRegression(data.features.shape[1], 1e-2),
+        data,
+        algorithm,
+        UniformWithoutReplacement(data.num_clients, 6),
+        seed=5,
+        executor=executor,
+    )
 
 
-def run(sim: Simulation, beside: Callable[[], AbstractContextManager[None]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def run(
+    sim: Simulation, beside: Callable[[], AbstractContextManager[None]] | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The global model after each round, and the client state at the end; ``beside()`` is entered from round
     :data:`FIRST_KILL_ROUND` to the end of the run."""
     out = []
@@ -200,7 +229,9 @@ def test_a_task_on_a_killed_worker_node_is_retried_and_the_run_keeps_the_sequent
     killed: list[int] = []
     with loopback_cluster() as cluster:
         executor = RayExecutor(workers=2, address=cluster.address, block_bytes=1024)
-        executor.local = VectorizedExecutor(compiled=False)  # a share's task computes for ~0.1 s (compiled: ~5 ms), long enough to be caught
+        executor.local = VectorizedExecutor(
+            compiled=False
+        )  # a share's task computes for ~0.1 s (compiled: ~5 ms), long enough to be caught
         try:
             got, state = run(simulation(executor, data), lambda: cluster.killer(killed))
             assert listening.public_listeners(cluster.keeper.pid) == []  # the cluster listens on loopback only

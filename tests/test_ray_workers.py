@@ -19,12 +19,24 @@ DRIVER = {"fedshuffle": "0.9.0", "numpy": "2.1.3", "torch": "2.5.1"}
 
 
 def spec(**run: object) -> RunSpec:
-    return validate(RunSpec, {
-        "method": {"name": "fedavg"}, "local": {"lr": 0.1, "epochs": 1, "batch_size": 2}, "sampler": {"name": "full"},
-        "problem": {"name": "logistic", "l2": 1e-2},
-        "data": {"source": "synthetic", "samples": 40, "features": 3, "classes": 2, "clients": 4, "partition": "iid"},
-        "run": {"rounds": 2, "eval_every": 1, "executor": "ray", **run},
-    })
+    return validate(
+        RunSpec,
+        {
+            "method": {"name": "fedavg"},
+            "local": {"lr": 0.1, "epochs": 1, "batch_size": 2},
+            "sampler": {"name": "full"},
+            "problem": {"name": "logistic", "l2": 1e-2},
+            "data": {
+                "source": "synthetic",
+                "samples": 40,
+                "features": 3,
+                "classes": 2,
+                "clients": 4,
+                "partition": "iid",
+            },
+            "run": {"rounds": 2, "eval_every": 1, "executor": "ray", **run},
+        },
+    )
 
 
 def test_a_worker_with_the_drivers_versions_is_accepted():
@@ -39,8 +51,10 @@ def test_a_worker_with_another_version_refuses_in_one_line_naming_the_package_an
     with pytest.raises(ClusterError) as info:
         check_versions(DRIVER, worker, node="node-7")
     message = str(info.value)
-    assert message == (f"a Ray worker on node-7 has {package} 0.0.1, the driver {package} {DRIVER[package]}: "
-                       f"install the driver's {package} on every node")
+    assert message == (
+        f"a Ray worker on node-7 has {package} 0.0.1, the driver {package} {DRIVER[package]}: "
+        f"install the driver's {package} on every node"
+    )
 
 
 def test_the_runtime_env_carries_the_drivers_fedshuffle_variables_and_installs_nothing(monkeypatch):
@@ -85,8 +99,10 @@ def test_a_worker_refusing_the_drivers_versions_ends_the_run_in_one_line(monkeyp
     assert not ray.is_initialized()
 
 
-@pytest.mark.parametrize(("setting", "bad"), [("ray_retries", -1), ("ray_retries", 1.5), ("ray_retries", "many"),
-                                              ("ray_workers", 0), ("ray_workers", 2.5)])
+@pytest.mark.parametrize(
+    ("setting", "bad"),
+    [("ray_retries", -1), ("ray_retries", 1.5), ("ray_retries", "many"), ("ray_workers", 0), ("ray_workers", 2.5)],
+)
 def test_rays_worker_and_retry_counts_are_checked_configuration_keys(setting, bad):
     with pytest.raises(ConfigError) as info:
         spec(**{setting: bad})

@@ -63,7 +63,8 @@ def mnist_fixture(rng, n_train=40, n_test=10):
 
 
 def cifar_fixture(name: str, rng, per_batch: int) -> tuple[bytes, dict]:
-    """A CIFAR python archive (tar.gz of pickled dicts) with ``per_batch`` images per member; returns (bytes, contents)."""
+    """A CIFAR python archive (tar.gz of pickled dicts) with ``per_batch`` images per member; returns (bytes,
+    contents)."""
     folder = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}[name]
     _, _, train_members, test_member, label_key, classes = cifar.CIFAR_ARCHIVES[name]
     groups = rng.permutation(np.repeat(np.arange(20), 5))  # a coarse label for each of the 100 fine labels
@@ -96,7 +97,11 @@ def h5_bytes(build) -> bytes:
 def shakespeare_h5(roles: dict) -> bytes:
     def build(examples):
         for role, snippets in roles.items():
-            examples.create_group(role).create_dataset("snippets", data=np.array([s.encode() for s in snippets], dtype=object), dtype=__import__("h5py").string_dtype())
+            examples.create_group(role).create_dataset(
+                "snippets",
+                data=np.array([s.encode() for s in snippets], dtype=object),
+                dtype=__import__("h5py").string_dtype(),
+            )
 
     return h5_bytes(build)
 
@@ -112,7 +117,11 @@ def tar_bz2(members: dict) -> bytes:
 
 
 def leaf_json(users: dict) -> bytes:
-    doc = {"users": list(users), "num_samples": [len(x) for x, _ in users.values()], "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()}}
+    doc = {
+        "users": list(users),
+        "num_samples": [len(x) for x, _ in users.values()],
+        "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()},
+    }
     return gzip.compress(json.dumps(doc).encode(), mtime=0)
 
 
@@ -127,7 +136,9 @@ def test_mnist_downloads_from_a_mirror_checks_and_caches_and_keeps_the_official_
         monkeypatch.setitem(mnist.MNIST_FILES, name, sha(raw))
     samples, data = federated(source="mnist", partition="iid", clients=4, mirror=base)
     assert sorted(requests) == sorted(f"/mnist/{n}" for n in files)
-    images = np.frombuffer(gzip.decompress(files["train-images-idx3-ubyte.gz"])[16:], dtype=np.uint8).reshape(40, 1, 28, 28)
+    images = np.frombuffer(gzip.decompress(files["train-images-idx3-ubyte.gz"])[16:], dtype=np.uint8).reshape(
+        40, 1, 28, 28
+    )
     np.testing.assert_array_equal(samples.features, images / np.float32(255))
     assert samples.features.dtype == np.float32 and samples.num_classes == 10
     assert samples.test[0].shape == (10, 1, 28, 28) and data.test_features.shape == (10, 784) and data.num_samples == 40
@@ -161,14 +172,20 @@ def test_offline_without_a_copy_names_the_file_and_what_to_do(tmp_path):
 @pytest.mark.parametrize(
     "mutate, where, reason",
     [
-        (lambda raw: raw[:-100], "record 39", "truncated: the header declares 40 records of 784 bytes, the file holds 39 complete ones"),
+        (
+            lambda raw: raw[:-100],
+            "record 39",
+            "truncated: the header declares 40 records of 784 bytes, the file holds 39 complete ones",
+        ),
         (lambda raw: b"\x00\x01" + raw[2:], "", "not an IDX file"),
         (lambda raw: raw[:3] + b"\x02" + raw[4:], "", "IDX file has 2 dimensions, expected 3"),
     ],
 )
 def test_corrupt_idx_files_name_the_file_and_record(tmp_path, mutate, where, reason):
     files = mnist_fixture(np.random.default_rng(1))
-    images = put(tmp_path, "mnist/train-images-idx3-ubyte", mutate(gzip.decompress(files["train-images-idx3-ubyte.gz"])))
+    images = put(
+        tmp_path, "mnist/train-images-idx3-ubyte", mutate(gzip.decompress(files["train-images-idx3-ubyte.gz"]))
+    )
     labels = put(tmp_path, "mnist/train-labels-idx1-ubyte.gz", files["train-labels-idx1-ubyte.gz"])
     with pytest.raises(DataError) as err:
         mnist.read_mnist_pair(images, labels)
@@ -214,7 +231,9 @@ def test_cifar_archives_download_and_read_planes_labels_and_coarse_labels(server
 def test_cifar100_pachinko_split_through_the_config(tmp_path, monkeypatch):
     raw, _ = cifar_fixture("cifar100", np.random.default_rng(4), 500)
     put(tmp_path, "cifar100/cifar-100-python.tar.gz", raw)
-    samples, data = federated(source="cifar100", partition="pachinko", clients=5, data_dirs=[str(tmp_path)], verify=False)
+    samples, data = federated(
+        source="cifar100", partition="pachinko", clients=5, data_dirs=[str(tmp_path)], verify=False
+    )
     assert data.num_clients == 5 and set(data.sizes) == {100}
     assert len(np.unique(np.concatenate(data.client_indices))) == 500
     with pytest.raises(ConfigError, match="data.partition: 'pachinko' needs a source with coarse labels"):
@@ -235,7 +254,9 @@ def rebuilt(source, target, change):
 def test_corrupt_cifar_archives_name_the_member_and_record(tmp_path):
     raw, _ = cifar_fixture("cifar10", np.random.default_rng(5), 10)
     good = put(tmp_path, "good.tar.gz", raw)
-    missing = rebuilt(good, tmp_path / "missing.tar.gz", lambda name, payload: None if name.endswith("data_batch_5") else payload)
+    missing = rebuilt(
+        good, tmp_path / "missing.tar.gz", lambda name, payload: None if name.endswith("data_batch_5") else payload
+    )
     with pytest.raises(DataError, match=rf"^{missing}: the archive has no member 'data_batch_5'"):
         cifar.read_cifar_archive(missing, "cifar10")
 
@@ -292,7 +313,10 @@ def test_tff_cifar100_clients_come_from_tff_archive(server, monkeypatch):
     monkeypatch.setattr(cifar, "TFF_CIFAR100", ("fed_cifar100.tar.bz2", sha(raw)))
     samples, data = federated(source="tff_cifar100", clients=10, mirror=base)
     assert requests.count("/cifar100/tff/fed_cifar100.tar.bz2") == 1  # one archive, both files unpacked from it
-    assert set(requests) == {"/cifar100/tff/fed_cifar100_train.h5", "/cifar100/tff/fed_cifar100.tar.bz2"}  # the mirror has no bare .h5
+    assert set(requests) == {
+        "/cifar100/tff/fed_cifar100_train.h5",
+        "/cifar100/tff/fed_cifar100.tar.bz2",
+    }  # the mirror has no bare .h5
     assert data.num_clients == 10 and set(data.sizes) == {4} and samples.test[0].shape == (15, 3, 32, 32)
     assert samples.features.shape == (40, 3, 32, 32) and samples.num_classes == 100
     seen = np.unique(np.concatenate([samples.labels, samples.test[1]]))
@@ -313,12 +337,20 @@ def test_tff_shakespeare_unpacks_from_tff_archive_with_fedshuffle_encoding(serve
     monkeypatch.setitem(shakespeare.TFF_FILES, "shakespeare_test.h5", sha(test))
     samples, data = federated(source="shakespeare", mirror=base)
     assert requests.count("/shakespeare/tff/shakespeare.tar.bz2") == 1  # tried after the file itself and its .gz copy
-    assert set(requests) == {"/shakespeare/tff/shakespeare_train.h5", "/shakespeare/tff/shakespeare_train.h5.gz", "/shakespeare/tff/shakespeare.tar.bz2"}
+    assert set(requests) == {
+        "/shakespeare/tff/shakespeare_train.h5",
+        "/shakespeare/tff/shakespeare_train.h5.gz",
+        "/shakespeare/tff/shakespeare.tar.bz2",
+    }
     assert samples.num_classes == 90 and samples.features.dtype == np.int64 and samples.labels.shape == (3, 80)
-    np.testing.assert_array_equal(data.sizes, [1, 2])  # A_ROLE first (sorted); 79 characters + BOS fill one row, EOS is its last target
+    np.testing.assert_array_equal(
+        data.sizes, [1, 2]
+    )  # A_ROLE first (sorted); 79 characters + BOS fill one row, EOS is its last target
     x, y = samples.features, samples.labels
     assert shakespeare.decode(x[0]) == "⟨Hi⟩" and shakespeare.decode(y[0]) == "Hi⟩"
-    assert shakespeare.decode(x[1]) == "⟨To be, or not to be\ufffd⟩" and x[1][20] == shakespeare.OOV  # '}' is out of TFF's vocabulary
+    assert (
+        shakespeare.decode(x[1]) == "⟨To be, or not to be\ufffd⟩" and x[1][20] == shakespeare.OOV
+    )  # '}' is out of TFF's vocabulary
     np.testing.assert_array_equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
     assert x[2][0] == shakespeare.BOS and y[2][-1] == shakespeare.EOS and (x[2][1:] == x[2][1]).all()
     assert samples.test[0].shape == (3, 80)  # "Bye" one row, 80 characters two rows
@@ -346,11 +378,21 @@ def test_tff_shakespeare_gzip_copy_in_a_data_folder_and_bad_files(tmp_path, monk
 
 def test_leaf_shakespeare_json_from_a_mirror_with_leaf_vocabulary(server, monkeypatch):
     base, root, requests = server
-    with pytest.raises(DataError, match="shakespeare/leaf/train/all_data_niid_023_keep_64_train_9.json.gz .*it has no official download.*data.mirror"):
+    with pytest.raises(
+        DataError,
+        match="shakespeare/leaf/train/all_data_niid_023_keep_64_train_9.json.gz .*it has no official "
+        "download.*data.mirror",
+    ):
         shakespeare.leaf_files(download=True)
     text = "The quick brown fox jumps over the lazy dog! " * 3
-    users = {"ROLE_A": ([text[k : k + 80] for k in range(5)], [text[k + 80] for k in range(5)]), "ROLE_B": ([text[:80]], [text[80]])}
-    files = {"train/all_data_niid_023_keep_64_train_9.json.gz": leaf_json(users), "test/all_data_niid_023_keep_64_test_9.json.gz": leaf_json({"ROLE_A": users["ROLE_A"]})}
+    users = {
+        "ROLE_A": ([text[k : k + 80] for k in range(5)], [text[k + 80] for k in range(5)]),
+        "ROLE_B": ([text[:80]], [text[80]]),
+    }
+    files = {
+        "train/all_data_niid_023_keep_64_train_9.json.gz": leaf_json(users),
+        "test/all_data_niid_023_keep_64_test_9.json.gz": leaf_json({"ROLE_A": users["ROLE_A"]}),
+    }
     for name, raw in files.items():
         put(root, f"shakespeare/leaf/{name}", raw)
         monkeypatch.setitem(shakespeare.LEAF_FILES, name, sha(raw))
@@ -365,7 +407,10 @@ def test_leaf_text_outside_the_vocabulary_names_file_user_and_record(tmp_path):
     window = "a" * 79 + "é"
     bad = put(tmp_path, "leaf/train/t.json.gz", leaf_json({"U1": (["b" * 80, window], ["c", "d"])}))
     put(tmp_path, "leaf/test/t.json.gz", leaf_json({"U1": (["b" * 80], ["c"])}))
-    with pytest.raises(DataError, match=rf"^{bad}, user 'U1': record 1: x has the character 'é', which is not in LEAF's 80-character vocabulary"):
+    with pytest.raises(
+        DataError,
+        match=rf"^{bad}, user 'U1': record 1: x has the character 'é', which is not in LEAF's 80-character vocabulary",
+    ):
         federated(source="leaf", path=str(tmp_path / "leaf"))
     put(tmp_path, "leaf/train/t.json.gz", leaf_json({"U1": (["b" * 79], ["c"])}))
     with pytest.raises(DataError, match="record 0: x must be a string of 80 characters"):
@@ -387,7 +432,9 @@ def test_yang_et_al_split_gives_every_worker_exactly_p_digits_and_equal_sizes(p,
     assert len(np.unique(np.concatenate(parts))) == 100 * size  # disjoint
     per_client = [np.bincount(labels[ix], minlength=10) for ix in parts]
     assert all(np.count_nonzero(c) == p and set(c[c > 0]) == {size // p} for c in per_client)
-    np.testing.assert_array_equal(np.count_nonzero(per_client, axis=0), np.full(10, 10 * p))  # each digit held by mp/C workers
+    np.testing.assert_array_equal(
+        np.count_nonzero(per_client, axis=0), np.full(10, 10 * p)
+    )  # each digit held by mp/C workers
 
 
 def test_label_split_with_clients_not_a_multiple_of_the_classes_and_its_errors():
@@ -416,26 +463,33 @@ def test_mcmahan_shards_are_200_of_250_two_per_client():
 
 
 def test_dirichlet_shares_of_a_class_follow_the_beta_marginal():
-    """Client k's share of the first class is Beta(α, (K−1)α) under Dir(α·1) (the cap on full clients cannot act on the first class)."""
+    """Client k's share of the first class is Beta(α, (K−1)α) under Dir(α·1) (the cap on full clients cannot act on
+    the first class)."""
     stats = pytest.importorskip("scipy.stats")
     clients, alpha = 10, 0.5
     labels = np.repeat(np.arange(10), 200)
     rng = np.random.default_rng(2024)
-    shares = np.array([np.isin(np.arange(200), P.dirichlet_partition(labels, clients, alpha, rng)[0]).mean() for _ in range(400)])
+    shares = np.array(
+        [np.isin(np.arange(200), P.dirichlet_partition(labels, clients, alpha, rng)[0]).mean() for _ in range(400)]
+    )
     variance = (1 / clients) * (1 - 1 / clients) / (clients * alpha + 1)  # Var of Beta(α, (K−1)α)
     assert abs(shares.mean() - 1 / clients) < 4 * np.sqrt(variance / len(shares))
     assert abs(shares.var() / variance - 1) < 0.3
-    # client 0 gets ⌊200·S⌋ samples: P(count ≤ k) = P(S < (k+1)/200); Kolmogorov's 1 % bound (conservative for a discrete law)
+    # client 0 gets ⌊200·S⌋ samples: P(count ≤ k) = P(S < (k+1)/200); Kolmogorov's 1 % bound (conservative for a
+    # discrete law)
     counts = np.round(shares * 200).astype(int)
     grid = np.arange(200)
-    distance = np.abs((counts[:, None] <= grid).mean(axis=0) - stats.beta(alpha, (clients - 1) * alpha).cdf((grid + 1) / 200)).max()
+    distance = np.abs(
+        (counts[:, None] <= grid).mean(axis=0) - stats.beta(alpha, (clients - 1) * alpha).cdf((grid + 1) / 200)
+    ).max()
     assert distance < 1.63 / np.sqrt(len(shares))
     flat = P.dirichlet_partition(labels, clients, 1e4, np.random.default_rng(0))
     assert all(abs(len(ix) - 200) < 15 for ix in flat)  # α → ∞: equal shares
 
 
 def test_pachinko_split_has_tff_sizes_and_dirichlet_concentrations():
-    """500 clients × 100 of 50,000 samples; a client's coarse counts have E[Σ n_g(n_g−1)]/(n(n−1)) = E[Σ p_g²] = (α+1)/(Gα+1)."""
+    """500 clients × 100 of 50,000 samples; a client's coarse counts have E[Σ n_g(n_g−1)]/(n(n−1)) = E[Σ p_g²] =
+    (α+1)/(Gα+1)."""
     rng = np.random.default_rng(0)
     groups = rng.permutation(np.repeat(np.arange(20), 5))
     labels = rng.permutation(np.repeat(np.arange(100), 500))
@@ -457,7 +511,14 @@ def test_pachinko_split_has_tff_sizes_and_dirichlet_concentrations():
 
 
 def test_offline_mnist_has_the_official_counts(shared_data):
-    samples, data = federated(source="mnist", partition="labels", clients=100, labels_per_client=2, data_dirs=[str(shared_data)], download=False)
+    samples, data = federated(
+        source="mnist",
+        partition="labels",
+        clients=100,
+        labels_per_client=2,
+        data_dirs=[str(shared_data)],
+        download=False,
+    )
     np.testing.assert_array_equal(np.bincount(samples.labels), MNIST_COUNTS)
     assert samples.features.shape == (60000, 1, 28, 28) and samples.test[0].shape == (10000, 1, 28, 28)
     assert np.bincount(samples.test[1]).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -467,13 +528,16 @@ def test_offline_mnist_has_the_official_counts(shared_data):
 def test_offline_tff_shakespeare_has_715_roles_and_tff_snippet_counts(shared_data):
     samples, data = federated(source="shakespeare", data_dirs=[str(shared_data)], download=False)
     assert data.num_clients == 715 and samples.num_classes == 90
-    assert int((samples.features[:, 0] == shakespeare.BOS).sum()) == 16068  # one BOS per snippet: TFF's 16,068 training snippets
+    assert (
+        int((samples.features[:, 0] == shakespeare.BOS).sum()) == 16068
+    )  # one BOS per snippet: TFF's 16,068 training snippets
     assert int((samples.test[0][:, 0] == shakespeare.BOS).sum()) == 2356
     assert int(((samples.features > 0) & (samples.features < shakespeare.BOS)).sum()) == 2359315  # every character kept
 
 
 def test_offline_leaf_shakespeare_users(shared_data):
-    """LEAF's test JSON overcounts num_samples by 79 per user (3,881 samples present, 4,671 declared); the samples count."""
+    """LEAF's test JSON overcounts num_samples by 79 per user (3,881 samples present, 4,671 declared); the samples
+    count."""
     samples, data = federated(source="shakespeare_leaf", data_dirs=[str(shared_data)], download=False)
     assert data.num_clients == 10 and data.num_samples == 41990 and len(samples.test[1]) == 3881
     _, generic = federated(source="leaf", path=str(shared_data / "shakespeare" / "leaf"))
@@ -488,14 +552,29 @@ def test_data_command_prints_per_client_label_counts_and_writes_a_heatmap(tmp_pa
     for name, raw in files.items():
         put(tmp_path / "data", f"mnist/{name}", raw)
     config = tmp_path / "digits.toml"
-    config.write_text(f'[data]\nsource = "mnist"\npartition = "labels"\nclients = 10\ndata_dirs = ["{tmp_path / "data"}"]\nverify = false\n')
+    config.write_text(
+        f'[data]\nsource = "mnist"\npartition = "labels"\nclients = 10\ndata_dirs = ["{tmp_path / "data"}"]\nverify '
+        "= false\n"
+    )
     runner = CliRunner()
-    result = runner.invoke(app, ["data", str(config), "--json", "--out", str(tmp_path / "out"), "--set", "data.labels_per_client=2"])
+    result = runner.invoke(
+        app, ["data", str(config), "--json", "--out", str(tmp_path / "out"), "--set", "data.labels_per_client=2"]
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["num_clients"] == 10 and summary["num_classes"] == 10 and summary["test_size"] == 20
-    assert [c["size"] for c in summary["clients"]] == [20] * 10 and summary["sizes"] == {"min": 20, "median": 20.0, "max": 20, "mean": 20.0}
-    assert all(len(c["label_counts"]) == 10 and sum(c["label_counts"]) == c["size"] and np.count_nonzero(c["label_counts"]) == 2 for c in summary["clients"])
+    assert [c["size"] for c in summary["clients"]] == [20] * 10 and summary["sizes"] == {
+        "min": 20,
+        "median": 20.0,
+        "max": 20,
+        "mean": 20.0,
+    }
+    assert all(
+        len(c["label_counts"]) == 10
+        and sum(c["label_counts"]) == c["size"]
+        and np.count_nonzero(c["label_counts"]) == 2
+        for c in summary["clients"]
+    )
     assert (tmp_path / "out" / "label_heatmap.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "out" / "data_summary.json").read_text())["clients"] == summary["clients"]
     table = runner.invoke(app, ["data", str(config), "--out", str(tmp_path / "out")], terminal_width=200)
@@ -510,7 +589,12 @@ def test_token_features_get_sample_weights_in_the_run_dtype():
 
     from fedshuffle.data import FederatedDataset
 
-    data = FederatedDataset(torch.zeros((5, 80), dtype=torch.int64), torch.zeros((5, 80), dtype=torch.int64), [np.arange(2), np.arange(2, 5)], np.array([0.4, 0.6]))
+    data = FederatedDataset(
+        torch.zeros((5, 80), dtype=torch.int64),
+        torch.zeros((5, 80), dtype=torch.int64),
+        [np.arange(2), np.arange(2, 5)],
+        np.array([0.4, 0.6]),
+    )
     np.testing.assert_allclose(data.sample_weights().numpy(), [0.2] * 5)
     single = data.to(torch.float32)
     assert single.sample_weights().dtype == torch.float32 and single.features.dtype == torch.int64

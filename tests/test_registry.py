@@ -17,6 +17,7 @@ from fedshuffle.problems import PROBLEMS
 from fedshuffle.samplers import SAMPLERS
 from fedshuffle.server import SERVER_OPTIMIZERS
 
+
 def _tokens(rng: np.random.Generator) -> Samples:
     """Six-token sequences over a vocabulary of 5 and their next tokens (the shape of LEAF's Shakespeare)."""
     return Samples(rng.integers(0, 5, size=(12, 6)), rng.integers(0, 5, size=12), 5)
@@ -62,7 +63,9 @@ def test_every_registered_problem_builds_from_its_defaults_and_names_each_bad_pa
     import torch
 
     x = problem.init_params(torch.Generator().manual_seed(0), torch.float64)
-    assert x.shape == (problem.dim,) and torch.isfinite(problem.weighted_loss(x, data.features, data.labels, data.sample_weights()))
+    assert x.shape == (problem.dim,) and torch.isfinite(
+        problem.weighted_loss(x, data.features, data.labels, data.sample_weights())
+    )
     takes = set(__import__("inspect").signature(entry.factory).parameters)
     for key, value in INVALID_PROBLEM.items():
         if key not in takes:
@@ -92,7 +95,9 @@ def test_every_partition_splits_every_training_sample_once_and_names_a_missing_s
         assert err.field == "data.partition" and "needs" in err.message
         return
     owned = np.concatenate(data.client_indices)
-    assert PARTITIONS[name].summary and len(np.unique(owned)) == len(owned) <= 60  # equal-size splits may leave samples out
+    assert (
+        PARTITIONS[name].summary and len(np.unique(owned)) == len(owned) <= 60
+    )  # equal-size splits may leave samples out
     assert len(owned) == 60 or name not in ("sizes", "iid", "dirichlet")
     raw["data"].pop("clients", None), raw["data"].pop("client_sizes", None)
     with pytest.raises(ConfigError) as err:
@@ -103,7 +108,10 @@ def test_every_partition_splits_every_training_sample_once_and_names_a_missing_s
 @pytest.mark.parametrize("name", SOURCES.names())
 def test_every_source_names_what_it_is_missing(name):
     """Built with nothing but its name, a source either works or says which data setting it needs."""
-    raw = {"problem": {"name": "quadratic" if name == "targets" else "softmax"}, "data": {"source": name, "download": False}}
+    raw = {
+        "problem": {"name": "quadratic" if name == "targets" else "softmax"},
+        "data": {"source": name, "download": False},
+    }
     try:
         _, data = build_problem_and_data(validate(RunSpec, raw))
     except ConfigError as err:  # a setting it needs, or the file it could not find offline
@@ -116,7 +124,14 @@ def test_show_lists_every_registered_part():
     result = CliRunner().invoke(app, ["show", "--json"])
     assert result.exit_code == 0, result.output
     listing = json.loads(result.stdout)
-    for kind, registry in {"methods": METHODS, "problems": PROBLEMS, "sources": SOURCES, "partitions": PARTITIONS,
-                           "samplers": SAMPLERS, "server-optimizers": SERVER_OPTIMIZERS, "metrics": METRICS}.items():
+    for kind, registry in {
+        "methods": METHODS,
+        "problems": PROBLEMS,
+        "sources": SOURCES,
+        "partitions": PARTITIONS,
+        "samplers": SAMPLERS,
+        "server-optimizers": SERVER_OPTIMIZERS,
+        "metrics": METRICS,
+    }.items():
         assert [e["name"] for e in listing[kind]] == list(registry.names())
     assert any(e["name"] == "fedshuffle" and e["citation"] for e in listing["methods"])

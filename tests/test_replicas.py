@@ -8,7 +8,6 @@ import json
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -51,9 +50,20 @@ executor = "{executor}"
 NOT_COMPARED = ("timing.csv", "timing.json", "checkpoint.pt", ".lock")
 
 
-def spec_of(tmp_path: Path, method: str = "fedshuffle", lr: float = 0.05, rounds: int = 6, executor: str = "vectorized", features: int = 6, partition: str = "dirichlet", **run):
+def spec_of(
+    tmp_path: Path,
+    method: str = "fedshuffle",
+    lr: float = 0.05,
+    rounds: int = 6,
+    executor: str = "vectorized",
+    features: int = 6,
+    partition: str = "dirichlet",
+    **run,
+):
     path = tmp_path / f"{method}-{lr}-{rounds}-{executor}-{features}-{partition}.toml"
-    path.write_text(CONFIG.format(method=method, lr=lr, rounds=rounds, executor=executor, features=features, partition=partition))
+    path.write_text(
+        CONFIG.format(method=method, lr=lr, rounds=rounds, executor=executor, features=features, partition=partition)
+    )
     spec = load_experiment(path).runs()[0][1]
     return spec.model_copy(update={"run": spec.run.model_copy(update=run)}) if run else spec
 
@@ -70,7 +80,8 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
 
 
 def run_as_replicas(runs, resume: bool = False):
-    """Run ``runs`` ((spec, seed, folder) each) as the replicas of one simulation; returns the outcomes and the group."""
+    """Run ``runs`` ((spec, seed, folder) each) as the replicas of one simulation; returns the outcomes and the
+    group."""
 
     def execute(job, adopt):
         spec, seed, folder = job
@@ -89,10 +100,21 @@ def test_each_replica_writes_the_folder_of_its_run_made_alone(tmp_path, executor
     """fedshuffle sums ω_iΔ_i as the executor produces them; fedavg's aggregation is also the default (summed) one,
     with replacement sampling's weights: both summed paths, on every in-process executor (vectorized: compiled)."""
     if executor == "vectorized":
-        pytest.importorskip("numba")  # the compiled round batches the replicas (fedshuffle[fast]); the torch loop is tested below
-    runs = [(spec_of(tmp_path, method, lr, executor=executor, **({"threads": 2} if executor == "threaded" else {})), seed, tmp_path / "together" / f"{lr}-{seed}") for lr, seed in GRID]
+        pytest.importorskip(
+            "numba"
+        )  # the compiled round batches the replicas (fedshuffle[fast]); the torch loop is tested below
+    runs = [
+        (
+            spec_of(tmp_path, method, lr, executor=executor, **({"threads": 2} if executor == "threaded" else {})),
+            seed,
+            tmp_path / "together" / f"{lr}-{seed}",
+        )
+        for lr, seed in GRID
+    ]
     outcomes, group = run_as_replicas(runs)
-    assert group.steps == group.batched == 6 and group.widest == len(GRID)  # one executor call per round, every replica in each
+    assert group.steps == group.batched == 6 and group.widest == len(
+        GRID
+    )  # one executor call per round, every replica in each
     for (spec, seed, folder), outcome in zip(runs, outcomes):
         alone = tmp_path / "alone" / folder.name
         with sharing_builds():
@@ -109,14 +131,22 @@ def test_torch_loop_replicas_match_alone(tmp_path, chunk_size, partition):
     """The vectorized executor's torch loop (not compiled), 60 features. Equal client sizes: every step of a chunk is
     shared by ≥ 2 members, and the replicas' members run as one loop. Unequal sizes: where a member alone would take
     steps by itself (a k = 1 reduction, another floating-point order), its replica's work runs as alone; same bytes."""
-    runs = [(spec_of(tmp_path, "fedshuffle", lr, features=60, partition=partition, chunk_size=chunk_size), seed, tmp_path / "together" / f"{lr}-{seed}")
-            for lr, seed in GRID]
+    runs = [
+        (
+            spec_of(tmp_path, "fedshuffle", lr, features=60, partition=partition, chunk_size=chunk_size),
+            seed,
+            tmp_path / "together" / f"{lr}-{seed}",
+        )
+        for lr, seed in GRID
+    ]
     import fedshuffle.local.fused as fused
 
     numba, fused.numba = fused.numba, None
     try:
         _, group = run_as_replicas(runs)
-        assert group.batched == (6 if partition == "equal" and chunk_size is None else 0)  # chunks of 3 of a cohort of 4 leave one alone
+        assert group.batched == (
+            6 if partition == "equal" and chunk_size is None else 0
+        )  # chunks of 3 of a cohort of 4 leave one alone
         for spec, seed, folder in runs:
             with sharing_builds():
                 run_single(spec, tmp_path / "alone" / folder.name, seed)
@@ -127,12 +157,21 @@ def test_torch_loop_replicas_match_alone(tmp_path, chunk_size, partition):
 
 def test_a_replica_killed_and_resumed_gives_the_same_bytes(tmp_path):
     """Replicas at different rounds advance together: one resumed from its round-4 checkpoint, one from the start."""
-    full = [(spec_of(tmp_path, "fedshuffle", lr, rounds=8, checkpoint_every=2), 0, tmp_path / "full" / str(lr)) for lr in (0.02, 0.1)]
+    full = [
+        (spec_of(tmp_path, "fedshuffle", lr, rounds=8, checkpoint_every=2), 0, tmp_path / "full" / str(lr))
+        for lr in (0.02, 0.1)
+    ]
     run_as_replicas(full)
-    cut = [(spec_of(tmp_path, "fedshuffle", lr, rounds=4, checkpoint_every=2), 0, tmp_path / "cut" / str(lr)) for lr in (0.02, 0.1)]
+    cut = [
+        (spec_of(tmp_path, "fedshuffle", lr, rounds=4, checkpoint_every=2), 0, tmp_path / "cut" / str(lr))
+        for lr in (0.02, 0.1)
+    ]
     run_as_replicas(cut[:1])
     (cut[0][2] / "summary.json").unlink()  # as if killed after its last checkpoint
-    resumed = [(spec_of(tmp_path, "fedshuffle", lr, rounds=8, checkpoint_every=2), 0, folder) for lr, (_, _, folder) in zip((0.02, 0.1), cut)]
+    resumed = [
+        (spec_of(tmp_path, "fedshuffle", lr, rounds=8, checkpoint_every=2), 0, folder)
+        for lr, (_, _, folder) in zip((0.02, 0.1), cut)
+    ]
 
     def execute(job, adopt):
         spec, seed, folder = job
@@ -154,12 +193,17 @@ def test_grouping_keeps_data_model_and_sampler_apart(tmp_path):
     cohort = base.model_copy(update={"sampler": base.sampler.model_copy(update={"cohort": 5})})
     rounds = base.model_copy(update={"run": base.run.model_copy(update={"rounds": 7})})
     scaffold = spec_of(tmp_path, "scaffold", 0.05)  # its own client half and client state: replicas of its own kind
-    assert replica_key(spec_of(tmp_path, "fedshuffle", 0.05, executor="sequential")) is None  # one loop per member anyway
+    assert (
+        replica_key(spec_of(tmp_path, "fedshuffle", 0.05, executor="sequential")) is None
+    )  # one loop per member anyway
     assert replica_key(base) == replica_key(other_lr) == replica_key(server) is not None
     assert replica_key(base) != replica_key(cohort) and replica_key(base) != replica_key(rounds)
     assert replica_key(scaffold) == replica_key(spec_of(tmp_path, "scaffold", 0.2)) not in (None, replica_key(base))
     assert replica_groups([base, cohort, other_lr, scaffold, server, scaffold]) == [[0, 2, 4], [1], [3, 5]]
-    assert describe_groups([[0, 2, 4], [1], [3], [5]]) == "3 runs as 1 batched simulation of 3 replicas; 3 runs on their own"
+    assert (
+        describe_groups([[0, 2, 4], [1], [3], [5]])
+        == "3 runs as 1 batched simulation of 3 replicas; 3 runs on their own"
+    )
     assert describe_groups([list(range(35))]) == "35 runs as 1 batched simulation of 35 replicas"
     assert describe_groups([[0], [1]]) is None
     # fewer groups than workers: the largest are halved, so that every core advances replicas
@@ -208,15 +252,23 @@ dtype = "float32"
 executor = "vectorized"
 """
 
-STATEFUL = [({"eta": 10.0, "alpha": 1.0}, 0), ({"eta": 10.0, "alpha": 1.5}, 0), ({"eta": 10.0, "alpha": 1.0}, 1), ({"eta": 100.0, "alpha": 1.0}, 0)]
+STATEFUL = [
+    ({"eta": 10.0, "alpha": 1.0}, 0),
+    ({"eta": 10.0, "alpha": 1.5}, 0),
+    ({"eta": 10.0, "alpha": 1.0}, 1),
+    ({"eta": 100.0, "alpha": 1.0}, 0),
+]
 
 
 @pytest.mark.parametrize("method, cap", [("fedcdr", None), ("scaffold", None), ("fedcdr", 1)])
-def test_stateful_replicas_share_executor_calls_and_write_the_folders_of_their_runs_alone(tmp_path, monkeypatch, method, cap):
+def test_stateful_replicas_share_executor_calls_and_write_the_folders_of_their_runs_alone(
+    tmp_path, monkeypatch, method, cap
+):
     """Methods with their own client halves and client state batch too: every replica's client half runs at once and
     their executor calls are gathered. FedCDR's α grid and seeds share one loop (an MLP computes each row on its own,
     so members of unequal step counts need not step in pairs); η = 100 is another prox μ, so its work runs apart. With a
-    cap below one call's models (replicas.SHARED_ELEMENTS: large models run faster apart) nothing is shared; same bytes."""
+    cap below one call's models (replicas.SHARED_ELEMENTS: large models run faster apart) nothing is shared; same
+    bytes."""
     if cap is not None:
         import fedshuffle.replicas as replicas
 
@@ -226,8 +278,11 @@ def test_stateful_replicas_share_executor_calls_and_write_the_folders_of_their_r
     base = load_experiment(path).runs()[0][1]
     runs = []
     for k, (settings, seed) in enumerate(STATEFUL):
-        spec = base.model_copy(update={"method": base.method.model_copy(update=settings)}) if method == "fedcdr" else base.model_copy(
-            update={"local": base.local.model_copy(update={"lr": 0.01 * (1 + k)})})
+        spec = (
+            base.model_copy(update={"method": base.method.model_copy(update=settings)})
+            if method == "fedcdr"
+            else base.model_copy(update={"local": base.local.model_copy(update={"lr": 0.01 * (1 + k)})})
+        )
         runs.append((spec, seed, tmp_path / "together" / str(k)))
     assert len({replica_key(spec) for spec, _, _ in runs}) == 1
     outcomes, group = run_as_replicas(runs)
@@ -255,13 +310,25 @@ def test_gathering_stacks_only_works_whose_chains_agree():
 
     prox = standard_chain(prox_mu=0.1)
     assert key(prox) == key(standard_chain(prox_mu=0.1)) is not None
-    assert len({key(standard_chain()), key(prox), key(standard_chain(prox_mu=0.01)), key(prox, center=start), key(standard_chain(offset=True), offset=start)}) == 5
+    assert (
+        len(
+            {
+                key(standard_chain()),
+                key(prox),
+                key(standard_chain(prox_mu=0.01)),
+                key(prox, center=start),
+                key(standard_chain(offset=True), offset=start),
+            }
+        )
+        == 5
+    )
     assert key(standard_chain(drift=Drift(0.5, torch.zeros(3), False))) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_an_mlps_gradient_rows_do_not_depend_on_the_rows_stacked_with_them(dtype):
-    """MLP.independent_rows: a client's minibatch gradient is the same bits alone, beside one other client or beside 79."""
+    """MLP.independent_rows: a client's minibatch gradient is the same bits alone, beside one other client or beside
+    79."""
     from fedshuffle.problems.networks import MLP
 
     problem = MLP(60, [32], 10)
@@ -274,8 +341,12 @@ def test_an_mlps_gradient_rows_do_not_depend_on_the_rows_stacked_with_them(dtype
     alone = problem.local_gradient(params[:1], features[:1], labels[:1], weights[:1])[0]
     for k in (2, 3, 25, 80):
         assert torch.equal(problem.local_gradient(params[:k], features[:k], labels[:k], weights[:k])[0], alone)
-    last = problem.local_gradient(torch.cat([params[5:30], params[:1]]), torch.cat([features[5:30], features[:1]]), torch.cat([labels[5:30], labels[:1]]),
-                                  torch.cat([weights[5:30], weights[:1]]))[-1]
+    last = problem.local_gradient(
+        torch.cat([params[5:30], params[:1]]),
+        torch.cat([features[5:30], features[:1]]),
+        torch.cat([labels[5:30], labels[:1]]),
+        torch.cat([weights[5:30], weights[:1]]),
+    )[-1]
     assert torch.equal(last, alone)
 
 
@@ -308,24 +379,59 @@ def test_a_failing_step_fails_every_waiting_replica(monkeypatch):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sweep_runs_a_grid_and_its_seeds_as_one_simulation_with_each_runs_folder(tmp_path, workers):
-    """``fedshuffle sweep`` groups the grid × seeds (and says so), SCAFFOLD's runs in a group of their own; every folder is
+    """``fedshuffle sweep`` groups the grid × seeds (and says so), SCAFFOLD's runs in a group of their own; every folder
+    is
     the one the same point and seed writes alone."""
     from typer.testing import CliRunner
 
     from fedshuffle.cli import app
 
     config = tmp_path / "grid.toml"
-    config.write_text(CONFIG.format(method="fedshuffle", lr=0.05, rounds=4, executor="vectorized", features=6, partition="dirichlet") + '\n[[variants]]\nlabel = "FedShuffle"\n[[variants]]\nlabel = "SCAFFOLD"\nmethod = { name = "scaffold" }\n')
+    config.write_text(
+        CONFIG.format(method="fedshuffle", lr=0.05, rounds=4, executor="vectorized", features=6, partition="dirichlet")
+        + '\n[[variants]]\nlabel = "FedShuffle"\n[[variants]]\nlabel = "SCAFFOLD"\nmethod = { name = "scaffold" }\n'
+    )
     out = tmp_path / "sweep"
-    result = CliRunner().invoke(app, ["sweep", str(config), "--grid", "local.lr=0.02,0.1", "--seeds", "0,1", "--out", str(out), "--workers", str(workers)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            str(config),
+            "--grid",
+            "local.lr=0.02,0.1",
+            "--seeds",
+            "0,1",
+            "--out",
+            str(out),
+            "--workers",
+            str(workers),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "8 runs as 2 batched simulations of 4 replicas" in " ".join(result.stderr.split())
     for lr in ("0.02", "0.1"):
         single = tmp_path / "single" / lr  # a sweep of one point and one seed: each variant's run alone
-        run = CliRunner().invoke(app, ["sweep", str(config), "--grid", f"local.lr={lr}", "--seeds", "1", "--out", str(single), "--quiet", "--workers", "1"])
+        run = CliRunner().invoke(
+            app,
+            [
+                "sweep",
+                str(config),
+                "--grid",
+                f"local.lr={lr}",
+                "--seeds",
+                "1",
+                "--out",
+                str(single),
+                "--quiet",
+                "--workers",
+                "1",
+            ],
+        )
         assert run.exit_code == 0 and "batched" not in run.stderr, run.output
         for label in ("fedshuffle", "scaffold"):
-            assert folder_bytes(out / f"local.lr-{lr}" / label / "seed-1") == folder_bytes(single / f"local.lr-{lr}" / label / "seed-1")
+            assert folder_bytes(out / f"local.lr-{lr}" / label / "seed-1") == folder_bytes(
+                single / f"local.lr-{lr}" / label / "seed-1"
+            )
 
 
 def test_the_switch_runs_every_job_on_its_own(tmp_path, monkeypatch):
@@ -343,22 +449,42 @@ def test_sweep_benchmark_smoke_case():
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'src'}"}
-    out = subprocess.run([sys.executable, "-m", "benchmarks.sweep", "--smoke"], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sweep", "--smoke"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     cases = json.loads(out.stdout.strip().splitlines()[-1])["cases"]
-    assert cases["smoke: 4 runs, batched"]["note"].startswith("4 runs as ")  # one simulation per worker: 1 of 4 replicas, or 2 of 2
+    assert cases["smoke: 4 runs, batched"]["note"].startswith(
+        "4 runs as "
+    )  # one simulation per worker: 1 of 4 replicas, or 2 of 2
     assert cases["smoke: 4 runs, separate"]["note"] is None
-    assert cases["smoke: 4 runs, batched"]["runs"] == cases["smoke: 4 runs, separate"]["runs"] == 4 and cases["smoke: one run"]["runs"] == 1
+    assert (
+        cases["smoke: 4 runs, batched"]["runs"] == cases["smoke: 4 runs, separate"]["runs"] == 4
+        and cases["smoke: one run"]["runs"] == 1
+    )
 
 
 def _specs(executor: str, seeds: list[int], data_seed: int | None = 0, **local) -> list:
     from fedshuffle.experiments.schema import RunSpec
 
-    data = {"source": "synthetic", "samples": 40, "features": 3, "classes": 2, "clients": 4, "partition": "iid",
-            "seed": data_seed}
+    data = {
+        "source": "synthetic",
+        "samples": 40,
+        "features": 3,
+        "classes": 2,
+        "clients": 4,
+        "partition": "iid",
+        "seed": data_seed,
+    }
     base = {"problem": {"name": "logistic", "l2": 0.1}, "data": data, "sampler": {"name": "uniform", "cohort": 2}}
-    runs = [({"lr": lr, **local}, {"executor": executor, "rounds": 2, "seed": seed})
-            for lr in (0.1, 0.2) for seed in seeds]
+    runs = [
+        ({"lr": lr, **local}, {"executor": executor, "rounds": 2, "seed": seed}) for lr in (0.1, 0.2) for seed in seeds
+    ]
     return [RunSpec.model_validate({**base, "local": step, "run": run}) for step, run in runs]
 
 

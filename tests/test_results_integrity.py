@@ -29,6 +29,7 @@ from fedshuffle.experiments.plots import _aligned, comparison_figure
 from fedshuffle.experiments.results import read_metrics
 from conftest import toy_config
 
+
 def toy(tmp_path, name="toy.toml", method="fedavg", extra=""):
     return toy_config(tmp_path, method=method, rounds=20, seeds=(0, 1), eval_every=5, name=name, extra=extra)
 
@@ -68,7 +69,11 @@ def test_resume_refuses_other_settings_and_names_them(tmp_path):
     assert json.loads((out / "seed-1" / "summary.json").read_text())["status"] == "complete"
     # another experiment resumed into the folder: refused, its summary kept
     summary = (out / "summary.json").read_bytes()
-    other = toy(tmp_path, "other.toml", extra='\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\nmethod = { name = "fednova" }\n')
+    other = toy(
+        tmp_path,
+        "other.toml",
+        extra='\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\nmethod = { name = "fednova" }\n',
+    )
     result = cli("run", other, "--resume", out, "--quiet")
     clean(result, 2)
     assert "variants only in the config: 'A', 'B'" in result.stderr
@@ -81,7 +86,12 @@ def test_resume_refuses_other_settings_and_names_them(tmp_path):
 
 def test_data_file_content_is_part_of_the_config(tmp_path):
     np.save(tmp_path / "t.npy", np.eye(6))
-    cfg = toy(tmp_path).read_text().replace("client_sizes = [1, 2, 3]", 'client_sizes = [1, 2, 3]\npath = "t.npy"').replace("seeds = [0, 1]", "seeds = [0]")
+    cfg = (
+        toy(tmp_path)
+        .read_text()
+        .replace("client_sizes = [1, 2, 3]", 'client_sizes = [1, 2, 3]\npath = "t.npy"')
+        .replace("seeds = [0, 1]", "seeds = [0]")
+    )
     (tmp_path / "t.toml").write_text(cfg)
     out = tmp_path / "out"
     clean(cli("run", tmp_path / "t.toml", "--out", out, "--quiet", "--set", "run.rounds=5"), 0)
@@ -94,7 +104,9 @@ def test_data_file_content_is_part_of_the_config(tmp_path):
 def test_more_rounds_need_extend_to_and_then_equal_the_longer_run_byte_for_byte(tmp_path):
     cfg = toy(tmp_path, method="fedshuffle_mvr")  # server momentum and MVR state cross the extension
     short, full = tmp_path / "short", tmp_path / "full"
-    clean(cli("run", cfg, "--out", short, "--seeds", "3", "--set", "run.rounds=17", "--quiet"), 0)  # 17: ends off the evaluation grid
+    clean(
+        cli("run", cfg, "--out", short, "--seeds", "3", "--set", "run.rounds=17", "--quiet"), 0
+    )  # 17: ends off the evaluation grid
     clean(cli("run", cfg, "--out", full, "--seeds", "3", "--set", "run.rounds=40", "--quiet"), 0)
     result = cli("run", cfg, "--resume", short, "--seeds", "3", "--set", "run.rounds=40", "--quiet")
     clean(result, 2)
@@ -115,8 +127,12 @@ def test_variant_folders_are_collision_free_and_inside_out(tmp_path):
     def variants(*labels):
         return "".join(f'\n[[variants]]\nlabel = "{label}"\n' for label in labels)
 
-    for labels, message in ((("Fed Avg", "fed-avg"), "would share the results folder 'fed-avg'"), (("A", "A"), "'A' is given twice"),
-                            (("summary.json",), "results files use"), (("",), "needs a label")):
+    for labels, message in (
+        (("Fed Avg", "fed-avg"), "would share the results folder 'fed-avg'"),
+        (("A", "A"), "'A' is given twice"),
+        (("summary.json",), "results files use"),
+        (("",), "needs a label"),
+    ):
         result = cli("run", toy(tmp_path, extra=variants(*labels)), "--out", tmp_path / "o", "--quiet")
         clean(result, 2)
         assert message in result.stderr and not (tmp_path / "o").exists()
@@ -138,8 +154,11 @@ def test_seeds_are_chosen_on_the_command_line_and_never_counted_twice(tmp_path):
     # --set run.seed=S is not ignored where the config lists seeds: it runs seed S alone
     clean(cli("run", cfg, "--out", tmp_path / "b", "--set", "run.seed=5", "--set", "run.rounds=5", "--quiet"), 0)
     assert [p.name for p in (tmp_path / "b").glob("seed-*")] == ["seed-5"]
-    for args, message in ((["--seeds", "1,1"], "seed 1 is listed twice"), (["--seeds", "0..99999999999"], "at most 10000"),
-                          (["--seeds", "0", "--set", "run.seed=1"], "not both")):
+    for args, message in (
+        (["--seeds", "1,1"], "seed 1 is listed twice"),
+        (["--seeds", "0..99999999999"], "at most 10000"),
+        (["--seeds", "0", "--set", "run.seed=1"], "not both"),
+    ):
         result = cli("run", cfg, "--out", tmp_path / "c", *args, "--quiet")
         clean(result, 2)
         assert message in result.stderr and not (tmp_path / "c").exists()
@@ -157,9 +176,14 @@ def test_out_on_an_existing_folder_says_what_it_does(tmp_path):
     stamp = (out / "seed-0" / "metrics.csv").stat().st_mtime_ns
     again = cli("run", cfg, "--out", out, "--seeds", "0", "--set", "run.rounds=5", "--quiet")
     clean(again, 0)
-    assert f"{out} already holds results of 'toy'; writing to {out}-2 (to continue the runs in {out}: --resume {out})" in " ".join(again.stderr.split())
+    assert (
+        f"{out} already holds results of 'toy'; writing to {out}-2 (to continue the runs in {out}: --resume {out})"
+        in " ".join(again.stderr.split())
+    )
     assert f"results: {out}-2/" in again.stdout
-    assert (out / "seed-0" / "metrics.csv").stat().st_mtime_ns == stamp and (tmp_path / "out-2" / "seed-0" / "summary.json").exists()
+    assert (out / "seed-0" / "metrics.csv").stat().st_mtime_ns == stamp and (
+        tmp_path / "out-2" / "seed-0" / "summary.json"
+    ).exists()
     (tmp_path / "file").write_text("x")
     result = cli("run", cfg, "--out", tmp_path / "file", "--quiet")
     clean(result, 4)
@@ -184,7 +208,11 @@ def test_one_writer_per_folder(tmp_path):
 def test_leftover_temporary_files_are_removed(tmp_path):
     cfg, out = toy(tmp_path), tmp_path / "out"
     clean(cli("run", cfg, "--out", out, "--seeds", "0", "--set", "run.rounds=5", "--quiet"), 0)
-    leftovers = [out / ".summary.json.abc123.tmp", out / "seed-0" / ".checkpoint.pt.x1y2.tmp", out / "seed-0" / ".write-test"]
+    leftovers = [
+        out / ".summary.json.abc123.tmp",
+        out / "seed-0" / ".checkpoint.pt.x1y2.tmp",
+        out / "seed-0" / ".write-test",
+    ]
     for path in leftovers:
         path.write_text("partial")
     (out / "seed-0" / "summary.json").unlink()
@@ -197,7 +225,9 @@ def _mapped_state(monkeypatch):
     real = runner_mod.build_simulation
 
     def build(spec, seed, state_dir=None):
-        return real(spec.model_copy(update={"run": spec.run.model_copy(update={"state_memory_mb": 0})}), seed, state_dir)
+        return real(
+            spec.model_copy(update={"run": spec.run.model_copy(update={"state_memory_mb": 0})}), seed, state_dir
+        )
 
     monkeypatch.setattr(runner_mod, "build_simulation", build)
 
@@ -236,7 +266,9 @@ def test_damaged_run_files_are_one_line_errors_or_written_again(tmp_path):
     params = bytearray((run / "final_params.npy").read_bytes())
     params[-1] ^= 1  # one bit of the model
     (run / "final_params.npy").write_bytes(bytes(params))
-    (run / "summary.json").write_text((run / "summary.json").read_text().replace('"status": "complete"', '"status": "diverged"'))
+    (run / "summary.json").write_text(
+        (run / "summary.json").read_text().replace('"status": "complete"', '"status": "diverged"')
+    )
     result = cli("table", out)
     clean(result, 2)
     assert "changed after the run finished" in result.stderr
@@ -259,7 +291,9 @@ def test_damaged_run_files_are_one_line_errors_or_written_again(tmp_path):
     result = cli("run", cfg, "--resume", out, *args)
     clean(result, 2)
     assert "config.json: unreadable run config" in result.stderr
-    (run / "summary.json").write_text(json.dumps({"status": "complete", "final": {}, "label": "", "point": {}, "seed": 0}))
+    (run / "summary.json").write_text(
+        json.dumps({"status": "complete", "final": {}, "label": "", "point": {}, "seed": 0})
+    )
     (run / "metrics.csv").write_text("round,loss\n0,abc\n")
     for command in (["table", out, "--stat", "best"], ["plot", out]):
         result = cli(*command)  # a summary without its seal is refused ...
@@ -277,13 +311,30 @@ def test_plot_and_table_keep_folders_apart_and_count_each_seed_once(tmp_path):
     cfg = toy(tmp_path, extra='\n[[variants]]\nlabel = "FedAvg"\n')
     a, b = tmp_path / "a", tmp_path / "b"
     clean(cli("run", cfg, "--out", a, "--set", "run.rounds=10", "--quiet"), 0)
-    clean(cli("run", cfg, "--out", b, "--set", "run.rounds=10", "--set", "local.lr=0.002", "--set", "run.eval_every=2", "--quiet"), 0)
+    clean(
+        cli(
+            "run",
+            cfg,
+            "--out",
+            b,
+            "--set",
+            "run.rounds=10",
+            "--set",
+            "local.lr=0.002",
+            "--set",
+            "run.eval_every=2",
+            "--quiet",
+        ),
+        0,
+    )
     table = cli("table", a, b, "--metric", "loss")
     clean(table, 0)
     rows = {line.split("|")[1].strip(): line for line in table.stdout.splitlines() if line.startswith("| FedAvg")}
     assert set(rows) == {"FedAvg (a)", "FedAvg (b)"}
     for folder in (a, b):
-        finals = [json.loads((folder / "fedavg" / f"seed-{s}" / "summary.json").read_text())["final"]["loss"] for s in (0, 1)]
+        finals = [
+            json.loads((folder / "fedavg" / f"seed-{s}" / "summary.json").read_text())["final"]["loss"] for s in (0, 1)
+        ]
         assert f"{np.mean(finals):.4g} ± {np.std(finals):.2g} | 2 |" in rows[f"FedAvg ({folder.name})"]
     twice = cli("table", a, a / "fedavg", "--metric", "loss")  # the same runs reached twice are counted once
     clean(twice, 0)
@@ -315,21 +366,41 @@ def test_a_default_plot_metric_no_run_recorded_gives_way_to_what_they_did(tmp_pa
     from fedshuffle.experiments.results import write_metrics
 
     table = tmp_path / "metrics.csv"
-    write_metrics(table, [{"round": r, "loss": 2.0 - r / 10, "test_accuracy": 0.1 * r} for r in range(4)])  # no f_gap: no known optimum
+    write_metrics(
+        table, [{"round": r, "loss": 2.0 - r / 10, "test_accuracy": 0.1 * r} for r in range(4)]
+    )  # no f_gap: no known optimum
     for metric, panels in (("f_gap", ["loss"]), (["f_gap", "test_accuracy"], ["test_accuracy"])):
         fig = comparison_figure({"A": [table]}, metric=metric, recorded_only=True)
         axes = [ax for ax in fig.axes if ax.get_ylabel()]
         assert len(axes) == len(panels) and all(ax.lines for ax in axes)
-    assert not comparison_figure({"A": [table]}, metric="f_gap").axes[0].lines  # asked for by name: drawn as asked (empty)
+    assert (
+        not comparison_figure({"A": [table]}, metric="f_gap").axes[0].lines
+    )  # asked for by name: drawn as asked (empty)
 
 
 def test_metric_names_are_checked_before_any_work(tmp_path):
     cfg = toy(tmp_path)
-    result = cli("sweep", cfg, "--grid", "local.lr=0.1,0.2", "--pick", "f_gapp", "--out", tmp_path / "s", "--workers", "1", "--quiet")
+    result = cli(
+        "sweep",
+        cfg,
+        "--grid",
+        "local.lr=0.1,0.2",
+        "--pick",
+        "f_gapp",
+        "--out",
+        tmp_path / "s",
+        "--workers",
+        "1",
+        "--quiet",
+    )
     clean(result, 2)
     assert "--pick: unknown metric 'f_gapp'" in result.stderr and not (tmp_path / "s").exists()
     clean(cli("run", cfg, "--out", tmp_path / "r", "--seeds", "0", "--set", "run.rounds=5", "--quiet"), 0)
-    for command in (["plot", tmp_path / "r", "--metric", "bogus"], ["table", tmp_path / "r", "--metric", "bogus"], ["plot", tmp_path / "r", "--x", "time"]):
+    for command in (
+        ["plot", tmp_path / "r", "--metric", "bogus"],
+        ["table", tmp_path / "r", "--metric", "bogus"],
+        ["plot", tmp_path / "r", "--x", "time"],
+    ):
         result = cli(*command)
         clean(result, 2)
         assert "accepted:" in result.stderr
@@ -341,12 +412,15 @@ def test_metric_names_are_checked_before_any_work(tmp_path):
 # -- exit statuses ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("setting, field", [
-    ("local.step_normalization=[1.0]", "local.step_normalization"),
-    ("aggregation.weighting=[1.0, 2.0]", "aggregation.weighting"),
-    ("aggregation.weighting=[0.0, 0.0, 0.0]", "aggregation.weighting"),
-    ("plot.metric=[]", "plot.metric"),
-])
+@pytest.mark.parametrize(
+    "setting, field",
+    [
+        ("local.step_normalization=[1.0]", "local.step_normalization"),
+        ("aggregation.weighting=[1.0, 2.0]", "aggregation.weighting"),
+        ("aggregation.weighting=[0.0, 0.0, 0.0]", "aggregation.weighting"),
+        ("plot.metric=[]", "plot.metric"),
+    ],
+)
 def test_bad_input_found_while_building_exits_2_before_any_folder(tmp_path, setting, field):
     result = cli("run", toy(tmp_path), "--out", tmp_path / "out", "--set", setting, "--quiet")
     clean(result, 2)
@@ -380,7 +454,10 @@ def test_unwritable_folders_exit_4_at_start_mid_run_and_for_summary_and_plot(tmp
     monkeypatch.setattr(plots_mod, "write_atomic", full_disk)
     result = cli("run", cfg, "--out", tmp_path / "plot", "--quiet")
     clean(result, 4)
-    assert "No space left on device" in result.stderr and json.loads((tmp_path / "plot" / "summary.json").read_text())["variants"]
+    assert (
+        "No space left on device" in result.stderr
+        and json.loads((tmp_path / "plot" / "summary.json").read_text())["variants"]
+    )
     result = cli("plot", tmp_path / "plot", "--metric", "loss")
     clean(result, 4)
     assert "cannot write the figure" in result.stderr
@@ -399,15 +476,36 @@ def test_plot_leaves_the_runs_figure_alone_and_keeps_its_title(tmp_path, monkeyp
     assert (out / "plot.png").read_bytes() == figure and (out / "plot-loss-by-round.png").stat().st_size > 1000
     assert f"{out / 'plot-loss-by-round.png'}" in " ".join(result.stdout.split())
     clean(cli("plot", out, "--metric", "loss", "--x", "epochs", "--title", "mine", "--out", tmp_path / "fig"), 0)
-    assert titles == ["toy", "mine"] and (tmp_path / "fig.png").exists()  # the experiment's name (it has no title), then the one asked for
+    assert (
+        titles == ["toy", "mine"] and (tmp_path / "fig.png").exists()
+    )  # the experiment's name (it has no title), then the one asked for
 
 
 def test_a_sweep_with_diverged_runs_exits_3(tmp_path):
-    result = cli("sweep", toy(tmp_path), "--grid", "local.lr=0.004,50", "--seeds", "0", "--set", "run.rounds=20", "--set", "run.dtype='float32'",
-                 "--out", tmp_path / "s", "--workers", "1", "--pick", "f_gap", "--quiet")
+    result = cli(
+        "sweep",
+        toy(tmp_path),
+        "--grid",
+        "local.lr=0.004,50",
+        "--seeds",
+        "0",
+        "--set",
+        "run.rounds=20",
+        "--set",
+        "run.dtype='float32'",
+        "--out",
+        tmp_path / "s",
+        "--workers",
+        "1",
+        "--pick",
+        "f_gap",
+        "--quiet",
+    )
     clean(result, 3)
     record = json.loads((tmp_path / "s" / "sweep.json").read_text())
-    assert record["status"] == {"complete": 1, "diverged": 1} and record["best"]["run"]["point"] == {"local": {"lr": 0.004}}
+    assert record["status"] == {"complete": 1, "diverged": 1} and record["best"]["run"]["point"] == {
+        "local": {"lr": 0.004}
+    }
 
 
 def test_a_sweep_started_again_keeps_its_runs_and_refuses_another_config(tmp_path):
@@ -431,7 +529,10 @@ def _fedshuffle(*args):
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": str(Path(runner_mod.__file__).parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(Path(runner_mod.__file__).parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
 
 
 SLOW = """
@@ -455,7 +556,14 @@ def test_ctrl_c_exits_130_with_a_resume_hint_and_resumes_exactly(tmp_path):
     cfg = tmp_path / "slow.toml"
     cfg.write_text(SLOW)
     out = tmp_path / "cut"
-    proc = subprocess.Popen(_fedshuffle("run", cfg, "--out", out, "--quiet"), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        _fedshuffle("run", cfg, "--out", out, "--quiet"),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (out / "seed-0" / "checkpoint.pt").exists():
@@ -483,7 +591,14 @@ def test_a_disk_filling_up_mid_run_exits_4_and_keeps_what_was_written(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 10, 8 << 10))
 
     out = tmp_path / "full-disk"
-    proc = subprocess.run(_fedshuffle("run", cfg, "--out", out, *args), env=_env(), capture_output=True, text=True, preexec_fn=limit_file_size, timeout=300)
+    proc = subprocess.run(
+        _fedshuffle("run", cfg, "--out", out, *args),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_file_size,
+        timeout=300,
+    )
     assert proc.returncode == 4, proc.stderr
     assert "File too large" in proc.stderr and f"--resume {out}" in proc.stderr and "Traceback" not in proc.stderr
     written = read_metrics(out / "seed-0" / "metrics.csv")["round"]
@@ -507,7 +622,9 @@ def test_a_run_killed_between_checkpoints_resumes_to_the_same_numbers_and_bytes(
     from fedshuffle.core.checkpoint import load_checkpoint
 
     spec = load_experiment(toy(tmp_path)).runs()[0][1]
-    spec = spec.model_copy(update={"run": spec.run.model_copy(update={"rounds": 30, "eval_every": 1, "checkpoint_every": 10})})
+    spec = spec.model_copy(
+        update={"run": spec.run.model_copy(update={"rounds": 30, "eval_every": 1, "checkpoint_every": 10})}
+    )
     runner_mod.run_single(spec, tmp_path / "full", seed=0)
     rounds = {"n": 0}
 
@@ -520,7 +637,9 @@ def test_a_run_killed_between_checkpoints_resumes_to_the_same_numbers_and_bytes(
     with pytest.raises(_Killed):
         runner_mod.run_single(spec, cut, seed=0, on_round=kill_at_15)
     assert read_metrics(cut / "metrics.csv")["round"][-1] == 15  # appended past the checkpoint...
-    assert [row["round"] for row in load_checkpoint(cut / "checkpoint.pt")["rows"]][-1] == 10  # ...which holds rounds 0-10
+    assert [row["round"] for row in load_checkpoint(cut / "checkpoint.pt")["rows"]][
+        -1
+    ] == 10  # ...which holds rounds 0-10
     runner_mod.run_single(spec, cut, seed=0, resume=True)
     same_files(cut, tmp_path / "full", names=("metrics.csv", "metrics.parquet", "final_params.npy"))
     assert read_metrics(cut / "timing.csv")["round"].tolist() == list(range(31))
@@ -538,7 +657,13 @@ def test_checkpoints_fall_by_rounds_or_by_seconds_and_always_at_the_end(monkeypa
         if by_time.due(r, evaluated=r % 5 == 0):
             by_time.saved()
             due.append(r)
-    assert due == [5, 35, 65, 95, 100]  # the first evaluation, then one per 30 s, at evaluations only, and the last round
+    assert due == [
+        5,
+        35,
+        65,
+        95,
+        100,
+    ]  # the first evaluation, then one per 30 s, at evaluations only, and the last round
     every = loop_mod.CheckpointCadence(rounds=0, seconds=0.0, total=10)
     assert [r for r in range(1, 11) if every.due(r, evaluated=r % 2 == 0)] == [2, 4, 6, 8, 10]
 

@@ -83,7 +83,11 @@ def hostile_checkpoints(marker):
     torch.save({"run": {}, "state": Payload(marker)}, zipped)
     old = io.BytesIO()
     torch.save(Payload(marker), old)
-    return {"raw pickle": with_header(pickle.dumps(Payload(marker))), "torch zip": with_header(zipped.getvalue()), "first format": with_header(old.getvalue(), OLD_MAGIC)}
+    return {
+        "raw pickle": with_header(pickle.dumps(Payload(marker))),
+        "torch zip": with_header(zipped.getvalue()),
+        "first format": with_header(old.getvalue(), OLD_MAGIC),
+    }
 
 
 @pytest.fixture
@@ -100,15 +104,25 @@ def finished(tmp_path):
 
 def test_a_checkpoint_round_trips_numpy_arrays_and_scalars_without_pickled_objects(tmp_path):
     state = {
-        "params": torch.arange(5, dtype=torch.float64), "created": np.array([True, False, True]), "hashes": {"c": np.array([2**64 - 1, 3], dtype=np.uint64)},
-        "rows": [{"round": 3, "loss": 0.25, "x": None}], "grid": np.arange(6, dtype=np.float32).reshape(2, 3), "empty": np.zeros((0, 4)),
-        "scalar": np.float64(1.5), "count": np.int64(7), "pair": (1, "a"),
+        "params": torch.arange(5, dtype=torch.float64),
+        "created": np.array([True, False, True]),
+        "hashes": {"c": np.array([2**64 - 1, 3], dtype=np.uint64)},
+        "rows": [{"round": 3, "loss": 0.25, "x": None}],
+        "grid": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "empty": np.zeros((0, 4)),
+        "scalar": np.float64(1.5),
+        "count": np.int64(7),
+        "pair": (1, "a"),
     }
     save_checkpoint(tmp_path / "c.pt", state, {"config_hash": "abc", "label": "A", "seed": 1, "round": 3})
     back = load_checkpoint(tmp_path / "c.pt", {"config_hash": "abc", "label": "A", "seed": 1})
     assert torch.equal(back["params"], state["params"])
     for key in ("created", "grid", "empty"):
-        assert back[key].dtype == state[key].dtype and back[key].shape == state[key].shape and np.array_equal(back[key], state[key])
+        assert (
+            back[key].dtype == state[key].dtype
+            and back[key].shape == state[key].shape
+            and np.array_equal(back[key], state[key])
+        )
     assert back["hashes"]["c"].dtype == np.uint64 and back["hashes"]["c"][0] == 2**64 - 1
     assert back["rows"] == state["rows"] and back["pair"] == (1, "a")
     assert type(back["scalar"]) is float and back["scalar"] == 1.5 and type(back["count"]) is int and back["count"] == 7
@@ -142,15 +156,28 @@ def test_every_methods_simulation_state_survives_the_checkpoint(optimizer, tmp_p
 
     for method in sorted(METHODS):
         cyclic = method in ("rr_cli", "fedcdr")
-        raw = {"method": {"name": method}, "local": {"lr": 0.01}, "server": {"optimizer": optimizer}, "problem": {"name": "quadratic"},
-               "data": {"client_sizes": [1, 2, 3]}, "sampler": {"name": "cyclic", "cohort": 1} if cyclic else {"name": "uniform", "cohort": 2}, "run": {"rounds": 3}}
+        raw = {
+            "method": {"name": method},
+            "local": {"lr": 0.01},
+            "server": {"optimizer": optimizer},
+            "problem": {"name": "quadratic"},
+            "data": {"client_sizes": [1, 2, 3]},
+            "sampler": {"name": "cyclic", "cohort": 1} if cyclic else {"name": "uniform", "cohort": 2},
+            "run": {"rounds": 3},
+        }
         for mapped in (False, True):
             spec = validate(RunSpec, raw)
             sim, _ = build_simulation(spec, 0, str(tmp_path / f"{method}-{mapped}"))
             if mapped and sim.store is None:
                 continue
             if mapped:  # the same store in files: rebuilt with no memory for it
-                sim.store = type(sim.store)(sim.store.num_clients, sim.store.fields, sim.store.dtype, memory_limit=0, directory=tmp_path / f"{method}-mapped")
+                sim.store = type(sim.store)(
+                    sim.store.num_clients,
+                    sim.store.fields,
+                    sim.store.dtype,
+                    memory_limit=0,
+                    directory=tmp_path / f"{method}-mapped",
+                )
             for _ in range(2):
                 sim.step()
             state = {"simulation": sim.state_dict(), "rows": [{"round": 2, "loss": 0.5}]}
@@ -171,7 +198,9 @@ def test_a_malicious_checkpoint_runs_no_code_when_resumed(kind, finished, tmp_pa
     assert not marker.exists()
     stderr = one_line(cli("run", cfg, "--resume", out, "--quiet"), 3)
     assert not marker.exists(), "the checkpoint ran code"
-    assert "seed-0/checkpoint.pt: " in stderr and ("objects other than tensors" in stderr or "earlier fedshuffle" in stderr)
+    assert "seed-0/checkpoint.pt: " in stderr and (
+        "objects other than tensors" in stderr or "earlier fedshuffle" in stderr
+    )
 
 
 def test_a_malicious_checkpoint_runs_no_code_when_a_sweep_is_started_again(tmp_path):
@@ -206,7 +235,11 @@ def test_a_malicious_client_state_journal_runs_no_code(tmp_path):
     store.set("control", np.array([1, 2]), torch.ones(2, 3, dtype=torch.float64))
     state = store.state_dict()  # writes the journal, as before checkpoint.pt
     buf = io.BytesIO()
-    np.savez(buf, __tag__=np.array(state["tag"]), **{"control.clients": np.array([Payload(marker)], dtype=object), "control.rows": np.zeros((1, 3))})
+    np.savez(
+        buf,
+        __tag__=np.array(state["tag"]),
+        **{"control.clients": np.array([Payload(marker)], dtype=object), "control.rows": np.zeros((1, 3))},
+    )
     write_atomic(tmp_path / "state" / "journal.npz", buf.getvalue())
     resumed = ClientStateStore(4, {"control": 3}, memory_limit=0, directory=tmp_path / "state")
     with pytest.raises(ConfigError, match="journal.npz: damaged client-state journal"):
@@ -218,8 +251,14 @@ def test_a_malicious_client_state_journal_runs_no_code(tmp_path):
 
 
 def test_a_checkpoint_copied_from_another_seed_or_variant_is_refused(tmp_path):
-    cfg = toy_config(tmp_path, method="fedavg", rounds=20, seeds=(0, 1), eval_every=5,
-                     extra='\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\nlocal = { lr = 0.002 }\n')
+    cfg = toy_config(
+        tmp_path,
+        method="fedavg",
+        rounds=20,
+        seeds=(0, 1),
+        eval_every=5,
+        extra='\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\nlocal = { lr = 0.002 }\n',
+    )
     out = tmp_path / "out"
     assert cli("run", cfg, "--out", out, "--quiet").exit_code == 0
     before = (out / "a" / "seed-0" / "metrics.csv").read_bytes()
@@ -228,7 +267,9 @@ def test_a_checkpoint_copied_from_another_seed_or_variant_is_refused(tmp_path):
         shutil.copy(source / "checkpoint.pt", out / "a" / "seed-0" / "checkpoint.pt")
         stderr = one_line(cli("run", cfg, "--resume", out, "--quiet"), 3)
         assert "a/seed-0/checkpoint.pt: belongs to another run" in stderr and "TypeError" not in stderr
-        assert ("seed: 1 there, 0 here" in stderr) == (source.name == "seed-1") and ("label: 'B' there, 'A' here" in stderr) == (source.parent.name == "b")
+        assert ("seed: 1 there, 0 here" in stderr) == (source.name == "seed-1") and (
+            "label: 'B' there, 'A' here" in stderr
+        ) == (source.parent.name == "b")
         assert (out / "a" / "seed-0" / "metrics.csv").read_bytes() == before  # the folder still holds its own run
 
 
@@ -251,7 +292,14 @@ def test_links_in_a_results_folder_are_refused_and_their_targets_untouched(finis
 
 
 def test_a_linked_run_or_variant_folder_is_refused(tmp_path):
-    cfg = toy_config(tmp_path, method="fedavg", rounds=10, seeds=(0,), eval_every=5, extra='\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\n')
+    cfg = toy_config(
+        tmp_path,
+        method="fedavg",
+        rounds=10,
+        seeds=(0,),
+        eval_every=5,
+        extra='\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\n',
+    )
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     assert cli("run", cfg, "--out", out, "--quiet").exit_code == 0
     for linked in (out / "a", out / "b" / "seed-0"):
@@ -270,9 +318,16 @@ def test_a_linked_run_or_variant_folder_is_refused(tmp_path):
 def test_a_linked_client_state_file_is_refused(tmp_path, monkeypatch):
     import fedshuffle.experiments.runner as runner_mod
 
-    real = runner_mod.build_simulation  # client state in memory-mapped files whatever its size (the schema's minimum is 1 MiB)
-    monkeypatch.setattr(runner_mod, "build_simulation", lambda spec, seed, state_dir=None: real(
-        spec.model_copy(update={"run": spec.run.model_copy(update={"state_memory_mb": 0})}), seed, state_dir))
+    real = (
+        runner_mod.build_simulation
+    )  # client state in memory-mapped files whatever its size (the schema's minimum is 1 MiB)
+    monkeypatch.setattr(
+        runner_mod,
+        "build_simulation",
+        lambda spec, seed, state_dir=None: real(
+            spec.model_copy(update={"run": spec.run.model_copy(update={"state_memory_mb": 0})}), seed, state_dir
+        ),
+    )
     cfg = toy_config(tmp_path, method="scaffold", rounds=6, seeds=(0,), eval_every=2)
     out = tmp_path / "out"
     assert cli("run", cfg, "--out", out, "--quiet").exit_code == 0
@@ -320,7 +375,12 @@ def test_deep_folders_and_the_filesystem_root_are_one_line(finished, tmp_path):
     finally:
         unnest(out)
     had_lock = Path("/.lock").exists()
-    for command in (("run", cfg, "--resume", "/", "--quiet"), ("run", cfg, "--out", "/", "--quiet"), ("table", "/"), ("plot", "/")):
+    for command in (
+        ("run", cfg, "--resume", "/", "--quiet"),
+        ("run", cfg, "--out", "/", "--quiet"),
+        ("table", "/"),
+        ("plot", "/"),
+    ):
         one_line(cli(*command), 2)
     assert Path("/.lock").exists() == had_lock
 
@@ -349,7 +409,9 @@ def test_flower_app_refuses_a_folder_that_holds_files(tmp_path, monkeypatch):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
     for where in (".", ""):
         assert "is not empty" in one_line(cli("flower-app", "quickstart", where), 2)
-    assert (tmp_path / "pyproject.toml").read_text() == "[project]\nname = 'mine'\n" and sorted(p.name for p in tmp_path.iterdir()) == ["pyproject.toml"]
+    assert (tmp_path / "pyproject.toml").read_text() == "[project]\nname = 'mine'\n" and sorted(
+        p.name for p in tmp_path.iterdir()
+    ) == ["pyproject.toml"]
     (tmp_path / "empty").mkdir()
     assert cli("flower-app", "quickstart", "empty").exit_code == 0 and (tmp_path / "empty" / "pyproject.toml").is_file()
 
@@ -371,7 +433,9 @@ def test_results_without_their_seal_are_refused_unless_asked(finished, tmp_path)
     for command in (("table", out), ("plot", out, "--out", tmp_path / "p")):
         assert "seed-0/summary.json: not sealed" in one_line(cli(*command), 2)
         shown = cli(*command, "--allow-unsealed")
-        assert shown.exit_code == 0 and "warning: " in shown.stderr and "seed-0/summary.json: not sealed" in shown.stderr
+        assert (
+            shown.exit_code == 0 and "warning: " in shown.stderr and "seed-0/summary.json: not sealed" in shown.stderr
+        )
     with pytest.raises(ConfigError, match="not sealed"):
         judge("toy", load_experiment(cfg), out)
     table.write_text("")  # an empty table under an unsealed summary: refused the same way, not a crash
@@ -379,7 +443,9 @@ def test_results_without_their_seal_are_refused_unless_asked(finished, tmp_path)
         judge("toy", load_experiment(cfg), out)
 
 
-@pytest.mark.parametrize("name, statuses", [("summary.json", (2,)), ("config.json", (0, 2))])  # table and plot need no config.json
+@pytest.mark.parametrize(
+    "name, statuses", [("summary.json", (2,)), ("config.json", (0, 2))]
+)  # table and plot need no config.json
 def test_a_results_json_holding_a_number_past_pythons_digit_limit_is_one_line(name, statuses, finished, tmp_path):
     _, out = finished
     path = out / "seed-0" / name
@@ -388,7 +454,9 @@ def test_a_results_json_holding_a_number_past_pythons_digit_limit_is_one_line(na
         result = cli(*command)
         if result.exit_code:
             one_line(result, *statuses)
-        assert result.exit_code in statuses and result.exception is None or isinstance(result.exception, SystemExit), result.output
+        assert result.exit_code in statuses and result.exception is None or isinstance(result.exception, SystemExit), (
+            result.output
+        )
 
 
 # -- permissions ------------------------------------------------------------------------------------------------
@@ -403,7 +471,14 @@ def test_results_files_get_the_umask_permissions(umask, mode, tmp_path):
         if umask == 0o022:
             cfg = toy_config(tmp_path, method="fedavg", rounds=4, seeds=(0,), eval_every=2)
             assert cli("run", cfg, "--out", tmp_path / "out", "--quiet").exit_code == 0
-            for name in ("metrics.csv", "summary.json", "config.json", "checkpoint.pt", "final_params.npy", "timing.csv"):
+            for name in (
+                "metrics.csv",
+                "summary.json",
+                "config.json",
+                "checkpoint.pt",
+                "final_params.npy",
+                "timing.csv",
+            ):
                 assert stat.S_IMODE(os.stat(tmp_path / "out" / "seed-0" / name).st_mode) == 0o644, name
             assert stat.S_IMODE(os.stat(tmp_path / "out" / "manifest.json").st_mode) == 0o644
     finally:
@@ -427,5 +502,8 @@ def test_fuzzed_hostile_results_folders_fail_cleanly(tmp_path, monkeypatch):
         work.mkdir()
         result = fuzzing.run_case("hostile", seed, work, template)
         outcomes[result.case.split(":")[0]] = result.outcome
-        assert result.outcome not in fuzzing.BAD, f"{result.outcome}: {result.detail} [{result.case}] — replay: python scripts/fuzz.py --replay hostile:{seed}"
+        assert result.outcome not in fuzzing.BAD, (
+            f"{result.outcome}: {result.detail} [{result.case}] — replay: python scripts/fuzz.py --replay "
+            f"hostile:{seed}"
+        )
     assert set(outcomes) == set(fuzzing.HOSTILE) and outcomes["malicious"] == outcomes["swap"] == "clean_error"

@@ -17,7 +17,15 @@ from fedshuffle.core.checkpoint import load_checkpoint, save_checkpoint
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.methods.algorithm import build_algorithm
 from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, Optimizer
-from fedshuffle.server.transforms import ScaleByAdagrad, ScaleByAdam, ScaleBySchedule, ScaleByYogi, StepInputs, Trace, chain
+from fedshuffle.server.transforms import (
+    ScaleByAdagrad,
+    ScaleByAdam,
+    ScaleBySchedule,
+    ScaleByYogi,
+    StepInputs,
+    Trace,
+    chain,
+)
 
 ROUNDS = 6
 SCALES = [1.0, 0.5, 1.0, 0.1, 1 / 3, 2.0]  # schedule factors s_t
@@ -63,19 +71,34 @@ def adgd_reference(directions, params, s, lr=1e-6):
     lam, theta, steps = lr, math.inf, []
     for k, (d, x, s_k) in enumerate(zip(directions, params, s)):
         if k > 0:
-            new = min(math.sqrt(1 + theta) * lam, np.linalg.norm(x - params[k - 1]) / (2 * np.linalg.norm(d - directions[k - 1])))
+            new = min(
+                math.sqrt(1 + theta) * lam,
+                np.linalg.norm(x - params[k - 1]) / (2 * np.linalg.norm(d - directions[k - 1])),
+            )
             theta, lam = new / lam, new
         steps.append(lam * s_k * d)
     return steps
 
 
-REFERENCES = {"sgd": sgd_reference, "heavy_ball": heavy_ball_reference, "adam": adaptive_reference("adam"), "adagrad": adaptive_reference("adagrad"),
-              "yogi": adaptive_reference("yogi"), "adgd": adgd_reference}
+REFERENCES = {
+    "sgd": sgd_reference,
+    "heavy_ball": heavy_ball_reference,
+    "adam": adaptive_reference("adam"),
+    "adagrad": adaptive_reference("adagrad"),
+    "yogi": adaptive_reference("yogi"),
+    "adgd": adgd_reference,
+}
 
 #: settings other than the defaults, one per parameter of each optimizer
 ADAPTIVE = {"lr": 0.05, "beta1": 0.8, "beta2": 0.95, "eps": 1e-2}
-OTHER_SETTINGS = {"sgd": {"lr": 0.7}, "heavy_ball": {"lr": 0.3, "momentum": 0.5}, "adam": ADAPTIVE, "yogi": ADAPTIVE,
-                  "adagrad": {"lr": 0.05, "beta1": 0.8, "eps": 1e-2}, "adgd": {"lr": 0.3}}
+OTHER_SETTINGS = {
+    "sgd": {"lr": 0.7},
+    "heavy_ball": {"lr": 0.3, "momentum": 0.5},
+    "adam": ADAPTIVE,
+    "yogi": ADAPTIVE,
+    "adagrad": {"lr": 0.05, "beta1": 0.8, "eps": 1e-2},
+    "adgd": {"lr": 0.3},
+}
 
 
 def run_rounds(optimizer, seed=0, dim=5, rounds=ROUNDS):
@@ -96,7 +119,9 @@ def run_rounds(optimizer, seed=0, dim=5, rounds=ROUNDS):
 
 
 def test_every_registered_optimizer_has_a_reference():
-    assert set(REFERENCES) == set(SERVER_OPTIMIZERS.names()) == set(OTHER_SETTINGS), "add the new optimizer's closed form to REFERENCES"
+    assert set(REFERENCES) == set(SERVER_OPTIMIZERS.names()) == set(OTHER_SETTINGS), (
+        "add the new optimizer's closed form to REFERENCES"
+    )
 
 
 @pytest.mark.parametrize("name", SERVER_OPTIMIZERS.names())
@@ -116,11 +141,17 @@ def test_yogi_grows_its_second_moment_faster_than_adam_while_v_is_below_the_squa
     for _ in range(5):
         _, s_y = yogi.update(g, s_y, x)
         _, s_a = adam.update(g, s_a, x)
-    assert torch.all(s_y["scale_by_yogi"]["v"] > s_a["scale_by_adam"]["v"])  # additive growth (1−β₂)g² against β₂'s decay
-    torch.testing.assert_close(s_y["scale_by_yogi"]["m"], s_a["scale_by_adam"]["m"], rtol=0, atol=0)  # the same first moment
+    assert torch.all(
+        s_y["scale_by_yogi"]["v"] > s_a["scale_by_adam"]["v"]
+    )  # additive growth (1−β₂)g² against β₂'s decay
+    torch.testing.assert_close(
+        s_y["scale_by_yogi"]["m"], s_a["scale_by_adam"]["m"], rtol=0, atol=0
+    )  # the same first moment
 
 
-@pytest.mark.parametrize("kind", [ScaleByAdam(0.9, 0.99, 1e-3), ScaleByYogi(0.9, 0.99, 1e-3), ScaleByAdagrad(0.9, 1e-3)])
+@pytest.mark.parametrize(
+    "kind", [ScaleByAdam(0.9, 0.99, 1e-3), ScaleByYogi(0.9, 0.99, 1e-3), ScaleByAdagrad(0.9, 1e-3)]
+)
 def test_the_adaptive_moments_are_of_the_updates_a_transform_receives(kind):
     """As in optax: a transform in front (here a scale by ½, as a clip would be) changes m and v alike, so the step of
     chain(scale ½, moments) is the moments of ½Δ: m/(√v + τ) of the halved directions, not of Δ."""
@@ -150,15 +181,26 @@ def test_meta_epoch_extrapolation_lands_where_its_formula_says(name):
         step, state = wrapped.update(d, state, x, SCALES[t])
         x, inner_x = x - step, inner_x - inner_step
     torch.testing.assert_close(x, anchor - theta / (inner.lr * rounds) * (anchor - inner_x), rtol=1e-13, atol=0)
-    torch.testing.assert_close(state["anchor"], x, rtol=1e-13, atol=0)  # the next anchor is x_{t+1} (up to x − (x − x_{t+1}) rounding)
+    torch.testing.assert_close(
+        state["anchor"], x, rtol=1e-13, atol=0
+    )  # the next anchor is x_{t+1} (up to x − (x − x_{t+1}) rounding)
     assert int(state["round"]) == 0
 
 
 def test_the_declared_defaults():
-    defaults = {name: {k: p.default for k, p in inspect.signature(SERVER_OPTIMIZERS[name].factory).parameters.items()} for name in SERVER_OPTIMIZERS}
+    defaults = {
+        name: {k: p.default for k, p in inspect.signature(SERVER_OPTIMIZERS[name].factory).parameters.items()}
+        for name in SERVER_OPTIMIZERS
+    }
     adaptive = {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "eps": 1e-3}
-    assert defaults == {"sgd": {"lr": 1.0}, "heavy_ball": {"lr": 1.0, "momentum": 0.9}, "adam": adaptive, "yogi": adaptive,
-                        "adagrad": {"lr": 0.01, "beta1": 0.9, "eps": 1e-3}, "adgd": {"lr": 1e-6}}
+    assert defaults == {
+        "sgd": {"lr": 1.0},
+        "heavy_ball": {"lr": 1.0, "momentum": 0.9},
+        "adam": adaptive,
+        "yogi": adaptive,
+        "adagrad": {"lr": 0.01, "beta1": 0.9, "eps": 1e-3},
+        "adgd": {"lr": 1e-6},
+    }
     assert SERVER_OPTIMIZERS["heavy_ball"].check({}) == {"lr": 1.0, "momentum": 0.9}
 
 
@@ -168,7 +210,9 @@ def declared(name):
     for key, parameter in inspect.signature(SERVER_OPTIMIZERS[name].factory).parameters.items():
         annotation = parameter.annotation
         info = next((a for a in get_args(annotation)[1:] if isinstance(a, FieldInfo)), None)
-        assert get_args(annotation)[0] is float and info is not None and info.description, f"{name}.{key}: Annotated[float, Field(description=...)]"
+        assert get_args(annotation)[0] is float and info is not None and info.description, (
+            f"{name}.{key}: Annotated[float, Field(description=...)]"
+        )
         out.append((key, info))
     return out
 
@@ -195,7 +239,11 @@ def test_settings_outside_their_declared_constraints_are_refused_by_name(name):
             assert err.value.field == key and "\n" not in str(err.value), (name, key, value)
     with pytest.raises(ConfigError) as err:
         SERVER_OPTIMIZERS[name].build({"not_a_setting": 0.5})
-    assert err.value.field == "not_a_setting" and name in err.value.message and all(k in err.value.message for k, _ in declared(name))
+    assert (
+        err.value.field == "not_a_setting"
+        and name in err.value.message
+        and all(k in err.value.message for k, _ in declared(name))
+    )
 
 
 def test_a_setting_of_another_optimizer_is_an_error_naming_it():
@@ -209,9 +257,13 @@ def test_an_algorithm_takes_only_the_settings_of_its_server_optimizer():
     with pytest.raises(ConfigError) as err:
         build_algorithm("fedavg", {"local": {"lr": 0.1}, "server": {"optimizer": "sgd", "beta1": 0.5}})
     assert err.value.field == "server.beta1"
-    implicit = build_algorithm("fedavg", {"local": {"lr": 0.1}, "server": {"momentum": 0.0}}).server  # momentum given: heavy ball, here with β = 0
+    implicit = build_algorithm(
+        "fedavg", {"local": {"lr": 0.1}, "server": {"momentum": 0.0}}
+    ).server  # momentum given: heavy ball, here with β = 0
     assert implicit.lr == 1.0 and set(implicit.init(torch.zeros(2))) == {"trace", "scale_by_schedule"}
-    explicit = build_algorithm("fedavg", {"local": {"lr": 0.1}, "server": {"optimizer": "heavy_ball", "momentum": 0.0}}).server
+    explicit = build_algorithm(
+        "fedavg", {"local": {"lr": 0.1}, "server": {"optimizer": "heavy_ball", "momentum": 0.0}}
+    ).server
     x = torch.zeros(2, dtype=torch.float64)
     state = explicit.init(x)
     for d in ([1.0, 2.0], [3.0, -1.0]):
@@ -263,9 +315,12 @@ class ScaleByAMSGrad(ScaleByAdam):
         return m / (v_max.sqrt() + self.eps), {"m": m, "v": v, "v_max": v_max}
 
 
-def amsgrad(lr: Annotated[float, Field(gt=0, description="server step size η_g")] = 0.01,
-            beta1: Annotated[float, Field(ge=0, lt=1, description="β₁")] = 0.9,
-            beta2: Annotated[float, Field(ge=0, lt=1, description="β₂")] = 0.99, eps: Annotated[float, Field(gt=0, description="τ")] = 1e-3):
+def amsgrad(
+    lr: Annotated[float, Field(gt=0, description="server step size η_g")] = 0.01,
+    beta1: Annotated[float, Field(ge=0, lt=1, description="β₁")] = 0.9,
+    beta2: Annotated[float, Field(ge=0, lt=1, description="β₂")] = 0.99,
+    eps: Annotated[float, Field(gt=0, description="τ")] = 1e-3,
+):
     return Optimizer(chain(ScaleByAMSGrad(beta1, beta2, eps), ScaleBySchedule(lr)), lr)
 
 
@@ -287,7 +342,9 @@ def test_a_new_optimizer_is_one_new_transform_chained_with_the_others():
         adam_step, s_adam = adam.update(d, s_adam, x)
     assert set(s) == {"scale_by_schedule", "scale_by_amsgrad"} and set(s_adam) == {"scale_by_schedule", "scale_by_adam"}
     torch.testing.assert_close(s["scale_by_amsgrad"]["v"], s_adam["scale_by_adam"]["v"], rtol=0, atol=0)
-    assert torch.all(s["scale_by_amsgrad"]["v_max"] > s["scale_by_amsgrad"]["v"])  # the large first direction is remembered
+    assert torch.all(
+        s["scale_by_amsgrad"]["v_max"] > s["scale_by_amsgrad"]["v"]
+    )  # the large first direction is remembered
     assert torch.all(step.abs() < adam_step.abs())  # so AMSGrad's steps are smaller than Adam's afterwards
 
 

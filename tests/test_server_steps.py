@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedshuffle import Cyclic, FullParticipation, LogisticRegression, Quadratic, Simulation, SoftmaxRegression, UniformWithoutReplacement, WithReplacement
+from fedshuffle import (
+    Cyclic,
+    FullParticipation,
+    LogisticRegression,
+    Quadratic,
+    Simulation,
+    SoftmaxRegression,
+    UniformWithoutReplacement,
+    WithReplacement,
+)
 from fedshuffle.analysis.objective import inspect_objective
 from fedshuffle.experiments.schema import RunSpec, validate
 from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
@@ -27,7 +36,9 @@ def logistic_data(seed=0, l2=1e-2):
     x = rng.normal(size=(CLIENTS * PER_CLIENT, DIM)) + np.repeat(rng.normal(size=(CLIENTS, DIM)), PER_CLIENT, axis=0)
     y = (x @ rng.normal(size=DIM) + rng.normal(size=len(x)) > 0).astype(float) * 2 - 1
     parts = equal_partition(len(y), CLIENTS, rng)
-    data = FederatedDataset(torch.tensor(x), torch.tensor(y), parts, objective_weights(np.full(CLIENTS, PER_CLIENT), "size"))
+    data = FederatedDataset(
+        torch.tensor(x), torch.tensor(y), parts, objective_weights(np.full(CLIENTS, PER_CLIENT), "size")
+    )
     return LogisticRegression(DIM, l2), data
 
 
@@ -64,7 +75,9 @@ def test_rr_cli_with_theorem_steps_is_cyclic_fedavg(client_order, data_order):
     steps, rounds = PER_CLIENT // BATCH, CLIENTS // 3
     local = {"lr": GAMMA, "order": data_order, "batch_size": BATCH}
     eta = GAMMA * steps
-    rr_cli = trajectory("rr_cli", {**local, "server_lr": eta, "global_lr": eta * rounds}, Cyclic(CLIENTS, 3, client_order))
+    rr_cli = trajectory(
+        "rr_cli", {**local, "server_lr": eta, "global_lr": eta * rounds}, Cyclic(CLIENTS, 3, client_order)
+    )
     fedavg = trajectory("fedavg_rr", local, Cyclic(CLIENTS, 3, client_order))
     assert_same(rr_cli, fedavg)
 
@@ -107,21 +120,28 @@ def test_generalized_fedavg_is_yang_et_al_uniform_average_and_unbiased_by_enumer
     report = inspect_objective(alg, sampler, sizes, w, exact=True)
     assert report.exact
     np.testing.assert_allclose(report.expected_aggregation_weights, np.full(4, 0.25), rtol=0, atol=1e-15)
-    for cohort in (np.array([3, 3]), np.array([0, 3])) if strategy == "with_replacement" else (np.array([0, 3]), np.array([1, 2])):
+    for cohort in (
+        (np.array([3, 3]), np.array([0, 3])) if strategy == "with_replacement" else (np.array([0, 3]), np.array([1, 2]))
+    ):
         plans = alg.local.plan([np.arange(s) for s in sizes], cohort, 0, 0)
         omega = alg.aggregator.weights(plans, w, sampler.expected_counts(), alg.local.lr, None)
         np.testing.assert_allclose(omega, [0.5, 0.5], rtol=1e-15)
 
 
 def test_li_et_al_unbiased_weights_are_kept_as_an_option():
-    """With ``weighting = "data"`` the same method aggregates (m/n)·w_i (Li et al. 2020's scheme), unbiased for f = Σ w_i f_i."""
+    """With ``weighting = "data"`` the same method aggregates (m/n)·w_i (Li et al. 2020's scheme), unbiased for f =
+    Σ w_i f_i."""
     sizes = np.array([1, 2, 3, 6])
     w = objective_weights(sizes, "size")
     sampler = UniformWithoutReplacement(4, 2)
     alg = build_flat("generalized_fedavg", {"lr": 0.1, "steps": 3, "weighting": "data"})
-    np.testing.assert_allclose(inspect_objective(alg, sampler, sizes, w, exact=True).expected_aggregation_weights, w, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(
+        inspect_objective(alg, sampler, sizes, w, exact=True).expected_aggregation_weights, w, rtol=0, atol=1e-15
+    )
     plans = alg.local.plan([np.arange(s) for s in sizes], np.array([1, 3]), 0, 0)
-    np.testing.assert_allclose(alg.aggregator.weights(plans, w, sampler.expected_counts(), alg.local.lr, None), 2 * w[[1, 3]], rtol=1e-15)
+    np.testing.assert_allclose(
+        alg.aggregator.weights(plans, w, sampler.expected_counts(), alg.local.lr, None), 2 * w[[1, 3]], rtol=1e-15
+    )
 
 
 def test_sum_one_with_replacement_is_biased_where_unbiased_is_not():
@@ -142,7 +162,9 @@ def test_adgd_on_the_server_takes_steps_of_at_least_one_over_2l():
     one = FederatedDataset(data.features, data.labels, [np.arange(data.num_samples)], np.ones(1))
     L = smoothness(problem, one).global_
     _, f_star = solution(problem, one)
-    alg = build_flat("nastya", {"lr": 1e-3, "server_optimizer": "adgd", "server_lr": 1e-3, "batch_size": data.num_samples})
+    alg = build_flat(
+        "nastya", {"lr": 1e-3, "server_optimizer": "adgd", "server_lr": 1e-3, "batch_size": data.num_samples}
+    )
     sim = Simulation(problem, one, alg, FullParticipation(1))
     steps, gaps = [], []
     for _ in range(80):
@@ -163,7 +185,9 @@ def test_schedules():
         SCHEDULES["step"].build({"decay_at": [0.8, 0.5]}, total_rounds=10)
     with pytest.raises(ConfigError, match="decay_at: schedule 'step' needs it"):
         SCHEDULES["step"].build({}, total_rounds=10)
-    with pytest.raises(ConfigError, match="decay_factor: not a setting of schedule 'constant'"):  # the constant schedule takes none
+    with pytest.raises(
+        ConfigError, match="decay_factor: not a setting of schedule 'constant'"
+    ):  # the constant schedule takes none
         SCHEDULES["constant"].build({"decay_factor": 0.5}, total_rounds=10)
 
 
@@ -171,7 +195,12 @@ def test_inverse_epoch_schedule_scales_local_and_server_steps():
     """One client with one sample: x_{r+1} = x_r − η_r·γ_r·(x_r − e) with γ_r, η_r ∝ 1/(1 + r)."""
     data = quadratic_dataset([1], np.array([[1.0, -1.0]]))
     gamma, eta = 0.3, 0.5
-    sim = Simulation(Quadratic(2), data, build_flat("fedavg_rr", {"lr": gamma, "server_lr": eta, "lr_schedule": "inverse_epochs"}), FullParticipation(1))
+    sim = Simulation(
+        Quadratic(2),
+        data,
+        build_flat("fedavg_rr", {"lr": gamma, "server_lr": eta, "lr_schedule": "inverse_epochs"}),
+        FullParticipation(1),
+    )
     x, e = np.zeros(2), np.array([1.0, -1.0])
     for r in range(6):
         sim.step()
@@ -194,7 +223,10 @@ def test_logistic_smoothness_constants_equal_the_hessian_at_zero_and_bound_it_el
         ix = torch.as_tensor(ix)
         w = torch.full((len(ix),), 1 / len(ix), dtype=torch.float64)
         assert top(hess(zero, data.features[ix], data.labels[ix], w)) == pytest.approx(c.clients[m], rel=1e-12)
-    per_sample = max(top(hess(zero, data.features[j : j + 1], data.labels[j : j + 1], torch.ones(1, dtype=torch.float64))) for j in range(data.num_samples))
+    per_sample = max(
+        top(hess(zero, data.features[j : j + 1], data.labels[j : j + 1], torch.ones(1, dtype=torch.float64)))
+        for j in range(data.num_samples)
+    )
     assert per_sample == pytest.approx(c.sample_max, rel=1e-12)
     x = torch.randn(DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     h = hess(x, data.features, data.labels, s)
@@ -204,12 +236,23 @@ def test_logistic_smoothness_constants_equal_the_hessian_at_zero_and_bound_it_el
 
 
 def spec_for(dataset, **algorithm):
-    return validate(RunSpec, {
-        "problem": {"name": "logistic", "l2": 5e-4},
-        "data": {"source": "libsvm", "dataset": dataset, "partition": "equal", "clients": 12, "weights": "uniform", "seed": 0},
-        **nested({"batch_size": 93, **{k: v for k, v in algorithm.items() if k != "name"}}), "method": {"name": algorithm["name"]},
-        "sampler": {"name": "cyclic", "cohort": 3},
-    })
+    return validate(
+        RunSpec,
+        {
+            "problem": {"name": "logistic", "l2": 5e-4},
+            "data": {
+                "source": "libsvm",
+                "dataset": dataset,
+                "partition": "equal",
+                "clients": 12,
+                "weights": "uniform",
+                "seed": 0,
+            },
+            **nested({"batch_size": 93, **{k: v for k, v in algorithm.items() if k != "name"}}),
+            "method": {"name": algorithm["name"]},
+            "sampler": {"name": "cyclic", "cohort": 3},
+        },
+    )
 
 
 def test_phishing_split_solution_and_theory_steps(shared_data, monkeypatch):
@@ -223,11 +266,20 @@ def test_phishing_split_solution_and_theory_steps(shared_data, monkeypatch):
     sampler = build_sampler(spec.sampler, data)
     resolved, info = resolve_step_sizes(spec, problem, data, sampler)
     L = info["constants"]["L_sample_max"]
-    assert L == pytest.approx(30 * 0.18257**2 / 4 + 5e-4, rel=1e-12)  # each row: 30 values of 0.18257 ≈ 1/√30, L_j = ‖a_j‖²/4 + λ
+    assert L == pytest.approx(
+        30 * 0.18257**2 / 4 + 5e-4, rel=1e-12
+    )  # each row: 30 values of 0.18257 ≈ 1/√30, L_j = ‖a_j‖²/4 + λ
     assert info["local_steps"] == 10 and info["rounds_per_meta_epoch"] == 4
     # Theorem C.1's η = γN and θ = ηR, computed from the tuned γ = 5/L
-    assert resolved.local.lr == pytest.approx(1 / L) and resolved.server.lr == pytest.approx(50 / L) and resolved.server.global_lr == pytest.approx(200 / L)
-    assert info["theory"] == pytest.approx({"lr": 1 / L, "server_lr": 10 / L, "global_lr": 40 / L}) and info["rule"] == "rr_cli_c1"
+    assert (
+        resolved.local.lr == pytest.approx(1 / L)
+        and resolved.server.lr == pytest.approx(50 / L)
+        and resolved.server.global_lr == pytest.approx(200 / L)
+    )
+    assert (
+        info["theory"] == pytest.approx({"lr": 1 / L, "server_lr": 10 / L, "global_lr": 40 / L})
+        and info["rule"] == "rr_cli_c1"
+    )
     alg = build_algorithm_from(resolved)
     assert alg.local.lr == pytest.approx(5 / L) and alg.server.lr == pytest.approx(50 / L)
 
@@ -242,20 +294,36 @@ def test_theory_step_sizes_are_refused_where_no_theorem_applies():
     with pytest.raises(ConfigError) as err:
         validate(RunSpec, {"method": {"name": "nastya"}, "local": {"lr": -1.0}})
     assert "local.lr" in str(err.value)
-    softmax = SoftmaxRegression(DIM, 2, 1e-2)  # a theorem applies to rr_cli, but softmax regression has no known constants
-    for settings, field in (({"local": {"lr": "theory"}}, "local.lr"), ({"local": {"lr": 0.1}, "server": {"lr": "theory"}}, "server.lr")):
+    softmax = SoftmaxRegression(
+        DIM, 2, 1e-2
+    )  # a theorem applies to rr_cli, but softmax regression has no known constants
+    for settings, field in (
+        ({"local": {"lr": "theory"}}, "local.lr"),
+        ({"local": {"lr": 0.1}, "server": {"lr": "theory"}}, "server.lr"),
+    ):
         with pytest.raises(ConfigError) as err:
-            resolve_step_sizes(validate(RunSpec, {"method": {"name": "rr_cli"}, **settings}), softmax, data, FullParticipation(CLIENTS))
-        assert err.value.field == field and "smoothness constants" in err.value.message and "'softmax'" in err.value.message
+            resolve_step_sizes(
+                validate(RunSpec, {"method": {"name": "rr_cli"}, **settings}), softmax, data, FullParticipation(CLIENTS)
+            )
+        assert (
+            err.value.field == field
+            and "smoothness constants" in err.value.message
+            and "'softmax'" in err.value.message
+        )
 
 
 def test_nastya_theory_matches_the_stated_formula():
     problem, data = logistic_data()
-    spec = validate(RunSpec, {"method": {"name": "nastya"}, "local": {"lr": "theory", "batch_size": BATCH}, "server": {"lr": "theory"}})
+    spec = validate(
+        RunSpec,
+        {"method": {"name": "nastya"}, "local": {"lr": "theory", "batch_size": BATCH}, "server": {"lr": "theory"}},
+    )
     resolved, info = resolve_step_sizes(spec, problem, data, UniformWithoutReplacement(CLIENTS, 3))
     c = smoothness(problem, data)
     assert resolved.server.lr == pytest.approx(1 / (4 * c.sample_max))
-    assert resolved.local.lr == pytest.approx(1 / (8 * (PER_CLIENT // BATCH) * c.sample_max * math.sqrt(c.sample_max / c.mu)))
+    assert resolved.local.lr == pytest.approx(
+        1 / (8 * (PER_CLIENT // BATCH) * c.sample_max * math.sqrt(c.sample_max / c.mu))
+    )
 
 
 @pytest.mark.parametrize("weighting", ["uniform", "data"])
@@ -266,9 +334,13 @@ def test_nastya_server_step_on_unequal_clients_matches_a_hand_computation(weight
     rng = np.random.default_rng(7)
     targets = np.repeat(rng.normal(size=(4, 2)), sizes, axis=0)  # one target per client: the pass is order-free
     parts = np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1])
-    data = FederatedDataset(torch.tensor(targets), torch.zeros(sum(sizes)), parts, objective_weights(np.array(sizes), "size"))
+    data = FederatedDataset(
+        torch.tensor(targets), torch.zeros(sum(sizes)), parts, objective_weights(np.array(sizes), "size")
+    )
     gamma, eta = 0.1, 0.7
-    alg = build_flat("nastya", {"lr": gamma, "batch_size": 1, "order": "reshuffle", "server_lr": eta, "weighting": weighting})
+    alg = build_flat(
+        "nastya", {"lr": gamma, "batch_size": 1, "order": "reshuffle", "server_lr": eta, "weighting": weighting}
+    )
     sim = Simulation(Quadratic(2), data, alg, UniformWithoutReplacement(4, 2), seed=1)
     for _ in range(3):
         x = sim.params.clone()
@@ -286,7 +358,14 @@ def test_nastya_server_step_on_unequal_clients_matches_a_hand_computation(weight
 def theory_spec(method, multiplier=1.0, lr="theory", **server):
     """A spec on :func:`logistic_data`'s 12 clients (5 steps of 4 samples per pass), 'theory' server steps."""
     server = {"lr": "theory", **({"global_lr": "theory"} if method == "rr_cli" else {}), **server}
-    return validate(RunSpec, {"method": {"name": method}, "local": {"lr": lr, "batch_size": BATCH, "lr_multiplier": multiplier}, "server": server})
+    return validate(
+        RunSpec,
+        {
+            "method": {"name": method},
+            "local": {"lr": lr, "batch_size": BATCH, "lr_multiplier": multiplier},
+            "server": server,
+        },
+    )
 
 
 @pytest.mark.parametrize("multiplier", [1, 2, 15])
@@ -307,7 +386,9 @@ def test_tuned_rr_cli_server_and_meta_epoch_steps_follow_the_tuned_local_step(mu
     assert (fixed.server.lr, fixed.server.global_lr) == pytest.approx((N / L, N * R / L), rel=1e-14)
     # a number for γ: the relations use it (× multiplier)
     given, _ = resolve_step_sizes(theory_spec("rr_cli", multiplier, lr=0.03), problem, data, sampler)
-    assert (given.server.lr, given.server.global_lr) == pytest.approx((0.03 * multiplier * N, 0.03 * multiplier * N * R), rel=1e-14)
+    assert (given.server.lr, given.server.global_lr) == pytest.approx(
+        (0.03 * multiplier * N, 0.03 * multiplier * N * R), rel=1e-14
+    )
 
 
 def test_tuned_rr_cli_with_following_steps_averages_the_cohort_and_differs_from_the_fixed_reading():
@@ -317,9 +398,24 @@ def test_tuned_rr_cli_with_following_steps_averages_the_cohort_and_differs_from_
     L = smoothness(problem, data).sample_max
     runs = {}
     for follows in ("local", "fixed"):
-        resolved, _ = resolve_step_sizes(theory_spec("rr_cli", 3, theory_follows=follows), problem, data, Cyclic(CLIENTS, 3))
-        runs[follows] = params_trajectory(Simulation(problem, data, build_algorithm_from(resolved), Cyclic(CLIENTS, 3), seed=3), 8)
-    averaging = params_trajectory(Simulation(problem, data, build_flat("fedavg_rr", {"lr": 3 / L, "batch_size": BATCH, "order": "shuffle_once", "weighting": "uniform"}), Cyclic(CLIENTS, 3), seed=3), 8)
+        resolved, _ = resolve_step_sizes(
+            theory_spec("rr_cli", 3, theory_follows=follows), problem, data, Cyclic(CLIENTS, 3)
+        )
+        runs[follows] = params_trajectory(
+            Simulation(problem, data, build_algorithm_from(resolved), Cyclic(CLIENTS, 3), seed=3), 8
+        )
+    averaging = params_trajectory(
+        Simulation(
+            problem,
+            data,
+            build_flat(
+                "fedavg_rr", {"lr": 3 / L, "batch_size": BATCH, "order": "shuffle_once", "weighting": "uniform"}
+            ),
+            Cyclic(CLIENTS, 3),
+            seed=3,
+        ),
+        8,
+    )
     assert_same(runs["local"], averaging, rtol=1e-10)
     assert float((runs["fixed"] - averaging).abs().max()) > 1e-3
 
@@ -329,11 +425,21 @@ def test_nastya_can_take_rr_cli_theorem_c1_steps_and_a_rule_must_cover_the_metho
     sampler = UniformWithoutReplacement(CLIENTS, 3)
     L, N = smoothness(problem, data).sample_max, PER_CLIENT // BATCH
     resolved, info = resolve_step_sizes(theory_spec("nastya", 2, theory_rule="rr_cli_c1"), problem, data, sampler)
-    assert (resolved.local.lr, resolved.server.lr) == pytest.approx((1 / L, 2 * N / L), rel=1e-14) and info["rule"] == "rr_cli_c1"
+    assert (resolved.local.lr, resolved.server.lr) == pytest.approx((1 / L, 2 * N / L), rel=1e-14) and info[
+        "rule"
+    ] == "rr_cli_c1"
     # Theorem C.2's η ≤ 1/(4L) is a bound, not a relation to γ: it does not follow the multiplier
     own, info = resolve_step_sizes(theory_spec("nastya", 2), problem, data, sampler)
     assert own.server.lr == pytest.approx(1 / (4 * L), rel=1e-14) and info["rule"] == "rr_cli_c2"
     with pytest.raises(ConfigError, match="server.theory_rule.*accepted for fedavg: karimireddy_i"):
-        resolve_step_sizes(validate(RunSpec, {"method": {"name": "fedavg"}, "local": {"lr": "theory"}, "server": {"theory_rule": "rr_cli_c1"}}), problem, data, sampler)
+        resolve_step_sizes(
+            validate(
+                RunSpec,
+                {"method": {"name": "fedavg"}, "local": {"lr": "theory"}, "server": {"theory_rule": "rr_cli_c1"}},
+            ),
+            problem,
+            data,
+            sampler,
+        )
     with pytest.raises(ConfigError, match="server.theory_rule"):
         validate(RunSpec, {"method": {"name": "nastya"}, "server": {"theory_rule": "c1"}})

@@ -17,11 +17,14 @@ def cli(*args: object):
     return CliRunner().invoke(app, [str(a) for a in args], terminal_width=200)
 
 
-@pytest.mark.parametrize(("override", "field", "says"), [
-    ('run.sinks=["tensorboard", "tensorboard"]', "run.sinks", "'tensorboard' is listed twice; list each sink once"),
-    ('run.mlflow_uri="file:///tmp/mlruns"', "run.mlflow_uri", "run.sinks does not list 'mlflow'"),
-    ('run.wandb_project="p"', "run.wandb_project", "run.sinks does not list 'wandb'"),
-])
+@pytest.mark.parametrize(
+    ("override", "field", "says"),
+    [
+        ('run.sinks=["tensorboard", "tensorboard"]', "run.sinks", "'tensorboard' is listed twice; list each sink once"),
+        ('run.mlflow_uri="file:///tmp/mlruns"', "run.mlflow_uri", "run.sinks does not list 'mlflow'"),
+        ('run.wandb_project="p"', "run.wandb_project", "run.sinks does not list 'wandb'"),
+    ],
+)
 def test_a_sink_twice_or_a_sinks_setting_without_it_is_one_line_and_nothing_is_written(tmp_path, override, field, says):
     cfg = toy_config(tmp_path, method="fedavg", rounds=2, eval_every=1)
     result = cli("run", cfg, "--set", override, "--out", tmp_path / "out", "--quiet")
@@ -42,20 +45,42 @@ def test_a_grid_of_more_points_than_a_sweep_takes_is_refused_before_making_them(
     values = ",".join(str(k) for k in range(1, 101))
     assert len(parse_grid([f"local.epochs={values}", f"local.batch_size={values}"])) == MAX_POINTS
     with pytest.raises(ConfigError) as info:  # 100^5 = 10^10 points: refused at once, none made
-        parse_grid([f"local.epochs={values}", f"local.batch_size={values}", f"local.lr={values}",
-                    f"local.momentum={values}", f"local.weight_decay={values}"])
+        parse_grid(
+            [
+                f"local.epochs={values}",
+                f"local.batch_size={values}",
+                f"local.lr={values}",
+                f"local.momentum={values}",
+                f"local.weight_decay={values}",
+            ]
+        )
     assert info.value.field == "--grid" and str(info.value).startswith(
-        f"--grid: 100 × 100 × 100 × 100 × 100 = 10000000000 points; a sweep takes at most {MAX_POINTS}")
+        f"--grid: 100 × 100 × 100 × 100 × 100 = 10000000000 points; a sweep takes at most {MAX_POINTS}"
+    )
 
 
 def test_the_sweep_command_refuses_a_20000_point_grid_in_one_line(tmp_path):
     cfg = toy_config(tmp_path, method="fedavg", rounds=2, eval_every=1)
     lrs = ",".join(f"{0.001 + k * 1e-5:.5g}" for k in range(200))
     decays = ",".join(f"{k * 1e-4:.4g}" for k in range(100))
-    result = cli("sweep", cfg, "--grid", f"local.lr={lrs}", "--grid", f"local.weight_decay={decays}",
-                 "--out", tmp_path / "out", "--quiet", "--workers", "1")
+    result = cli(
+        "sweep",
+        cfg,
+        "--grid",
+        f"local.lr={lrs}",
+        "--grid",
+        f"local.weight_decay={decays}",
+        "--out",
+        tmp_path / "out",
+        "--quiet",
+        "--workers",
+        "1",
+    )
     assert result.exit_code == 2, result.output
-    assert result.stderr.strip().splitlines() == [(
-        f"error: --grid: 200 × 100 = 20000 points; a sweep takes at most {MAX_POINTS}: split the grid over several "
-        "sweep commands with the same --out (a sweep started again keeps its finished runs and takes other points)")]
+    assert result.stderr.strip().splitlines() == [
+        (
+            f"error: --grid: 200 × 100 = 20000 points; a sweep takes at most {MAX_POINTS}: split the grid over several "
+            "sweep commands with the same --out (a sweep started again keeps its finished runs and takes other points)"
+        )
+    ]
     assert not (tmp_path / "out").exists()

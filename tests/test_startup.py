@@ -23,13 +23,17 @@ data = {{ client_sizes = {sizes} }}
 def test_variants_and_seeds_with_equal_data_share_one_build_and_the_numbers(tmp_path, monkeypatch):
     builds = []
     real = runner_mod.build_problem_and_data
+
     def counted(spec, *load):
         builds.append(spec.data.client_sizes)
         return real(spec, *load)
 
     monkeypatch.setattr(runner_mod, "build_problem_and_data", counted)
     cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=1, seeds=(0, 1))
-    cfg.write_text(cfg.read_text().replace("client_sizes = [1, 2, 3]", "client_sizes = [1, 2, 3]\nseed = 0") + VARIANTS.format(sizes="[2, 2, 2]"))
+    cfg.write_text(
+        cfg.read_text().replace("client_sizes = [1, 2, 3]", "client_sizes = [1, 2, 3]\nseed = 0")
+        + VARIANTS.format(sizes="[2, 2, 2]")
+    )
     experiment = load_experiment(cfg)
     _, outcomes = run_experiment(experiment, tmp_path / "out", show_progress=False)
     assert sorted(builds) == [[1, 2, 3], [2, 2, 2]]  # A and B (both seeds) share a build; C has other data
@@ -50,6 +54,7 @@ def test_variants_that_differ_in_the_split_only_read_their_source_once(tmp_path,
 
     reads = []
     real = runner_mod.load_samples
+
     def counted(settings, seed):
         reads.append(settings["partition"])
         return real(settings, seed)

@@ -21,8 +21,15 @@ def heterogeneous_quadratic(spread, sizes=(3, 1, 4, 2, 5, 1), dim=3, seed=0):
     rng = np.random.default_rng(seed)
     centers = spread * rng.normal(size=(len(sizes), dim))
     targets = np.concatenate([c + rng.normal(size=(s, dim)) for c, s in zip(centers, sizes)])
-    data = FederatedDataset(torch.tensor(targets), torch.zeros(len(targets)), contiguous_partition(list(sizes)), objective_weights(np.array(sizes), "uniform"))
-    x_star = sum(w * targets[ix].mean(0) for w, ix in zip(data.weights, data.client_indices))  # argmin Σ w_i f_i, closed form
+    data = FederatedDataset(
+        torch.tensor(targets),
+        torch.zeros(len(targets)),
+        contiguous_partition(list(sizes)),
+        objective_weights(np.array(sizes), "uniform"),
+    )
+    x_star = sum(
+        w * targets[ix].mean(0) for w, ix in zip(data.weights, data.client_indices)
+    )  # argmin Σ w_i f_i, closed form
     return Quadratic(dim), data, torch.tensor(x_star)
 
 
@@ -35,7 +42,13 @@ def test_fedcdr_reaches_the_exact_minimizer_for_any_heterogeneity(spread, cohort
     for _ in range(60 * (6 // cohort)):
         sim.step()
     assert float((sim.params - x_star).norm()) <= 1e-9 * max(1.0, spread)
-    fedavg = Simulation(problem, data, build_flat("fedavg_rr", {"lr": 0.1, "epochs": 3, "normalization": "sum_one"}), FullParticipation(6), seed=1)
+    fedavg = Simulation(
+        problem,
+        data,
+        build_flat("fedavg_rr", {"lr": 0.1, "epochs": 3, "normalization": "sum_one"}),
+        FullParticipation(6),
+        seed=1,
+    )
     for _ in range(200):
         fedavg.step()
     if spread > 0:  # the local-steps baseline settles elsewhere, and further as heterogeneity grows
@@ -45,7 +58,13 @@ def test_fedcdr_reaches_the_exact_minimizer_for_any_heterogeneity(spread, cohort
 def test_fedcdr_keeps_the_server_model_equal_to_the_weighted_mean_of_its_clients():
     """x = Σ_i w_i x̂_i at every round (clients not yet seen count as x⁰), the invariant of eq. (23)."""
     problem, data, _ = heterogeneous_quadratic(3.0)
-    sim = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.1, "alpha": 0.7, "eta": 0.5, "initialization": "lazy"}), Cyclic(6, 2), seed=3)
+    sim = Simulation(
+        problem,
+        data,
+        build_flat("fedcdr", {"lr": 0.1, "alpha": 0.7, "eta": 0.5, "initialization": "lazy"}),
+        Cyclic(6, 2),
+        seed=3,
+    )
     x0 = sim.params.clone()
     for _ in range(7):
         sim.step()
@@ -57,7 +76,9 @@ def test_fedcdr_keeps_the_server_model_equal_to_the_weighted_mean_of_its_clients
 def test_inner_solver_prox_agrees_with_the_closed_form_within_its_reported_residual():
     problem, data, _ = heterogeneous_quadratic(5.0)
     eta = 0.5
-    alg = build_flat("fedcdr", {"lr": 0.05, "epochs": 200, "batch_size": 5, "eta": eta, "exact_prox": False, "prox_solver": "sgd"})
+    alg = build_flat(
+        "fedcdr", {"lr": 0.05, "epochs": 200, "batch_size": 5, "eta": eta, "exact_prox": False, "prox_solver": "sgd"}
+    )
     sim = Simulation(problem, data, alg, Cyclic(6, 6), seed=0)
     clients = np.arange(6)
     centers = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
@@ -73,9 +94,26 @@ def test_fedcdr_reports_its_prox_residual_on_problems_without_a_closed_form():
     problem = LogisticRegression(3, 0.1)
     rng = np.random.default_rng(0)
     x = torch.tensor(rng.normal(size=(40, 3)))
-    data = FederatedDataset(x, torch.tensor(np.sign(rng.normal(size=40))), np.split(np.arange(40), 4), objective_weights(np.full(4, 10), "uniform"))
-    few = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.05, "epochs": 1, "batch_size": 5, "prox_solver": "sgd"}), Cyclic(4, 2), seed=0)
-    many = Simulation(problem, data, build_flat("fedcdr", {"lr": 0.05, "epochs": 60, "batch_size": 5, "prox_solver": "sgd"}), Cyclic(4, 2), seed=0)
+    data = FederatedDataset(
+        x,
+        torch.tensor(np.sign(rng.normal(size=40))),
+        np.split(np.arange(40), 4),
+        objective_weights(np.full(4, 10), "uniform"),
+    )
+    few = Simulation(
+        problem,
+        data,
+        build_flat("fedcdr", {"lr": 0.05, "epochs": 1, "batch_size": 5, "prox_solver": "sgd"}),
+        Cyclic(4, 2),
+        seed=0,
+    )
+    many = Simulation(
+        problem,
+        data,
+        build_flat("fedcdr", {"lr": 0.05, "epochs": 60, "batch_size": 5, "prox_solver": "sgd"}),
+        Cyclic(4, 2),
+        seed=0,
+    )
     few.step(), many.step()
     assert many.last_extras["prox_residual"] < 0.1 * few.last_extras["prox_residual"]
 
@@ -87,12 +125,18 @@ def test_scaffold_reaches_x_star_where_fedavg_does_not(option):
     sizes = [20, 5, 30, 10]
     x = np.concatenate([rng.normal(loc=3 * rng.normal(size=4), size=(s, 4)) for s in sizes])
     y = np.sign(x @ rng.normal(size=4) + rng.normal(size=len(x)))
-    data = FederatedDataset(torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), "uniform"))
+    data = FederatedDataset(
+        torch.tensor(x), torch.tensor(y), contiguous_partition(sizes), objective_weights(np.array(sizes), "uniform")
+    )
     problem = LogisticRegression(4, 0.05)
     x_star, _ = solution(problem, data)
     local = {"lr": 0.3, "steps": 5, "batch_size": 30, "order": "reshuffle"}
-    scaffold = Simulation(problem, data, build_flat("scaffold", {**local, "option": option}), FullParticipation(4), seed=0)
-    fedavg = Simulation(problem, data, build_flat("fedavg", {**local, "normalization": "unbiased"}), FullParticipation(4), seed=0)
+    scaffold = Simulation(
+        problem, data, build_flat("scaffold", {**local, "option": option}), FullParticipation(4), seed=0
+    )
+    fedavg = Simulation(
+        problem, data, build_flat("fedavg", {**local, "normalization": "unbiased"}), FullParticipation(4), seed=0
+    )
     for _ in range(400):
         scaffold.step(), fedavg.step()
     assert float((scaffold.params - x_star).norm()) < 1e-8
@@ -105,8 +149,20 @@ def test_scaffold_reaches_x_star_where_fedavg_does_not(option):
 @pytest.mark.parametrize("method", ["scaffold", "fedcdr"])
 def test_client_state_survives_checkpoint_and_resume_bit_for_bit(tmp_path, method, limit):
     problem, data, _ = heterogeneous_quadratic(2.0)
-    settings = {"lr": 0.1, "steps": 3} if method == "scaffold" else {"lr": 0.1, "eta": 0.7, "exact_prox": False, "epochs": 2, "batch_size": 2}
-    make = lambda folder: Simulation(problem, data, build_flat(method, settings), Cyclic(6, 2), seed=4, state_memory_limit=limit, state_dir=str(folder))  # noqa: E731
+    settings = (
+        {"lr": 0.1, "steps": 3}
+        if method == "scaffold"
+        else {"lr": 0.1, "eta": 0.7, "exact_prox": False, "epochs": 2, "batch_size": 2}
+    )
+    make = lambda folder: Simulation(
+        problem,
+        data,
+        build_flat(method, settings),
+        Cyclic(6, 2),
+        seed=4,
+        state_memory_limit=limit,
+        state_dir=str(folder),
+    )  # noqa: E731
     reference = params_trajectory(make(tmp_path / "ref"), 12)
     run = make(tmp_path / "run")
     params_trajectory(run, 5)
@@ -138,8 +194,12 @@ def test_memory_mapped_store_creates_rows_lazily_and_holds_only_dirty_rows(tmp_p
 
 def test_bad_stateful_settings_name_their_field():
     problem, data, _ = heterogeneous_quadratic(1.0)
-    for settings, field in (({"alpha": 2.0}, "method.alpha"), ({"alpha": 0.0}, "method.alpha"), ({"eta": 0.0}, "method.eta"),
-                            ({"prox_mu": 1.0}, "local.prox_mu")):
+    for settings, field in (
+        ({"alpha": 2.0}, "method.alpha"),
+        ({"alpha": 0.0}, "method.alpha"),
+        ({"eta": 0.0}, "method.eta"),
+        ({"prox_mu": 1.0}, "local.prox_mu"),
+    ):
         with pytest.raises(ConfigError) as err:
             build_flat("fedcdr", {"lr": 0.1, **settings})
         assert err.value.field == field
@@ -162,7 +222,9 @@ def test_stateful_methods_run_on_the_vectorized_executor_with_a_lazy_population(
 
     problem, data, _ = heterogeneous_quadratic(1.0)
     x = data.features.numpy()
-    lazy = LazyFederatedDataset(data.sizes, data.weights, lambda i: (x[data.client_indices[i]], np.zeros(len(data.client_indices[i]))), (3,))
+    lazy = LazyFederatedDataset(
+        data.sizes, data.weights, lambda i: (x[data.client_indices[i]], np.zeros(len(data.client_indices[i]))), (3,)
+    )
     alg = build_flat("fedcdr", {"lr": 0.1, "exact_prox": False, "epochs": 2, "batch_size": 2})
     a = params_trajectory(Simulation(problem, data, alg, Cyclic(6, 3), seed=2), 6)
     b = params_trajectory(Simulation(problem, lazy, alg, Cyclic(6, 3), seed=2, executor=VectorizedExecutor()), 6)
@@ -178,7 +240,8 @@ def test_the_inspector_refuses_stateful_methods_instead_of_misreporting():
 
 
 def unequal_logistic(sizes=(5, 9, 3, 7, 6, 4), dim=4, seed=2, test_sizes=None):
-    """Six clients of unequal sizes with client-shifted features; labels ±1 from one plane. ``test_sizes``: each client's own
+    """Six clients of unequal sizes with client-shifted features; labels ±1 from one plane. ``test_sizes``: each
+    client's own
     test samples, drawn as its training ones (contiguous blocks of the test set)."""
     rng = np.random.default_rng(seed)
     shift, plane = rng.normal(size=(len(sizes), dim)), rng.normal(size=dim)
@@ -189,7 +252,14 @@ def unequal_logistic(sizes=(5, 9, 3, 7, 6, 4), dim=4, seed=2, test_sizes=None):
 
     x, y = draw(sizes)
     test = draw(test_sizes) if test_sizes is not None else (None, None)
-    data = FederatedDataset(x, y, contiguous_partition(list(sizes)), objective_weights(np.array(sizes), "uniform"), *test, test_client_sizes=test_sizes)
+    data = FederatedDataset(
+        x,
+        y,
+        contiguous_partition(list(sizes)),
+        objective_weights(np.array(sizes), "uniform"),
+        *test,
+        test_client_sizes=test_sizes,
+    )
     return LogisticRegression(dim, 1e-2), data
 
 
@@ -226,12 +296,16 @@ def test_local_model_metrics_equal_the_weighted_losses_of_the_stored_client_mode
     has_test = test_sizes > 0
     assert scores["local_test_loss"] == pytest.approx(sum(test_losses) / test_sizes.sum(), rel=1e-12)
     assert scores["local_test_accuracy"] == pytest.approx(sum(test_hits) / test_sizes.sum(), rel=1e-12)
-    assert scores["local_test_accuracy_uniform"] == pytest.approx(np.mean(np.array(test_hits)[has_test] / test_sizes[has_test]), rel=1e-12)
+    assert scores["local_test_accuracy_uniform"] == pytest.approx(
+        np.mean(np.array(test_hits)[has_test] / test_sizes[has_test]), rel=1e-12
+    )
     assert scores["local_loss"] == pytest.approx(sizes @ np.array(losses) / sizes.sum(), rel=1e-12)
     assert scores["local_loss_uniform"] == pytest.approx(np.mean(losses), rel=1e-12)
     assert scores["local_accuracy"] == pytest.approx(sizes @ np.array(accuracies) / sizes.sum(), rel=1e-12)
     assert scores["local_accuracy_uniform"] == pytest.approx(np.mean(accuracies), rel=1e-12)
-    assert scores["local_loss"] != pytest.approx(float(problem.weighted_loss(sim.params, data.features, data.labels, data.sample_weights())), rel=1e-3)
+    assert scores["local_loss"] != pytest.approx(
+        float(problem.weighted_loss(sim.params, data.features, data.labels, data.sample_weights())), rel=1e-3
+    )
     if method == "feddyn":  # θ_i = x − Δ_i: the model the client trained this round
         assert float((sim.store.get("model", np.arange(6))[sim.store.created] - x0).abs().max()) > 1e-3
 
@@ -245,7 +319,15 @@ def test_per_client_test_blocks_are_checked_and_come_from_fedprox_synthetic():
     good = unequal_logistic(test_sizes=np.array([2, 0, 3, 1, 2, 4]))[1]
     for bad in ([2, 0, 3, 1, 2], [2, 0, 3, 1, 2, 5], [3, -1, 3, 1, 2, 4]):
         with pytest.raises(ConfigError, match="test_client_sizes"):
-            FederatedDataset(good.features, good.labels, good.client_indices, good.weights, good.test_features, good.test_labels, test_client_sizes=bad)
+            FederatedDataset(
+                good.features,
+                good.labels,
+                good.client_indices,
+                good.weights,
+                good.test_features,
+                good.test_labels,
+                test_client_sizes=bad,
+            )
     settings = {"source": "fedprox_synthetic", "clients": 7, "synthetic_alpha": 0.5, "synthetic_beta": 0.5}
     samples, rng = load_samples(settings, 3)
     data = federate(samples, settings, rng)
@@ -275,7 +357,13 @@ def test_fedcdr_default_prox_is_the_local_sgd_warm_started_from_the_previous_loc
     means = torch.stack([data.features[ix].mean(0) for ix in data.client_indices])
     for warm in (True, False):
         settings = {"lr": gamma, "epochs": 1, "batch_size": 100, "eta": eta, "alpha": alpha, "exact_prox": False}
-        sim = Simulation(problem, data, build_flat("fedcdr", settings if warm else {**settings, "warm_start": False}), Cyclic(6, 6), seed=0)
+        sim = Simulation(
+            problem,
+            data,
+            build_flat("fedcdr", settings if warm else {**settings, "warm_start": False}),
+            Cyclic(6, 6),
+            seed=0,
+        )
         x0 = sim.params.clone()
         sim.step()
         first = x0 - gamma * (x0 - means)

@@ -30,7 +30,16 @@ def test_a_run_uses_records_and_reports_its_threads_and_restores_the_callers(tmp
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        result = CliRunner().invoke(app, ["run", str(toy_config(tmp_path, method="fedavg", rounds=3, eval_every=1)), "--out", str(tmp_path / "out"), "--quiet"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "run",
+                str(toy_config(tmp_path, method="fedavg", rounds=3, eval_every=1)),
+                "--out",
+                str(tmp_path / "out"),
+                "--quiet",
+            ],
+        )
         assert result.exit_code == 0, result.output
         assert torch.get_num_threads() == 2
     finally:

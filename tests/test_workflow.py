@@ -30,26 +30,59 @@ def config(tmp_path, method="fedshuffle_mvr", rounds=100, name="toy.toml", extra
 def test_grid_and_seed_syntax():
     assert parse_seeds("0..4") == [0, 1, 2, 3, 4] and parse_seeds("3,1") == [3, 1]
     points = parse_grid(["local.lr=0.1,0.01", "local.epochs=[2,5],1"])
-    assert len(points) == 4 and points[1] == {"local": {"lr": 0.1, "epochs": 1}} and points[0]["local"]["epochs"] == [2, 5]
+    assert (
+        len(points) == 4 and points[1] == {"local": {"lr": 0.1, "epochs": 1}} and points[0]["local"]["epochs"] == [2, 5]
+    )
     assert point_name(points[0]) == "local.lr-0.1_local.epochs-2-5"
-    large, small = parse_grid(["local.lr=1e+30,1e-30"])  # a folder name turns "+" into "-": exponents lose their "+" first
+    large, small = parse_grid(
+        ["local.lr=1e+30,1e-30"]
+    )  # a folder name turns "+" into "-": exponents lose their "+" first
     assert (point_name(large), point_name(small)) == ("local.lr-1e30", "local.lr-1e-30")
-    for bad, field in ((lambda: parse_seeds("4..1"), "--seeds"), (lambda: parse_grid(["lr"]), "--grid"), (lambda: parse_grid(["local.lr=1", "local.lr=2"]), "--grid"), (lambda: parse_grid(["model.lr=1"]), "--grid")):
+    for bad, field in (
+        (lambda: parse_seeds("4..1"), "--seeds"),
+        (lambda: parse_grid(["lr"]), "--grid"),
+        (lambda: parse_grid(["local.lr=1", "local.lr=2"]), "--grid"),
+        (lambda: parse_grid(["model.lr=1"]), "--grid"),
+    ):
         with pytest.raises(ConfigError) as err:
             bad()
         assert err.value.field == field
 
+
 def test_a_best_point_at_the_edge_of_its_grid_is_flagged():
     tried = [{"local": {"lr": lr, "epochs": e}} for lr in (0.1, 0.2, 0.4) for e in (1, 2)]
-    assert grid_edges({"local": {"lr": 0.4, "epochs": 2}}, tried) == ["local.lr"]  # two values of epochs are no range to be inside
+    assert grid_edges({"local": {"lr": 0.4, "epochs": 2}}, tried) == [
+        "local.lr"
+    ]  # two values of epochs are no range to be inside
     assert grid_edges({"local": {"lr": 0.2, "epochs": 1}}, tried) == []
-    assert grid_edges({"local": {"lr": 0.1}}, [{"local": {"lr": 0.1}}, {"local": {"lr": 0.2}}, {"local": {"lr": 0.3}}]) == ["local.lr"]
-    assert grid_edges(None, tried) == [] and grid_edges({"local": {"epochs": [2, 5]}}, [{"local": {"epochs": [2, 5]}}]) == []
+    assert grid_edges(
+        {"local": {"lr": 0.1}}, [{"local": {"lr": 0.1}}, {"local": {"lr": 0.2}}, {"local": {"lr": 0.3}}]
+    ) == ["local.lr"]
+    assert (
+        grid_edges(None, tried) == []
+        and grid_edges({"local": {"epochs": [2, 5]}}, [{"local": {"epochs": [2, 5]}}]) == []
+    )
 
 
 def test_sweep_runs_every_combination_in_parallel_skips_finished_runs_and_picks_the_best(tmp_path):
     cfg, out = config(tmp_path, method="fedavg", rounds=60), tmp_path / "sweep"
-    args = ["sweep", str(cfg), "--grid", "local.lr=0.0005,0.004", "--grid", "server.momentum=0,0.5", "--seeds", "0..1", "--out", str(out), "--workers", "2", "--pick", "f_gap", "--quiet"]
+    args = [
+        "sweep",
+        str(cfg),
+        "--grid",
+        "local.lr=0.0005,0.004",
+        "--grid",
+        "server.momentum=0,0.5",
+        "--seeds",
+        "0..1",
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--pick",
+        "f_gap",
+        "--quiet",
+    ]
     result = runner.invoke(app, args, terminal_width=200)
     assert result.exit_code == 0, result.output
     summaries = sorted(out.rglob("seed-*/summary.json"))
@@ -71,15 +104,34 @@ def test_sweep_runs_every_combination_in_parallel_skips_finished_runs_and_picks_
     row = next(line for line in table.stdout.splitlines() if "local.lr=0.004, server.momentum=0.5" in line)
     key = json.dumps({"local": {"lr": 0.004}, "server": {"momentum": 0.5}}, sort_keys=True)
     assert f"{np.mean(means[key]):.4g} ± {np.std(means[key]):.2g}" in row
-    plot = runner.invoke(app, ["plot", str(out), "--metric", "f_gap", "--metric", "dist_sq", "--x", "epochs", "--band", "minmax"])
-    assert plot.exit_code == 0 and (out / "plot-f_gap-dist_sq-by-epochs.png").stat().st_size > 10_000 and (out / "plot-f_gap-dist_sq-by-epochs.pdf").exists()
+    plot = runner.invoke(
+        app, ["plot", str(out), "--metric", "f_gap", "--metric", "dist_sq", "--x", "epochs", "--band", "minmax"]
+    )
+    assert (
+        plot.exit_code == 0
+        and (out / "plot-f_gap-dist_sq-by-epochs.png").stat().st_size > 10_000
+        and (out / "plot-f_gap-dist_sq-by-epochs.pdf").exists()
+    )
+
 
 def test_table_marks_diverged_runs_instead_of_failing(tmp_path):
     out = tmp_path / "res"
-    result = runner.invoke(app, ["run", str(config(tmp_path, method="fedavg", rounds=40)), "--set", "local.lr=50", "--out", str(out), "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            str(config(tmp_path, method="fedavg", rounds=40)),
+            "--set",
+            "local.lr=50",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 3
     table = runner.invoke(app, ["table", str(out), "--metric", "f_gap"])
     assert table.exit_code == 0 and "0 (1 diverged)" in table.stdout
+
 
 def test_run_folder_has_config_versions_parquet_and_sinks(tmp_path):
     pytest.importorskip("tensorboard")
@@ -88,7 +140,11 @@ def test_run_folder_has_config_versions_parquet_and_sinks(tmp_path):
     run_single(spec, tmp_path / "r" / "seed-0", seed=0, label="toy")
     run = tmp_path / "r" / "seed-0"
     saved = json.loads((run / "config.json").read_text())
-    assert saved["seed"] == 0 and saved["label"] == "toy" and {"fedshuffle", "torch", "numpy", "python"} <= set(saved["environment"])
+    assert (
+        saved["seed"] == 0
+        and saved["label"] == "toy"
+        and {"fedshuffle", "torch", "numpy", "python"} <= set(saved["environment"])
+    )
     import pyarrow.parquet as pq
 
     table = pq.read_table(run / "metrics.parquet").to_pydict()
@@ -102,22 +158,39 @@ def test_run_folder_has_config_versions_parquet_and_sinks(tmp_path):
     import mlflow
 
     client = mlflow.tracking.MlflowClient(tracking_uri=(run.parent / "mlruns").resolve().as_uri())
-    (mlrun,) = client.search_runs([client.get_experiment_by_name("fedshuffle").experiment_id], filter_string="tags.`fedshuffle.seed` = '0'")
+    (mlrun,) = client.search_runs(
+        [client.get_experiment_by_name("fedshuffle").experiment_id], filter_string="tags.`fedshuffle.seed` = '0'"
+    )
     history = sorted((m.step, m.value) for m in client.get_metric_history(mlrun.info.run_id, "f_gap"))
     np.testing.assert_allclose([v for _, v in history], csv["f_gap"], rtol=1e-12)
     assert mlrun.data.params["method.name"] == "fedshuffle_mvr"
 
+
 def test_sinks_gather_an_experiment_in_one_mlflow_experiment_and_one_tensorboard_directory(tmp_path):
     pytest.importorskip("tensorboard")
     mlflow = pytest.importorskip("mlflow")
-    cfg = config(tmp_path, rounds=4).read_text().replace("seeds = [0]", "seeds = [0, 1]\nname = \"toy\"")
+    cfg = config(tmp_path, rounds=4).read_text().replace("seeds = [0]", 'seeds = [0, 1]\nname = "toy"')
     cfg += '\n[[variants]]\nlabel = "A"\n\n[[variants]]\nlabel = "B"\nlocal = { lr = 0.002 }\n'
     (tmp_path / "two.toml").write_text(cfg)
     out = tmp_path / "res"
-    result = runner.invoke(app, ["run", str(tmp_path / "two.toml"), "--set", 'run.sinks=["tensorboard", "mlflow"]', "--out", str(out), "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            str(tmp_path / "two.toml"),
+            "--set",
+            'run.sinks=["tensorboard", "mlflow"]',
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     # TensorBoard: one log directory, a subdirectory per run as the results are laid out
-    assert sorted(p.parent.relative_to(out / "tensorboard").as_posix() for p in (out / "tensorboard").rglob("events.out.tfevents.*")) == ["a/seed-0", "a/seed-1", "b/seed-0", "b/seed-1"]
+    assert sorted(
+        p.parent.relative_to(out / "tensorboard").as_posix()
+        for p in (out / "tensorboard").rglob("events.out.tfevents.*")
+    ) == ["a/seed-0", "a/seed-1", "b/seed-0", "b/seed-1"]
     assert not list(out.glob("*/mlruns")) and not list(out.glob("*/*/tensorboard"))
     # MLflow: one store and one experiment; a parent run per variant with a nested run per seed
     client = mlflow.tracking.MlflowClient(tracking_uri=(out / "mlruns").as_uri())
@@ -126,12 +199,21 @@ def test_sinks_gather_an_experiment_in_one_mlflow_experiment_and_one_tensorboard
     runs = client.search_runs([experiment.experiment_id])
     parents = {r.info.run_id: r.info.run_name for r in runs if "mlflow.parentRunId" not in r.data.tags}
     assert sorted(parents.values()) == ["A", "B"]
-    children = sorted((parents[r.data.tags["mlflow.parentRunId"]], r.info.run_name) for r in runs if "mlflow.parentRunId" in r.data.tags)
+    children = sorted(
+        (parents[r.data.tags["mlflow.parentRunId"]], r.info.run_name)
+        for r in runs
+        if "mlflow.parentRunId" in r.data.tags
+    )
     assert children == [("A", "seed-0"), ("A", "seed-1"), ("B", "seed-0"), ("B", "seed-1")]
-    child = next(r for r in runs if r.info.run_name == "seed-1" and parents.get(r.data.tags.get("mlflow.parentRunId")) == "B")
+    child = next(
+        r for r in runs if r.info.run_name == "seed-1" and parents.get(r.data.tags.get("mlflow.parentRunId")) == "B"
+    )
     assert child.data.params["local.lr"] == "0.002" and child.info.status == "FINISHED"
     history = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "f_gap"))
-    np.testing.assert_allclose([v for _, v in history], read_metrics(out / "b" / "seed-1" / "metrics.csv")["f_gap"], rtol=1e-12)
+    np.testing.assert_allclose(
+        [v for _, v in history], read_metrics(out / "b" / "seed-1" / "metrics.csv")["f_gap"], rtol=1e-12
+    )
+
 
 def offline_wandb_history(folder):
     """The run record and the logged rows (step → {metric: value}) of W&B's offline run file in ``folder``: the LevelDB
@@ -207,17 +289,27 @@ def test_the_wandb_sink_writes_an_offline_run_per_seed_with_the_metrics_of_metri
 def _command(*args):
     return [sys.executable, "-m", "fedshuffle", *args]
 
+
 def test_kill_9_then_resume_gives_the_uninterrupted_numbers_bit_for_bit(tmp_path):
     """A run killed with SIGKILL mid-way and resumed matches an uninterrupted run exactly:
     model, metrics, sampler and data-order streams, server and global-momentum state."""
     cfg = config(tmp_path, rounds=2000)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    subprocess.run(_command("run", str(cfg), "--out", str(tmp_path / "full"), "--quiet"), check=True, env=env, capture_output=True)
+    subprocess.run(
+        _command("run", str(cfg), "--out", str(tmp_path / "full"), "--quiet"), check=True, env=env, capture_output=True
+    )
     cut = tmp_path / "cut"
-    proc = subprocess.Popen(_command("run", str(cfg), "--out", str(cut), "--quiet"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _command("run", str(cfg), "--out", str(cut), "--quiet"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     checkpoint, metrics_table = cut / "seed-0" / "checkpoint.pt", cut / "seed-0" / "metrics.csv"
     deadline = time.time() + 120
-    while time.time() < deadline and not (checkpoint.exists() and metrics_table.exists() and len(read_metrics(metrics_table)["round"]) > 30):
+    while time.time() < deadline and not (
+        checkpoint.exists() and metrics_table.exists() and len(read_metrics(metrics_table)["round"]) > 30
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -225,12 +317,15 @@ def test_kill_9_then_resume_gives_the_uninterrupted_numbers_bit_for_bit(tmp_path
     assert not (cut / "seed-0" / "summary.json").exists(), "the run finished before it could be killed"
     killed_at = read_metrics(cut / "seed-0" / "metrics.csv")["round"][-1]
     assert 0 < killed_at < 2000
-    resumed = subprocess.run(_command("run", str(cfg), "--resume", str(cut), "--quiet"), env=env, capture_output=True, text=True)
+    resumed = subprocess.run(
+        _command("run", str(cfg), "--resume", str(cut), "--quiet"), env=env, capture_output=True, text=True
+    )
     assert resumed.returncode == 0, resumed.stderr
     for name in ("final_params.npy", "metrics.csv"):
         assert (tmp_path / "full" / "seed-0" / name).read_bytes() == (cut / "seed-0" / name).read_bytes(), name
     full, again = (json.loads((d / "seed-0" / "summary.json").read_text()) for d in (tmp_path / "full", cut))
     assert full == again
+
 
 def test_unwritable_results_folder_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
@@ -238,6 +333,7 @@ def test_unwritable_results_folder_fails_before_training(tmp_path):
     result = runner.invoke(app, ["run", str(config(tmp_path)), "--out", str(blocker / "res"), "--quiet"])
     assert result.exit_code == 4 and "cannot write to" in result.output
     assert not any(tmp_path.glob("**/metrics.csv"))
+
 
 def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypatch):
     import fedshuffle.core.checkpoint as checkpoint_mod
@@ -261,16 +357,41 @@ def test_full_disk_is_detected_before_training_and_during_it(tmp_path, monkeypat
 
     monkeypatch.setattr(loop_mod, "write_atomic", flaky)
     monkeypatch.setattr(checkpoint_mod, "write_atomic", flaky)
-    every_evaluation = spec.model_copy(update={"run": spec.run.model_copy(update={"checkpoint_seconds": 0.0})})  # the 5th checkpoint fails
+    every_evaluation = spec.model_copy(
+        update={"run": spec.run.model_copy(update={"checkpoint_seconds": 0.0})}
+    )  # the 5th checkpoint fails
     with pytest.raises(ResultsError, match="No space left on device.*everything written before is kept"):
         run_single(every_evaluation, tmp_path / "b", seed=0)
     assert (tmp_path / "b" / "checkpoint.pt").exists()  # what was written before is kept
 
+
 def test_sweep_over_one_variants_own_setting(tmp_path):
-    cfg = config(tmp_path, method="fedavg", rounds=20, name="two.toml", extra='\n[[variants]]\nlabel = "CDR"\nmethod = { name = "fedcdr" }\nserver = { momentum = 0.0 }\nsampler = { name = "cyclic", cohort = 1 }\n'
-                   '\n[[variants]]\nlabel = "Avg"\nmethod = { name = "fedavg" }\n')
+    cfg = config(
+        tmp_path,
+        method="fedavg",
+        rounds=20,
+        name="two.toml",
+        extra='\n[[variants]]\nlabel = "CDR"\nmethod = { name = "fedcdr" }\nserver = { momentum = 0.0 }\nsampler = { '
+        'name = "cyclic", cohort = 1 }\n'
+        '\n[[variants]]\nlabel = "Avg"\nmethod = { name = "fedavg" }\n',
+    )
     out = tmp_path / "s"
-    result = runner.invoke(app, ["sweep", str(cfg), "--variant", "CDR", "--grid", "method.eta=1,10", "--out", str(out), "--workers", "1", "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "sweep",
+            str(cfg),
+            "--variant",
+            "CDR",
+            "--grid",
+            "method.eta=1,10",
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert {p.parent.name for p in out.rglob("seed-0")} == {"cdr"} and len(list(out.rglob("seed-0/summary.json"))) == 2
     bad = runner.invoke(app, ["sweep", str(cfg), "--variant", "FedCDR", "--out", str(out), "--quiet"])

@@ -40,8 +40,15 @@ def registries() -> dict[str, Any]:
     from fedshuffle.samplers import SAMPLERS
     from fedshuffle.server import SERVER_OPTIMIZERS
 
-    return {"methods": METHODS, "problems": PROBLEMS, "sources": SOURCES, "partitions": PARTITIONS, "samplers": SAMPLERS,
-            "server_optimizers": SERVER_OPTIMIZERS, "metrics": METRICS}
+    return {
+        "methods": METHODS,
+        "problems": PROBLEMS,
+        "sources": SOURCES,
+        "partitions": PARTITIONS,
+        "samplers": SAMPLERS,
+        "server_optimizers": SERVER_OPTIMIZERS,
+        "metrics": METRICS,
+    }
 
 
 def _cell(text: Any) -> str:
@@ -164,7 +171,10 @@ def render_presets(paper: str) -> str:
     for row in rows:
         _listed.add(row["name"])
         seeds = ", ".join(map(str, row["seeds"]))
-        lines.append(f"| `{row['name']}` | {_cell(row['figure'])} | {_cell(row['title'])} | {_cell(', '.join(row['variants']))} | {seeds} | {row['rounds']} |")
+        lines.append(
+            f"| `{row['name']}` | {_cell(row['figure'])} | {_cell(row['title'])} | "
+            f"{_cell(', '.join(row['variants']))} | {seeds} | {row['rounds']} |"
+        )
     return "\n".join(lines)
 
 
@@ -178,7 +188,13 @@ def render_registry(name: str) -> str:
         return "\n".join(lines)
     lines = [f"| `{table.kind}` | what | its settings (default) | from |", "| --- | --- | --- | --- |"]
     for entry in table.entries():
-        settings = "<br>".join(f"`{s['name']}` = `{s['default']}`{': ' + s['help'] if s['help'] else ''}" for s in entry.describe_settings()) or "—"
+        settings = (
+            "<br>".join(
+                f"`{s['name']}` = `{s['default']}`{': ' + s['help'] if s['help'] else ''}"
+                for s in entry.describe_settings()
+            )
+            or "—"
+        )
         lines.append(f"| `{entry.name}` | {_cell(entry.summary)} | {_cell(settings)} | {_cell(entry.citation)} |")
     return "\n".join(lines)
 
@@ -233,7 +249,9 @@ def on_post_build(config: Any) -> None:
 
     missing = unlisted_presets()
     if missing:
-        raise PluginError(f"presets on no paper page (add a <!-- fedshuffle:presets PAPER --> marker): {', '.join(missing)}")
+        raise PluginError(
+            f"presets on no paper page (add a <!-- fedshuffle:presets PAPER --> marker): {', '.join(missing)}"
+        )
 
 
 if __name__ == "__main__":

@@ -64,10 +64,27 @@ __all__ = sorted(_EXPORTS)
 
 
 #: subpackages and modules reachable as attributes (``fedshuffle.metrics.METRICS``) without importing them first
-_SUBMODULES = frozenset({
-    "aggregation", "analysis", "api", "core", "data", "executors", "experiments", "local", "methods", "metrics",
-    "plugins", "problems", "samplers", "schedules", "server", "simulation", "state",
-})
+_SUBMODULES = frozenset(
+    {
+        "aggregation",
+        "analysis",
+        "api",
+        "core",
+        "data",
+        "executors",
+        "experiments",
+        "local",
+        "methods",
+        "metrics",
+        "plugins",
+        "problems",
+        "samplers",
+        "schedules",
+        "server",
+        "simulation",
+        "state",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:

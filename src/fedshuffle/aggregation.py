@@ -22,7 +22,8 @@ and w̃ from ``weighting``:
 * explicit per-client values (FedShuffleGen's free parameter w̃).
 
 and, with ``direction="mean_gradient"``, each update is first turned into the mean gradient along
-the client's path, g_i = Δ_i/(η_iτ_i) (Nastya, Malinovsky, Mishchenko & Richtárik 2022, Algorithm 1; RR-CLI, Malinovsky et al. 2023, Algorithm 1 line 12:
+the client's path, g_i = Δ_i/(η_iτ_i) (Nastya, Malinovsky, Mishchenko & Richtárik 2022, Algorithm 1; RR-CLI, Malinovsky
+et al. 2023, Algorithm 1 line 12:
 g = (x − x^N)/(γN)), so that the server step size η is on the scale of a gradient step. With
 η = γN and equal τ_i this gives back the model average.
 
@@ -63,11 +64,16 @@ class Aggregator:
 
     def __post_init__(self) -> None:
         if isinstance(self.weighting, str) and self.weighting not in WEIGHTINGS:
-            raise ConfigError("weighting", f"unknown {self.weighting!r}; accepted: {', '.join(WEIGHTINGS)} or a list of per-client values")
+            raise ConfigError(
+                "weighting",
+                f"unknown {self.weighting!r}; accepted: {', '.join(WEIGHTINGS)} or a list of per-client values",
+            )
         if not isinstance(self.weighting, str) and any(not (v >= 0 and math.isfinite(v)) for v in self.weighting):
             raise ConfigError("weighting", "per-client aggregation weights must be finite and >= 0")
         if not isinstance(self.weighting, str) and not any(v > 0 for v in self.weighting):
-            raise ConfigError("weighting", "per-client aggregation weights must not all be 0 (no client would move the model)")
+            raise ConfigError(
+                "weighting", "per-client aggregation weights must not all be 0 (no client would move the model)"
+            )
         if self.normalization not in NORMALIZATIONS:
             raise ConfigError("normalization", f"unknown {self.normalization!r}; accepted: {', '.join(NORMALIZATIONS)}")
         if self.tau_eff not in TAU_EFF:
@@ -84,7 +90,9 @@ class Aggregator:
         given values (FedNova's ``"normalized"`` depends on the round's local work: :meth:`weights`)."""
         if not isinstance(self.weighting, str):
             if len(self.weighting) != len(objective_weights):
-                raise ConfigError("weighting", f"expected {len(objective_weights)} values (one per client), got {len(self.weighting)}")
+                raise ConfigError(
+                    "weighting", f"expected {len(objective_weights)} values (one per client), got {len(self.weighting)}"
+                )
             return np.asarray(self.weighting, dtype=np.float64)[clients]
         if self.weighting == "data":
             return np.asarray(objective_weights, dtype=np.float64)[clients]

@@ -41,7 +41,16 @@ from fedshuffle.experiments.reproduce import reproduce as run_all
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
 from fedshuffle.experiments.runner import build_simulation, ensure_writable
 from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, preset_names, slug, validate
-from fedshuffle.experiments.session import check_out, merge_overrides, normalize_overrides, only_variants, pick_folder, requested_seeds, resume_folder, run_experiment
+from fedshuffle.experiments.session import (
+    check_out,
+    merge_overrides,
+    normalize_overrides,
+    only_variants,
+    pick_folder,
+    requested_seeds,
+    resume_folder,
+    run_experiment,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,7 +64,8 @@ VALUE_COLUMNS = (*(c for c in METRIC_COLUMNS if c != "round"), *TIMING_COLUMNS[1
 
 
 def _with_seeds(config: schema.Experiment, seeds: Any, overrides: Mapping[str, Mapping[str, Any]]) -> schema.Experiment:
-    """``config`` with ``[experiment] seeds`` replaced by the seeds asked for (:func:`~fedshuffle.experiments.session.requested_seeds`)."""
+    """``config`` with ``[experiment] seeds`` replaced by the seeds asked for
+    (:func:`~fedshuffle.experiments.session.requested_seeds`)."""
     seed_list = requested_seeds(seeds, overrides, "seeds", "overrides run.seed")
     if seed_list is None:
         return config
@@ -78,12 +88,19 @@ def _config_of(config: Any) -> tuple[schema.Experiment, dict[str, dict[str, Any]
         return load_experiment(config), {}
     if isinstance(config, Mapping):
         return validate(schema.Experiment, dict(config)), {}
-    raise ConfigError("config", f"expected a preset name, a TOML file, a dict of sections or an Experiment, got {type(config).__name__}")
+    raise ConfigError(
+        "config",
+        f"expected a preset name, a TOML file, a dict of sections or an Experiment, got {type(config).__name__}",
+    )
 
 
-def experiment(config: str | os.PathLike | Mapping[str, Any] | schema.Experiment | Experiment = "quickstart", *,
-               overrides: Any = None, seeds: Sequence[int] | None = None,
-               plugins: Sequence[str] | str | None = None) -> Experiment:
+def experiment(
+    config: str | os.PathLike | Mapping[str, Any] | schema.Experiment | Experiment = "quickstart",
+    *,
+    overrides: Any = None,
+    seeds: Sequence[int] | None = None,
+    plugins: Sequence[str] | str | None = None,
+) -> Experiment:
     """An experiment from a preset name, a TOML file, a dict of sections (as the TOML file would give)
     or another experiment, with ``overrides`` on every variant and, optionally, its ``seeds``.
 
@@ -117,22 +134,35 @@ def preset_table() -> list[dict[str, Any]]:
         meta = config.experiment
         runs = config.runs()
         rounds = sorted({spec.run.rounds for _, spec in runs})
-        rows.append({
-            "name": name, "title": meta.title, "paper": meta.paper, "figure": meta.figure,
-            "variants": [label for label, _ in runs if label], "seeds": config.seeds(runs[0][1]),
-            "rounds": rounds[0] if len(rounds) == 1 else rounds,
-        })
+        rows.append(
+            {
+                "name": name,
+                "title": meta.title,
+                "paper": meta.paper,
+                "figure": meta.figure,
+                "variants": [label for label, _ in runs if label],
+                "seeds": config.seeds(runs[0][1]),
+                "rounds": rounds[0] if len(rounds) == 1 else rounds,
+            }
+        )
     return rows
 
 
-def reproduce(*presets: str, out: str | os.PathLike = "results/reproduce", budget: str | None = None,
-              progress: bool = False, plugins: Sequence[str] | str | None = None) -> list[dict[str, Any]]:
+def reproduce(
+    *presets: str,
+    out: str | os.PathLike = "results/reproduce",
+    budget: str | None = None,
+    progress: bool = False,
+    plugins: Sequence[str] | str | None = None,
+) -> list[dict[str, Any]]:
     """As ``fedshuffle reproduce``: run the presets (every one when none is given) where runs are missing,
     judge their papers' claims and write ``report.md`` and ``report.html`` into ``out``; one dict per
     claim (preset, paper, figure, claim, quote, measured, verdict, why). ``plugins`` as for :func:`experiment`."""
     if plugins is not None:
         _plugins.allow(plugins, "the plugins argument")
-    return [asdict(r) for r in run_all(list(presets) or preset_names(), Path(out), budget=budget, show_progress=progress)]
+    return [
+        asdict(r) for r in run_all(list(presets) or preset_names(), Path(out), budget=budget, show_progress=progress)
+    ]
 
 
 class Experiment:
@@ -144,7 +174,11 @@ class Experiment:
 
     def __init__(self, config: schema.Experiment, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         if not isinstance(config, schema.Experiment):
-            raise ConfigError("config", f"expected a validated fedshuffle.experiments.schema.Experiment (use fedshuffle.experiment(...)), got {type(config).__name__}")
+            raise ConfigError(
+                "config",
+                "expected a validated fedshuffle.experiments.schema.Experiment (use fedshuffle.experiment(...)), "
+                f"got {type(config).__name__}",
+            )
         self.config = config
         self.overrides = normalize_overrides(overrides, "overrides")
         self._specs = dict(config.runs(self.overrides, given_as="overrides"))  # validates every variant now
@@ -165,7 +199,10 @@ class Experiment:
 
     def __repr__(self) -> str:
         rounds = sorted({s.run.rounds for s in self._specs.values()})
-        return f"Experiment({self.name!r}: {len(self.variants) or 1} variant(s) × seeds {self.seeds}, {'/'.join(map(str, rounds))} rounds)"
+        return (
+            f"Experiment({self.name!r}: {len(self.variants) or 1} variant(s) × seeds {self.seeds}, "
+            f"{'/'.join(map(str, rounds))} rounds)"
+        )
 
     def with_overrides(self, overrides: Any) -> Experiment:
         """A copy with more overrides (later ones win)."""
@@ -185,9 +222,14 @@ class Experiment:
         if variant is None:
             if len(labels) == 1:
                 return labels[0]
-            raise ConfigError("variant", f"this experiment has {len(labels)} variants; name one of: {', '.join(labels)}")
+            raise ConfigError(
+                "variant", f"this experiment has {len(labels)} variants; name one of: {', '.join(labels)}"
+            )
         if variant not in self._specs:
-            raise ConfigError("variant", f"no variant {variant!r}; the variants are: {', '.join(labels) or '(none: leave variant out)'}")
+            raise ConfigError(
+                "variant",
+                f"no variant {variant!r}; the variants are: {', '.join(labels) or '(none: leave variant out)'}",
+            )
         return variant
 
     def simulation(self, variant: str | None = None, seed: int | None = None) -> Simulation:
@@ -199,8 +241,11 @@ class Experiment:
         sim, _ = build_simulation(spec, seed_value)
         return sim
 
-    def objective(self, variant: str | None = None, *, seed: int | None = None, exact: bool | None = None, rounds: int = 20_000) -> ObjectiveReport:
-        """Which objective does this variant minimize on its data? :func:`~fedshuffle.analysis.objective.inspect_objective`
+    def objective(
+        self, variant: str | None = None, *, seed: int | None = None, exact: bool | None = None, rounds: int = 20_000
+    ) -> ObjectiveReport:
+        """Which objective does this variant minimize on its data?
+        :func:`~fedshuffle.analysis.objective.inspect_objective`
         with the variant's algorithm, sampler, client sizes and objective weights w_i."""
 
         spec = self.spec(variant)
@@ -209,11 +254,25 @@ class Experiment:
         problem, data = build_problem_and_data(spec)
         sampler = build_sampler(spec.sampler, data)
         spec, _ = resolve_step_sizes(spec, problem, data, sampler)
-        return inspect_objective(build_algorithm_from(spec), sampler, data.sizes, data.weights, exact=exact, rounds=rounds, seed=spec.run.seed)
+        return inspect_objective(
+            build_algorithm_from(spec),
+            sampler,
+            data.sizes,
+            data.weights,
+            exact=exact,
+            rounds=rounds,
+            seed=spec.run.seed,
+        )
 
     def run(
-        self, out: str | os.PathLike | None = None, *, seeds: Sequence[int] | None = None, variants: Sequence[str] | None = None,
-        progress: bool = True, workers: int = 1, resume: bool = False,
+        self,
+        out: str | os.PathLike | None = None,
+        *,
+        seeds: Sequence[int] | None = None,
+        variants: Sequence[str] | None = None,
+        progress: bool = True,
+        workers: int = 1,
+        resume: bool = False,
     ) -> Results:
         """Run every variant (or only ``variants``) × seed into ``out`` and read the results back.
 
@@ -238,12 +297,21 @@ class Experiment:
             if moved:
                 print(f"note: {moved}", file=sys.stderr)
         ensure_writable(target)
-        run_experiment(config, target, overrides=self.overrides, resume=resume, show_progress=bool(progress), workers=workers)  # the seeds are config's
+        run_experiment(
+            config, target, overrides=self.overrides, resume=resume, show_progress=bool(progress), workers=workers
+        )  # the seeds are config's
         return _read_back(target)
 
     def sweep(
-        self, grid: Mapping[str, Sequence[Any]], out: str | os.PathLike | None = None, *, seeds: Sequence[int] | None = None,
-        variants: Sequence[str] | None = None, pick: str | None = None, workers: int = 1, progress: bool = True,
+        self,
+        grid: Mapping[str, Sequence[Any]],
+        out: str | os.PathLike | None = None,
+        *,
+        seeds: Sequence[int] | None = None,
+        variants: Sequence[str] | None = None,
+        pick: str | None = None,
+        workers: int = 1,
+        progress: bool = True,
     ) -> Results:
         """Every combination of ``grid`` (``"section.setting"`` → values) × variant × seed, as ``fedshuffle sweep``.
 
@@ -261,12 +329,30 @@ class Experiment:
             check_metrics([pick], "pick")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError("workers", f"expected an integer >= 1, got {workers!r}")
-        if variants is not None and (isinstance(variants, str) or not isinstance(variants, Sequence) or any(v not in self.variants for v in variants)):
-            raise ConfigError("variants", f"expected a list of variant labels among: {', '.join(self.variants) or '(none)'}; got {variants!r}")
+        if variants is not None and (
+            isinstance(variants, str)
+            or not isinstance(variants, Sequence)
+            or any(v not in self.variants for v in variants)
+        ):
+            raise ConfigError(
+                "variants",
+                f"expected a list of variant labels among: {', '.join(self.variants) or '(none)'}; got {variants!r}",
+            )
         target = check_out(out, "out") or Path("results") / f"{slug(self.name)}-sweep"
         config = _with_seeds(self.config, seeds, {})
-        record, _ = run_sweep(config, target, points, seeds=None, overrides=self.overrides, variants=variants, pick=pick, extend=False, workers=workers,
-                              show_progress=bool(progress), record={"grid": {k: list(v) for k, v in grid.items()}})
+        record, _ = run_sweep(
+            config,
+            target,
+            points,
+            seeds=None,
+            overrides=self.overrides,
+            variants=variants,
+            pick=pick,
+            extend=False,
+            workers=workers,
+            show_progress=bool(progress),
+            record={"grid": {k: list(v) for k, v in grid.items()}},
+        )
         results = _read_back(target)
         results.best = record.get("best", {})
         return results
@@ -330,12 +416,19 @@ def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Res
             if unsealed is not None:
                 problem = f"{unsealed[0]}: {unsealed[1]}"
                 if not allow_unsealed:
-                    raise ConfigError("paths", f"{problem}; continue the run with resume to write it again, or pass allow_unsealed=True")
+                    raise ConfigError(
+                        "paths",
+                        f"{problem}; continue the run with resume to write it again, or pass allow_unsealed=True",
+                    )
                 warnings.warn(f"{problem}; read as it is (allow_unsealed=True)", stacklevel=2)
             point = config.get("point") or {}
             row = {
-                "variant": config.get("label") or "run", "point": point_text(point), "seed": int(config.get("seed", -1)),
-                "status": summary.get("status", "unfinished"), "message": summary.get("message", ""), "path": str(folder),
+                "variant": config.get("label") or "run",
+                "point": point_text(point),
+                "seed": int(config.get("seed", -1)),
+                "status": summary.get("status", "unfinished"),
+                "message": summary.get("message", ""),
+                "path": str(folder),
             }
             for section, settings in point.items():
                 for key, value in settings.items():
@@ -347,7 +440,9 @@ def load_results(*paths: str | os.PathLike, allow_unsealed: bool = False) -> Res
                 frame.insert(("variant", "point", "seed").index(key), key, row[key])
             curves.append(frame)
     if not runs:
-        raise ConfigError("paths", f"no runs (folders with config.json and metrics.csv) under {', '.join(map(str, paths))}")
+        raise ConfigError(
+            "paths", f"no runs (folders with config.json and metrics.csv) under {', '.join(map(str, paths))}"
+        )
     curve_frame = pd.concat(curves, ignore_index=True)
     for name in ("round", *_metrics.METRICS.names()):
         if name in curve_frame and _metrics.METRICS[name].defaults["integer"] and curve_frame[name].notna().all():
@@ -394,10 +489,14 @@ class Results:
         """The metrics that have at least one value in these runs."""
         return [m for m in VALUE_COLUMNS if self.curves[m].notna().any()]
 
-    def _check_metric(self, metric: Any, argument: str = "metric", kinds: tuple[str, ...] = ("model", "method", "cost")) -> str:
+    def _check_metric(
+        self, metric: Any, argument: str = "metric", kinds: tuple[str, ...] = ("model", "method", "cost")
+    ) -> str:
         accepted = [m for m in ("round", *VALUE_COLUMNS) if _metrics.METRICS[m].defaults["kind"] in kinds]
         if metric not in accepted:
-            raise ConfigError(argument, f"unknown metric {metric!r}{did_you_mean(metric, accepted)}; accepted: {', '.join(accepted)}")
+            raise ConfigError(
+                argument, f"unknown metric {metric!r}{did_you_mean(metric, accepted)}; accepted: {', '.join(accepted)}"
+            )
         if not self.curves[metric].notna().any():
             present = [m for m in accepted if self.curves[m].notna().any()]
             raise ConfigError(argument, f"no run has values of {metric!r}; these runs have: {', '.join(present)}")
@@ -406,7 +505,9 @@ class Results:
     def final(self) -> pd.DataFrame:
         """One row per run: its last evaluation, with ``status``."""
         last = self.curves.groupby(["variant", "point", "seed"], sort=False).tail(1)
-        return self.runs[["variant", "point", "seed", "status"]].merge(last, on=["variant", "point", "seed"], how="left")
+        return self.runs[["variant", "point", "seed", "status"]].merge(
+            last, on=["variant", "point", "seed"], how="left"
+        )
 
     def summary(self, metrics: Sequence[str] | str | None = None) -> pd.DataFrame:
         """Mean and std (population, as ``fedshuffle table``) over the complete seeds of each final
@@ -427,13 +528,18 @@ class Results:
         return table
 
     def plot(
-        self, metric: str = "f_gap", x: str = "round", *, band: str | None = "std", log_y: bool | None = None, ax: Axes | None = None,
+        self,
+        metric: str = "f_gap",
+        x: str = "round",
+        *,
+        band: str | None = "std",
+        log_y: bool | None = None,
+        ax: Axes | None = None,
     ) -> Axes:
         """One line per variant (and grid point): the mean of ``metric`` over seeds against ``x``, with
         a std or min–max ``band`` (``None`` for none). ``log_y`` defaults to a log axis for metrics
         where lower is better. Returns the matplotlib axes (a new figure unless ``ax`` is given)."""
         import matplotlib.pyplot as plt
-
 
         metric = self._check_metric(metric, "metric", ("model", "method"))
         if x != "bytes":
@@ -457,16 +563,24 @@ class Results:
             label = f"{variant} [{point}]" if point else variant
             (line,) = ax.plot(xs.to_numpy(), mean.to_numpy(), label=label, **line_style(k))
             if band and group["seed"].nunique() > 1:
-                low, high = (mean - per_round[metric].std(ddof=0), mean + per_round[metric].std(ddof=0)) if band == "std" else (per_round[metric].min(), per_round[metric].max())
+                low, high = (
+                    (mean - per_round[metric].std(ddof=0), mean + per_round[metric].std(ddof=0))
+                    if band == "std"
+                    else (per_round[metric].min(), per_round[metric].max())
+                )
                 if log_y:
                     low = np.maximum(low, per_round[metric].min())
-                ax.fill_between(xs.to_numpy(), low.to_numpy(), high.to_numpy(), color=line.get_color(), alpha=0.2, linewidth=0)
+                ax.fill_between(
+                    xs.to_numpy(), low.to_numpy(), high.to_numpy(), color=line.get_color(), alpha=0.2, linewidth=0
+                )
         if log_y:
             ax.set_yscale("log")
         ax.set_xlabel(_metrics.label(x) if x != "bytes" else "bytes communicated (up + down)")
         ax.set_ylabel(_metrics.label(metric))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)  # beside the axes, never over the curves
+        ax.legend(
+            fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False
+        )  # beside the axes, never over the curves
         return ax
 
 

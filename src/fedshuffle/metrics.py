@@ -34,15 +34,23 @@ METRICS = Registry("metric")
 
 
 def metric(
-    name: str, label: str, compute: Callable[[Evaluation], Any], *, kind: Kind, better: Literal["min", "max"] = "min",
-    integer: bool = False, measured: bool = False, citation: str = "",
+    name: str,
+    label: str,
+    compute: Callable[[Evaluation], Any],
+    *,
+    kind: Kind,
+    better: Literal["min", "max"] = "min",
+    integer: bool = False,
+    measured: bool = False,
+    citation: str = "",
 ) -> None:
     """Declare a metric: ``compute(evaluation)`` gives its value at an evaluation (``None`` where it does not apply)."""
     METRICS.add(name, compute, label, citation, kind=kind, better=better, integer=integer, measured=measured)
 
 
 def names(*, measured: bool = False) -> tuple[str, ...]:
-    """Metric names in declaration order: the deterministic ones (``metrics.csv``) or the measured ones (``timing.csv``)."""
+    """Metric names in declaration order: the deterministic ones (``metrics.csv``) or the measured ones
+    (``timing.csv``)."""
     return tuple(e.name for e in METRICS.entries() if e.defaults["measured"] == measured)
 
 
@@ -72,7 +80,9 @@ def evaluate(evaluation: Evaluation) -> dict[str, Any]:
     """Every declared metric at one evaluation; a method diagnostic that no declaration names is an error."""
     undeclared = sorted(set(evaluation.extras) - set(METRICS))
     if undeclared:
-        raise KeyError(f"the method reports undeclared metrics {undeclared}; declare them with fedshuffle.metrics.metric(...)")
+        raise KeyError(
+            f"the method reports undeclared metrics {undeclared}; declare them with fedshuffle.metrics.metric(...)"
+        )
     return {e.name: e.factory(evaluation) for e in METRICS.entries()}
 
 
@@ -95,7 +105,11 @@ class ModelScores:
         self.x_star = solved[0].to(data.features.device, data.features.dtype) if solved else None
         self.f_star = solved[1] if solved else None
         test = data.test_features
-        self.test_weights = None if test is None else torch.full((test.shape[0],), 1.0 / test.shape[0], dtype=self.sample_weights.dtype, device=test.device)
+        self.test_weights = (
+            None
+            if test is None
+            else torch.full((test.shape[0],), 1.0 / test.shape[0], dtype=self.sample_weights.dtype, device=test.device)
+        )
 
     def __call__(self, params: torch.Tensor) -> dict[str, float | None]:
         """One pass over the held training rows (f, ‖∇f‖² unless ``gradient`` is off, accuracy:
@@ -103,14 +117,17 @@ class ModelScores:
         and one over the test data (mean loss, accuracy: the same with weights 1/n and no gradient)."""
         held = {} if self.rows is None else {"rows": self.rows}  # a problem's own scores() may not take rows
         data = self.data
-        train = self.problem.scores(params, data.features, data.labels, self.sample_weights, gradient=self.gradient,
-                                    **held)
+        train = self.problem.scores(
+            params, data.features, data.labels, self.sample_weights, gradient=self.gradient, **held
+        )
         out: dict[str, float | None] = {"loss": train.loss, "grad_norm_sq": train.grad_norm_sq}
         out["f_gap"] = train.loss - self.f_star if self.f_star is not None else None
         out["dist_sq"] = float((params - self.x_star).pow(2).sum()) if self.x_star is not None else None
         out["train_accuracy"] = train.accuracy
         if self.test_weights is not None:
-            test = self.problem.scores(params, self.data.test_features, self.data.test_labels, self.test_weights, gradient=False)
+            test = self.problem.scores(
+                params, self.data.test_features, self.data.test_labels, self.test_weights, gradient=False
+            )
             out["test_loss"], out["test_accuracy"] = test.loss, test.accuracy
         return out
 
@@ -140,7 +157,10 @@ def local_model_scores(sim: Any) -> dict[str, float | None]:
     """
     method, state = sim.method, sim.method_state
     while getattr(method, "local_model_field", None) is None and hasattr(method, "inner"):
-        method, state = method.inner, state["inner"]  # a wrapper (global momentum) keeps the method's state under "inner"
+        method, state = (
+            method.inner,
+            state["inner"],
+        )  # a wrapper (global momentum) keeps the method's state under "inner"
     field = getattr(method, "local_model_field", None)
     if field is None or sim.store is None:
         return {}
@@ -149,28 +169,44 @@ def local_model_scores(sim: Any) -> dict[str, float | None]:
     losses, correct, sizes = [], [], np.asarray(data.sizes, dtype=np.float64)
     test_scores = []
     for client, indices in enumerate(data.client_indices):
-        own = sim.store.get(field, np.array([client]), data.features.device)[0].to(sim.params.dtype) if sim.store.created[client] else state["x0"]
+        own = (
+            sim.store.get(field, np.array([client]), data.features.device)[0].to(sim.params.dtype)
+            if sim.store.created[client]
+            else state["x0"]
+        )
         loss, hits = _own_scores(problem, own, data.features, data.labels, indices)
         losses.append(loss)
         correct.append(hits)
         if test_rows is not None and data.test_client_sizes[client]:
             test_scores.append(_own_scores(problem, own, data.test_features, data.test_labels, test_rows[client]))
     loss = np.array(losses)
-    out: dict[str, float | None] = {"local_loss": float(sizes @ loss / sizes.sum()), "local_loss_uniform": float(loss.mean())}
+    out: dict[str, float | None] = {
+        "local_loss": float(sizes @ loss / sizes.sum()),
+        "local_loss_uniform": float(loss.mean()),
+    }
     if None not in correct:
         hits = np.array(correct)
-        out |= {"local_accuracy": float(hits.sum() / sizes.sum()), "local_accuracy_uniform": float((hits / sizes).mean())}
+        out |= {
+            "local_accuracy": float(hits.sum() / sizes.sum()),
+            "local_accuracy_uniform": float((hits / sizes).mean()),
+        }
     if test_scores:
         held = data.test_client_sizes[data.test_client_sizes > 0].astype(np.float64)
         out["local_test_loss"] = float(held @ np.array([t[0] for t in test_scores]) / held.sum())
         if all(t[1] is not None for t in test_scores):
             hits = np.array([t[1] for t in test_scores])
-            out |= {"local_test_accuracy": float(hits.sum() / held.sum()), "local_test_accuracy_uniform": float((hits / held).mean())}
+            out |= {
+                "local_test_accuracy": float(hits.sum() / held.sum()),
+                "local_test_accuracy_uniform": float((hits / held).mean()),
+            }
     return out
 
 
-def _own_scores(problem: Any, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, rows: np.ndarray) -> tuple[float, float | None]:
-    """A client's mean loss over ``rows`` at its own model, and how many of them it classifies right (None: no classes)."""
+def _own_scores(
+    problem: Any, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, rows: np.ndarray
+) -> tuple[float, float | None]:
+    """A client's mean loss over ``rows`` at its own model, and how many of them it classifies right (None: no
+    classes)."""
     ix = torch.as_tensor(rows, device=features.device)
     X, Y = features[ix], labels[ix]
     accuracy = problem.accuracy(params, X, Y)
@@ -187,12 +223,41 @@ metric("round", "communication rounds", lambda e: e.counters.rounds, kind="cost"
 metric("sample_gradients", "gradient evaluations", lambda e: e.counters.sample_gradients, kind="cost", integer=True)
 metric("epochs", "epochs of data", lambda e: e.counters.sample_gradients / e.num_samples, kind="cost")
 metric("bytes_up", "bytes uploaded (all clients, run dtype)", lambda e: e.counters.bytes_up, kind="cost", integer=True)
-metric("bytes_down", "bytes downloaded (all clients, run dtype)", lambda e: e.counters.bytes_down, kind="cost", integer=True)
-metric("mib_up", "MiB uploaded per participating worker (fp32)", lambda e: _mib(e.counters.worker_elements_up), kind="cost", citation=_YANG)
-metric("mib_down", "MiB downloaded per participating worker (fp32)", lambda e: _mib(e.counters.worker_elements_down), kind="cost", citation=_YANG)
-metric("dropped", "members dropped so far (no answer within the round's timeout, on devices)", lambda e: e.extras.get("dropped"), kind="cost", integer=True)
-metric("epsilon", "ε(δ) of differential privacy spent so far ([privacy]: Opacus's RDP accountant; δ in config.json)", lambda e: getattr(e.counters, "epsilon", None),
-       kind="cost", citation="Mironov, Talwar & Zhang 2019, arXiv:1908.10530")
+metric(
+    "bytes_down",
+    "bytes downloaded (all clients, run dtype)",
+    lambda e: e.counters.bytes_down,
+    kind="cost",
+    integer=True,
+)
+metric(
+    "mib_up",
+    "MiB uploaded per participating worker (fp32)",
+    lambda e: _mib(e.counters.worker_elements_up),
+    kind="cost",
+    citation=_YANG,
+)
+metric(
+    "mib_down",
+    "MiB downloaded per participating worker (fp32)",
+    lambda e: _mib(e.counters.worker_elements_down),
+    kind="cost",
+    citation=_YANG,
+)
+metric(
+    "dropped",
+    "members dropped so far (no answer within the round's timeout, on devices)",
+    lambda e: e.extras.get("dropped"),
+    kind="cost",
+    integer=True,
+)
+metric(
+    "epsilon",
+    "ε(δ) of differential privacy spent so far ([privacy]: Opacus's RDP accountant; δ in config.json)",
+    lambda e: getattr(e.counters, "epsilon", None),
+    kind="cost",
+    citation="Mironov, Talwar & Zhang 2019, arXiv:1908.10530",
+)
 metric("loss", "f(x)", lambda e: e["loss"], kind="model")
 metric("f_gap", "f(x) − f*", lambda e: e["f_gap"], kind="model")
 metric("dist_sq", "‖x − x*‖²", lambda e: e["dist_sq"], kind="model")
@@ -203,19 +268,73 @@ metric("test_accuracy", "test accuracy", lambda e: e["test_accuracy"], kind="mod
 _FEDERATED = "scored by the nodes on their clients beside the server's (Flower, run config evaluation = 'both')"
 metric("federated_loss", f"f(x), {_FEDERATED}", lambda e: e["federated_loss"], kind="model")
 metric("federated_grad_norm_sq", f"‖∇f(x)‖², {_FEDERATED}", lambda e: e["federated_grad_norm_sq"], kind="model")
-metric("federated_train_accuracy", f"train accuracy, {_FEDERATED}", lambda e: e["federated_train_accuracy"], kind="model", better="max")
+metric(
+    "federated_train_accuracy",
+    f"train accuracy, {_FEDERATED}",
+    lambda e: e["federated_train_accuracy"],
+    kind="model",
+    better="max",
+)
 _LOCAL = "clients' own models on their own data (FedDR's evaluation point; FedCDR, FedDyn)"
 metric("local_loss", f"Σ (|D_i|/|D|) f_i(x_i), {_LOCAL}", lambda e: e["local_loss"], kind="model")
 metric("local_loss_uniform", f"(1/n) Σ f_i(x_i), {_LOCAL}", lambda e: e["local_loss_uniform"], kind="model")
-metric("local_accuracy", f"train accuracy pooled over clients, {_LOCAL}", lambda e: e["local_accuracy"], kind="model", better="max")
-metric("local_accuracy_uniform", f"mean of the clients' train accuracies, {_LOCAL}", lambda e: e["local_accuracy_uniform"], kind="model", better="max")
-metric("local_test_loss", f"mean test loss pooled over clients' own test samples, {_LOCAL}", lambda e: e["local_test_loss"], kind="model")
-metric("local_test_accuracy", f"test accuracy pooled over clients' own test samples, {_LOCAL}", lambda e: e["local_test_accuracy"], kind="model", better="max")
-metric("local_test_accuracy_uniform", f"mean of the clients' test accuracies, {_LOCAL}", lambda e: e["local_test_accuracy_uniform"], kind="model", better="max")
-metric("dp_clip", "adaptive clipping's C for the next round ([privacy] clipping = 'adaptive')", lambda e: e.extras.get("dp_clip"), kind="method",
-       citation="Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021")
-metric("compute_seconds", "local computation per worker (s, measured)", lambda e: e.counters.worker_compute_seconds,
-       kind="cost", measured=True, citation=_YANG)
-metric("wallclock_seconds", "simulated wall-clock (s): computation + communication at run.bandwidth_mib_s",
-       lambda e: e.counters.worker_compute_seconds + _mib(e.counters.worker_elements_up + e.counters.worker_elements_down) / e.bandwidth_mib_s,
-       kind="cost", measured=True, citation=_YANG)
+metric(
+    "local_accuracy",
+    f"train accuracy pooled over clients, {_LOCAL}",
+    lambda e: e["local_accuracy"],
+    kind="model",
+    better="max",
+)
+metric(
+    "local_accuracy_uniform",
+    f"mean of the clients' train accuracies, {_LOCAL}",
+    lambda e: e["local_accuracy_uniform"],
+    kind="model",
+    better="max",
+)
+metric(
+    "local_test_loss",
+    f"mean test loss pooled over clients' own test samples, {_LOCAL}",
+    lambda e: e["local_test_loss"],
+    kind="model",
+)
+metric(
+    "local_test_accuracy",
+    f"test accuracy pooled over clients' own test samples, {_LOCAL}",
+    lambda e: e["local_test_accuracy"],
+    kind="model",
+    better="max",
+)
+metric(
+    "local_test_accuracy_uniform",
+    f"mean of the clients' test accuracies, {_LOCAL}",
+    lambda e: e["local_test_accuracy_uniform"],
+    kind="model",
+    better="max",
+)
+metric(
+    "dp_clip",
+    "adaptive clipping's C for the next round ([privacy] clipping = 'adaptive')",
+    lambda e: e.extras.get("dp_clip"),
+    kind="method",
+    citation="Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021",
+)
+metric(
+    "compute_seconds",
+    "local computation per worker (s, measured)",
+    lambda e: e.counters.worker_compute_seconds,
+    kind="cost",
+    measured=True,
+    citation=_YANG,
+)
+metric(
+    "wallclock_seconds",
+    "simulated wall-clock (s): computation + communication at run.bandwidth_mib_s",
+    lambda e: (
+        e.counters.worker_compute_seconds
+        + _mib(e.counters.worker_elements_up + e.counters.worker_elements_down) / e.bandwidth_mib_s
+    ),
+    kind="cost",
+    measured=True,
+    citation=_YANG,
+)

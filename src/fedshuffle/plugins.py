@@ -145,9 +145,12 @@ def load(modules: Iterable[object], field: str = "experiment.plugins") -> None:
     refused = [name for name in names if _consent(name) is None]
     if refused:
         listed = ",".join(refused)
-        raise ConfigError(field, f"names plugin {', '.join(map(repr, refused))}: a plugin is code, and a config "
-                                 f"alone imports none; allow it with --plugins {listed} or {ENVIRONMENT}={listed} "
-                                 f"(in Python: fedshuffle.plugins.allow({listed!r}))")
+        raise ConfigError(
+            field,
+            f"names plugin {', '.join(map(repr, refused))}: a plugin is code, and a config "
+            f"alone imports none; allow it with --plugins {listed} or {ENVIRONMENT}={listed} "
+            f"(in Python: fedshuffle.plugins.allow({listed!r}))",
+        )
     for name in names:
         if name in _imported:
             continue
@@ -193,5 +196,8 @@ def check_reachable(parts: Sequence[tuple[str, str, object]]) -> None:
     defined in the script being run (``__main__``), which worker processes do not run."""
     for field, name, factory in parts:
         if getattr(factory, "__module__", None) == "__main__":
-            raise ConfigError(field, f"{name!r} is defined in the script being run, which worker processes do not run; "
-                                     "put it in a module and name it in [experiment] plugins, or run with workers = 1")
+            raise ConfigError(
+                field,
+                f"{name!r} is defined in the script being run, which worker processes do not run; "
+                "put it in a module and name it in [experiment] plugins, or run with workers = 1",
+            )

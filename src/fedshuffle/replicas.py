@@ -6,10 +6,12 @@ own :class:`~fedshuffle.simulation.Simulation` (model, server, method and client
 the replicas is::
 
     per replica r, at once:  its own round (cohort S_r, plans with η_{l,r}, broadcast, its client half, its state rows);
-                             replicas of one seed share the round's minibatch rows, drawn once (:class:`~fedshuffle.local.plan.SharedDraws`)
+                             replicas of one seed share the round's minibatch rows, drawn once
+                             (:class:`~fedshuffle.local.plan.SharedDraws`)
     every executor call:     waits until each replica still stepping waits in one (:class:`Gathering`); then the
                              waiting works run as ONE executor call where their step chains agree (per-member starts,
-                             centers, offsets and plans with their own step sizes): R replicas × C clients per local step
+                             centers, offsets and plans with their own step sizes): R replicas × C clients per local
+                             step
     per replica r:           its updates back, its aggregation and server step x_r ← x_r − η_{g,r}·d_r
 
 so methods with their own halves and client state (SCAFFOLD, FedDyn, FedCDR's prox solves, two executor calls in a
@@ -23,7 +25,8 @@ produces them (a ``weights`` call), each replica's sum is formed from its own ro
 executor's chunks of that replica's work alone (``add_up``) — so the sums are the same floating-point numbers
 (``tests/test_replicas.py`` compares the results folders byte for byte).
 
-Replicas run in lockstep through :class:`ReplicaGroup`: each replica's run (:func:`~fedshuffle.experiments.runner.run_single`,
+Replicas run in lockstep through :class:`ReplicaGroup`: each replica's run
+(:func:`~fedshuffle.experiments.runner.run_single`,
 which evaluates, writes and checkpoints it exactly as alone) runs in a thread of one process, and its
 ``step`` waits until every replica still running asks for one, then one gathered step advances them all.
 Replicas need not be at the same round (a resumed replica continues from its own checkpoint).
@@ -55,7 +58,14 @@ from fedshuffle.simulation import RoundRecord, Simulation
 
 #: the settings in which replicas of one group may differ: (section, field)
 STEP_SIZE_FIELDS = (
-    ("local", "lr"), ("local", "lr_multiplier"), ("server", "lr"), ("server", "global_lr"), ("method", "eta"), ("method", "alpha"), ("run", "seed"), ("data", "seed"),
+    ("local", "lr"),
+    ("local", "lr_multiplier"),
+    ("server", "lr"),
+    ("server", "global_lr"),
+    ("method", "eta"),
+    ("method", "alpha"),
+    ("run", "seed"),
+    ("data", "seed"),
 )
 
 
@@ -63,14 +73,22 @@ def _executor_settings(sim: Simulation) -> tuple[Any, ...] | None:
     executor = sim.executor
     if not isinstance(executor, (LocalExecutor, ThreadedExecutor)):
         return None
-    return type(executor), *(getattr(executor, name, None) for name in ("chunk_size", "memory_budget", "compiled", "threads"))
+    return type(executor), *(
+        getattr(executor, name, None) for name in ("chunk_size", "memory_budget", "compiled", "threads")
+    )
 
 
 def _same_data(a: Any, b: Any) -> bool:
-    """The same samples and split (the build shared by runs of equal data settings; the dataset object itself is the run's cast of it)."""
+    """The same samples and split (the build shared by runs of equal data settings; the dataset object itself is the
+    run's cast of it)."""
     return a is b or (
-        isinstance(a, FederatedDataset) and isinstance(b, FederatedDataset) and a.features is b.features and a.labels is b.labels and a.weights is b.weights
-        and len(a.client_indices) == len(b.client_indices) and all(x is y for x, y in zip(a.client_indices, b.client_indices))
+        isinstance(a, FederatedDataset)
+        and isinstance(b, FederatedDataset)
+        and a.features is b.features
+        and a.labels is b.labels
+        and a.weights is b.weights
+        and len(a.client_indices) == len(b.client_indices)
+        and all(x is y for x, y in zip(a.client_indices, b.client_indices))
     )
 
 
@@ -80,7 +98,10 @@ def batches(sims: Sequence[Simulation]) -> bool:
     Which calls of a step then run as one is decided call by call (:class:`Gathering`)."""
     first = sims[0]
     return _executor_settings(first) is not None and all(
-        sim.problem is first.problem and _same_data(sim.data, first.data) and _executor_settings(sim) == _executor_settings(first) for sim in sims
+        sim.problem is first.problem
+        and _same_data(sim.data, first.data)
+        and _executor_settings(sim) == _executor_settings(first)
+        for sim in sims
     )
 
 
@@ -221,11 +242,16 @@ class Gathering:
         if len(group) > 1 and all(_same_data(c.data, first.data) for c in group):
             works = [c.work for c in group]
             combined = LocalWork(
-                CohortPlan.joined([work.plans for work in works]), torch.cat([work.rows("start") for work in works]), first.work.chain,
+                CohortPlan.joined([work.plans for work in works]),
+                torch.cat([work.rows("start") for work in works]),
+                first.work.chain,
                 None if first.work.center is None else torch.cat([work.rows("center") for work in works]),
                 None if first.work.offset is None else torch.cat([work.rows("offset") for work in works]),
             )
-            if not all(same_rows_in_any_chunk(c.executor, c.problem, c.data, work) for c, work in [*((c, c.work) for c in group), (first, combined)]):
+            if not all(
+                same_rows_in_any_chunk(c.executor, c.problem, c.data, work)
+                for c, work in [*((c, c.work) for c in group), (first, combined)]
+            ):
                 combined = None
         if combined is None:
             for call in group:
@@ -262,7 +288,9 @@ class _GatheredExecutor:
         return getattr(self._executor, name)
 
 
-def step_replicas(sims: Sequence[Simulation], together: bool | None = None, pool: ThreadPoolExecutor | None = None) -> tuple[list[RoundRecord | BaseException], bool]:
+def step_replicas(
+    sims: Sequence[Simulation], together: bool | None = None, pool: ThreadPoolExecutor | None = None
+) -> tuple[list[RoundRecord | BaseException], bool]:
     """One round of every replica (its record, or the exception its step raised), and whether any of their local work
     ran as a shared executor call.
 
@@ -315,12 +343,16 @@ class ReplicaGroup:
         self._threads_set = False
         self._batches: dict[frozenset[int], bool] = {}
         self._evaluating = threading.BoundedSemaphore(os.cpu_count() or 1)
-        self._pool = ThreadPoolExecutor(members, thread_name_prefix="fedshuffle-replica-step") if members > 1 else None  # the gathered steps' threads
+        self._pool = (
+            ThreadPoolExecutor(members, thread_name_prefix="fedshuffle-replica-step") if members > 1 else None
+        )  # the gathered steps' threads
         self._draws = SharedDraws()
         #: the group's steps, those in which two replicas or more shared an executor call, the most replicas in one step
         self.steps, self.batched, self.widest = 0, 0, 0
 
-    def join(self, sim: Simulation, evaluator: Callable[[torch.Tensor], Any]) -> tuple[Replica, Callable[[torch.Tensor], Any]]:
+    def join(
+        self, sim: Simulation, evaluator: Callable[[torch.Tensor], Any]
+    ) -> tuple[Replica, Callable[[torch.Tensor], Any]]:
         """The replica of ``sim`` (a simulation whose :meth:`~Replica.step` waits for the group's batched step) and
         ``evaluator`` taking its turn: at most one evaluation per core at a time, however many replicas evaluate after
         a step (each holds its activations over the whole dataset while it runs).
@@ -392,7 +424,9 @@ class Replica:
         return getattr(self._sim, name)
 
 
-def run_together(jobs: Sequence[Any], execute: Callable[[Any, Callable[..., Any]], Any]) -> tuple[list[Any], ReplicaGroup]:
+def run_together(
+    jobs: Sequence[Any], execute: Callable[[Any, Callable[..., Any]], Any]
+) -> tuple[list[Any], ReplicaGroup]:
     """Run ``jobs`` as the replicas of one simulation: ``execute(job, adopt)`` runs one job as a single run
     (:func:`~fedshuffle.experiments.runner.run_single` with ``adopt``), whose simulation and evaluator are
     ``adopt(sim, evaluator)``. Returns each job's result, in the order of ``jobs``, and the group."""
@@ -451,8 +485,10 @@ def replica_key(spec: Any) -> str | None:
 SWITCH = "FEDSHUFFLE_REPLICAS"
 
 #: what switching a run from the sequential executor to ``auto`` changes in its numbers (measured on rrcli-a3a-theory)
-AUTO_NUMBERS = ("the same trajectories up to floating-point rounding (the cohort's sums in another order: "
-                "final models within 1e-11 relative in float64)")
+AUTO_NUMBERS = (
+    "the same trajectories up to floating-point rounding (the cohort's sums in another order: "
+    "final models within 1e-11 relative in float64)"
+)
 
 
 def unbatched_note(specs: Sequence[Any], groups: Sequence[Sequence[int]]) -> str | None:
@@ -470,21 +506,34 @@ def unbatched_note(specs: Sequence[Any], groups: Sequence[Sequence[int]]) -> str
         batched = sum(len(g) for g in replica_groups(on_auto) if len(g) > 1)
         if batched:
             named = " or ".join(f"'{name}'" for name in executors)
-            return (f"{len(alone)} runs cannot be batched as replicas: run.executor = {named} runs each on its own; "
-                    f"with --set run.executor=auto, {batched} of them run as replicas of one simulation, "
-                    f"with {AUTO_NUMBERS}")
+            return (
+                f"{len(alone)} runs cannot be batched as replicas: run.executor = {named} runs each on its own; "
+                f"with --set run.executor=auto, {batched} of them run as replicas of one simulation, "
+                f"with {AUTO_NUMBERS}"
+            )
     keys = [json.loads(replica_key(specs[k]) or "{}") for k in alone]
-    differing = sorted({f"{section}.{name}" for key in keys[1:] for section, values in key.items()
-                        if isinstance(values, dict) for name in values
-                        if values.get(name) != keys[0].get(section, {}).get(name)})
+    differing = sorted(
+        {
+            f"{section}.{name}"
+            for key in keys[1:]
+            for section, values in key.items()
+            if isinstance(values, dict)
+            for name in values
+            if values.get(name) != keys[0].get(section, {}).get(name)
+        }
+    )
     if not differing:
         return None
     if differing == ["run.seed"]:
-        return (f"{len(alone)} runs on their own: data.seed is unset, so each seed splits its own data; runs that "
-                "differ only in step sizes and seeds of one split are replicas (set data.seed for one split for all)")
+        return (
+            f"{len(alone)} runs on their own: data.seed is unset, so each seed splits its own data; runs that "
+            "differ only in step sizes and seeds of one split are replicas (set data.seed for one split for all)"
+        )
     named = ", ".join(differing[:4]) + (" …" if len(differing) > 4 else "")
-    return (f"{len(alone)} runs on their own: they differ in {named}, and only runs that differ in step sizes and "
-            "seeds are replicas of one simulation")
+    return (
+        f"{len(alone)} runs on their own: they differ in {named}, and only runs that differ in step sizes and "
+        "seeds are replicas of one simulation"
+    )
 
 
 def _on_auto(spec: Any) -> Any:

@@ -88,7 +88,9 @@ class FullParticipation(Sampler):
 
 def _check_cohort(cohort: int, num_clients: int, field: str = "cohort") -> None:
     if not 1 <= cohort <= num_clients:
-        raise ConfigError(field, f"cohort size must be between 1 and the number of clients ({num_clients}), got {cohort}")
+        raise ConfigError(
+            field, f"cohort size must be between 1 and the number of clients ({num_clients}), got {cohort}"
+        )
 
 
 class UniformWithoutReplacement(Sampler):
@@ -130,7 +132,11 @@ class WithReplacement(Sampler):
             raise ConfigError("cohort", f"must be >= 1, got {cohort}")
         limits.check_fits(limits.array_bytes(cohort, itemsize=DRAW_BYTES), "cohort", f"a cohort of {cohort:g} draws")
         self.cohort = cohort
-        pi = np.full(num_clients, 1.0 / num_clients) if probabilities is None else np.asarray(probabilities, dtype=np.float64)
+        pi = (
+            np.full(num_clients, 1.0 / num_clients)
+            if probabilities is None
+            else np.asarray(probabilities, dtype=np.float64)
+        )
         if pi.shape != (num_clients,) or np.any(pi < 0) or pi.sum() <= 0:
             raise ConfigError("probabilities", "need one non-negative probability per client, not all zero")
         self.pi = pi / pi.sum()
@@ -167,7 +173,9 @@ def water_filling(values: Sequence[float], budget: float) -> np.ndarray:
     if np.any(v < 0) or positive == 0:
         raise ConfigError("sampler", "importance values must be non-negative and not all zero")
     if not 0 < budget <= positive:
-        raise ConfigError("cohort", f"expected cohort must be in (0, {positive}] (clients with positive weight), got {budget}")
+        raise ConfigError(
+            "cohort", f"expected cohort must be in (0, {positive}] (clients with positive weight), got {budget}"
+        )
     order = np.argsort(-v, kind="stable")
     sorted_v = v[order]
     tail = np.cumsum(sorted_v[::-1])[::-1]  # tail[k] = Σ_{j ≥ k} v_(j)
@@ -231,7 +239,10 @@ class Cyclic(Sampler):
         super().__init__(num_clients)
         _check_cohort(cohort, num_clients)
         if num_clients % cohort:
-            raise ConfigError("cohort", f"cyclic sampling needs the cohort size to divide the number of clients ({num_clients}), got {cohort}")
+            raise ConfigError(
+                "cohort",
+                f"cyclic sampling needs the cohort size to divide the number of clients ({num_clients}), got {cohort}",
+            )
         if order not in self.ORDERS:
             raise ConfigError("order", f"unknown order {order!r}; accepted: {', '.join(self.ORDERS)}")
         self.cohort, self.order = cohort, order
@@ -244,7 +255,10 @@ class Cyclic(Sampler):
             return np.arange(self.num_clients, dtype=np.int64)
         key = (seed, meta_epoch if self.order == "reshuffle" else 0)
         if self._last is None or self._last[0] != key:
-            self._last = (key, generator(seed, Stream.CLIENT_ORDER, key[1]).permutation(self.num_clients).astype(np.int64))
+            self._last = (
+                key,
+                generator(seed, Stream.CLIENT_ORDER, key[1]).permutation(self.num_clients).astype(np.int64),
+            )
         return self._last[1]
 
     def inclusion_probabilities(self):
@@ -282,9 +296,15 @@ def _probabilities(kind: str | Sequence[float], weights: np.ndarray) -> np.ndarr
 
 
 #: the cohort size b (an expected size for independent sampling)
-Cohort = Annotated[PositiveFloat | None, Field(description="cohort size b (the expected size for independent samplers)")]
+Cohort = Annotated[
+    PositiveFloat | None, Field(description="cohort size b (the expected size for independent samplers)")
+]
 #: uniform, ∝ the objective weights, or one probability per client
-Probabilities = Annotated[Literal["uniform", "weights"] | list[float], Summable, Field(description="uniform, proportional to the weights w_i, or one value per client")]
+Probabilities = Annotated[
+    Literal["uniform", "weights"] | list[float],
+    Summable,
+    Field(description="uniform, proportional to the weights w_i, or one value per client"),
+]
 
 
 def full(weights: np.ndarray) -> Sampler:
@@ -312,8 +332,12 @@ def independent(weights: np.ndarray, cohort: Cohort = None, probabilities: Proba
 
 
 def cyclic(
-    weights: np.ndarray, cohort: Cohort = None,
-    order: Annotated[Literal[Cyclic.ORDERS], Field(description="cohorts reshuffled every meta-epoch, shuffled once, or in index order")] = "reshuffle",
+    weights: np.ndarray,
+    cohort: Cohort = None,
+    order: Annotated[
+        Literal[Cyclic.ORDERS],
+        Field(description="cohorts reshuffled every meta-epoch, shuffled once, or in index order"),
+    ] = "reshuffle",
 ) -> Sampler:
     return Cyclic(len(weights), _cohort(cohort, "cyclic"), order)
 
@@ -322,7 +346,22 @@ def cyclic(
 SAMPLERS = Registry("sampler.name", runtime=("weights",), noun="sampler")
 SAMPLERS.add("full", full, "every client every round")
 SAMPLERS.add("uniform", uniform, "b of n uniformly without replacement", "Horváth et al., FedShuffle, TMLR 2022, §4.2")
-SAMPLERS.add("with_replacement", with_replacement, "b draws with replacement, uniform or with given probabilities", "Yang, Fang & Liu, ICLR 2021, strategy 1")
-SAMPLERS.add("importance", importance, "independent sampling with p_i ∝ w_i (water-filling), expected cohort b", "Horváth et al., FedShuffle, TMLR 2022, §4.2")
+SAMPLERS.add(
+    "with_replacement",
+    with_replacement,
+    "b draws with replacement, uniform or with given probabilities",
+    "Yang, Fang & Liu, ICLR 2021, strategy 1",
+)
+SAMPLERS.add(
+    "importance",
+    importance,
+    "independent sampling with p_i ∝ w_i (water-filling), expected cohort b",
+    "Horváth et al., FedShuffle, TMLR 2022, §4.2",
+)
 SAMPLERS.add("independent", independent, "independent Bernoulli sampling, uniform, importance or given p_i")
-SAMPLERS.add("cyclic", cyclic, "cyclic cohorts over meta-epochs (client reshuffling, shuffle-once or fixed order)", "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI)")
+SAMPLERS.add(
+    "cyclic",
+    cyclic,
+    "cyclic cohorts over meta-epochs (client reshuffling, shuffle-once or fixed order)",
+    "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI)",
+)

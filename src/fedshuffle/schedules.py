@@ -23,7 +23,6 @@ from pydantic import AfterValidator, Field
 from fedshuffle.core.registry import Registry
 
 
-
 def _milestones(at: list[float]) -> list[float]:
     if any(not 0 < m < 1 for m in at) or at != sorted(at):
         raise ValueError(f"milestones must be increasing fractions in (0, 1), got {at}")
@@ -59,7 +58,11 @@ def inverse_epochs() -> Schedule:
 
 def step(
     total_rounds: int,
-    decay_at: Annotated[list[float], AfterValidator(_milestones), Field(min_length=1, description="milestones as increasing fractions of the run, e.g. [0.5, 0.75]")],
+    decay_at: Annotated[
+        list[float],
+        AfterValidator(_milestones),
+        Field(min_length=1, description="milestones as increasing fractions of the run, e.g. [0.5, 0.75]"),
+    ],
     decay_factor: Annotated[float, Field(gt=0, le=1, description="the factor applied at each milestone")] = 0.1,
 ) -> Schedule:
     return Schedule("step", tuple(decay_at), decay_factor, total_rounds)
@@ -68,5 +71,10 @@ def step(
 #: Schedules by name; the framework passes the run's length (``total_rounds``).
 SCHEDULES = Registry("schedule.name", runtime=("total_rounds",), noun="schedule")
 SCHEDULES.add("constant", constant, "1 every round")
-SCHEDULES.add("inverse_epochs", inverse_epochs, "1/(1 + completed epochs of computation)", "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI), §4.5")
+SCHEDULES.add(
+    "inverse_epochs",
+    inverse_epochs,
+    "1/(1 + completed epochs of computation)",
+    "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI), §4.5",
+)
 SCHEDULES.add("step", step, "decay_factor to the power of the milestones passed")

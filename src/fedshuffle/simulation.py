@@ -17,7 +17,8 @@ A method that keeps the default halves (client: Δ_i; server: Σ ω_iΔ_i) gets 
 the executor directly, added up as the members finish: the cohort's updates are never stacked.
 
 Costs are counted here from what was exchanged: bytes down are the distinct tensors sent to each
-member, bytes up the member's payload (one Δ_i per member for a summed ``delta_sum``); sample gradients are what the client half reports. Per
+member, bytes up the member's payload (one Δ_i per member for a summed ``delta_sum``); sample gradients are what the
+client half reports. Per
 participating worker, the elements each member received and sent are counted too (Yang, Fang & Liu,
 ICLR 2021, Table 2 reports these in MB of fp32), and the seconds of local computation it took,
 measured, the cohort's time divided by its size (workers train in parallel).
@@ -106,9 +107,14 @@ class Server:
         if self.device not in DEVICES:
             raise ConfigError("run.device", f"unknown device {self.device!r}; accepted: {', '.join(DEVICES)}")
         if self.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("run.device", "CUDA is not available on this machine (torch.cuda.is_available() is False); use device = 'cpu'")
+            raise ConfigError(
+                "run.device",
+                "CUDA is not available on this machine (torch.cuda.is_available() is False); use device = 'cpu'",
+            )
         if self.sampler.num_clients != self.data.num_clients:
-            raise ConfigError("sampler", f"sampler is for {self.sampler.num_clients} clients, data has {self.data.num_clients}")
+            raise ConfigError(
+                "sampler", f"sampler is for {self.sampler.num_clients} clients, data has {self.data.num_clients}"
+            )
         self.data = self.data.to(self.dtype, self.device)
         torch_gen = torch.Generator().manual_seed(int(generator(self.seed, Stream.INIT).integers(2**62)))
         self.params = self.problem.init_params(torch_gen, self.dtype).to(self.device)
@@ -121,7 +127,11 @@ class Server:
         self._planned_tau_eff = self.algorithm.planned_tau_eff(self.data.weights, self.data.sizes)
         self.last_extras: dict[str, float] = {}
         privacy = self.algorithm.privacy
-        self.privacy = PrivateAggregation(privacy, self.method.aggregator, self.sampler, self.data.weights, self.seed) if privacy.active else None
+        self.privacy = (
+            PrivateAggregation(privacy, self.method.aggregator, self.sampler, self.data.weights, self.seed)
+            if privacy.active
+            else None
+        )
         self.privacy_state = self.privacy.init() if self.privacy is not None else {}
         self.counters.epsilon = 0.0 if self.privacy is not None else None
 
@@ -134,12 +144,25 @@ class Server:
         r, alg = self.counters.rounds, self.algorithm
         cohort = self.sampler.sample(r, self.seed)
         scale = alg.schedule(r, self.counters.sample_gradients / self.data.num_samples)
-        plans = alg.local.plan(self.data.client_indices, cohort, r, self.seed, scale, self.data.sizes, self.shared_draws)
+        plans = alg.local.plan(
+            self.data.client_indices, cohort, r, self.seed, scale, self.data.sizes, self.shared_draws
+        )
         first = ~self.participated(cohort)
-        return RoundInfo(r, cohort, plans, scale, self.data.weights, self._expected_counts, alg.local.lr * scale, self._planned_tau_eff, first)
+        return RoundInfo(
+            r,
+            cohort,
+            plans,
+            scale,
+            self.data.weights,
+            self._expected_counts,
+            alg.local.lr * scale,
+            self._planned_tau_eff,
+            first,
+        )
 
     def participated(self, clients: np.ndarray) -> np.ndarray:
-        """Whether each client has taken part before; a server that keeps no client rows takes every client as having taken part."""
+        """Whether each client has taken part before; a server that keeps no client rows takes every client as
+        having taken part."""
         return np.ones(len(clients), dtype=bool)
 
     # The server half of a round, in three calls around the client halves (:meth:`Simulation.step` in this
@@ -150,15 +173,26 @@ class Server:
         rnd = self.round_info()
         return rnd, (self.method.gradient_requests(rnd, self.params, self.method_state) if len(rnd.cohort) else [])
 
-    def broadcast(self, rnd: RoundInfo, points: list[torch.Tensor], gradients: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    def broadcast(
+        self, rnd: RoundInfo, points: list[torch.Tensor], gradients: list[torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         """The round's broadcast, after the members' gradients at ``points`` (rows in cohort order) are absorbed."""
         if points:
             self.method_state = self.method.absorb_gradients(rnd, self.params, self.method_state, gradients)
         broadcast = self.method.configure(rnd, self.params, self.method_state)
-        return {**broadcast, **self.privacy.broadcast(self.privacy_state, self.params)} if self.privacy is not None else broadcast
+        return (
+            {**broadcast, **self.privacy.broadcast(self.privacy_state, self.params)}
+            if self.privacy is not None
+            else broadcast
+        )
 
     def close_round(
-        self, rnd: RoundInfo, points: list[torch.Tensor], broadcast: Mapping[str, torch.Tensor], result: ClientResult | None, compute_seconds: float = 0.0
+        self,
+        rnd: RoundInfo,
+        points: list[torch.Tensor],
+        broadcast: Mapping[str, torch.Tensor],
+        result: ClientResult | None,
+        compute_seconds: float = 0.0,
     ) -> RoundRecord:
         """Aggregate the members' results, take the server step, count the round's cost (``compute_seconds``:
         the measured time of the members' local work, all members together)."""
@@ -172,7 +206,9 @@ class Server:
         if result is not None and members:
             payload, extras = result.payload, dict(result.extras)
             grads_used += result.sample_gradients
-            senders = [members if name.endswith("_sum") else 1 for name in payload]  # a summed row: each member sent its own
+            senders = [
+                members if name.endswith("_sum") else 1 for name in payload
+            ]  # a summed row: each member sent its own
             up += sum(n * _bytes([t]) for n, t in zip(senders, payload.values()))
             worker_up += sum(n * t.numel() for n, t in zip(senders, payload.values())) // members
         else:
@@ -180,7 +216,9 @@ class Server:
         direction, self.method_state, more = self.method.aggregate(rnd, self.params, self.method_state, payload)
         extras.update(more)
         if self.privacy is not None:
-            direction, self.privacy_state, self.counters.epsilon = self.privacy.release(rnd, direction, extras, self.privacy_state)
+            direction, self.privacy_state, self.counters.epsilon = self.privacy.release(
+                rnd, direction, extras, self.privacy_state
+            )
         step, self.server_state = self.server.update(direction, self.server_state, self.params, rnd.lr_scale)
         self.params = self.params - step
         self.last_extras = extras
@@ -188,7 +226,8 @@ class Server:
         c = self.counters
         c.rounds, c.sample_gradients = rnd.index + 1, c.sample_gradients + grads_used
         c.bytes_up, c.bytes_down = c.bytes_up + up, c.bytes_down + down
-        c.worker_elements_up, c.worker_elements_down = c.worker_elements_up + worker_up, c.worker_elements_down + worker_down
+        c.worker_elements_up = c.worker_elements_up + worker_up
+        c.worker_elements_down = c.worker_elements_down + worker_down
         c.worker_compute_seconds += compute_seconds / members if members else 0.0
         return record
 
@@ -229,10 +268,20 @@ class Simulation(Server):
     def __post_init__(self) -> None:
         super().__post_init__()
         fields = {name: self.params.numel() for name in self.method.state_fields}
-        state_bytes = limits.array_bytes(self.data.num_clients, sum(fields.values()), itemsize=self.params.element_size())
+        state_bytes = limits.array_bytes(
+            self.data.num_clients, sum(fields.values()), itemsize=self.params.element_size()
+        )
         if fields and state_bytes <= self.state_memory_limit:  # held in memory; beyond the limit it is memory-mapped
-            limits.check_fits(state_bytes, "run.state_memory_mb", f"the in-memory client state of {self.data.num_clients} clients ({', '.join(fields)})")
-        self.store = ClientStateStore(self.data.num_clients, fields, self.dtype, self.state_memory_limit, self.state_dir) if fields else None
+            limits.check_fits(
+                state_bytes,
+                "run.state_memory_mb",
+                f"the in-memory client state of {self.data.num_clients} clients ({', '.join(fields)})",
+            )
+        self.store = (
+            ClientStateStore(self.data.num_clients, fields, self.dtype, self.state_memory_limit, self.state_dir)
+            if fields
+            else None
+        )
 
     def close(self) -> None:
         """Release what the executor holds (the local Ray a Ray executor started); idempotent."""
@@ -255,7 +304,9 @@ class Simulation(Server):
         broadcast = self.broadcast(rnd, points, [trainer.gradients(p, rnd.cohort) for p in points])
         result = None
         if len(rnd.cohort):
-            if self.method.sums_updates:  # Σ ω_iΔ_i as the executor produces the Δ_i: one model in memory, not the cohort's
+            if (
+                self.method.sums_updates
+            ):  # Σ ω_iΔ_i as the executor produces the Δ_i: one model in memory, not the cohort's
                 weights = torch.as_tensor(self.method.aggregation_weights(rnd), dtype=self.dtype, device=self.device)
                 result = self.method.client_update(broadcast, rnd.plans, {}, trainer, weights)
             else:

@@ -68,7 +68,14 @@ def row_hashes(rows: np.ndarray) -> np.ndarray:
 class ClientStateStore:
     """Named per-client vectors (``fields``: name → length) for ``num_clients`` clients."""
 
-    def __init__(self, num_clients: int, fields: Mapping[str, int], dtype: torch.dtype = torch.float64, memory_limit: int = 1 << 30, directory: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        num_clients: int,
+        fields: Mapping[str, int],
+        dtype: torch.dtype = torch.float64,
+        memory_limit: int = 1 << 30,
+        directory: str | Path | None = None,
+    ) -> None:
         if not fields:
             raise ValueError("a client state needs at least one field")
         self.num_clients, self.fields, self.dtype = num_clients, dict(fields), dtype
@@ -80,22 +87,30 @@ class ClientStateStore:
         if not self.mapped:
             self.arrays = {name: np.zeros((num_clients, dim), dtype=self.np_dtype) for name, dim in self.fields.items()}
             return
-        self.directory = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="fedshuffle-state-"))
+        self.directory = (
+            Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="fedshuffle-state-"))
+        )
         try:
             if self.directory.is_symlink():
-                raise OSError(errno.ELOOP, "a symbolic link, which a results folder never holds; remove it", str(self.directory))
+                raise OSError(
+                    errno.ELOOP, "a symbolic link, which a results folder never holds; remove it", str(self.directory)
+                )
             self.directory.mkdir(parents=True, exist_ok=True)
             self.arrays = {name: self._open(name, dim) for name, dim in self.fields.items()}
         except OSError as exc:
             where = exc.filename or self.directory
-            raise ResultsError(f"cannot create client state files in {self.directory} ({where}: {exc.strerror or exc})") from None
+            raise ResultsError(
+                f"cannot create client state files in {self.directory} ({where}: {exc.strerror or exc})"
+            ) from None
         self.dirty: dict[str, dict[int, np.ndarray]] = {name: {} for name in self.fields}
         self.hashes = {name: np.zeros(num_clients, dtype=np.uint64) for name in self.fields}
 
     def _open(self, name: str, dim: int) -> np.memmap:
         path = self.directory / f"{name}.bin"
         size = self.num_clients * dim * self.np_dtype.itemsize
-        with os.fdopen(open_regular(path, os.O_RDWR | os.O_CREAT), "r+b") as fh:  # a sparse file of the full size: untouched rows take no disk or memory
+        with os.fdopen(
+            open_regular(path, os.O_RDWR | os.O_CREAT), "r+b"
+        ) as fh:  # a sparse file of the full size: untouched rows take no disk or memory
             if os.fstat(fh.fileno()).st_size < size:
                 fh.truncate(size)
         return np.memmap(path, dtype=self.np_dtype, mode="r+", shape=(self.num_clients, dim))
@@ -138,17 +153,29 @@ class ClientStateStore:
     def state_dict(self) -> dict:
         self.tag += 1
         if not self.mapped:
-            return {"tag": self.tag, "created": self.created.copy(), "arrays": {k: v.copy() for k, v in self.arrays.items()}}
+            return {
+                "tag": self.tag,
+                "created": self.created.copy(),
+                "arrays": {k: v.copy() for k, v in self.arrays.items()},
+            }
         buf = io.BytesIO()
         rows = {}
         for name, dirty in self.dirty.items():
             rows[f"{name}.clients"] = np.fromiter(dirty, dtype=np.int64, count=len(dirty))
-            rows[f"{name}.rows"] = np.stack(list(dirty.values())) if dirty else np.zeros((0, self.fields[name]), dtype=self.np_dtype)
-            self.hashes[name][rows[f"{name}.clients"]] = row_hashes(rows[f"{name}.rows"])  # the rows as they will be once committed
+            rows[f"{name}.rows"] = (
+                np.stack(list(dirty.values())) if dirty else np.zeros((0, self.fields[name]), dtype=self.np_dtype)
+            )
+            self.hashes[name][rows[f"{name}.clients"]] = row_hashes(
+                rows[f"{name}.rows"]
+            )  # the rows as they will be once committed
         np.savez(buf, __tag__=np.array(self.tag), **rows)
         write_atomic(self.directory / JOURNAL, buf.getvalue())
         written = np.flatnonzero(self.created)
-        return {"tag": self.tag, "created": self.created.copy(), "hashes": {name: h[written] for name, h in self.hashes.items()}}
+        return {
+            "tag": self.tag,
+            "created": self.created.copy(),
+            "hashes": {name: h[written] for name, h in self.hashes.items()},
+        }
 
     def commit(self) -> None:
         """After ``checkpoint.pt`` is written: apply the journal to the mapped files."""
@@ -174,12 +201,24 @@ class ClientStateStore:
         try:
             with np.load(io.BytesIO(read_regular(journal)), allow_pickle=False) as saved:
                 if int(saved["__tag__"]) != tag:
-                    raise ConfigError(str(journal), f"belongs to another checkpoint than checkpoint.pt ({tag}); the run cannot be continued: start it again in another folder")
+                    raise ConfigError(
+                        str(journal),
+                        f"belongs to another checkpoint than checkpoint.pt ({tag}); the run cannot be continued: "
+                        "start it again in another folder",
+                    )
                 entries = {name: (saved[f"{name}.clients"], saved[f"{name}.rows"]) for name in self.fields}
         except FileNotFoundError:
-            raise ConfigError(str(journal), f"missing: the client state files are older than checkpoint.pt ({tag}); the run cannot be continued: start it again in another folder") from None
+            raise ConfigError(
+                str(journal),
+                f"missing: the client state files are older than checkpoint.pt ({tag}); the run cannot be continued: "
+                "start it again in another folder",
+            ) from None
         except (ValueError, KeyError, EOFError, OSError, zipfile.BadZipFile) as exc:
-            raise ConfigError(str(journal), f"damaged client-state journal ({exc.__class__.__name__}); the run cannot be continued: start it again in another folder") from None
+            raise ConfigError(
+                str(journal),
+                f"damaged client-state journal ({exc.__class__.__name__}); the run cannot be continued: start it "
+                "again in another folder",
+            ) from None
         for name, (clients, rows) in entries.items():
             self._write_rows(name, self.fields[name], clients, rows)
         write_atomic(self.directory / APPLIED, str(tag))
@@ -188,20 +227,35 @@ class ClientStateStore:
     def load_state_dict(self, state: Mapping) -> None:
         self.tag, self.created = int(state["tag"]), np.array(state["created"], dtype=bool)
         if len(self.created) != self.num_clients:
-            raise ConfigError("checkpoint.pt", f"the checkpoint's client state is for {len(self.created)} clients, the run has {self.num_clients}")
+            raise ConfigError(
+                "checkpoint.pt",
+                f"the checkpoint's client state is for {len(self.created)} clients, the run has {self.num_clients}",
+            )
         if not self.mapped:
             if "arrays" not in state:
-                raise ConfigError("run.state_memory_mb", "the checkpoint keeps client state in files, this run keeps it in memory: give the state_memory_mb it was run with")
+                raise ConfigError(
+                    "run.state_memory_mb",
+                    "the checkpoint keeps client state in files, this run keeps it in memory: give the "
+                    "state_memory_mb it was run with",
+                )
             for name, array in state["arrays"].items():
                 self.arrays[name][...] = array
             return
         if "hashes" not in state:
-            raise ConfigError("run.state_memory_mb", "the checkpoint keeps client state in memory, this run keeps it in files: give the state_memory_mb it was run with")
+            raise ConfigError(
+                "run.state_memory_mb",
+                "the checkpoint keeps client state in memory, this run keeps it in files: give the state_memory_mb "
+                "it was run with",
+            )
         applied_path, journal = self.directory / APPLIED, self.directory / JOURNAL
         try:
             applied = int(read_text(applied_path)) if applied_path.exists() else 0
         except (ValueError, OSError, UnicodeDecodeError):
-            raise ConfigError(str(applied_path), "damaged (expected the number of the last applied checkpoint); the run cannot be continued: start it again in another folder") from None
+            raise ConfigError(
+                str(applied_path),
+                "damaged (expected the number of the last applied checkpoint); the run cannot be continued: start it "
+                "again in another folder",
+            ) from None
         self.dirty = {name: {} for name in self.fields}
         if applied != self.tag:
             self._apply_journal(self.tag)
@@ -221,5 +275,9 @@ class ClientStateStore:
             block = clients[start : start + _CHUNK]
             bad += int(np.count_nonzero(row_hashes(np.asarray(self.arrays[name][block])) != self.hashes[name][block]))
         if bad:
-            raise ConfigError(str(path), f"{bad} of {len(clients)} client rows do not match their checksums in checkpoint.pt (the file was truncated, deleted or changed); "
-                              "the run cannot be continued: restore the file or start the run again in another folder")
+            raise ConfigError(
+                str(path),
+                f"{bad} of {len(clients)} client rows do not match their checksums in checkpoint.pt (the file was "
+                "truncated, deleted or changed); "
+                "the run cannot be continued: restore the file or start the run again in another folder",
+            )

@@ -42,14 +42,18 @@ from fedshuffle.core.registry import Entry, Registry
 
 #: the small problem every method check runs on: heterogeneous logistic regression, unequal clients
 _DATA = {"source": "synthetic", "samples": 48, "features": 3, "partition": "dirichlet", "clients": 6, "alpha": 0.5}
-_BASE: dict[str, Any] = {"problem": {"name": "logistic", "l2": 0.01}, "data": _DATA, "local": {"lr": 0.05, "batch_size": 4},
-                         "run": {"rounds": 4, "eval_every": 2, "checkpoint_seconds": 0}}
+_BASE: dict[str, Any] = {
+    "problem": {"name": "logistic", "l2": 0.01},
+    "data": _DATA,
+    "local": {"lr": 0.05, "batch_size": 4},
+    "run": {"rounds": 4, "eval_every": 2, "checkpoint_seconds": 0},
+}
 
 
 def bad_values(entry: Entry) -> dict[str, list[Any]]:
     """Values each declared setting of ``entry`` must refuse: past each bound, outside a choice, of another type."""
     out: dict[str, list[Any]] = {}
-    for name, info in (entry.settings.model_fields.items() if entry.settings else ()):
+    for name, info in entry.settings.model_fields.items() if entry.settings else ():
         values: list[Any] = [{"not": "a value"}]
         for constraint in info.metadata:
             if isinstance(constraint, Ge):
@@ -88,13 +92,17 @@ def check_settings(registry: Registry, name: str, raw: Mapping[str, Any], sectio
             try:
                 validate(RunSpec, bad)
             except ConfigError as exc:
-                assert exc.field.endswith(f"{section}.{setting}"), f"{registry.noun} {name!r}: {section}.{setting} = {value!r} refused as {exc.field!r}"
+                assert exc.field.endswith(f"{section}.{setting}"), (
+                    f"{registry.noun} {name!r}: {section}.{setting} = {value!r} refused as {exc.field!r}"
+                )
             else:
                 raise AssertionError(f"{registry.noun} {name!r}: {section}.{setting} = {value!r} was accepted")
     try:
         validate(RunSpec, {**base, section: {**base[section], "no_such_setting": 1}})
     except ConfigError as exc:
-        assert f"{section}.no_such_setting" in exc.field and name in exc.message, f"{registry.noun} {name!r}: an unknown setting is refused as {exc}"
+        assert f"{section}.no_such_setting" in exc.field and name in exc.message, (
+            f"{registry.noun} {name!r}: an unknown setting is refused as {exc}"
+        )
     else:
         raise AssertionError(f"{registry.noun} {name!r}: an unknown setting was accepted")
 
@@ -121,11 +129,15 @@ def check_executors(spec: Any, what: str, rounds: int = 3, rtol: float = 1e-10) 
     """The vectorized and threaded executors give the sequential trajectory (max |Δ| ≤ rtol·max |x|)."""
     reference = _trajectory(spec, "sequential", rounds)
     assert torch.isfinite(reference).all(), f"{what}: the model is not finite after {rounds} rounds"
-    assert not torch.equal(reference[-1], torch.zeros_like(reference[-1])) or reference.abs().max() > 0, f"{what}: the model did not move"
+    assert not torch.equal(reference[-1], torch.zeros_like(reference[-1])) or reference.abs().max() > 0, (
+        f"{what}: the model did not move"
+    )
     for executor in ("vectorized", "threaded"):
         other = _trajectory(spec, executor, rounds)
         gap = float((other - reference).abs().max())
-        assert gap <= rtol * max(float(reference.abs().max()), 1e-300), f"{what}: the {executor} executor is {gap:.3g} away from the sequential one"
+        assert gap <= rtol * max(float(reference.abs().max()), 1e-300), (
+            f"{what}: the {executor} executor is {gap:.3g} away from the sequential one"
+        )
 
 
 def check_resume(spec: Any, what: str) -> None:
@@ -137,11 +149,15 @@ def check_resume(spec: Any, what: str) -> None:
     with tempfile.TemporaryDirectory() as folder:
         full = run_single(spec, Path(folder) / "full", seed=1)
         cut = run_single(half, Path(folder) / "cut", seed=1)
-        assert full.status == cut.status == "complete", f"{what}: runs ended {full.status} / {cut.status} ({full.message or cut.message})"
+        assert full.status == cut.status == "complete", (
+            f"{what}: runs ended {full.status} / {cut.status} ({full.message or cut.message})"
+        )
         resumed = run_single(spec, Path(folder) / "cut", seed=1, resume=True, extend=True)
         assert resumed.status == "complete", f"{what}: the resumed run ended {resumed.status} ({resumed.message})"
         a, b = (np.load(Path(folder) / name / "final_params.npy") for name in ("full", "cut"))
-        assert a.tobytes() == b.tobytes(), f"{what}: the resumed run ends {float(np.abs(a - b).max()):.3g} away from the uncut one"
+        assert a.tobytes() == b.tobytes(), (
+            f"{what}: the resumed run ends {float(np.abs(a - b).max()):.3g} away from the uncut one"
+        )
 
 
 def check_method(name: str, settings: Mapping[str, Mapping[str, Any]] | None = None) -> None:
@@ -185,44 +201,70 @@ def check_problem(name: str, data: Mapping[str, Any] | None = None, settings: Ma
     spec = _spec(raw)
     problem, dataset = build_problem_and_data(spec)
     generator = torch.Generator().manual_seed(0)
-    x = problem.init_params(generator, torch.float64) + 0.1 * torch.randn(problem.dim, generator=generator, dtype=torch.float64)
-    features, labels = dataset.features[:5].to(torch.float64) if dataset.features.is_floating_point() else dataset.features[:5], dataset.labels[:5]
+    x = problem.init_params(generator, torch.float64) + 0.1 * torch.randn(
+        problem.dim, generator=generator, dtype=torch.float64
+    )
+    features = dataset.features[:5].to(torch.float64) if dataset.features.is_floating_point() else dataset.features[:5]
+    labels = dataset.labels[:5]
     weights = torch.full((len(labels),), 1.0 / len(labels), dtype=torch.float64)
     gradient = problem.weighted_gradient(x, features, labels, weights)
     direction = torch.randn(problem.dim, generator=generator, dtype=torch.float64)
     direction /= direction.norm()
     h = 1e-6
-    numeric = float(problem.weighted_loss(x + h * direction, features, labels, weights) - problem.weighted_loss(x - h * direction, features, labels, weights)) / (2 * h)
+    numeric = float(
+        problem.weighted_loss(x + h * direction, features, labels, weights)
+        - problem.weighted_loss(x - h * direction, features, labels, weights)
+    ) / (2 * h)
     analytic = float(gradient @ direction)
-    assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(numeric)), f"problem {name!r}: directional derivative {analytic:.8g}, finite differences {numeric:.8g}"
+    assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(numeric)), (
+        f"problem {name!r}: directional derivative {analytic:.8g}, finite differences {numeric:.8g}"
+    )
     stacked = torch.stack([x, 2 * x])
     batch = torch.stack([features, features])
     batched = problem.batched_gradient(stacked, batch, torch.stack([labels, labels]), torch.stack([weights, weights]))
     for k in range(2):
         one = problem.gradient(stacked[k], features, labels)
-        assert torch.allclose(batched[k], one, rtol=1e-10, atol=1e-12), f"problem {name!r}: batched gradient row {k} differs from the per-client gradient"
+        assert torch.allclose(batched[k], one, rtol=1e-10, atol=1e-12), (
+            f"problem {name!r}: batched gradient row {k} differs from the per-client gradient"
+        )
     check_resume(spec, f"problem {name!r}")
 
 
-def check_source(name: str, settings: Mapping[str, Any] | None = None, partition: Mapping[str, Any] | None = None) -> None:
+def check_source(
+    name: str, settings: Mapping[str, Any] | None = None, partition: Mapping[str, Any] | None = None
+) -> None:
     """The invariants of data source ``name`` with ``settings``: settings; samples and labels of one length,
     integer labels in [0, classes) (or −1 padding), an official test split of the same feature shape, and
     client blocks that cover the samples when the source brings its own clients."""
     from fedshuffle.data.catalog import SOURCES, load_samples
 
     raw = {**_BASE, "problem": {"name": "quadratic"}, "data": {"source": name, **(settings or {}), **(partition or {})}}
-    check_settings(SOURCES, name, {k: v for k, v in raw.items() if k != "problem"} | {"problem": {"name": "quadratic"}}, "data", "source")
+    check_settings(
+        SOURCES,
+        name,
+        {k: v for k, v in raw.items() if k != "problem"} | {"problem": {"name": "quadratic"}},
+        "data",
+        "source",
+    )
     spec = _spec(raw)
     samples, _ = load_samples(spec.data.model_dump(), seed=0)
-    assert len(samples.features) == len(samples.labels) > 0, f"source {name!r}: {len(samples.features)} samples but {len(samples.labels)} labels"
+    assert len(samples.features) == len(samples.labels) > 0, (
+        f"source {name!r}: {len(samples.features)} samples but {len(samples.labels)} labels"
+    )
     labels = np.asarray(samples.labels)
     assert np.issubdtype(labels.dtype, np.integer), f"source {name!r}: labels must be integers, got {labels.dtype}"
     if samples.num_classes:
-        assert labels.min() >= -1 and labels.max() < samples.num_classes, f"source {name!r}: labels outside [0, {samples.num_classes})"
+        assert labels.min() >= -1 and labels.max() < samples.num_classes, (
+            f"source {name!r}: labels outside [0, {samples.num_classes})"
+        )
     if samples.test is not None:
-        assert samples.test[0].shape[1:] == samples.features.shape[1:], f"source {name!r}: test samples of another shape"
+        assert samples.test[0].shape[1:] == samples.features.shape[1:], (
+            f"source {name!r}: test samples of another shape"
+        )
     if samples.client_sizes is not None:
-        assert int(np.sum(samples.client_sizes)) == len(labels) and np.all(samples.client_sizes >= 1), f"source {name!r}: client blocks do not cover the samples"
+        assert int(np.sum(samples.client_sizes)) == len(labels) and np.all(samples.client_sizes >= 1), (
+            f"source {name!r}: client blocks do not cover the samples"
+        )
 
 
 def check_partition(name: str, settings: Mapping[str, Any] | None = None) -> None:
@@ -253,14 +295,20 @@ def check_sampler(name: str, settings: Mapping[str, Any] | None = None, rounds: 
     _, dataset = build_problem_and_data(spec)
     sampler = build_sampler(spec.sampler, dataset)
     p = np.asarray(sampler.inclusion_probabilities())
-    assert p.shape == (dataset.num_clients,) and np.all((p >= 0) & (p <= 1)), f"sampler {name!r}: inclusion probabilities outside [0, 1]"
+    assert p.shape == (dataset.num_clients,) and np.all((p >= 0) & (p <= 1)), (
+        f"sampler {name!r}: inclusion probabilities outside [0, 1]"
+    )
     counts = np.zeros(dataset.num_clients)
     for r in range(rounds):
         cohort = np.asarray(sampler.sample(r, seed=0))
-        assert np.all((cohort >= 0) & (cohort < dataset.num_clients)), f"sampler {name!r}: a cohort names a client that does not exist"
+        assert np.all((cohort >= 0) & (cohort < dataset.num_clients)), (
+            f"sampler {name!r}: a cohort names a client that does not exist"
+        )
         counts[np.unique(cohort)] += 1
     error = np.sqrt(np.maximum(p * (1 - p), 1e-12) / rounds)
-    assert np.all(np.abs(counts / rounds - p) <= 5 * error + 1e-9), f"sampler {name!r}: inclusion frequencies {counts / rounds} far from p = {p}"
+    assert np.all(np.abs(counts / rounds - p) <= 5 * error + 1e-9), (
+        f"sampler {name!r}: inclusion frequencies {counts / rounds} far from p = {p}"
+    )
 
 
 def check_server_optimizer(name: str, settings: Mapping[str, Any] | None = None) -> None:
@@ -268,14 +316,21 @@ def check_server_optimizer(name: str, settings: Mapping[str, Any] | None = None)
     FedAvg's clients, executors agree and a run resumes byte-identically (its state serializes)."""
     from fedshuffle.server import SERVER_OPTIMIZERS
 
-    raw = {**_BASE, "method": {"name": "fedavg"}, "sampler": {"name": "uniform", "cohort": 3}, "server": {"optimizer": name, **(settings or {})}}
+    raw = {
+        **_BASE,
+        "method": {"name": "fedavg"},
+        "sampler": {"name": "uniform", "cohort": 3},
+        "server": {"optimizer": name, **(settings or {})},
+    }
     check_settings(SERVER_OPTIMIZERS, name, raw, "server", "optimizer")
     optimizer = SERVER_OPTIMIZERS[name].build(dict(settings or {}))
     params = torch.linspace(-1, 1, 5, dtype=torch.float64)
     state = optimizer.init(params)
     for k in range(3):
         step, state = optimizer.update(torch.full_like(params, 0.1 * (k + 1)), state, params)
-        assert step.shape == params.shape and torch.isfinite(step).all(), f"server optimizer {name!r}: a non-finite step"
+        assert step.shape == params.shape and torch.isfinite(step).all(), (
+            f"server optimizer {name!r}: a non-finite step"
+        )
         params = params - step
     spec = _spec(raw)
     check_executors(spec, f"server optimizer {name!r}")

@@ -78,7 +78,11 @@ class ObjectiveReport:
             "biased": self.biased,
         }
         if not self.exact:
-            out.update(samples=self.samples, expected_aggregation_weights_stderr=self.aggregation_stderr.tolist(), effective_weights_stderr=self.effective_stderr.tolist())
+            out.update(
+                samples=self.samples,
+                expected_aggregation_weights_stderr=self.aggregation_stderr.tolist(),
+                effective_weights_stderr=self.effective_stderr.tolist(),
+            )
         return out
 
 
@@ -87,23 +91,33 @@ def _deterministic_work(algorithm: Algorithm) -> bool:
     return local._epoch_range[0] == local._epoch_range[1] and local.straggler_probability == 0
 
 
-#: seconds one planned local step costs in :func:`round_expectation` (measured on a 2-core CPU: 9 µs), and one cohort member
+#: seconds one planned local step costs in :func:`round_expectation` (measured on a 2-core CPU: 9 µs), and one cohort
+#: member
 SECONDS_PER_STEP, SECONDS_PER_CLIENT = 8e-6, 2e-5
 
 
 def _check_duration(algorithm: Algorithm, sampler: Sampler, sizes: np.ndarray, rounds: int, exact: bool) -> None:
-    """Refuse (naming ``sizes``, or ``rounds`` for Monte Carlo) an expectation that would plan more local steps than fit the time allowed:
+    """Refuse (naming ``sizes``, or ``rounds`` for Monte Carlo) an expectation that would plan more local steps than fit
+    the time allowed:
     every outcome (a cohort enumerated, or a Monte Carlo round) plans each member's steps."""
     local = algorithm.local
-    tau = np.full(len(sizes), float(local.steps)) if isinstance(local.steps, int) else local._epoch_range[1] * local.epoch_steps(sizes).astype(np.float64)
+    tau = (
+        np.full(len(sizes), float(local.steps))
+        if isinstance(local.steps, int)
+        else local._epoch_range[1] * local.epoch_steps(sizes).astype(np.float64)
+    )
     counts = sampler.expected_counts()
     outcomes = (float(sampler.num_outcomes()) if exact else float(rounds)) + 1  # + the first round's plan of the report
     estimate = outcomes * (SECONDS_PER_STEP * float(np.dot(counts, tau)) + SECONDS_PER_CLIENT * float(np.sum(counts)))
     how = "enumerating the sampler's cohorts" if exact else f"{rounds} Monte Carlo rounds"
-    limits.check_seconds(estimate, "sizes" if exact else "rounds", f"{how} of about {np.dot(counts, tau):.3g} planned local steps each")
+    limits.check_seconds(
+        estimate, "sizes" if exact else "rounds", f"{how} of about {np.dot(counts, tau):.3g} planned local steps each"
+    )
 
 
-def _outcomes(algorithm: Algorithm, sampler: Sampler, client_indices: list[np.ndarray], rounds: int, seed: int, exact: bool) -> Iterator[tuple[float, list[ClientPlan]]]:
+def _outcomes(
+    algorithm: Algorithm, sampler: Sampler, client_indices: list[np.ndarray], rounds: int, seed: int, exact: bool
+) -> Iterator[tuple[float, list[ClientPlan]]]:
     if exact:
         for prob, cohort in sampler.distribution():
             yield prob, algorithm.local.plan(client_indices, np.array(cohort, dtype=np.int64), 0, seed)
@@ -112,7 +126,17 @@ def _outcomes(algorithm: Algorithm, sampler: Sampler, client_indices: list[np.nd
             yield 1.0 / rounds, algorithm.local.plan(client_indices, sampler.sample(r, seed), r, seed)
 
 
-def round_expectation(algorithm: Algorithm, sampler: Sampler, sizes: np.ndarray, weights: np.ndarray, per_client, *, exact: bool | None = None, rounds: int = 20_000, seed: int = 0):
+def round_expectation(
+    algorithm: Algorithm,
+    sampler: Sampler,
+    sizes: np.ndarray,
+    weights: np.ndarray,
+    per_client,
+    *,
+    exact: bool | None = None,
+    rounds: int = 20_000,
+    seed: int = 0,
+):
     """E over one round of Σ_{i∈S} ω_i·per_client(plan_i), accumulated per client.
 
     Returns ``(mean, stderr, samples)`` arrays of shape (n, k) for ``per_client`` returning k numbers;
@@ -149,17 +173,29 @@ def round_expectation(algorithm: Algorithm, sampler: Sampler, sizes: np.ndarray,
     return total, stderr, rounds
 
 
-def _check_arguments(algorithm: Any, sampler: Any, sizes: Any, weights: Any, rounds: Any) -> tuple[np.ndarray, np.ndarray]:
+def _check_arguments(
+    algorithm: Any, sampler: Any, sizes: Any, weights: Any, rounds: Any
+) -> tuple[np.ndarray, np.ndarray]:
     """``sizes`` and ``weights`` as arrays; bad arguments are :class:`ConfigError` naming the argument."""
     if not isinstance(algorithm, Algorithm):
-        raise ConfigError("algorithm", f"expected an Algorithm (fedshuffle.build_algorithm(...)), got {type(algorithm).__name__}")
+        raise ConfigError(
+            "algorithm", f"expected an Algorithm (fedshuffle.build_algorithm(...)), got {type(algorithm).__name__}"
+        )
     if not isinstance(sampler, Sampler):
-        raise ConfigError("sampler", f"expected a Sampler (e.g. fedshuffle.UniformWithoutReplacement(n, b)), got {type(sampler).__name__}")
+        raise ConfigError(
+            "sampler",
+            f"expected a Sampler (e.g. fedshuffle.UniformWithoutReplacement(n, b)), got {type(sampler).__name__}",
+        )
     try:
         size_array = np.asarray(sizes, dtype=np.float64)
     except (TypeError, ValueError):
         raise ConfigError("sizes", f"expected one positive integer per client (|D_i|), got {sizes!r}") from None
-    if size_array.ndim != 1 or size_array.size == 0 or np.any(size_array < 1) or np.any(size_array != np.round(size_array)):
+    if (
+        size_array.ndim != 1
+        or size_array.size == 0
+        or np.any(size_array < 1)
+        or np.any(size_array != np.round(size_array))
+    ):
         raise ConfigError("sizes", f"expected one positive integer per client (|D_i|), got {sizes!r}")
     n = size_array.size
     if sampler.num_clients != n:
@@ -171,16 +207,31 @@ def _check_arguments(algorithm: Any, sampler: Any, sizes: Any, weights: Any, rou
             weight_array = np.asarray(weights, dtype=np.float64)
         except (TypeError, ValueError):
             weight_array = np.array([np.nan])
-        if weight_array.shape != (n,) or not np.all(np.isfinite(weight_array)) or np.any(weight_array < 0) or not weight_array.sum() > 0:
-            raise ConfigError("weights", f"expected the objective weights w_i: {n} numbers >= 0 with a positive sum (or None for w_i = |D_i|/|D|), got {weights!r}")
+        if (
+            weight_array.shape != (n,)
+            or not np.all(np.isfinite(weight_array))
+            or np.any(weight_array < 0)
+            or not weight_array.sum() > 0
+        ):
+            raise ConfigError(
+                "weights",
+                f"expected the objective weights w_i: {n} numbers >= 0 with a positive sum (or None for w_i = "
+                f"|D_i|/|D|), got {weights!r}",
+            )
     if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
         raise ConfigError("rounds", f"expected a positive number of Monte Carlo rounds, got {rounds!r}")
     return size_array.astype(np.int64), weight_array / weight_array.sum()
 
 
 def inspect_objective(
-    algorithm: Algorithm, sampler: Sampler, sizes: Sequence[int], weights: Sequence[float] | None = None, *,
-    exact: bool | None = None, rounds: int = 20_000, seed: int = 0,
+    algorithm: Algorithm,
+    sampler: Sampler,
+    sizes: Sequence[int],
+    weights: Sequence[float] | None = None,
+    *,
+    exact: bool | None = None,
+    rounds: int = 20_000,
+    seed: int = 0,
 ) -> ObjectiveReport:
     """Which objective does ``algorithm`` with ``sampler`` minimize on clients of ``sizes``?
 
@@ -219,34 +270,53 @@ def inspect_objective(
     if algorithm.method.state_fields:
         raise ConfigError(
             "method.name",
-            f"{algorithm.name} keeps client state, so its fixed point is not set by the aggregation weights this inspects "
+            f"{algorithm.name} keeps client state, so its fixed point is not set by the aggregation weights this "
+            "inspects "
             "(SCAFFOLD's and FedCDR's is x* itself); inspect covers the stateless methods",
         )
     base_lr = algorithm.local.lr
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # a diverging step size is refused below, in words
+    with np.errstate(
+        invalid="ignore", over="ignore", divide="ignore"
+    ):  # a diverging step size is refused below, in words
         mean, stderr, samples = round_expectation(
-            algorithm, sampler, sizes, weights, lambda p: (1.0, p.lr * p.a_l1 / base_lr), exact=exact, rounds=rounds, seed=seed
+            algorithm,
+            sampler,
+            sizes,
+            weights,
+            lambda p: (1.0, p.lr * p.a_l1 / base_lr),
+            exact=exact,
+            rounds=rounds,
+            seed=seed,
         )
         effective = mean[:, 1] / mean[:, 1].sum()
     if not np.all(np.isfinite(mean)) or not np.all(np.isfinite(effective)):
         raise ConfigError(
-            "local.lr", f"η_l = {base_lr:g}: the local steps diverge numerically (the weights η_i‖a_i‖₁ overflow to inf or NaN), "
+            "local.lr",
+            f"η_l = {base_lr:g}: the local steps diverge numerically (the weights η_i‖a_i‖₁ overflow to inf or NaN), "
             "so no objective is minimized; use a smaller step size",
         )
     first = algorithm.local.plan([np.arange(s) for s in sizes], np.arange(len(sizes)), 0, seed)
     report = ObjectiveReport(
-        sizes=sizes, weights=weights,
-        inclusion_probabilities=sampler.inclusion_probabilities(), expected_counts=sampler.expected_counts(),
-        expected_aggregation_weights=mean[:, 0], effective_weights=effective,
-        step_sizes=np.array([p.lr for p in first]), local_steps=np.array([p.planned_steps for p in first]),
+        sizes=sizes,
+        weights=weights,
+        inclusion_probabilities=sampler.inclusion_probabilities(),
+        expected_counts=sampler.expected_counts(),
+        expected_aggregation_weights=mean[:, 0],
+        effective_weights=effective,
+        step_sizes=np.array([p.lr for p in first]),
+        local_steps=np.array([p.planned_steps for p in first]),
         method=algorithm.name,
     )
     if stderr is not None:
-        report.aggregation_stderr, report.effective_stderr, report.samples = stderr[:, 0], stderr[:, 1] / mean[:, 1].sum(), samples
+        report.aggregation_stderr = stderr[:, 0]
+        report.effective_stderr = stderr[:, 1] / mean[:, 1].sum()
+        report.samples = samples
     return report
 
 
-def unit_quadratic_fixed_point(algorithm: Algorithm, sampler: Sampler, sizes, weights, client_means: np.ndarray, *, exact: bool | None = None) -> np.ndarray:
+def unit_quadratic_fixed_point(
+    algorithm: Algorithm, sampler: Sampler, sizes, weights, client_means: np.ndarray, *, exact: bool | None = None
+) -> np.ndarray:
     """Stationary mean of the server iterate for f_ij(x) = ½‖x − e_ij‖² (unit Hessian), plain local SGD.
 
     One client round is affine in x in expectation: E[y_i] = (1−η_i)^{τ_i}x + s_i c_i with
@@ -261,7 +331,13 @@ def unit_quadratic_fixed_point(algorithm: Algorithm, sampler: Sampler, sizes, we
     clipping or global momentum.
     """
     local = algorithm.local
-    if local.momentum or local.prox_mu or local.weight_decay or local.clip_norm is not None or isinstance(algorithm.method, GlobalMomentum):
+    if (
+        local.momentum
+        or local.prox_mu
+        or local.weight_decay
+        or local.clip_norm is not None
+        or isinstance(algorithm.method, GlobalMomentum)
+    ):
         raise ValueError("the closed form holds for plain local SGD only")
     client_means = np.asarray(client_means, dtype=np.float64)
 

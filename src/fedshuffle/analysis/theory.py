@@ -56,14 +56,27 @@ class Smoothness:
         return self.sample_max / self.mu if self.mu > 0 else math.inf
 
     def to_dict(self) -> dict[str, float]:
-        return {"L_sample_max": self.sample_max, "L_client_max": self.client_max, "L_global": self.global_, "mu": self.mu, "kappa": self.kappa}
+        return {
+            "L_sample_max": self.sample_max,
+            "L_client_max": self.client_max,
+            "L_global": self.global_,
+            "mu": self.mu,
+            "kappa": self.kappa,
+        }
 
 
-def _largest_gram_eigenvalues(features: torch.Tensor, client_indices: Sequence[np.ndarray], chunk: int = 256) -> torch.Tensor:
+def _largest_gram_eigenvalues(
+    features: torch.Tensor, client_indices: Sequence[np.ndarray], chunk: int = 256
+) -> torch.Tensor:
     """λ_max(A_iᵀA_i/n_i) of every client, the Gram matrices decomposed a chunk of clients per call."""
     tops = []
     for start in range(0, len(client_indices), chunk):
-        grams = torch.stack([features[ix].T @ features[ix] / len(ix) for ix in map(torch.as_tensor, client_indices[start : start + chunk])])
+        grams = torch.stack(
+            [
+                features[ix].T @ features[ix] / len(ix)
+                for ix in map(torch.as_tensor, client_indices[start : start + chunk])
+            ]
+        )
         tops.append(torch.linalg.eigvalsh(grams)[:, -1])
     return torch.cat(tops)
 
@@ -77,7 +90,11 @@ def smoothness(problem: Problem, data: FederatedDataset) -> Smoothness:
     if isinstance(problem, Quadratic):
         return Smoothness(1.0, np.ones(data.num_clients), 1.0, 1.0)
     if not isinstance(problem, LogisticRegression):
-        raise ConfigError("problem.name", f"theoretical step sizes need known smoothness constants (logistic or quadratic problems), not {problem.name!r}")
+        raise ConfigError(
+            "problem.name",
+            "theoretical step sizes need known smoothness constants (logistic or quadratic problems), not "
+            f"{problem.name!r}",
+        )
     a, lam = data.features.double(), problem.l2
     per_sample = float((a * a).sum(dim=1).max()) / 4 + lam
     s = data.sample_weights().double()
@@ -108,16 +125,30 @@ def theory_rule(method: str, rule: str | None) -> str:
     own among its registered defaults), checked against the methods the theorem covers."""
     if rule is None:
         covered = sorted({m for methods in THEORY_RULES.values() for m in methods})
-        raise ConfigError("local.lr", f"no theoretical step size for {method!r} (it declares no server.theory_rule); methods with one: {', '.join(covered)} (give a number instead)")
+        raise ConfigError(
+            "local.lr",
+            f"no theoretical step size for {method!r} (it declares no server.theory_rule); methods with one: "
+            f"{', '.join(covered)} (give a number instead)",
+        )
     if rule not in THEORY_RULES:
         raise ConfigError("server.theory_rule", f"unknown rule {rule!r}; accepted: {', '.join(THEORY_RULES)}")
     if method not in THEORY_RULES[rule]:
         covered = [r for r, methods in THEORY_RULES.items() if method in methods]
-        raise ConfigError("server.theory_rule", f"{rule} gives no step sizes for {method}; accepted for {method}: {', '.join(covered)}")
+        raise ConfigError(
+            "server.theory_rule",
+            f"{rule} gives no step sizes for {method}; accepted for {method}: {', '.join(covered)}",
+        )
     return rule
 
 
-def theoretical_step_sizes(rule: str, constants: Smoothness, local_steps: int, rounds_per_meta_epoch: int = 1, local_lr: float | None = None, meta_epoch: bool = False) -> dict[str, float]:
+def theoretical_step_sizes(
+    rule: str,
+    constants: Smoothness,
+    local_steps: int,
+    rounds_per_meta_epoch: int = 1,
+    local_lr: float | None = None,
+    meta_epoch: bool = False,
+) -> dict[str, float]:
     """Step sizes {lr, server_lr, global_lr} that a theorem allows, at their upper limits.
 
     ``local_steps`` is N (steps of one local pass) or K, R = ``rounds_per_meta_epoch``; L below is the

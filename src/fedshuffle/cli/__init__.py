@@ -10,7 +10,9 @@ variables."""
 from __future__ import annotations
 
 from fedshuffle.cli.common import app, handle_signals, reflow_help
-from fedshuffle.cli import catalog, flower, inspection, reproduce, results, runs  # noqa: F401  (the commands register themselves on ``app``)
+
+# the commands register themselves on ``app``
+from fedshuffle.cli import catalog, flower, inspection, reproduce, results, runs  # noqa: F401
 
 reflow_help(app)
 handle_signals(app)

@@ -18,11 +18,20 @@ from fedshuffle.cli.output import print_table
 @app.command("data")
 def data_command(
     config: Annotated[str, typer.Argument(help="preset name or TOML file")],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, e.g. --set data.labels_per_client=5")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (per client: size and label_counts)")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="folder for label_heatmap.png and data_summary.json "
-                                                     "(default: results/<name>-data); one that holds anything is kept "
-                                                     "and NAME-2 used")] = None,
+    set_: Annotated[
+        Optional[list[str]], typer.Option("--set", help="override, e.g. --set data.labels_per_client=5")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON object (per client: size and label_counts)")
+    ] = False,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="folder for label_heatmap.png and data_summary.json "
+            "(default: results/<name>-data); one that holds anything is kept "
+            "and NAME-2 used"
+        ),
+    ] = None,
     plugins_: PluginsOption = None,
 ) -> None:
     """Summarize the federated training data of a config (its first variant), after partitioning, and draw a
@@ -53,10 +62,17 @@ def data_command(
         return
     sizes = summary["sizes"]
     rows = [
-        ("source / partition", f"{summary['source']} / {summary['partition']}"), ("clients", summary["num_clients"]),
-        ("training samples", f"{summary['num_samples']}" + (f" ({summary['left_out']} left out by the partition)" if summary["left_out"] else "")),
-        ("client sizes min / median / max", f"{sizes['min']} / {sizes['median']:g} / {sizes['max']}"), ("classes", summary["num_classes"]),
-        ("sample shape / target shape", f"{tuple(summary['feature_shape'])} / {tuple(summary['target_shape'])}"), ("test samples", summary["test_size"]),
+        ("source / partition", f"{summary['source']} / {summary['partition']}"),
+        ("clients", summary["num_clients"]),
+        (
+            "training samples",
+            f"{summary['num_samples']}"
+            + (f" ({summary['left_out']} left out by the partition)" if summary["left_out"] else ""),
+        ),
+        ("client sizes min / median / max", f"{sizes['min']} / {sizes['median']:g} / {sizes['max']}"),
+        ("classes", summary["num_classes"]),
+        ("sample shape / target shape", f"{tuple(summary['feature_shape'])} / {tuple(summary['target_shape'])}"),
+        ("test samples", summary["test_size"]),
     ]
     print_table(f"{summary['dataset']}: federated training data", ("", "value"), [(k, str(v)) for k, v in rows])
     console.print(f"label heatmap: {summary['heatmap']} (per-client counts: {target / 'data_summary.json'})")
@@ -64,7 +80,8 @@ def data_command(
 
 def short_cite(paper: str) -> str:
     """``"Yang, Fang & Liu, Achieving ..., ICLR 2021"`` → ``"Yang et al., ICLR 2021"``; a paper without
-    authors keeps its acronym: ``"... Client Reshuffling (FedCDR), ICML submission"`` → ``"FedCDR, ICML submission"``."""
+    authors keeps its acronym: ``"... Client Reshuffling (FedCDR), ICML submission"`` → ``"FedCDR, ICML
+    submission"``."""
     parts = [p.strip() for p in paper.split(",")]
     if len(parts) < 2:
         return paper
@@ -101,31 +118,65 @@ def _registries() -> dict:
     from fedshuffle.samplers import SAMPLERS
     from fedshuffle.server import SERVER_OPTIMIZERS
 
-    return {"methods": METHODS, "problems": PROBLEMS, "sources": SOURCES, "partitions": PARTITIONS, "samplers": SAMPLERS,
-            "server-optimizers": SERVER_OPTIMIZERS, "metrics": METRICS}
+    return {
+        "methods": METHODS,
+        "problems": PROBLEMS,
+        "sources": SOURCES,
+        "partitions": PARTITIONS,
+        "samplers": SAMPLERS,
+        "server-optimizers": SERVER_OPTIMIZERS,
+        "metrics": METRICS,
+    }
 
 
 def _show_parts(kinds: list[str], as_json: bool) -> None:
     registries = _registries()
     listing = {
-        kind: [{"name": e.name, "summary": e.summary, "citation": e.citation, "settings": e.describe_settings(), "defaults": dict(e.defaults)} for e in registries[kind].entries()]
+        kind: [
+            {
+                "name": e.name,
+                "summary": e.summary,
+                "citation": e.citation,
+                "settings": e.describe_settings(),
+                "defaults": dict(e.defaults),
+            }
+            for e in registries[kind].entries()
+        ]
         for kind in kinds
     }
     if as_json:
         print(json.dumps(listing, default=str))
         return
     for kind, entries in listing.items():
-        rows = [(e["name"], e["summary"], ", ".join(f"{s['name']}={s['default']}" for s in e["settings"]), e["citation"]) for e in entries]
-        print_table(f"{kind} ({registries[kind].kind})", ("name", "what it is", "settings (default)", "from"), rows, no_wrap=("name",))
+        rows = [
+            (e["name"], e["summary"], ", ".join(f"{s['name']}={s['default']}" for s in e["settings"]), e["citation"])
+            for e in entries
+        ]
+        print_table(
+            f"{kind} ({registries[kind].kind})",
+            ("name", "what it is", "settings (default)", "from"),
+            rows,
+            no_wrap=("name",),
+        )
 
 
 @app.command()
 def show(
-    config: Annotated[Optional[str], typer.Argument(help="preset name or TOML file; or a kind of part (methods, problems, sources, partitions, samplers, server-optimizers, metrics); none: every part")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, as for run: --set local.lr=0.01")] = None,
+    config: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="preset name or TOML file; or a kind of part (methods, problems, sources, partitions, samplers, "
+            "server-optimizers, metrics); none: every part"
+        ),
+    ] = None,
+    set_: Annotated[
+        Optional[list[str]], typer.Option("--set", help="override, as for run: --set local.lr=0.01")
+    ] = None,
     variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all)")] = None,
-    diff: Annotated[bool, typer.Option("--diff", help="only the settings on which the base and the variants differ, "
-                                                      "one column each")] = False,
+    diff: Annotated[
+        bool,
+        typer.Option("--diff", help="only the settings on which the base and the variants differ, one column each"),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="parts, or --diff, as one JSON object")] = False,
     plugins_: PluginsOption = None,
 ) -> None:

@@ -21,8 +21,12 @@ from rich.console import Console
 from fedshuffle import plugins
 from fedshuffle.core.errors import ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
-                  help="Federated optimization with sampling without replacement.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="Federated optimization with sampling without replacement.",
+)
 console = Console(soft_wrap=True)  # lines are never cut at 80 columns in a pipe; tables: .output.print_table
 err = Console(stderr=True)
 
@@ -37,8 +41,10 @@ def versions() -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    return (f"fedshuffle {installed('fedshuffle')} (Python {sys.version.split()[0]}, PyTorch {installed('torch')}, "
-            f"NumPy {installed('numpy')}, {platform.platform()})")
+    return (
+        f"fedshuffle {installed('fedshuffle')} (Python {sys.version.split()[0]}, PyTorch {installed('torch')}, "
+        f"NumPy {installed('numpy')}, {platform.platform()})"
+    )
 
 
 def _print_version(value: bool) -> None:
@@ -49,11 +55,18 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _options(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_print_version, is_eager=True,
-        help="print the versions of fedshuffle, Python, PyTorch and NumPy, and exit")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="print the versions of fedshuffle, Python, PyTorch and NumPy, and exit",
+        ),
+    ] = False,
 ) -> None:
     """Federated optimization with sampling without replacement."""
+
 
 DEFAULT_PRESET = "quickstart"
 
@@ -125,8 +138,11 @@ def command(callback: Callable[..., None]) -> Callable[..., None]:
     def run(*args: object, **kwargs: object) -> None:
         handlers = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _terminate}
         try:
-            saved = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()
-                     if signal.getsignal(signum) is not signal.SIG_IGN}
+            saved = {
+                signum: signal.signal(signum, handler)
+                for signum, handler in handlers.items()
+                if signal.getsignal(signum) is not signal.SIG_IGN
+            }
         except ValueError:  # not the main thread (an embedding application): its handlers stay
             saved = {}
         _received.clear()
@@ -163,10 +179,17 @@ def _consent_to_plugins(values: list[str] | None) -> list[str] | None:
 
 
 #: ``--plugins``, on every command that reads a config
-PluginsOption = Annotated[Optional[list[str]], typer.Option(
-    "--plugins", metavar="MODULE", callback=_consent_to_plugins,
-    help="allow the config's [experiment] plugins to import these modules (repeat, or a comma list; a plugin is code; "
-         "also FEDSHUFFLE_PLUGINS=MODULE)")]
+PluginsOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--plugins",
+        metavar="MODULE",
+        callback=_consent_to_plugins,
+        help="allow the config's [experiment] plugins to import these modules (repeat, or a comma list; a plugin is "
+        "code; "
+        "also FEDSHUFFLE_PLUGINS=MODULE)",
+    ),
+]
 
 
 def load_config(config: str):
@@ -176,7 +199,9 @@ def load_config(config: str):
     return load_experiment(config)
 
 
-def resume_command(name: str, config: str, set_: list[str] | None, seeds: str | None, extend_to: int | None, folder: Path | None) -> str:
+def resume_command(
+    name: str, config: str, set_: list[str] | None, seeds: str | None, extend_to: int | None, folder: Path | None
+) -> str:
     """The command line that continues a run: the same config and options, ``--resume FOLDER``."""
     tokens = ["fedshuffle", name, config, *(t for item in set_ or [] for t in ("--set", item))]
     consented = plugins.consented_by("--plugins")

@@ -1,4 +1,5 @@
-"""``flower-app``: a fedshuffle experiment as a ready Flower App folder; ``flower-split``: its clients as per-node data folders."""
+"""``flower-app``: a fedshuffle experiment as a ready Flower App folder; ``flower-split``: its clients as per-node
+data folders."""
 
 from __future__ import annotations
 
@@ -15,13 +16,35 @@ from fedshuffle.cli.common import app, console, fail, fail_results, PluginsOptio
 def flower_app(
     config: Annotated[str, typer.Argument(help="preset name or TOML file")],
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="folder to write the Flower App into")],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, kept in the app's run config (flwr run -c 'set=\"...\"' changes it)")] = None,
-    variant: Annotated[Optional[str], typer.Option(help="run only this variant (default: every variant in turn)")] = None,
-    node_data: Annotated[bool, typer.Option("--node-data", help="the nodes bring their own data (data-path); the server builds none and the app carries no data path")] = False,
-    bundle_wheel: Annotated[bool, typer.Option("--bundle-wheel",
-                                               help="build this fedshuffle's wheel into DIR/wheels and install the app's fedshuffle from it (no index)")] = False,
-    wheel: Annotated[Optional[Path], typer.Option("--wheel", metavar="FILE",
-                                                  help="bundle this fedshuffle wheel (of the installed version) instead of building one")] = None,
+    set_: Annotated[
+        Optional[list[str]],
+        typer.Option("--set", help="override, kept in the app's run config (flwr run -c 'set=\"...\"' changes it)"),
+    ] = None,
+    variant: Annotated[
+        Optional[str], typer.Option(help="run only this variant (default: every variant in turn)")
+    ] = None,
+    node_data: Annotated[
+        bool,
+        typer.Option(
+            "--node-data",
+            help="the nodes bring their own data (data-path); the server builds none and the app carries no data path",
+        ),
+    ] = False,
+    bundle_wheel: Annotated[
+        bool,
+        typer.Option(
+            "--bundle-wheel",
+            help="build this fedshuffle's wheel into DIR/wheels and install the app's fedshuffle from it (no index)",
+        ),
+    ] = False,
+    wheel: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--wheel",
+            metavar="FILE",
+            help="bundle this fedshuffle wheel (of the installed version) instead of building one",
+        ),
+    ] = None,
     plugins_: PluginsOption = None,
 ) -> None:
     """Write the experiment as a Flower App pinned to this fedshuffle: `flwr run DIR <connection>` runs it
@@ -48,7 +71,8 @@ def flower_split(
     seed: Annotated[Optional[int], typer.Option(help="split seed (default: the experiment's first seed)")] = None,
     plugins_: PluginsOption = None,
 ) -> None:
-    """Write an experiment's clients as per-node data folders: each Flower node then reads only its own (`data-path=DIR/node-<k>`)."""
+    """Write an experiment's clients as per-node data folders: each Flower node then reads only its own
+    (`data-path=DIR/node-<k>`)."""
     from fedshuffle.experiments.schema import load_experiment, parse_overrides
     from fedshuffle.integrations.flower.common import format_clients
     from fedshuffle.integrations.flower.nodedata import write_node_folders

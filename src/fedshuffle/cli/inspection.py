@@ -25,20 +25,42 @@ _OPTIONS = {"sizes": "--sizes", "rounds": "--samples", "weights": "--weights"}
 
 @app.command()
 def inspect(
-    method: Annotated[str, typer.Option(help="method name, e.g. fedavg, fedshuffle, fednova (fedshuffle show methods lists them)")] = "fedavg",
+    method: Annotated[
+        str, typer.Option(help="method name, e.g. fedavg, fedshuffle, fednova (fedshuffle show methods lists them)")
+    ] = "fedavg",
     sizes: Annotated[str, typer.Option(help="client dataset sizes, e.g. 1,2,3")] = "1,2,3",
-    sampler: Annotated[str, typer.Option(help="full, uniform, with_replacement, importance, independent, cyclic")] = "full",
-    cohort: Annotated[Optional[float], typer.Option(help="cohort size b (expected size for independent sampling)")] = None,
+    sampler: Annotated[
+        str, typer.Option(help="full, uniform, with_replacement, importance, independent, cyclic")
+    ] = "full",
+    cohort: Annotated[
+        Optional[float], typer.Option(help="cohort size b (expected size for independent sampling)")
+    ] = None,
     epochs: Annotated[str, typer.Option(help="local epochs E, or a range a-b drawn per client per round")] = "1",
     lr: Annotated[float, typer.Option(help="local step size η_l")] = 0.01,
     weights: Annotated[str, typer.Option(help="objective weights: size, uniform, or comma-separated values")] = "size",
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="any setting of the round's parts, e.g. --set local.batch_size=2")] = None,
-    monte_carlo: Annotated[bool, typer.Option("--monte-carlo", help="force Monte Carlo even when exact enumeration is possible")] = False,
-    samples: Annotated[Optional[int], typer.Option(help="Monte Carlo rounds (default 20000; 1000 per variant with --config)")] = None,
+    set_: Annotated[
+        Optional[list[str]],
+        typer.Option("--set", help="any setting of the round's parts, e.g. --set local.batch_size=2"),
+    ] = None,
+    monte_carlo: Annotated[
+        bool, typer.Option("--monte-carlo", help="force Monte Carlo even when exact enumeration is possible")
+    ] = False,
+    samples: Annotated[
+        Optional[int], typer.Option(help="Monte Carlo rounds (default 20000; 1000 per variant with --config)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-    config: Annotated[Optional[str], typer.Option("--config", help="a preset or TOML file: the objective weights ŵ and step sizes of each of its variants, on its own clients")] = None,
+    config: Annotated[
+        Optional[str],
+        typer.Option(
+            "--config",
+            help="a preset or TOML file: the objective weights ŵ and step sizes of each of its variants, on its own "
+            "clients",
+        ),
+    ] = None,
     clients: Annotated[int, typer.Option(help="with --config: clients listed per table (--json lists all)")] = 20,
-    algorithm: Annotated[Optional[str], typer.Option("--algorithm", hidden=True, help="the old name of --method")] = None,
+    algorithm: Annotated[
+        Optional[str], typer.Option("--algorithm", hidden=True, help="the old name of --method")
+    ] = None,
     plugins_: PluginsOption = None,
 ) -> None:
     """Which objective does this configuration minimize? Prints w, p, E[ω·1{i∈S}] and ŵ (eq. 31).
@@ -67,18 +89,28 @@ def inspect(
 
     try:
         size_list = parse_integers(sizes, "--sizes", minimum=1, ranges=False)
-        limits.check_dataset(sum(size_list), 1, "--sizes", f"{len(size_list)} clients of {sum(size_list)} samples in all")
+        limits.check_dataset(
+            sum(size_list), 1, "--sizes", f"{len(size_list)} clients of {sum(size_list)} samples in all"
+        )
         weight_spec = weights if weights in ("size", "uniform") else [float(v) for v in weights.split(",")]
         w = objective_weights(np.array(size_list), weight_spec)
         epoch_spec: int | list[int] = [int(v) for v in epochs.split("-")] if "-" in epochs else int(epochs)
         raw = parse_overrides(set_ or [])
-        raw = {**raw, "method": {**raw.get("method", {}), "name": method}, "local": {"lr": lr, "epochs": epoch_spec, **raw.get("local", {})}}
+        raw = {
+            **raw,
+            "method": {**raw.get("method", {}), "name": method},
+            "local": {"lr": lr, "epochs": epoch_spec, **raw.get("local", {})},
+        }
         raw["sampler"] = {"name": sampler, "cohort": cohort, **raw.get("sampler", {})}
         spec = validate(RunSpec, raw)
         alg = build_algorithm_from(spec)
-        data = FederatedDataset(torch.zeros(sum(size_list), 1), torch.zeros(sum(size_list)), contiguous_partition(size_list), w)
+        data = FederatedDataset(
+            torch.zeros(sum(size_list), 1), torch.zeros(sum(size_list)), contiguous_partition(size_list), w
+        )
         smp = build_sampler(spec.sampler, data)
-        report = inspect_objective(alg, smp, np.array(size_list), w, exact=False if monte_carlo else None, rounds=samples)
+        report = inspect_objective(
+            alg, smp, np.array(size_list), w, exact=False if monte_carlo else None, rounds=samples
+        )
     except ConfigError as exc:
         fail(ConfigError(_OPTIONS.get(exc.field, exc.field), exc.message) if exc.field in _OPTIONS else exc)
     except ValueError as exc:
@@ -95,14 +127,33 @@ def inspect(
         se = f" ±{report.aggregation_stderr[i]:.1e}" if not report.exact else ""
         se2 = f" ±{report.effective_stderr[i]:.1e}" if not report.exact else ""
         ratio = report.effective_weights[i] / w[i] if w[i] > 0 else float("nan")
-        rows.append((str(i), str(size_list[i]), f"{w[i]:.6g}", f"{report.inclusion_probabilities[i]:.6g}",
-                     f"{report.expected_aggregation_weights[i]:.6g}{se}", f"{report.effective_weights[i]:.6g}{se2}", f"{ratio:.4f}",
-                     str(report.local_steps[i]), f"{report.step_sizes[i]:.4g}"))
+        rows.append(
+            (
+                str(i),
+                str(size_list[i]),
+                f"{w[i]:.6g}",
+                f"{report.inclusion_probabilities[i]:.6g}",
+                f"{report.expected_aggregation_weights[i]:.6g}{se}",
+                f"{report.effective_weights[i]:.6g}{se2}",
+                f"{ratio:.4f}",
+                str(report.local_steps[i]),
+                f"{report.step_sizes[i]:.4g}",
+            )
+        )
     columns = ("client", "|D_i|", "w_i", "p_i", "E[ω_i·1{i∈S}]", "ŵ_i (eq. 31)", "ŵ_i/w_i", "τ_i", "η_i")
-    print_table(f"{alg.name} — {smp.describe()} — {'exact enumeration' if report.exact else f'Monte Carlo, {report.samples} rounds'}", columns, rows, right=columns)
+    print_table(
+        f"{alg.name} — {smp.describe()} — "
+        f"{'exact enumeration' if report.exact else f'Monte Carlo, {report.samples} rounds'}",
+        columns,
+        rows,
+        right=columns,
+    )
     console.print(f"step sizes: {STEP_CONVENTIONS.get(convention, convention)}")
     if report.biased:
-        console.print(f"[yellow]warning:[/yellow] the effective objective differs from f = Σ w_i f_i (max |ŵ_i − w_i| = {report.max_deviation:.3g}); this configuration minimizes Σ ŵ_i f_i instead.")
+        console.print(
+            "[yellow]warning:[/yellow] the effective objective differs from f = Σ w_i f_i (max |ŵ_i − w_i| = "
+            f"{report.max_deviation:.3g}); this configuration minimizes Σ ŵ_i f_i instead."
+        )
     else:
         console.print("[green]consistent:[/green] ŵ = w, this configuration minimizes f = Σ w_i f_i.")
 
@@ -113,12 +164,19 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
     on its own clients, sampler and weights), or why that cannot be inspected (methods with client state)."""
     from fedshuffle.analysis.objective import inspect_objective
     from fedshuffle.analysis.theory import smoothness
-    from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
+    from fedshuffle.experiments.build import (
+        build_algorithm_from,
+        build_problem_and_data,
+        build_sampler,
+        resolve_step_sizes,
+    )
     from fedshuffle.experiments.runner import check_against_data
 
     rows, built = {}, {}
     for label, spec in load_config(config).runs(overrides):
-        key = json.dumps([spec.data.model_dump(), spec.problem.model_dump(), spec.run.seed, spec.run.dtype], default=str)
+        key = json.dumps(
+            [spec.data.model_dump(), spec.problem.model_dump(), spec.run.seed, spec.run.dtype], default=str
+        )
         if key not in built:  # variants that differ only in the method share their data
             built[key] = build_problem_and_data(spec)
         problem, data = built[key]
@@ -128,12 +186,26 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
         alg = build_algorithm_from(spec)
         server = alg.server_for(sampler)
         row = {
-            "method": alg.name, "sampler": sampler.describe(), "local_lr": alg.local.lr, "server_lr": alg.server.lr, "global_lr": getattr(server, "global_lr", None),
-            "local_steps": alg.local.max_planned_steps(data.sizes), "from_theory": sorted(info.get("used", {})),
-            "constants": info.get("constants") or (smoothness(problem, data).to_dict() if problem.name in ("logistic", "quadratic") else None),
+            "method": alg.name,
+            "sampler": sampler.describe(),
+            "local_lr": alg.local.lr,
+            "server_lr": alg.server.lr,
+            "global_lr": getattr(server, "global_lr", None),
+            "local_steps": alg.local.max_planned_steps(data.sizes),
+            "from_theory": sorted(info.get("used", {})),
+            "constants": info.get("constants")
+            or (smoothness(problem, data).to_dict() if problem.name in ("logistic", "quadratic") else None),
         }
         try:
-            row["objective"] = inspect_objective(alg, sampler, data.sizes, data.weights, exact=False if monte_carlo else None, rounds=samples, seed=spec.run.seed).to_dict()
+            row["objective"] = inspect_objective(
+                alg,
+                sampler,
+                data.sizes,
+                data.weights,
+                exact=False if monte_carlo else None,
+                rounds=samples,
+                seed=spec.run.seed,
+            ).to_dict()
         except ConfigError as exc:
             row["objective"] = None
             row["not_inspected"] = exc.message
@@ -141,7 +213,9 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
     return rows
 
 
-def _inspect_config(config: str, set_: list[str] | None, monte_carlo: bool, samples: int, clients: int, as_json: bool) -> None:
+def _inspect_config(
+    config: str, set_: list[str] | None, monte_carlo: bool, samples: int, clients: int, as_json: bool
+) -> None:
     from fedshuffle.experiments.schema import parse_overrides
 
     try:
@@ -160,10 +234,31 @@ def _inspect_config(config: str, set_: list[str] | None, monte_carlo: bool, samp
     for label, r in rows.items():
         obj = r["objective"]
         theta = f"{r['global_lr']:.6g}" if r["global_lr"] is not None else "—"
-        minimizes = "—" if obj is None else f"Σ ŵ_i f_i (ŵ ≠ w by up to {obj['max_deviation']:.3g})" if obj["biased"] else "f = Σ w_i f_i"
-        summary.append((label, r["method"], f"{r['local_lr']:.6g}", f"{r['server_lr']:.6g}", theta, str(r["local_steps"]), ", ".join(r["from_theory"]) or "—", minimizes))
-    print_table(f"{config}: step sizes and the objective each variant minimizes", ("variant", "method", "local γ", "server η", "global θ", "local steps", "from theory", "minimizes"),
-                summary, right=("local γ", "server η", "global θ", "local steps"))
+        minimizes = (
+            "—"
+            if obj is None
+            else f"Σ ŵ_i f_i (ŵ ≠ w by up to {obj['max_deviation']:.3g})"
+            if obj["biased"]
+            else "f = Σ w_i f_i"
+        )
+        summary.append(
+            (
+                label,
+                r["method"],
+                f"{r['local_lr']:.6g}",
+                f"{r['server_lr']:.6g}",
+                theta,
+                str(r["local_steps"]),
+                ", ".join(r["from_theory"]) or "—",
+                minimizes,
+            )
+        )
+    print_table(
+        f"{config}: step sizes and the objective each variant minimizes",
+        ("variant", "method", "local γ", "server η", "global θ", "local steps", "from theory", "minimizes"),
+        summary,
+        right=("local γ", "server η", "global θ", "local steps"),
+    )
     # ŵ per client, one table per population (variants with the same clients and weights share one)
     groups: dict[str, list[str]] = {}
     for label, r in rows.items():
@@ -173,13 +268,36 @@ def _inspect_config(config: str, set_: list[str] | None, monte_carlo: bool, samp
         sizes, weights = json.loads(key)
         shown = range(min(clients, len(sizes)))
         columns = ("client", "|D_i|", "w_i", *(f"ŵ_i {label}" for label in labels))
-        table = [(str(i), str(sizes[i]), f"{weights[i]:.4g}", *(f"{rows[label]['objective']['effective_weights'][i]:.4g}" for label in labels)) for i in shown]
-        more = f" (the first {len(shown)} of {len(sizes)} clients; --clients N or --json for more)" if len(shown) < len(sizes) else ""
+        table = [
+            (
+                str(i),
+                str(sizes[i]),
+                f"{weights[i]:.4g}",
+                *(f"{rows[label]['objective']['effective_weights'][i]:.4g}" for label in labels),
+            )
+            for i in shown
+        ]
+        more = (
+            f" (the first {len(shown)} of {len(sizes)} clients; --clients N or --json for more)"
+            if len(shown) < len(sizes)
+            else ""
+        )
         modes = {rows[label]["objective"]["mode"] for label in labels}
-        how = "exact" if modes == {"exact"} else f"Monte Carlo over {next(rows[label]['objective']['samples'] for label in labels if 'samples' in rows[label]['objective'])} rounds where not exact (--samples)"
-        print_table(f"effective objective weights ŵ (eq. 31, {how}){more}", columns, table, right=set(columns) - {"client"})
+        how = (
+            "exact"
+            if modes == {"exact"}
+            else "Monte Carlo over "
+            f"{next(rows[label]['objective']['samples'] for label in labels if 'samples' in rows[label]['objective'])} "
+            "rounds where not exact (--samples)"
+        )
+        print_table(
+            f"effective objective weights ŵ (eq. 31, {how}){more}", columns, table, right=set(columns) - {"client"}
+        )
     for label, r in rows.items():
         if r["objective"] is None:
             console.print(f"{label}: objective not inspected ({r['not_inspected']})")
         elif r["objective"]["biased"]:
-            console.print(f"[yellow]{label}[/yellow] minimizes Σ ŵ_i f_i, not f = Σ w_i f_i (max |ŵ_i − w_i| = {r['objective']['max_deviation']:.3g})")
+            console.print(
+                f"[yellow]{label}[/yellow] minimizes Σ ŵ_i f_i, not f = Σ w_i f_i (max |ŵ_i − w_i| = "
+                f"{r['objective']['max_deviation']:.3g})"
+            )

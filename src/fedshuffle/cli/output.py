@@ -26,12 +26,22 @@ def _cell(text: str) -> str:
 
 def markdown(columns: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[str] = ()) -> str:
     """A Markdown table; columns named in ``right`` are right-aligned."""
-    lines = ["| " + " | ".join(map(_cell, columns)) + " |", "|" + "|".join(" ---: " if c in right else " --- " for c in columns) + "|"]
+    lines = [
+        "| " + " | ".join(map(_cell, columns)) + " |",
+        "|" + "|".join(" ---: " if c in right else " --- " for c in columns) + "|",
+    ]
     lines += ["| " + " | ".join(_cell(str(v)) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str | Text]], *, right: Collection[str] = (), no_wrap: Collection[str] = ()) -> None:
+def print_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str | Text]],
+    *,
+    right: Collection[str] = (),
+    no_wrap: Collection[str] = (),
+) -> None:
     """A rich table on a terminal (full width), else ``title`` and a Markdown table, nothing truncated or wrapped.
     A cell may be a :class:`rich.text.Text`: styled on a terminal, its plain text in Markdown."""
     if console.is_terminal:

@@ -12,12 +12,22 @@ from rich.text import Text
 
 from fedshuffle.core.errors import ClusterError, ConfigError, ResultsError
 from fedshuffle.cli.common import (
-    EXIT_STATUS, PluginsOption, app, console, err, fail, fail_cluster, fail_results, interrupted, note,
+    EXIT_STATUS,
+    PluginsOption,
+    app,
+    console,
+    err,
+    fail,
+    fail_cluster,
+    fail_results,
+    interrupted,
+    note,
 )
 from fedshuffle.cli.output import print_table
 
 
-@app.command(help=f"""Run presets or experiment files (what is missing) and judge every claim; write report.md and report.html.
+@app.command(
+    help=f"""Run presets or experiment files (what is missing) and judge every claim; write report.md and report.html.
 
     Each preset, or TOML file with its own claims tables, runs into OUT/NAME (default OUT:
     results/reproduce); runs already there are kept and continued, a folder holding another experiment
@@ -30,17 +40,40 @@ from fedshuffle.cli.output import print_table
     claims are counted beside them. The verdicts join those already in OUT (OUT/verdicts.json), so
     the report shows every preset judged there. --budget cpu skips the presets sized for a GPU, saying so.
 
-    {EXIT_STATUS}""")
+    {EXIT_STATUS}"""
+)
 def reproduce(
     presets: Annotated[Optional[list[str]], typer.Argument(help="preset names or TOML files")] = None,
     all_: Annotated[bool, typer.Option("--all", help="every shipped preset")] = False,
-    budget: Annotated[Optional[str], typer.Option(help="cpu: skip the presets sized for a GPU; gpu: run every preset")] = None,
-    out: Annotated[Optional[str], typer.Option(help="folder of the runs and the report (default: results/reproduce)")] = None,
-    workers: Annotated[int, typer.Option(help="worker processes for each preset's runs and tuning grid (default: one per core)")] = max(1, os.cpu_count() or 1),
-    no_run: Annotated[bool, typer.Option("--no-run", help="run nothing: judge the complete runs already in OUT")] = False,
-    json_: Annotated[bool, typer.Option("--json", help='print {"claims": [{"preset", "claim", "role", "measured", "verdict", "fractions", ...}], "counts" (primary claims), "other_roles"}')] = False,
+    budget: Annotated[
+        Optional[str], typer.Option(help="cpu: skip the presets sized for a GPU; gpu: run every preset")
+    ] = None,
+    out: Annotated[
+        Optional[str], typer.Option(help="folder of the runs and the report (default: results/reproduce)")
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(help="worker processes for each preset's runs and tuning grid (default: one per core)")
+    ] = max(1, os.cpu_count() or 1),
+    no_run: Annotated[
+        bool, typer.Option("--no-run", help="run nothing: judge the complete runs already in OUT")
+    ] = False,
+    json_: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='print {"claims": [{"preset", "claim", "role", "measured", "verdict", "fractions", ...}], "counts" '
+            '(primary claims), "other_roles"}',
+        ),
+    ] = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
-    smoke: Annotated[bool, typer.Option("--smoke", help="instead: build and run each preset of --budget (default gpu) for two rounds at its real model and data shapes on this CPU; exit 3 naming any that fails")] = False,
+    smoke: Annotated[
+        bool,
+        typer.Option(
+            "--smoke",
+            help="instead: build and run each preset of --budget (default gpu) for two rounds at its real model and "
+            "data shapes on this CPU; exit 3 naming any that fails",
+        ),
+    ] = False,
     plugins_: PluginsOption = None,
 ) -> None:
     from fedshuffle.experiments.reproduce import as_json, reproduce as run_all
@@ -56,7 +89,11 @@ def reproduce(
             fail(exc)
         print(json.dumps([vars(r) for r in results], indent=1, ensure_ascii=False) if json_ else summary(results))
         if failed := [r for r in results if r.status != "ok"]:
-            err.print(f"[red]error:[/red] smoke run failed for {', '.join(r.preset for r in failed)}: {failed[0].error}", highlight=False, soft_wrap=True)
+            err.print(
+                f"[red]error:[/red] smoke run failed for {', '.join(r.preset for r in failed)}: {failed[0].error}",
+                highlight=False,
+                soft_wrap=True,
+            )
             raise typer.Exit(3)
         return
     target = Path("results") / "reproduce"
@@ -65,7 +102,15 @@ def reproduce(
             raise ConfigError("--all", "give preset names or --all, not both")
         target = check_out(out) or target
         names = preset_names() if all_ else list(presets or [])
-        rows = run_all(names, target, budget=budget, run=not no_run, show_progress=not (quiet or json_), note=None if json_ else note, workers=workers)
+        rows = run_all(
+            names,
+            target,
+            budget=budget,
+            run=not no_run,
+            show_progress=not (quiet or json_),
+            note=None if json_ else note,
+            workers=workers,
+        )
     except ConfigError as exc:
         fail(exc)
     except ResultsError as exc:
@@ -78,6 +123,19 @@ def reproduce(
         print(json.dumps(as_json(rows), indent=1, ensure_ascii=False))
         return
     colour = {"holds": "green", "partly": "yellow", "does not hold": "red"}
-    print_table("claims", ("preset", "role", "figure", "claim", "measured", "verdict"),
-                [(r.preset, r.role, r.figure, r.claim, r.measured, Text.assemble((r.verdict, colour.get(r.verdict, "dim")), f": {r.why}")) for r in rows])
+    print_table(
+        "claims",
+        ("preset", "role", "figure", "claim", "measured", "verdict"),
+        [
+            (
+                r.preset,
+                r.role,
+                r.figure,
+                r.claim,
+                r.measured,
+                Text.assemble((r.verdict, colour.get(r.verdict, "dim")), f": {r.why}"),
+            )
+            for r in rows
+        ],
+    )
     console.print(f"report: {target / 'report.md'}, {target / 'report.html'}")

@@ -12,8 +12,11 @@ from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.cli.common import app, console, err, fail, fail_results, note
 from fedshuffle.cli.output import print_table
 
-ALLOW_UNSEALED = ("also show runs whose metrics.csv changed after they finished, or whose summary.json holds no SHA-256 of their files "
-                  "(a warning names each; default: refused)")
+ALLOW_UNSEALED = (
+    "also show runs whose metrics.csv changed after they finished, or whose summary.json holds no SHA-256 of their "
+    "files "
+    "(a warning names each; default: refused)"
+)
 
 
 def _warn(text: str) -> None:
@@ -23,13 +26,33 @@ def _warn(text: str) -> None:
 @app.command()
 def plot(
     paths: Annotated[list[Path], typer.Argument(help="run, experiment or sweep folders")],
-    metric: Annotated[Optional[list[str]], typer.Option(help="metric(s), one panel each (default: the config's)")] = None,
-    x: Annotated[Optional[str], typer.Option(help="a cost metric (round, epochs, sample_gradients, mib_up, ...) or bytes (default: the config's)")] = None,
+    metric: Annotated[
+        Optional[list[str]], typer.Option(help="metric(s), one panel each (default: the config's)")
+    ] = None,
+    x: Annotated[
+        Optional[str],
+        typer.Option(
+            help="a cost metric (round, epochs, sample_gradients, mib_up, ...) or bytes (default: the config's)"
+        ),
+    ] = None,
     band: Annotated[str, typer.Option(help="std or minmax over seeds")] = "std",
     linear: Annotated[bool, typer.Option(help="linear y axis (default: log)")] = False,
-    out: Annotated[Optional[str], typer.Option(help="output path without suffix (default: <first folder>/plot-METRIC-by-X, never the run's own plot)")] = None,
-    title: Annotated[Optional[str], typer.Option(help="figure title (default: the experiment's title, as run draws it)")] = None,
-    all_points: Annotated[bool, typer.Option("--all-points", help="every grid point of a sweep (default: the best point per variant by the first metric's final value)")] = False,
+    out: Annotated[
+        Optional[str],
+        typer.Option(
+            help="output path without suffix (default: <first folder>/plot-METRIC-by-X, never the run's own plot)"
+        ),
+    ] = None,
+    title: Annotated[
+        Optional[str], typer.Option(help="figure title (default: the experiment's title, as run draws it)")
+    ] = None,
+    all_points: Annotated[
+        bool,
+        typer.Option(
+            "--all-points",
+            help="every grid point of a sweep (default: the best point per variant by the first metric's final value)",
+        ),
+    ] = False,
     allow_unsealed: Annotated[bool, typer.Option("--allow-unsealed", help=ALLOW_UNSEALED)] = False,
 ) -> None:
     """Mean and band over seeds of every variant found under PATHS; PNG and PDF, written beside the run's own plot
@@ -67,8 +90,16 @@ def plot(
             runs = best_point_runs(runs, metrics[0])
             note(f"the best of {points} grid points per variant by final {metrics[0]} (--all-points for every point)")
         out_stem = out_stem or paths[0] / f"plot-{'-'.join(metrics)}-by-{axis}"
-        files = plot_runs(group_runs(runs), out_stem, metric=metrics, x=axis, band=band, log_y=not linear,
-                          title=figure_title(runs) if title is None else title, require_data=True)
+        files = plot_runs(
+            group_runs(runs),
+            out_stem,
+            metric=metrics,
+            x=axis,
+            band=band,
+            log_y=not linear,
+            title=figure_title(runs) if title is None else title,
+            require_data=True,
+        )
     except ConfigError as exc:
         fail(exc)
     except OSError as exc:
@@ -79,9 +110,17 @@ def plot(
 @app.command("table")
 def table_command(
     paths: Annotated[list[Path], typer.Argument(help="run, experiment or sweep folders")],
-    metric: Annotated[Optional[list[str]], typer.Option(help="metric(s) (default: f_gap, dist_sq, loss, accuracies where present)")] = None,
+    metric: Annotated[
+        Optional[list[str]], typer.Option(help="metric(s) (default: f_gap, dist_sq, loss, accuracies where present)")
+    ] = None,
     stat: Annotated[str, typer.Option(help="final value, or best value along the run")] = "final",
-    target: Annotated[Optional[list[str]], typer.Option(help="METRIC=VALUE: rounds, MiB per worker and wall-clock until the metric first reaches VALUE (Yang et al.'s Table 2)")] = None,
+    target: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="METRIC=VALUE: rounds, MiB per worker and wall-clock until the metric first reaches VALUE (Yang et "
+            "al.'s Table 2)"
+        ),
+    ] = None,
     allow_unsealed: Annotated[bool, typer.Option("--allow-unsealed", help=ALLOW_UNSEALED)] = False,
 ) -> None:
     """Final (or best) values: mean ± std over seeds per experiment folder, variant and grid point (a rich table on a
@@ -100,7 +139,9 @@ def table_command(
         groups = group_runs(runs)
         if targets:
             for t in targets:
-                columns, rows = target_table({name: [r.path / "metrics.csv" for r in members] for name, members in groups.items()}, t)
+                columns, rows = target_table(
+                    {name: [r.path / "metrics.csv" for r in members] for name, members in groups.items()}, t
+                )
                 print_table("", columns, rows, right=columns[1:-1])
             return
         metrics = metric or [m for m in SUMMARY_METRICS if any(r.final.get(m) is not None for r in runs)] or ["loss"]

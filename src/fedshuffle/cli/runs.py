@@ -13,8 +13,18 @@ from fedshuffle.core.errors import ClusterError, ConfigError, ResultsError
 from fedshuffle.core.io import read_text
 from fedshuffle.cli.output import mean_std, print_table
 from fedshuffle.cli.common import (
-    DEFAULT_PRESET, EXIT_STATUS, PluginsOption, app, console, fail, fail_cluster, fail_results, interrupted,
-    load_config, note, resume_command,
+    DEFAULT_PRESET,
+    EXIT_STATUS,
+    PluginsOption,
+    app,
+    console,
+    fail,
+    fail_cluster,
+    fail_results,
+    interrupted,
+    load_config,
+    note,
+    resume_command,
 )
 
 
@@ -24,17 +34,34 @@ def _print_summary(summary: dict, title: str) -> None:
     metrics = [m for m in SUMMARY_METRICS if any(m in v["final"] for v in summary["variants"].values())]
     rows = []
     for label, v in summary["variants"].items():
-        cells = [mean_std(v["final"][m]["mean"], v["final"][m]["std"], v["final"][m]["n"]) if m in v["final"] else "" for m in metrics]
+        cells = [
+            mean_std(v["final"][m]["mean"], v["final"][m]["std"], v["final"][m]["n"]) if m in v["final"] else ""
+            for m in metrics
+        ]
         rows.append((label, *cells, ", ".join(sorted(set(v["status"])))))
-    print_table(title, ("variant", *(f"final {m}" for m in metrics), "status"), rows, right={f"final {m}" for m in metrics})
+    print_table(
+        title, ("variant", *(f"final {m}" for m in metrics), "status"), rows, right={f"final {m}" for m in metrics}
+    )
 
 
 def _arguments(
-    config: str, out: str | None, set_: list[str] | None, seeds: str | None, extend_to: int | None, variants: list[str] | None = None,
+    config: str,
+    out: str | None,
+    set_: list[str] | None,
+    seeds: str | None,
+    extend_to: int | None,
+    variants: list[str] | None = None,
 ) -> tuple[Any, Path | None, dict, list[int] | None]:
-    """What ``run`` and ``sweep`` read alike: the experiment (only ``variants`` when given), the ``--out`` folder (None: the
+    """What ``run`` and ``sweep`` read alike: the experiment (only ``variants`` when given), the ``--out`` folder (None:
+    the
     default), the overrides and the seeds."""
-    from fedshuffle.experiments.session import check_out, extend_rounds, normalize_overrides, only_variants, requested_seeds
+    from fedshuffle.experiments.session import (
+        check_out,
+        extend_rounds,
+        normalize_overrides,
+        only_variants,
+        requested_seeds,
+    )
 
     out_dir = check_out(out)
     experiment = only_variants(load_config(config), variants)
@@ -56,7 +83,8 @@ def _operator_threads(outcomes) -> list[str]:
     return sorted(chosen)
 
 
-@app.command(help=f"""Run a preset or config file (every variant and seed), write results and a plot.
+@app.command(
+    help=f"""Run a preset or config file (every variant and seed), write results and a plot.
 
     A new run goes into --out (default results/NAME); an --out that already holds results is left
     alone and the run goes into NAME-2 (a note says so). --resume DIR continues the runs of DIR; it
@@ -64,16 +92,27 @@ def _operator_threads(outcomes) -> list[str]:
     run.rounds unless --extend-to N: then finished runs continue to N rounds, with the numbers of
     runs asked for N rounds from the start. --set run.seed=S runs seed S alone, as --seeds S.
 
-    {EXIT_STATUS}""")
+    {EXIT_STATUS}"""
+)
 def run(
     config: Annotated[str, typer.Argument(help="preset name or TOML file")] = DEFAULT_PRESET,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override, e.g. --set local.lr=0.01")] = None,
-    out: Annotated[Optional[str], typer.Option(help="results folder (default: results/<name>); an existing one is kept and NAME-2 used")] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="continue the runs of this results folder from their checkpoints")] = None,
+    out: Annotated[
+        Optional[str],
+        typer.Option(help="results folder (default: results/<name>); an existing one is kept and NAME-2 used"),
+    ] = None,
+    resume: Annotated[
+        Optional[Path], typer.Option(help="continue the runs of this results folder from their checkpoints")
+    ] = None,
     seeds: Annotated[Optional[str], typer.Option(help="seeds: a..b or a,b,c (default: the config's)")] = None,
-    extend_to: Annotated[Optional[int], typer.Option("--extend-to", help="with --resume: continue the runs to this many rounds")] = None,
+    extend_to: Annotated[
+        Optional[int], typer.Option("--extend-to", help="with --resume: continue the runs to this many rounds")
+    ] = None,
     workers: Annotated[int, typer.Option(help="runs in parallel worker processes")] = 1,
-    variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all), e.g. to --set what the variants set themselves")] = None,
+    variant: Annotated[
+        Optional[list[str]],
+        typer.Option(help="only these variants (repeat; default all), e.g. to --set what the variants set themselves"),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     plugins_: PluginsOption = None,
 ) -> None:
@@ -86,7 +125,10 @@ def run(
             raise ConfigError("--extend-to", "extends the runs of a results folder: give the folder with --resume DIR")
         if resume is not None:
             if out_dir is not None and out_dir != resume:
-                raise ConfigError("--resume", "give the folder to continue either as --resume DIR or as --out, not two different folders")
+                raise ConfigError(
+                    "--resume",
+                    "give the folder to continue either as --resume DIR or as --out, not two different folders",
+                )
             target, moved = resume_folder(resume), ""
         else:
             requested = out_dir or Path("results") / experiment.experiment.name
@@ -98,17 +140,35 @@ def run(
             if resume is not None:
                 note(f"continuing {len(folder.jobs)} runs in {target} ({folder.finished} already finished)")
 
-        summary, outcomes = run_experiment(experiment, target, overrides=overrides, seeds=seed_list, resume=resume is not None, extend=extend_to is not None,
-                                           show_progress=not quiet, workers=workers, on_open=opened)
+        summary, outcomes = run_experiment(
+            experiment,
+            target,
+            overrides=overrides,
+            seeds=seed_list,
+            resume=resume is not None,
+            extend=extend_to is not None,
+            show_progress=not quiet,
+            workers=workers,
+            on_open=opened,
+        )
     except ConfigError as exc:
         fail(exc)
     except ResultsError as exc:
-        fail_results(exc, f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}" if target is not None and target.is_dir() else "")
+        fail_results(
+            exc,
+            f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}"
+            if target is not None and target.is_dir()
+            else "",
+        )
     except ClusterError as exc:
         hint = f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}"
         fail_cluster(exc, hint if target is not None and target.is_dir() else "")
     except KeyboardInterrupt:
-        interrupted(f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}" if target is not None and target.is_dir() else "nothing was written.")
+        interrupted(
+            f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}"
+            if target is not None and target.is_dir()
+            else "nothing was written."
+        )
     _print_summary(summary, experiment.experiment.title or experiment.experiment.name)
     for chosen in _operator_threads(outcomes):
         console.print(f"operator threads per run: {chosen}", highlight=False, soft_wrap=True)
@@ -117,24 +177,41 @@ def run(
         raise typer.Exit(3)
 
 
-@app.command(help=f"""Every grid point × variant × seed, in parallel, each in its own folder; optionally pick the best point.
+@app.command(
+    help=f"""Every grid point × variant × seed, in parallel, each in its own folder; optionally pick the best point.
 
     Started again with the same config and --set, a sweep keeps its finished runs and continues the
     others (other grid points, seeds and --variant may be added); another config, or other settings
     for a run it holds, is refused, naming the settings that differ. --extend-to N continues its runs to N rounds.
 
-    {EXIT_STATUS}""")
+    {EXIT_STATUS}"""
+)
 def sweep(
     config: Annotated[str, typer.Argument(help="preset name or TOML file")],
-    grid: Annotated[Optional[list[str]], typer.Option(help="section.setting=v1,v2,... (repeat for more axes; every combination runs)")] = None,
+    grid: Annotated[
+        Optional[list[str]],
+        typer.Option(help="section.setting=v1,v2,... (repeat for more axes; every combination runs)"),
+    ] = None,
     seeds: Annotated[Optional[str], typer.Option(help="seeds: a..b or a,b,c (default: the config's)")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="override applied to every point")] = None,
-    out: Annotated[Optional[str], typer.Option(help="results folder (default: results/<name>-sweep); started again, finished runs are kept")] = None,
-    workers: Annotated[int, typer.Option(help="runs in parallel worker processes",
-                                         show_default="one per core")] = max(1, (os.cpu_count() or 1)),
-    pick: Annotated[Optional[str], typer.Option(help="choose the best point per variant by this final metric (min; max for accuracies)")] = None,
-    variant: Annotated[Optional[list[str]], typer.Option(help="only these variants (repeat; default all), e.g. to grid a method's own settings")] = None,
-    extend_to: Annotated[Optional[int], typer.Option("--extend-to", help="continue the sweep's runs to this many rounds")] = None,
+    out: Annotated[
+        Optional[str],
+        typer.Option(help="results folder (default: results/<name>-sweep); started again, finished runs are kept"),
+    ] = None,
+    workers: Annotated[int, typer.Option(help="runs in parallel worker processes", show_default="one per core")] = max(
+        1, (os.cpu_count() or 1)
+    ),
+    pick: Annotated[
+        Optional[str],
+        typer.Option(help="choose the best point per variant by this final metric (min; max for accuracies)"),
+    ] = None,
+    variant: Annotated[
+        Optional[list[str]],
+        typer.Option(help="only these variants (repeat; default all), e.g. to grid a method's own settings"),
+    ] = None,
+    extend_to: Annotated[
+        Optional[int], typer.Option("--extend-to", help="continue the sweep's runs to this many rounds")
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     plugins_: PluginsOption = None,
 ) -> None:
@@ -143,7 +220,9 @@ def sweep(
     from fedshuffle.experiments.sweep import parse_grid
 
     target: Path | None = None
-    again = "run the same sweep command again to continue: finished runs are kept, the others resume from their checkpoints"
+    again = (
+        "run the same sweep command again to continue: finished runs are kept, the others resume from their checkpoints"
+    )
     try:
         if pick is not None:
             check_metrics([pick], "--pick")
@@ -154,10 +233,25 @@ def sweep(
 
         def opened(folder) -> None:
             if existed:
-                note(f"{target} already holds a sweep of this config: {folder.finished} of its {len(folder.jobs)} runs are finished and kept, the others run now")
+                note(
+                    f"{target} already holds a sweep of this config: {folder.finished} of its {len(folder.jobs)} "
+                    "runs are finished and kept, the others run now"
+                )
 
-        record, outcomes = run_sweep(experiment, target, points, seeds=seed_list, overrides=overrides, variants=variant, pick=pick, extend=extend_to is not None,
-                                     workers=workers, show_progress=not quiet, record={"config": config, "grid": grid or []}, on_open=opened)
+        record, outcomes = run_sweep(
+            experiment,
+            target,
+            points,
+            seeds=seed_list,
+            overrides=overrides,
+            variants=variant,
+            pick=pick,
+            extend=extend_to is not None,
+            workers=workers,
+            show_progress=not quiet,
+            record={"config": config, "grid": grid or []},
+            on_open=opened,
+        )
     except ConfigError as exc:
         fail(exc)
     except ResultsError as exc:
@@ -168,12 +262,28 @@ def sweep(
         interrupted(again if target is not None and target.is_dir() else "nothing was written.")
     console.print(f"{record['runs']} runs in {target}/: " + ", ".join(f"{n} {s}" for s, n in record["status"].items()))
     if pick:
-        rows = [(label, _point(b["point"]), "—" if b["mean"] is None else f"{b['mean']:.4g}", "—" if b["std"] is None else f"{b['std']:.2g}", str(b["candidates"]))
-                for label, b in record["best"].items()]
-        print_table(f"best point per variant by final {pick}", ("variant", "point", f"mean {pick}", "std", "points tried"), rows, right=(f"mean {pick}", "std", "points tried"))
+        rows = [
+            (
+                label,
+                _point(b["point"]),
+                "—" if b["mean"] is None else f"{b['mean']:.4g}",
+                "—" if b["std"] is None else f"{b['std']:.2g}",
+                str(b["candidates"]),
+            )
+            for label, b in record["best"].items()
+        ]
+        print_table(
+            f"best point per variant by final {pick}",
+            ("variant", "point", f"mean {pick}", "std", "points tried"),
+            rows,
+            right=(f"mean {pick}", "std", "points tried"),
+        )
         for label, b in record["best"].items():
             if b.get("at_edge"):
-                note(f"{label or 'run'}: the best {', '.join(b['at_edge'])} is at the edge of the grid; the optimum may lie beyond it, widen the grid there")
+                note(
+                    f"{label or 'run'}: the best {', '.join(b['at_edge'])} is at the edge of the grid; the optimum "
+                    "may lie beyond it, widen the grid there"
+                )
     if any(o.status != "complete" for o in outcomes):
         raise typer.Exit(3)
 

@@ -103,7 +103,8 @@ def mismatch(saved: Any, reference: Any, at: str = "state") -> str | None:
         if not isinstance(saved, Mapping):
             return f"{at} is a {describe(saved)}, expected a dict"
         return other_keys(saved, reference, at) or next(
-            (why for key in reference if (why := mismatch(saved[key], reference[key], f"{at}.{key}"))), None)
+            (why for key in reference if (why := mismatch(saved[key], reference[key], f"{at}.{key}"))), None
+        )
     if isinstance(reference, (torch.Tensor, np.ndarray)):
         same = type(saved) is type(reference) and saved.dtype == reference.dtype and saved.shape == reference.shape
         return None if same else f"{at} is a {describe(saved)}, the run's is a {describe(reference)}"
@@ -136,13 +137,20 @@ def read_checkpoint(path: Path, run: Mapping[str, Any] | None = None) -> tuple[d
     try:
         header, _, payload = read_regular(path).partition(b"\n")
         if header.startswith(OLD_MAGIC):
-            raise ConfigError(str(path), "a checkpoint of an earlier fedshuffle, whose format can carry code: it is not read; " + REMEDY)
+            raise ConfigError(
+                str(path),
+                "a checkpoint of an earlier fedshuffle, whose format can carry code: it is not read; " + REMEDY,
+            )
         if not header.startswith(MAGIC):
             raise ConfigError(str(path), f"damaged checkpoint (no checkpoint header); {REMEDY}")
-        if hashlib.sha256(payload).hexdigest().encode() != header[len(MAGIC):]:
+        if hashlib.sha256(payload).hexdigest().encode() != header[len(MAGIC) :]:
             raise ConfigError(str(path), f"damaged checkpoint (its SHA-256 does not match its contents); {REMEDY}")
         saved = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
-        if not isinstance(saved, dict) or not isinstance(saved.get("run"), dict) or not isinstance(saved.get("state"), dict):
+        if (
+            not isinstance(saved, dict)
+            or not isinstance(saved.get("run"), dict)
+            or not isinstance(saved.get("state"), dict)
+        ):
             raise ConfigError(str(path), f"damaged checkpoint (not a run's state); {REMEDY}")
         state = decode(saved["state"])
     except ConfigError:
@@ -150,13 +158,25 @@ def read_checkpoint(path: Path, run: Mapping[str, Any] | None = None) -> tuple[d
     except OSError as exc:
         raise ConfigError(str(path), f"unreadable checkpoint ({exc.strerror or exc}); {REMEDY}") from None
     except pickle.UnpicklingError:
-        raise ConfigError(str(path), f"refused: it holds objects other than tensors, numbers, strings, lists and dicts, which no checkpoint of fedshuffle holds; {REMEDY}") from None
+        raise ConfigError(
+            str(path),
+            "refused: it holds objects other than tensors, numbers, strings, lists and dicts, which no checkpoint "
+            f"of fedshuffle holds; {REMEDY}",
+        ) from None
     except Exception as exc:  # reading or loading a damaged or hostile file raises many kinds of errors
         raise ConfigError(str(path), f"damaged checkpoint ({exc.__class__.__name__}); {REMEDY}") from None
     if run is not None:
         recorded = saved["run"]
-        differ = [f"{key}: {recorded.get(key, '(none)')!r} there, {value!r} here" for key, value in run.items() if recorded.get(key, "(none)") != value]
+        differ = [
+            f"{key}: {recorded.get(key, '(none)')!r} there, {value!r} here"
+            for key, value in run.items()
+            if recorded.get(key, "(none)") != value
+        ]
         if differ:
-            raise ConfigError(str(path), f"belongs to another run ({'; '.join(differ)}): a checkpoint copied from another folder is not continued; "
-                              "put back this run's checkpoint, or start the run again in another folder")
+            raise ConfigError(
+                str(path),
+                f"belongs to another run ({'; '.join(differ)}): a checkpoint copied from another folder is not "
+                "continued; "
+                "put back this run's checkpoint, or start the run again in another folder",
+            )
     return dict(saved["run"]), state

@@ -48,7 +48,9 @@ def usable_path_name(v: str | None) -> str | None:
         return v
     if "\0" in v:
         raise ValueError("a path cannot hold a NUL byte")
-    if len(v.encode("utf-8", "surrogateescape")) > 4096 or any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in Path(v).parts):
+    if len(v.encode("utf-8", "surrogateescape")) > 4096 or any(
+        len(part.encode("utf-8", "surrogateescape")) > 255 for part in Path(v).parts
+    ):
         raise ValueError("too long for a path (each name at most 255 bytes, the whole path 4096)")
     return v
 
@@ -61,6 +63,10 @@ def summable(v: Any) -> Any:
 
 
 #: a data file or folder named in a configuration
-DataPath = Annotated[str | None, AfterValidator(usable_path_name), Field(description="a data file or folder; relative to the config file")]
+DataPath = Annotated[
+    str | None,
+    AfterValidator(usable_path_name),
+    Field(description="a data file or folder; relative to the config file"),
+]
 #: checks a setting that may be one number per client (weights, probabilities): finite in sum
 Summable = AfterValidator(summable)

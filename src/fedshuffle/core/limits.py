@@ -15,7 +15,8 @@ The memory available to this process is the smallest of
 Estimates are deliberately simple upper bounds (a few copies of the largest array); a check fails
 when the estimate exceeds :data:`HEADROOM` of what is available. Work that cannot be interrupted and
 resumed (``inspect``'s expectations, generating a dataset) is also checked against time:
-:func:`check_seconds` refuses an estimate beyond ``FEDSHUFFLE_MAX_SECONDS`` (default :data:`MAX_SECONDS`). Estimates up to :data:`SMALL` pass
+:func:`check_seconds` refuses an estimate beyond ``FEDSHUFFLE_MAX_SECONDS`` (default :data:`MAX_SECONDS`). Estimates up
+to :data:`SMALL` pass
 without reading the system (unless ``FEDSHUFFLE_MAX_MEMORY`` is set), and the system's figures are
 re-read at most once a second, so that checks made every round cost microseconds.
 """
@@ -59,7 +60,10 @@ def _read_int(path: Path) -> int | None:
 
 
 def _cgroup_room() -> int | None:
-    for limit, usage in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    for limit, usage in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
         cap, used = _read_int(Path("/sys/fs/cgroup") / limit), _read_int(Path("/sys/fs/cgroup") / usage)
         if cap is not None and used is not None and cap < 1 << 60:
             return max(cap - used, 0)
@@ -107,7 +111,11 @@ def _system_room() -> list[tuple[int, str]]:
         key = None
     now = time.monotonic()
     if _system is None or _system[1] != key or now - _system[0] > 1.0:
-        readings = ((_meminfo("MemAvailable"), "available system memory"), (_cgroup_room(), "the cgroup's memory limit"), (_address_space_room(), "the address-space limit (ulimit -v)"))
+        readings = (
+            (_meminfo("MemAvailable"), "available system memory"),
+            (_cgroup_room(), "the cgroup's memory limit"),
+            (_address_space_room(), "the address-space limit (ulimit -v)"),
+        )
         _system = (now, key, [(value, source) for value, source in readings if value is not None])
     return _system[2]
 
@@ -136,7 +144,11 @@ def check_fits(needed: float, setting: str, what: str, error: type[ConfigError] 
         return
     room, source = available_bytes()
     if needed > HEADROOM * room:
-        raise error(setting, f"{what} needs about {human(needed)} of memory, more than the {human(room)} available ({source}); use a smaller value")
+        raise error(
+            setting,
+            f"{what} needs about {human(needed)} of memory, more than the {human(room)} available ({source}); use a "
+            "smaller value",
+        )
 
 
 def array_bytes(*shape: float, itemsize: int = 8) -> float:
@@ -153,9 +165,16 @@ DATASET_COPIES = 4
 MODEL_COPIES = 16
 
 
-def check_dataset(samples: float, features: float, setting: str, what: str = "the dataset", error: type[ConfigError] = ConfigError) -> None:
+def check_dataset(
+    samples: float, features: float, setting: str, what: str = "the dataset", error: type[ConfigError] = ConfigError
+) -> None:
     """A dense ``samples × features`` float64 dataset, :data:`DATASET_COPIES` times over."""
-    check_fits(DATASET_COPIES * array_bytes(samples, features + 1), setting, f"{what} ({samples:.0f} samples × {features:.0f} features)", error)
+    check_fits(
+        DATASET_COPIES * array_bytes(samples, features + 1),
+        setting,
+        f"{what} ({samples:.0f} samples × {features:.0f} features)",
+        error,
+    )
 
 
 def check_model(dim: float, setting: str, what: str = "the model", cohort: float = 1.0) -> None:
@@ -172,4 +191,8 @@ def check_seconds(estimate: float, setting: str, what: str, error: type[ConfigEr
     except ValueError:
         raise ConfigError(SECONDS_ENV, f"expected a number of seconds, got {text!r}") from None
     if not estimate <= budget:  # NaN too
-        raise error(setting, f"{what} would take at least {estimate:.3g} s, more than the {budget:g} s allowed ({SECONDS_ENV}); use a smaller value")
+        raise error(
+            setting,
+            f"{what} would take at least {estimate:.3g} s, more than the {budget:g} s allowed ({SECONDS_ENV}); use a "
+            "smaller value",
+        )

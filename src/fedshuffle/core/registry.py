@@ -50,7 +50,10 @@ def settings_model(name: str, factory: Callable[..., Any], runtime: tuple[str, .
     fields: dict[str, Any] = {}
     for parameter in inspect.signature(factory).parameters.values():
         if parameter.kind is parameter.VAR_KEYWORD:
-            raise TypeError(f"{name}: **{parameter.name} would accept any setting and drop it; declare each setting as a keyword parameter")
+            raise TypeError(
+                f"{name}: **{parameter.name} would accept any setting and drop it; declare each setting as a keyword "
+                "parameter"
+            )
         if parameter.name in runtime or parameter.kind is parameter.VAR_POSITIONAL or parameter.name.startswith("_"):
             continue
         default = ... if parameter.default is parameter.empty else parameter.default
@@ -88,7 +91,14 @@ class Entry:
             annotation = info.annotation
             kind = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
             default = "required" if info.is_required() else info.default
-            out.append({"name": name, "type": kind, "default": list(default) if isinstance(default, tuple) else default, "help": info.description or ""})
+            out.append(
+                {
+                    "name": name,
+                    "type": kind,
+                    "default": list(default) if isinstance(default, tuple) else default,
+                    "help": info.description or "",
+                }
+            )
         return out
 
     def check(self, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -99,7 +109,9 @@ class Entry:
         if unknown:
             takes = self.setting_names()
             what = f"it takes {', '.join(takes)}" if takes else "it takes no settings"
-            raise ConfigError(unknown[0], f"not a setting of {self.noun} {self.name!r}{did_you_mean(unknown[0], takes)}; {what}")
+            raise ConfigError(
+                unknown[0], f"not a setting of {self.noun} {self.name!r}{did_you_mean(unknown[0], takes)}; {what}"
+            )
         try:
             return self.settings.model_validate(dict(given)).model_dump()
         except ValidationError as exc:
@@ -107,8 +119,12 @@ class Entry:
             key = ".".join(str(p) for p in error["loc"][:1]) or "settings"
             if error["type"] == "missing":
                 info = self.settings.model_fields[key]
-                raise ConfigError(key, f"{self.noun} {self.name!r} needs it{': ' + info.description if info.description else ''}") from None
-            raise ConfigError(key, f"{error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})") from None
+                raise ConfigError(
+                    key, f"{self.noun} {self.name!r} needs it{': ' + info.description if info.description else ''}"
+                ) from None
+            raise ConfigError(
+                key, f"{error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})"
+            ) from None
 
     def build(self, settings: Mapping[str, Any], **runtime: Any) -> Any:
         """The part with ``settings`` (checked, defaults filled) and those ``runtime`` values its factory takes."""
@@ -148,7 +164,9 @@ class Registry:
 
     def __getitem__(self, name: str) -> Entry:
         if name not in self._entries:
-            raise ConfigError(self.kind, f"unknown {name!r}{did_you_mean(name, self._entries)}; accepted: {', '.join(self._entries)}")
+            raise ConfigError(
+                self.kind, f"unknown {name!r}{did_you_mean(name, self._entries)}; accepted: {', '.join(self._entries)}"
+            )
         return self._entries[name]
 
     def __contains__(self, name: object) -> bool:

@@ -41,7 +41,12 @@ def step_seed(key: tuple[int, ...], step: int) -> int:
     """Seed of the random numbers inside one local step (dropout masks) of the client whose plan has
     stream ``key`` = (seed, round, client, occurrence): the same on every executor."""
     seed, *keys = key
-    return int(np.random.SeedSequence([int(seed), int(Stream.LOCAL_NOISE), *map(int, keys), int(step)]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+    return int(
+        np.random.SeedSequence([int(seed), int(Stream.LOCAL_NOISE), *map(int, keys), int(step)]).generate_state(
+            1, np.uint64
+        )[0]
+        >> np.uint64(1)
+    )
 
 
 # -- many generators of one stream at once --------------------------------------------------------
@@ -117,7 +122,12 @@ def generators(seed: int, stream: Stream, keys: np.ndarray):
     bit_generator = np.random.PCG64(0)
     rng = np.random.Generator(bit_generator)
     for state, inc in _pcg64_states(entropy):
-        bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0}
+        bit_generator.state = {
+            "bit_generator": "PCG64",
+            "state": {"state": state, "inc": inc},
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
         yield rng
 
 
@@ -148,7 +158,14 @@ def _times128(high, low, factor_high, factor_low):
     p0, p1, p2 = a_low * b_low, a_low * b_high, a_high * b_low
     middle = (p0 >> np.uint64(32)) + (p1 & half) + (p2 & half)
     product_low = (p0 & half) | (middle << np.uint64(32))
-    product_high = a_high * b_high + (p1 >> np.uint64(32)) + (p2 >> np.uint64(32)) + (middle >> np.uint64(32)) + low * factor_high + high * factor_low
+    product_high = (
+        a_high * b_high
+        + (p1 >> np.uint64(32))
+        + (p2 >> np.uint64(32))
+        + (middle >> np.uint64(32))
+        + low * factor_high
+        + high * factor_low
+    )
     return product_high, product_low
 
 
@@ -189,7 +206,9 @@ def _compiled_states(entropy):
     for row in range(entropy.shape[0]):
         hash_const = np.uint64(_INIT_A)
         for i in range(_POOL):  # the pool: the first words hashed (zeros past the entropy's end), then mixed together
-            mixer[i], hash_const = _hashed(np.uint64(entropy[row, i]) if i < entropy.shape[1] else np.uint64(0), hash_const, multiplier_a)
+            mixer[i], hash_const = _hashed(
+                np.uint64(entropy[row, i]) if i < entropy.shape[1] else np.uint64(0), hash_const, multiplier_a
+            )
         for source in range(_POOL):
             for target in range(_POOL):
                 if source != target:
@@ -203,7 +222,8 @@ def _compiled_states(entropy):
         for i in range(8):  # generate_state(4, uint64)
             words[i], hash_const = _hashed(mixer[i % _POOL], hash_const, multiplier_b)
         seeds = [(words[2 * k + 1] << np.uint64(32)) | words[2 * k] for k in range(4)]
-        inc_high, inc_low = (seeds[2] << np.uint64(1)) | (seeds[3] >> np.uint64(63)), (seeds[3] << np.uint64(1)) | np.uint64(1)
+        inc_high = (seeds[2] << np.uint64(1)) | (seeds[3] >> np.uint64(63))
+        inc_low = (seeds[3] << np.uint64(1)) | np.uint64(1)
         high, low = _plus128(inc_high, inc_low, seeds[0], seeds[1])  # state = 0; step (state = inc); += initstate; step
         high, low = _times128(high, low, np.uint64(_PCG_MULT_HIGH), np.uint64(_PCG_MULT_LOW))
         out[row, 0], out[row, 1] = _plus128(high, low, inc_high, inc_low)
@@ -261,10 +281,21 @@ def permutations(seed: int, stream: Stream, keys: np.ndarray, lengths: np.ndarra
         raise ValueError(f"seed and stream keys must be non-negative, got {seed}, {keys.min()}")
     if _COMPILED_AGREES is None:
         _COMPILED_AGREES = numba is not None and _agrees_with_numpy()
-    if not _COMPILED_AGREES or seed >= 2**32 or (keys.size and keys.max() >= 2**32) or (lengths.size and lengths.max() >= 2**32):
-        drawn = [rng.permutation(n) for rng, n, r in zip(generators(seed, stream, keys), lengths.tolist(), repeats.tolist()) for _ in range(r)]
+    if (
+        not _COMPILED_AGREES
+        or seed >= 2**32
+        or (keys.size and keys.max() >= 2**32)
+        or (lengths.size and lengths.max() >= 2**32)
+    ):
+        drawn = [
+            rng.permutation(n)
+            for rng, n, r in zip(generators(seed, stream, keys), lengths.tolist(), repeats.tolist())
+            for _ in range(r)
+        ]
         return np.concatenate(drawn).astype(np.int64, copy=False) if drawn else np.zeros(0, dtype=np.int64)
-    return _shuffled(np.concatenate([np.full((len(keys), 2), [seed, int(stream)], dtype=np.int64), keys], axis=1), lengths, repeats)
+    return _shuffled(
+        np.concatenate([np.full((len(keys), 2), [seed, int(stream)], dtype=np.int64), keys], axis=1), lengths, repeats
+    )
 
 
 def _shuffled(entropy: np.ndarray, lengths: np.ndarray, repeats: np.ndarray) -> np.ndarray:
@@ -282,4 +313,6 @@ def _agrees_with_numpy() -> bool:
         rng = np.random.default_rng(np.random.SeedSequence(row))
         expected += [rng.permutation(n) for _ in range(r)]
     short = _shuffled(entropy[:1, :2], np.array([50]), np.array([1]))
-    return bool(np.array_equal(_shuffled(entropy, lengths, repeats), np.concatenate(expected))) and bool(np.array_equal(short, np.random.default_rng(np.random.SeedSequence([5, 3])).permutation(50)))
+    return bool(np.array_equal(_shuffled(entropy, lengths, repeats), np.concatenate(expected))) and bool(
+        np.array_equal(short, np.random.default_rng(np.random.SeedSequence([5, 3])).permutation(50))
+    )

@@ -17,7 +17,9 @@ from pydantic import BaseModel, ValidationError
 from fedshuffle.core.errors import ConfigError
 
 #: the names pydantic gives the members of a union in an error's location (not settings)
-_UNION_TAG = re.compile(r"^(int|float|str|bool|none|constrained-\w+|function-\w+\[.*|literal\[.*|list\[.*|tuple\[.*|dict\[.*|sequence\[.*|json-or-python\[.*)$")
+_UNION_TAG = re.compile(
+    r"^(int|float|str|bool|none|constrained-\w+|function-\w+\[.*|literal\[.*|list\[.*|tuple\[.*|dict\[.*|sequence\[.*|json-or-python\[.*)$"
+)
 
 
 def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str) -> tuple[str, str]:
@@ -25,15 +27,25 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str)
     loc = [str(p) for p in error["loc"] if not _UNION_TAG.match(str(p))]
     field = prefix + ".".join(loc)
     raised = (error.get("ctx") or {}).get("error")
-    if isinstance(raised, ConfigError):  # raised by a validator that names its own setting (a part's settings, experiments.schema)
+    if isinstance(
+        raised, ConfigError
+    ):  # raised by a validator that names its own setting (a part's settings, experiments.schema)
         return f"{field + '.' if field else ''}{raised.field}", raised.message
     if error["type"] == "extra_forbidden":
         parent: Any = model
         for part in loc[:-1]:
             if part.isdigit():
                 continue
-            annotation = parent.model_fields[part].annotation if isinstance(parent, type) and part in getattr(parent, "model_fields", {}) else None
-            annotation = next((a for a in get_args(annotation) if isinstance(a, type)), annotation) if get_args(annotation) else annotation
+            annotation = (
+                parent.model_fields[part].annotation
+                if isinstance(parent, type) and part in getattr(parent, "model_fields", {})
+                else None
+            )
+            annotation = (
+                next((a for a in get_args(annotation) if isinstance(a, type)), annotation)
+                if get_args(annotation)
+                else annotation
+            )
             parent = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
             if parent is None:
                 break
@@ -44,7 +56,8 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel], prefix: str)
 
 
 def _one_line(problems: Mapping[str, list[str]]) -> str:
-    """Every problem on one line: a setting that fails each member of a union reads ``Input should be A or B (got v)``."""
+    """Every problem on one line: a setting that fails each member of a union reads ``Input should be A or B (got
+    v)``."""
     parts = []
     for field, messages in problems.items():
         got = {m.rpartition(" (got ")[2] for m in messages}

@@ -25,7 +25,15 @@ from fedshuffle.core.registry import Registry
 from fedshuffle.core.streams import Stream, generator
 from fedshuffle.data import partitions
 from fedshuffle.data.federated import FederatedDataset, objective_weights
-from fedshuffle.data.sources import LIBSVM_DATASETS, arrays, cifar, load_libsvm_dataset, mnist, read_svmlight, shakespeare
+from fedshuffle.data.sources import (
+    LIBSVM_DATASETS,
+    arrays,
+    cifar,
+    load_libsvm_dataset,
+    mnist,
+    read_svmlight,
+    shakespeare,
+)
 from fedshuffle.data.sources.fetch import resolve_data_path
 from fedshuffle.data.sources.leaf import load_leaf
 from fedshuffle.data.sources.synthetic import FedProxSynthetic
@@ -60,11 +68,19 @@ def _positive_sizes(sizes: list[int] | None) -> list[int] | None:
 
 
 #: the number of clients of a partition; for sources with their own clients, keep the first this many
-Clients = Annotated[PositiveInt | None, Field(description="number of clients (of a partition; of a source with its own clients: keep the first this many)")]
+Clients = Annotated[
+    PositiveInt | None,
+    Field(description="number of clients (of a partition; of a source with its own clients: keep the first this many)"),
+]
 #: contiguous client blocks
-ClientSizes = Annotated[list[int] | None, AfterValidator(_positive_sizes), Field(description="the clients' sizes, as contiguous blocks")]
+ClientSizes = Annotated[
+    list[int] | None, AfterValidator(_positive_sizes), Field(description="the clients' sizes, as contiguous blocks")
+]
 #: images scaled by the training set's per-channel statistics
-Standardize = Annotated[bool, Field(description="subtract the training set's per-channel mean, divide by its std (default: pixels in [0, 1])")]
+Standardize = Annotated[
+    bool,
+    Field(description="subtract the training set's per-channel mean, divide by its std (default: pixels in [0, 1])"),
+]
 
 
 def _num_classes(*label_arrays: np.ndarray) -> int:
@@ -72,7 +88,8 @@ def _num_classes(*label_arrays: np.ndarray) -> int:
 
 
 def targets_source(client_sizes: ClientSizes = None, path: DataPath = None) -> Samples:
-    """Targets a_ij of the quadratic f_ij(x) = ½‖x − a_ij‖²: e_1..e_N (FedShuffle eq. (36)) or an ``.npy`` file (N, d)."""
+    """Targets a_ij of the quadratic f_ij(x) = ½‖x − a_ij‖²: e_1..e_N (FedShuffle eq. (36)) or an ``.npy`` file (N,
+    d)."""
     if client_sizes is None:
         raise ConfigError("client_sizes", "source = 'targets' needs client_sizes (contiguous blocks of targets)")
     total = sum(client_sizes)
@@ -97,19 +114,36 @@ def synthetic_source(
 
 
 def libsvm_source(
-    dataset: Annotated[str | None, Field(description=f"a registered dataset ({', '.join(LIBSVM_DATASETS)}); or give path")] = None,
+    dataset: Annotated[
+        str | None, Field(description=f"a registered dataset ({', '.join(LIBSVM_DATASETS)}); or give path")
+    ] = None,
     path: DataPath = None,
-    libsvm_test: Annotated[bool, Field(description="evaluate on LIBSVM's own test file (<dataset>.t), where it has one")] = False,
-    data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, test_fraction: float = 0.0,
+    libsvm_test: Annotated[
+        bool, Field(description="evaluate on LIBSVM's own test file (<dataset>.t), where it has one")
+    ] = False,
+    data_dirs: Sequence[str] = (),
+    download: bool = True,
+    verify: bool = True,
+    test_fraction: float = 0.0,
 ) -> Samples:
     """A registered LIBSVM dataset (located, cached, checksummed) or any binary svmlight file."""
     if (dataset is None) == (path is None):
-        raise ConfigError("dataset", f"source = 'libsvm' needs exactly one of dataset (one of {', '.join(LIBSVM_DATASETS)}) or path (an svmlight file)")
-    x, y = load_libsvm_dataset(dataset, data_dirs=data_dirs, download=download, verify=verify) if dataset else read_svmlight(path)
+        raise ConfigError(
+            "dataset",
+            f"source = 'libsvm' needs exactly one of dataset (one of {', '.join(LIBSVM_DATASETS)}) or path (an "
+            "svmlight file)",
+        )
+    x, y = (
+        load_libsvm_dataset(dataset, data_dirs=data_dirs, download=download, verify=verify)
+        if dataset
+        else read_svmlight(path)
+    )
     test = None
     if libsvm_test:
         if dataset is None or test_fraction:
-            raise ConfigError("libsvm_test", "needs data.dataset and test_fraction = 0 (the test set is LIBSVM's own file)")
+            raise ConfigError(
+                "libsvm_test", "needs data.dataset and test_fraction = 0 (the test set is LIBSVM's own file)"
+            )
         test = load_libsvm_dataset(dataset, "test", data_dirs=data_dirs, download=download, verify=verify)
     return Samples(x, y, _num_classes(y, *(test[1:] if test else ())), test)
 
@@ -127,7 +161,13 @@ def npz_source(path: DataPath = None) -> Samples:
 def _clients(train: list[tuple[np.ndarray, np.ndarray]], test: tuple[np.ndarray, np.ndarray]) -> Samples:
     features = np.concatenate([x for x, _ in train])
     labels = np.concatenate([y for _, y in train])
-    return Samples(features, labels, _num_classes(labels, test[1]), test if len(test[1]) else None, np.array([len(y) for _, y in train]))
+    return Samples(
+        features,
+        labels,
+        _num_classes(labels, test[1]),
+        test if len(test[1]) else None,
+        np.array([len(y) for _, y in train]),
+    )
 
 
 def fedprox_synthetic_source(
@@ -143,7 +183,10 @@ def fedprox_synthetic_source(
     gen = FedProxSynthetic(synthetic_alpha, synthetic_beta, clients, seed, iid)
     gen.check_memory()
     held = [gen.test(k) for k in range(clients)]
-    samples = _clients([gen.train(k) for k in range(clients)], (np.concatenate([x for x, _ in held]), np.concatenate([y for _, y in held])))
+    samples = _clients(
+        [gen.train(k) for k in range(clients)],
+        (np.concatenate([x for x, _ in held]), np.concatenate([y for _, y in held])),
+    )
     samples.num_classes = 10
     samples.test_client_sizes = np.array([len(y) for _, y in held])
     return samples
@@ -167,13 +210,20 @@ def _leaf_samples(train: list[tuple[np.ndarray, np.ndarray]], test: tuple[np.nda
 def _standardized(train: np.ndarray, test: np.ndarray) -> None:
     """Subtract the training images' per-channel mean and divide by their standard deviation, in place."""
     axes = (0, *range(2, train.ndim))
-    mean, std = train.mean(axis=axes, keepdims=True, dtype=np.float64), train.std(axis=axes, keepdims=True, dtype=np.float64)
+    mean = train.mean(axis=axes, keepdims=True, dtype=np.float64)
+    std = train.std(axis=axes, keepdims=True, dtype=np.float64)
     for x in (train, test):
         x -= mean.astype(x.dtype)
         x /= std.astype(x.dtype)
 
 
-def mnist_source(standardize: Standardize = False, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None) -> Samples:
+def mnist_source(
+    standardize: Standardize = False,
+    data_dirs: Sequence[str] = (),
+    download: bool = True,
+    verify: bool = True,
+    mirror: str | None = None,
+) -> Samples:
     """MNIST's official IDX files: 60,000 training images (1, 28, 28) in [0, 1] and the official 10,000 for testing."""
     fetch = {"data_dirs": data_dirs, "download": download, "verify": verify, "mirror": mirror}
     (x, y), test = mnist.load_mnist("train", **fetch), mnist.load_mnist("test", **fetch)
@@ -183,20 +233,37 @@ def mnist_source(standardize: Standardize = False, data_dirs: Sequence[str] = ()
 
 
 def _cifar_source(name: str) -> Callable[..., Samples]:
-    def source(standardize: Standardize = False, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None) -> Samples:
-        (x, y), test, groups = cifar.load_cifar(name, data_dirs=data_dirs, download=download, verify=verify, mirror=mirror)
+    def source(
+        standardize: Standardize = False,
+        data_dirs: Sequence[str] = (),
+        download: bool = True,
+        verify: bool = True,
+        mirror: str | None = None,
+    ) -> Samples:
+        (x, y), test, groups = cifar.load_cifar(
+            name, data_dirs=data_dirs, download=download, verify=verify, mirror=mirror
+        )
         if standardize:
             _standardized(x, test[0])
         return Samples(x, y, cifar.CIFAR_ARCHIVES[name][5], test, label_groups=groups)
 
-    source.__doc__ = f"{name}'s official python archive: 50,000 training images (3, 32, 32) in [0, 1] and the official 10,000 for testing."
+    source.__doc__ = (
+        f"{name}'s official python archive: 50,000 training images (3, 32, 32) in [0, 1] and the "
+        "official 10,000 for testing."
+    )
     return source
 
 
 def tff_cifar100_source(
-    clients: Clients = None, standardize: Standardize = False, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None,
+    clients: Clients = None,
+    standardize: Standardize = False,
+    data_dirs: Sequence[str] = (),
+    download: bool = True,
+    verify: bool = True,
+    mirror: str | None = None,
 ) -> Samples:
-    """TFF's federated CIFAR-100: 500 clients of 100 training images (the first ``clients``), the 10,000 test images pooled."""
+    """TFF's federated CIFAR-100: 500 clients of 100 training images (the first ``clients``), the 10,000 test images
+    pooled."""
     train, test, groups = cifar.load_tff_cifar100(data_dirs=data_dirs, download=download, verify=verify, mirror=mirror)
     samples = _clients(train[:clients], test)
     if standardize:
@@ -207,15 +274,27 @@ def tff_cifar100_source(
 
 def shakespeare_source(
     clients: Clients = None,
-    ignore_padding: Annotated[bool, Field(description="padding targets −1, skipped by the loss and accuracy (TFF); default token 0, scored (FedShuffle's code)")] = False,
-    data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None,
+    ignore_padding: Annotated[
+        bool,
+        Field(
+            description="padding targets −1, skipped by the loss and accuracy (TFF); default token 0, scored "
+            "(FedShuffle's code)"
+        ),
+    ] = False,
+    data_dirs: Sequence[str] = (),
+    download: bool = True,
+    verify: bool = True,
+    mirror: str | None = None,
 ) -> Samples:
-    """TFF's Shakespeare: 715 roles (the first ``clients`` by name), 80-token sequences with per-position next-character targets.
+    """TFF's Shakespeare: 715 roles (the first ``clients`` by name), 80-token sequences with per-position next-character
+    targets.
 
     Padding targets are token 0, scored like any other (as the FedShuffle reference code does), or
     with ``ignore_padding`` −1, which the sequence loss and accuracy skip (as TFF's masked metrics do).
     """
-    train, test = shakespeare.load_tff_shakespeare(clients, data_dirs=data_dirs, download=download, verify=verify, mirror=mirror)
+    train, test = shakespeare.load_tff_shakespeare(
+        clients, data_dirs=data_dirs, download=download, verify=verify, mirror=mirror
+    )
     samples = _clients(train, test)
     samples.num_classes = shakespeare.TFF_VOCAB_SIZE
     if ignore_padding:
@@ -225,10 +304,18 @@ def shakespeare_source(
 
 
 def shakespeare_leaf_source(
-    path: DataPath = None, clients: Clients = None, data_dirs: Sequence[str] = (), download: bool = True, verify: bool = True, mirror: str | None = None
+    path: DataPath = None,
+    clients: Clients = None,
+    data_dirs: Sequence[str] = (),
+    download: bool = True,
+    verify: bool = True,
+    mirror: str | None = None,
 ) -> Samples:
-    """LEAF's Shakespeare JSON: a LEAF output folder (``path``), or the registered 10-user sample; 80-character windows and the next character."""
-    files = None if path else shakespeare.leaf_files(data_dirs=data_dirs, download=download, verify=verify, mirror=mirror)
+    """LEAF's Shakespeare JSON: a LEAF output folder (``path``), or the registered 10-user sample; 80-character
+    windows and the next character."""
+    files = (
+        None if path else shakespeare.leaf_files(data_dirs=data_dirs, download=download, verify=verify, mirror=mirror)
+    )
     _, train, test = load_leaf(path or files[0][0].parent.parent, clients, files)
     if not np.issubdtype(train[0][0].dtype, np.integer):
         raise ConfigError("path", f"{path} holds numeric LEAF data, not Shakespeare text; use source = 'leaf'")
@@ -237,25 +324,66 @@ def shakespeare_leaf_source(
 
 #: Sources by name. A source's settings are its keyword parameters; the framework passes the partition stream
 #: (``rng``), the data seed and the ``[data]`` section's common settings (where files come from, ``test_fraction``).
-SOURCES = Registry("data.source", runtime=("rng", "seed", "data_dirs", "download", "verify", "mirror", "test_fraction"), noun="source")
-SOURCES.add("targets", targets_source, "quadratic targets: e_1..e_N or an .npy file, in client blocks", "Horváth et al., TMLR 2022 (FedShuffle), eq. (36)")
+SOURCES = Registry(
+    "data.source", runtime=("rng", "seed", "data_dirs", "download", "verify", "mirror", "test_fraction"), noun="source"
+)
+SOURCES.add(
+    "targets",
+    targets_source,
+    "quadratic targets: e_1..e_N or an .npy file, in client blocks",
+    "Horváth et al., TMLR 2022 (FedShuffle), eq. (36)",
+)
 SOURCES.add("synthetic", synthetic_source, "Gaussian class clusters")
-SOURCES.add("libsvm", libsvm_source, "a LIBSVM dataset (phishing, mushrooms, a3a, w3a, a9a) or an svmlight file", "Chang & Lin, LIBSVM")
+SOURCES.add(
+    "libsvm",
+    libsvm_source,
+    "a LIBSVM dataset (phishing, mushrooms, a3a, w3a, a9a) or an svmlight file",
+    "Chang & Lin, LIBSVM",
+)
 SOURCES.add("npz", npz_source, "arrays x and y from an .npz file")
 SOURCES.add("fedprox_synthetic", fedprox_synthetic_source, "Synthetic(α, β) devices", "Li et al., MLSys 2020 (FedProx)")
-SOURCES.add("leaf", leaf_source, "LEAF users from JSON files (FEMNIST, Shakespeare, ...)", "Caldas et al., arXiv:1812.01097")
+SOURCES.add(
+    "leaf", leaf_source, "LEAF users from JSON files (FEMNIST, Shakespeare, ...)", "Caldas et al., arXiv:1812.01097"
+)
 SOURCES.add("mnist", mnist_source, "MNIST from the official IDX files, official test split", "LeCun et al., 1998")
-SOURCES.add("cifar10", _cifar_source("cifar10"), "CIFAR-10 from the official python archive, official test split", "Krizhevsky, 2009")
-SOURCES.add("cifar100", _cifar_source("cifar100"), "CIFAR-100 (fine labels; coarse ones for 'pachinko') from the official archive", "Krizhevsky, 2009")
-SOURCES.add("tff_cifar100", tff_cifar100_source, "TFF's federated CIFAR-100: 500 clients of 100 images", "Reddi et al., ICLR 2021; TFF")
-SOURCES.add("shakespeare", shakespeare_source, "TFF's Shakespeare, 715 roles, per-position next characters (vocabulary 90)", "Caldas et al., arXiv:1812.01097; TFF")
-SOURCES.add("shakespeare_leaf", shakespeare_leaf_source, "LEAF's Shakespeare JSON, next character of 80 (vocabulary 80)", "Caldas et al., arXiv:1812.01097")
+SOURCES.add(
+    "cifar10",
+    _cifar_source("cifar10"),
+    "CIFAR-10 from the official python archive, official test split",
+    "Krizhevsky, 2009",
+)
+SOURCES.add(
+    "cifar100",
+    _cifar_source("cifar100"),
+    "CIFAR-100 (fine labels; coarse ones for 'pachinko') from the official archive",
+    "Krizhevsky, 2009",
+)
+SOURCES.add(
+    "tff_cifar100",
+    tff_cifar100_source,
+    "TFF's federated CIFAR-100: 500 clients of 100 images",
+    "Reddi et al., ICLR 2021; TFF",
+)
+SOURCES.add(
+    "shakespeare",
+    shakespeare_source,
+    "TFF's Shakespeare, 715 roles, per-position next characters (vocabulary 90)",
+    "Caldas et al., arXiv:1812.01097; TFF",
+)
+SOURCES.add(
+    "shakespeare_leaf",
+    shakespeare_leaf_source,
+    "LEAF's Shakespeare JSON, next character of 80 (vocabulary 80)",
+    "Caldas et al., arXiv:1812.01097",
+)
 
 
 def sizes_partition(labels: np.ndarray, client_sizes: ClientSizes = None) -> list[np.ndarray]:
     """Client i owns the next ``client_sizes[i]`` samples, in order."""
     if client_sizes is None or sum(client_sizes) != len(labels):
-        raise ConfigError("client_sizes", f"partition = 'sizes' needs client_sizes summing to the {len(labels)} training samples")
+        raise ConfigError(
+            "client_sizes", f"partition = 'sizes' needs client_sizes summing to the {len(labels)} training samples"
+        )
     return partitions.contiguous_partition(client_sizes)
 
 
@@ -274,45 +402,88 @@ def equal_partition(labels: np.ndarray, rng: np.random.Generator, clients: Clien
 
 
 def dirichlet_partition(
-    labels: np.ndarray, rng: np.random.Generator, clients: Clients = None,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    clients: Clients = None,
     alpha: Annotated[float, Field(gt=0, description="Dirichlet concentration of each client's label shares")] = 0.5,
 ) -> list[np.ndarray]:
     return partitions.dirichlet_partition(labels, _needs_clients(clients, "dirichlet"), alpha, rng)
 
 
 def labels_partition(
-    labels: np.ndarray, rng: np.random.Generator, clients: Clients = None,
-    labels_per_client: Annotated[int, Field(ge=1, description="the p distinct labels each client holds (Yang et al.: 1, 2, 5, 10)")] = 2,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    clients: Clients = None,
+    labels_per_client: Annotated[
+        int, Field(ge=1, description="the p distinct labels each client holds (Yang et al.: 1, 2, 5, 10)")
+    ] = 2,
 ) -> list[np.ndarray]:
     return partitions.label_partition(labels, _needs_clients(clients, "labels"), labels_per_client, rng)
 
 
 def shards_partition(
-    labels: np.ndarray, rng: np.random.Generator, clients: Clients = None,
-    shards_per_client: Annotated[int, Field(ge=1, description="label-sorted shards per client (McMahan et al.: 2)")] = 2,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    clients: Clients = None,
+    shards_per_client: Annotated[
+        int, Field(ge=1, description="label-sorted shards per client (McMahan et al.: 2)")
+    ] = 2,
 ) -> list[np.ndarray]:
     return partitions.shard_partition(labels, _needs_clients(clients, "shards"), shards_per_client, rng)
 
 
 def pachinko_partition(
-    labels: np.ndarray, rng: np.random.Generator, label_groups: np.ndarray | None = None, clients: Clients = None,
-    pachinko_alpha: Annotated[float, Field(gt=0, description="concentration of each client's coarse-label distribution (TFF: 0.1)")] = 0.1,
-    pachinko_beta: Annotated[float, Field(gt=0, description="concentration of each coarse label's fine-label distribution (TFF: 10)")] = 10.0,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    label_groups: np.ndarray | None = None,
+    clients: Clients = None,
+    pachinko_alpha: Annotated[
+        float, Field(gt=0, description="concentration of each client's coarse-label distribution (TFF: 0.1)")
+    ] = 0.1,
+    pachinko_beta: Annotated[
+        float, Field(gt=0, description="concentration of each coarse label's fine-label distribution (TFF: 10)")
+    ] = 10.0,
 ) -> list[np.ndarray]:
     if label_groups is None:
         raise ConfigError("partition", "'pachinko' needs a source with coarse labels (cifar100)")
-    return partitions.pachinko_partition(labels, label_groups, _needs_clients(clients, "pachinko"), pachinko_alpha, pachinko_beta, rng)
+    return partitions.pachinko_partition(
+        labels, label_groups, _needs_clients(clients, "pachinko"), pachinko_alpha, pachinko_beta, rng
+    )
 
 
 #: Partitions by name; the framework passes the training labels, the partition stream and the coarse labels.
 PARTITIONS = Registry("data.partition", runtime=("labels", "rng", "label_groups"), noun="partition")
-PARTITIONS.add("sizes", sizes_partition, "contiguous blocks of client_sizes (in the source's order after the train/test shuffle)")
+PARTITIONS.add(
+    "sizes", sizes_partition, "contiguous blocks of client_sizes (in the source's order after the train/test shuffle)"
+)
 PARTITIONS.add("iid", iid_partition, "uniform shuffle split into nearly equal parts")
-PARTITIONS.add("equal", equal_partition, "uniform shuffle, ⌊N/M⌋ each, remainder left out", "Mishchenko et al., RR-CLI §4.2")
-PARTITIONS.add("dirichlet", dirichlet_partition, "label Dirichlet (LDA) shares with concentration alpha", "Hsu et al., arXiv:1909.06335")
-PARTITIONS.add("labels", labels_partition, "exactly labels_per_client labels per client, equal sizes", "Yang, Fang & Liu, ICLR 2021, App. B.1")
-PARTITIONS.add("shards", shards_partition, "sorted by label, shards_per_client random shards per client", "McMahan et al., AISTATS 2017")
-PARTITIONS.add("pachinko", pachinko_partition, "coarse ~ Dir(pachinko_alpha), fine ~ Dir(pachinko_beta), N/clients each", "Reddi et al., ICLR 2021, App. C.1 (TFF CIFAR-100)")
+PARTITIONS.add(
+    "equal", equal_partition, "uniform shuffle, ⌊N/M⌋ each, remainder left out", "Mishchenko et al., RR-CLI §4.2"
+)
+PARTITIONS.add(
+    "dirichlet",
+    dirichlet_partition,
+    "label Dirichlet (LDA) shares with concentration alpha",
+    "Hsu et al., arXiv:1909.06335",
+)
+PARTITIONS.add(
+    "labels",
+    labels_partition,
+    "exactly labels_per_client labels per client, equal sizes",
+    "Yang, Fang & Liu, ICLR 2021, App. B.1",
+)
+PARTITIONS.add(
+    "shards",
+    shards_partition,
+    "sorted by label, shards_per_client random shards per client",
+    "McMahan et al., AISTATS 2017",
+)
+PARTITIONS.add(
+    "pachinko",
+    pachinko_partition,
+    "coarse ~ Dir(pachinko_alpha), fine ~ Dir(pachinko_beta), N/clients each",
+    "Reddi et al., ICLR 2021, App. C.1 (TFF CIFAR-100)",
+)
 
 
 def load_samples(settings: Mapping[str, Any], seed: int) -> tuple[Samples, np.random.Generator]:
@@ -330,13 +501,27 @@ def load_samples(settings: Mapping[str, Any], seed: int) -> tuple[Samples, np.ra
     return entry.build(own, **common, rng=rng, seed=data_seed), rng
 
 
-def _split(partition: str, settings: Mapping[str, Any], labels: np.ndarray, rng: np.random.Generator, label_groups: np.ndarray | None) -> list[np.ndarray]:
+def _split(
+    partition: str,
+    settings: Mapping[str, Any],
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    label_groups: np.ndarray | None,
+) -> list[np.ndarray]:
     entry = PARTITIONS[partition]
-    return entry.build({k: settings[k] for k in entry.setting_names() if k in settings}, labels=labels, rng=rng, label_groups=label_groups)
+    return entry.build(
+        {k: settings[k] for k in entry.setting_names() if k in settings},
+        labels=labels,
+        rng=rng,
+        label_groups=label_groups,
+    )
 
 
 def federate(
-    samples: Samples, settings: Mapping[str, Any], rng: np.random.Generator, encode_labels: Callable[[np.ndarray], torch.Tensor] = torch.as_tensor
+    samples: Samples,
+    settings: Mapping[str, Any],
+    rng: np.random.Generator,
+    encode_labels: Callable[[np.ndarray], torch.Tensor] = torch.as_tensor,
 ) -> FederatedDataset:
     """The federated dataset of ``samples`` under a ``[data]`` section's split.
 
@@ -364,7 +549,12 @@ def federate(
     sizes = np.array([len(ix) for ix in parts])
     flat = torch.as_tensor(x.reshape(len(x), -1))
     return FederatedDataset(
-        flat[train], encode_labels(y)[train], parts, objective_weights(sizes, settings.get("weights", "size")),
-        torch.as_tensor(test[0].reshape(len(test[0]), -1)) if test else None, encode_labels(test[1]) if test else None,
-        name=settings.get("dataset") or source, test_client_sizes=samples.test_client_sizes if samples.client_sizes is not None and test else None,
+        flat[train],
+        encode_labels(y)[train],
+        parts,
+        objective_weights(sizes, settings.get("weights", "size")),
+        torch.as_tensor(test[0].reshape(len(test[0]), -1)) if test else None,
+        encode_labels(test[1]) if test else None,
+        name=settings.get("dataset") or source,
+        test_client_sizes=samples.test_client_sizes if samples.client_sizes is not None and test else None,
     )

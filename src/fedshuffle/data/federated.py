@@ -72,7 +72,9 @@ class FederatedDataset(PopulationCounts):
     test_client_sizes: np.ndarray | None = None
     sizes: np.ndarray = field(init=False)
     #: :meth:`to`'s results, so that runs sharing this dataset share its cast too (replicas stack only shared data)
-    _casts: dict[tuple[torch.dtype, str], FederatedDataset] = field(init=False, default_factory=dict, repr=False, compare=False)
+    _casts: dict[tuple[torch.dtype, str], FederatedDataset] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self.client_indices = [np.asarray(ix, dtype=np.int64) for ix in self.client_indices]
@@ -80,18 +82,26 @@ class FederatedDataset(PopulationCounts):
         self.weights = np.asarray(self.weights, dtype=np.float64)
         n_samples = self.features.shape[0]
         if self.features.dim() == 0 or self.labels.dim() == 0:
-            raise ConfigError("data", f"features and labels need one row per sample (labels: a class, or per-position targets), got shapes {tuple(self.features.shape)} and {tuple(self.labels.shape)}")
+            raise ConfigError(
+                "data",
+                "features and labels need one row per sample (labels: a class, or per-position targets), got shapes "
+                f"{tuple(self.features.shape)} and {tuple(self.labels.shape)}",
+            )
         if self.labels.shape[0] != n_samples:
             raise ConfigError("data", f"{n_samples} feature rows but {self.labels.shape[0]} labels")
         if n_samples and self.features[0].numel() == 0:
-            raise ConfigError("data", f"every sample needs at least one feature, got feature shape {tuple(self.features.shape[1:])}")
+            raise ConfigError(
+                "data", f"every sample needs at least one feature, got feature shape {tuple(self.features.shape[1:])}"
+            )
         if self.features.is_complex() or self.labels.is_complex():
             raise ConfigError("data", "features and labels must be real numbers, got complex ones")
         if not self.client_indices:
             raise ConfigError("data.clients", "a dataset needs at least one client")
         empty = np.flatnonzero(self.sizes == 0)
         if empty.size:
-            raise ConfigError("data.client_sizes", f"client {int(empty[0])} has no samples; every client needs at least one")
+            raise ConfigError(
+                "data.client_sizes", f"client {int(empty[0])} has no samples; every client needs at least one"
+            )
         if self.weights.shape != (self.num_clients,):
             raise ConfigError("data.weights", f"expected {self.num_clients} weights, got {self.weights.shape[0]}")
         if np.any(~(self.weights >= 0)) or not np.isclose(self.weights.sum(), 1.0, rtol=0, atol=1e-12):
@@ -102,14 +112,31 @@ class FederatedDataset(PopulationCounts):
         owners = np.bincount(flat, minlength=n_samples)
         if owners.max(initial=0) > 1:
             row = int(np.argmax(owners))
-            raise ConfigError("data", f"sample {row} is owned {int(owners[row])} times (by clients {[i for i, ix in enumerate(self.client_indices) if row in ix][:5]}); clients must own disjoint rows")
-        if self.test_features is not None and (self.test_labels is None or self.test_features.shape[0] != self.test_labels.shape[0] or self.test_features.shape[1:] != self.features.shape[1:]):
+            raise ConfigError(
+                "data",
+                f"sample {row} is owned {int(owners[row])} times (by clients "
+                f"{[i for i, ix in enumerate(self.client_indices) if row in ix][:5]}); clients must own "
+                "disjoint rows",
+            )
+        if self.test_features is not None and (
+            self.test_labels is None
+            or self.test_features.shape[0] != self.test_labels.shape[0]
+            or self.test_features.shape[1:] != self.features.shape[1:]
+        ):
             raise ConfigError("data", "test features must have the training samples' shape and one label each")
         if self.test_client_sizes is not None:
             self.test_client_sizes = np.asarray(self.test_client_sizes, dtype=np.int64)
             held = 0 if self.test_features is None else self.test_features.shape[0]
-            if self.test_client_sizes.shape != (self.num_clients,) or self.test_client_sizes.min() < 0 or self.test_client_sizes.sum() != held:
-                raise ConfigError("data", f"test_client_sizes must give each of the {self.num_clients} clients its count of the {held} test samples")
+            if (
+                self.test_client_sizes.shape != (self.num_clients,)
+                or self.test_client_sizes.min() < 0
+                or self.test_client_sizes.sum() != held
+            ):
+                raise ConfigError(
+                    "data",
+                    f"test_client_sizes must give each of the {self.num_clients} clients its count of the {held} "
+                    "test samples",
+                )
 
     def client_test_rows(self) -> ClientRows | None:
         """Each client's rows of ``test_features`` (None where the test set is pooled)."""
@@ -144,8 +171,15 @@ class FederatedDataset(PopulationCounts):
         with _CASTING:  # runs build their simulations in threads (replicas)
             if key not in self._casts:
                 self._casts[key] = FederatedDataset(
-                    cast(self.features), cast(self.labels), self.client_indices, self.weights,
-                    cast(self.test_features), cast(self.test_labels), self.name, dtype, self.test_client_sizes,
+                    cast(self.features),
+                    cast(self.labels),
+                    self.client_indices,
+                    self.weights,
+                    cast(self.test_features),
+                    cast(self.test_labels),
+                    self.name,
+                    dtype,
+                    self.test_client_sizes,
                 )
             return self._casts[key]
 
@@ -192,8 +226,14 @@ class LazyFederatedDataset(PopulationCounts):
         if self.sizes.ndim != 1 or self.sizes.size == 0 or self.sizes.min(initial=1) < 1:
             raise ConfigError("data.client_sizes", "every client needs at least one sample")
         if int(np.prod(self.feature_shape)) < 1:
-            raise ConfigError("data", f"every sample needs at least one feature, got feature shape {tuple(self.feature_shape)}")
-        if self.weights.shape != self.sizes.shape or np.any(~(self.weights >= 0)) or not np.isclose(self.weights.sum(), 1.0, rtol=0, atol=1e-9):
+            raise ConfigError(
+                "data", f"every sample needs at least one feature, got feature shape {tuple(self.feature_shape)}"
+            )
+        if (
+            self.weights.shape != self.sizes.shape
+            or np.any(~(self.weights >= 0))
+            or not np.isclose(self.weights.sum(), 1.0, rtol=0, atol=1e-9)
+        ):
             raise ConfigError("data.weights", f"expected {len(self.sizes)} non-negative weights summing to 1")
         self.client_indices = ClientRows(self.sizes)
 
@@ -215,14 +255,18 @@ class LazyFederatedDataset(PopulationCounts):
         return replace(self, dtype=dtype, device=device or self.device)
 
 
-def localized(data: LazyFederatedDataset, row_sets: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+def localized(
+    data: LazyFederatedDataset, row_sets: Sequence[np.ndarray]
+) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
     """Of lazy data, generate only the rows ``row_sets`` use (−1 is padding) and renumber the sets into them."""
     rows = np.unique(np.concatenate([r[r >= 0] for r in row_sets]))
     features, labels = data.gather(rows)
     return features, labels, [np.where(r >= 0, np.searchsorted(rows, r), -1) for r in row_sets]
 
 
-def client_rows(data: FederatedDataset | LazyFederatedDataset, clients: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+def client_rows(
+    data: FederatedDataset | LazyFederatedDataset, clients: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
     """Sample tensors and, per client, its rows in them (all of its data), for full local gradients."""
     own = [data.client_indices[i] for i in clients]
     if not isinstance(data, LazyFederatedDataset):

@@ -55,17 +55,26 @@ def dirichlet_partition(
                 parts[k].extend(chunk.tolist())
         if min(len(p) for p in parts) >= min_size:
             return [np.sort(np.array(p, dtype=np.int64)) for p in parts]
-    raise ConfigError("data.alpha", f"could not give every client {min_size} samples with α={alpha}; raise α or lower the number of clients")
+    raise ConfigError(
+        "data.alpha",
+        f"could not give every client {min_size} samples with α={alpha}; raise α or lower the number of clients",
+    )
 
 
 def _class_labels(labels: np.ndarray, partition: str) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.ndim != 1:
-        raise ConfigError("data.partition", f"{partition!r} splits by class and needs one label per sample; this source has targets of shape {labels.shape[1:]} per sample")
+        raise ConfigError(
+            "data.partition",
+            f"{partition!r} splits by class and needs one label per sample; this source has targets of shape "
+            f"{labels.shape[1:]} per sample",
+        )
     return labels
 
 
-def label_partition(labels: np.ndarray, num_clients: int, labels_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+def label_partition(
+    labels: np.ndarray, num_clients: int, labels_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Every client holds exactly p = ``labels_per_client`` labels and the same number of samples
     (Yang, Fang & Liu, ICLR 2021, App. B.1: MNIST over m = 100 workers, p ∈ {1, 2, 5, 10}).
 
@@ -81,7 +90,10 @@ def label_partition(labels: np.ndarray, num_clients: int, labels_per_client: int
     classes = np.unique(labels)
     num_classes = len(classes)
     if not 1 <= labels_per_client <= num_classes:
-        raise ConfigError("data.labels_per_client", f"must be between 1 and the {num_classes} labels of the data, got {labels_per_client}")
+        raise ConfigError(
+            "data.labels_per_client",
+            f"must be between 1 and the {num_classes} labels of the data, got {labels_per_client}",
+        )
     order = rng.permutation(classes)
     offsets = np.empty(num_clients, dtype=np.int64)
     offsets[rng.permutation(num_clients)] = np.arange(num_clients) % num_classes
@@ -90,7 +102,11 @@ def label_partition(labels: np.ndarray, num_clients: int, labels_per_client: int
     pools = [rng.permutation(np.flatnonzero(labels == order[k])) for k in range(num_classes)]
     per_label = min(len(pool) // max(len(h), 1) for pool, h in zip(pools, holders) if len(h))
     if per_label < 1:
-        raise ConfigError("data.clients", f"{num_clients} clients with {labels_per_client} labels each leave no sample for some client; use fewer clients")
+        raise ConfigError(
+            "data.clients",
+            f"{num_clients} clients with {labels_per_client} labels each leave no sample for some client; use fewer "
+            "clients",
+        )
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for pool, clients in zip(pools, holders):
         for j, client in enumerate(clients):
@@ -98,7 +114,9 @@ def label_partition(labels: np.ndarray, num_clients: int, labels_per_client: int
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-def shard_partition(labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+def shard_partition(
+    labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """McMahan et al. (AISTATS 2017): sort the samples by label, cut them into m·s shards of ⌊N/(m·s)⌋
     consecutive samples and give each of the m clients s shards at random (MNIST: 200 shards of 300;
     CIFAR-10 as Yang et al. App. B.2: 200 shards of 250, two per client). Ties keep the incoming
@@ -107,7 +125,10 @@ def shard_partition(labels: np.ndarray, num_clients: int, shards_per_client: int
     total = num_clients * shards_per_client
     size = len(labels) // total
     if size < 1:
-        raise ConfigError("data.shards_per_client", f"{num_clients} clients × {shards_per_client} shards is more than the {len(labels)} samples")
+        raise ConfigError(
+            "data.shards_per_client",
+            f"{num_clients} clients × {shards_per_client} shards is more than the {len(labels)} samples",
+        )
     shards = np.argsort(labels, kind="stable")[: total * size].reshape(total, size)
     return [np.sort(shards[deal].ravel()) for deal in rng.permutation(total).reshape(num_clients, shards_per_client)]
 
@@ -177,7 +198,8 @@ def _ranks(values: np.ndarray) -> np.ndarray:
 
 
 def _draw(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Indices drawn with probability ∝ ``weights`` (non-negative, not all zero) by inverting uniforms ``u``; never a zero-weight index."""
+    """Indices drawn with probability ∝ ``weights`` (non-negative, not all zero) by inverting uniforms ``u``; never
+    a zero-weight index."""
     cumulative = np.cumsum(weights)
     k = np.searchsorted(cumulative, u * cumulative[-1], side="right")
     return np.where(k < len(weights), k, np.flatnonzero(weights > 0)[-1])

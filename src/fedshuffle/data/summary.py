@@ -41,7 +41,12 @@ def summarize(settings: Mapping[str, Any], seed: int) -> dict[str, Any]:
         "num_clients": int(data.num_clients),
         "num_samples": int(sizes.sum()),
         "left_out": int(len(labels) - sizes.sum()),
-        "sizes": {"min": int(sizes.min()), "median": float(np.median(sizes)), "max": int(sizes.max()), "mean": float(sizes.mean())},
+        "sizes": {
+            "min": int(sizes.min()),
+            "median": float(np.median(sizes)),
+            "max": int(sizes.max()),
+            "mean": float(sizes.mean()),
+        },
         "num_classes": int(classes),
         "feature_shape": list(samples.features.shape[1:]),
         "target_shape": list(samples.labels.shape[1:]),
@@ -67,7 +72,8 @@ def plot_label_heatmap(summary: dict[str, Any], path: str | Path) -> Path:
     sizes = summary["sizes"]
     ax.set_title(
         f"{summary['dataset']} — {summary['partition']}: {summary['num_clients']} clients\n"
-        f"sizes {sizes['min']}/{sizes['median']:g}/{sizes['max']} (min/median/max)", fontsize=10,
+        f"sizes {sizes['min']}/{sizes['median']:g}/{sizes['max']} (min/median/max)",
+        fontsize=10,
     )
     fig.colorbar(image, ax=ax, label="share of the client's samples")
     path = Path(path)

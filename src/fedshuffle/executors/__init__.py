@@ -12,4 +12,13 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["EXECUTORS", "Executor", "choose", "make_executor", "RayExecutor", "SequentialExecutor", "ThreadedExecutor", "VectorizedExecutor"]
+__all__ = [
+    "EXECUTORS",
+    "Executor",
+    "choose",
+    "make_executor",
+    "RayExecutor",
+    "SequentialExecutor",
+    "ThreadedExecutor",
+    "VectorizedExecutor",
+]

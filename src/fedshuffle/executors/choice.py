@@ -1,4 +1,5 @@
-"""Executors by name, and ``auto``: the fastest correct executor for a problem on a device (and its operator threads, :func:`run_threads`).
+"""Executors by name, and ``auto``: the fastest correct executor for a problem on a device (and its operator threads,
+:func:`run_threads`).
 
 Every executor gives the same numbers (the equivalence tests), so ``auto`` chooses on speed alone,
 by what ``benchmarks/`` measured:
@@ -37,17 +38,35 @@ def choose(problem: Problem, device: str | torch.device = "cpu", threads: int | 
     if problem.stochastic:
         return "sequential", f"{problem.name} has dropout: clients one after another, parameters updated in place"
     if device.type == "cpu" and threads > 1:
-        return "threaded", f"{problem.name} on the CPU: {threads} clients at a time, one thread each, parameters updated in place"
+        return (
+            "threaded",
+            f"{problem.name} on the CPU: {threads} clients at a time, one thread each, parameters updated in place",
+        )
     if problem.recurrent:
-        return "sequential", f"{problem.name} has recurrent layers (no batching rule): clients one after another, parameters updated in place"
+        return (
+            "sequential",
+            f"{problem.name} has recurrent layers (no batching rule): clients one after another, parameters updated "
+            "in place",
+        )
     if device.type == "cuda":
         return "vectorized", f"{problem.name} on CUDA: the cohort as one vmap per step"
-    return "sequential", f"{problem.name} on {device.type}: clients one after another, parameters updated in place (a hand-written PyTorch loop)"
+    return (
+        "sequential",
+        f"{problem.name} on {device.type}: clients one after another, parameters updated in place (a hand-written "
+        "PyTorch loop)",
+    )
 
 
 def make_executor(
-    name: str, problem: Problem | None = None, device: str | torch.device = "cpu", chunk_size: int | None = None, memory_budget: int = 1 << 30,
-    ray_workers: int = 2, ray_address: str | None = None, threads: int | None = None, ray_retries: int = 3,
+    name: str,
+    problem: Problem | None = None,
+    device: str | torch.device = "cpu",
+    chunk_size: int | None = None,
+    memory_budget: int = 1 << 30,
+    ray_workers: int = 2,
+    ray_address: str | None = None,
+    threads: int | None = None,
+    ray_retries: int = 3,
 ) -> Executor:
     """The executor ``name`` (one of :data:`EXECUTORS`); ``auto`` needs the ``problem`` and records its choice
     in the executor's ``chosen`` attribute ("auto: <name> — <reason>"). Off the CPU the compiled loop is switched off,
@@ -69,7 +88,9 @@ def make_executor(
         threaded = ThreadedExecutor(threads)
         threaded.chosen = chosen
         return threaded
-    executor: LocalExecutor = VectorizedExecutor(chunk_size, memory_budget) if name == "vectorized" else SequentialExecutor()
+    executor: LocalExecutor = (
+        VectorizedExecutor(chunk_size, memory_budget) if name == "vectorized" else SequentialExecutor()
+    )
     if executor.compiled and torch.device(device).type != "cpu":
         executor.compiled = False
         chosen = f"{chosen + '; ' if chosen else ''}{COMPILED_OFF.format(device=torch.device(device).type)}"
@@ -96,5 +117,12 @@ def run_threads(problem: Problem, device: str | torch.device) -> tuple[int, str]
     if torch.device(device).type != "cpu":
         return current, f"{torch.device(device).type}: operator threads unchanged"
     if isinstance(problem, ModuleProblem):
-        return current, f"{problem.name} (a module): {current} threads, the threaded executor's clients or one client's operators"
-    return 1, f"{problem.name} has small closed-form operators: one thread; --workers runs several runs at once on more cores"
+        return (
+            current,
+            f"{problem.name} (a module): {current} threads, the threaded executor's clients or one client's operators",
+        )
+    return (
+        1,
+        f"{problem.name} has small closed-form operators: one thread; --workers runs several runs at once on more "
+        "cores",
+    )

@@ -33,12 +33,16 @@ class Executor(Protocol):
 
     name: str
 
-    def run(self, problem: Problem, data: FederatedDataset, work: LocalWork, weights: torch.Tensor | None = None) -> torch.Tensor:
+    def run(
+        self, problem: Problem, data: FederatedDataset, work: LocalWork, weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Client updates Δ_i = s_i − y_i stacked as a ``(len(work), d)`` tensor; with ``weights`` ω, Σ_i ω_iΔ_i
         ``(d,)`` added up as the updates are produced, in an order that does not depend on timing."""
         ...
 
-    def client_gradients(self, problem: Problem, data: FederatedDataset, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
+    def client_gradients(
+        self, problem: Problem, data: FederatedDataset, params: torch.Tensor, clients: np.ndarray
+    ) -> torch.Tensor:
         """Full local gradients ∇f_i(x) of ``clients``, stacked as ``(len(clients), d)``; ``params`` is one
         model ``(d,)`` for all, or one per client ``(len(clients), d)``."""
         ...
@@ -101,7 +105,9 @@ class LocalExecutor:
     def check_chunk(self, data: Data, dim: int, batch: int, steps: int, members: int) -> None:
         """Refuse a chunk of ``members`` clients that cannot fit in the memory available (core/limits.py)."""
         setting = "run.chunk_size" if self.chunk_size is not None else "run.memory_budget_mb"
-        limits.check_fits(members * self.client_bytes(data, dim, batch, steps), setting, f"a vectorized chunk of {members} clients")
+        limits.check_fits(
+            members * self.client_bytes(data, dim, batch, steps), setting, f"a vectorized chunk of {members} clients"
+        )
 
     def run(self, problem: Problem, data: Data, work: LocalWork, weights: torch.Tensor | None = None) -> torch.Tensor:
         plans = work.plans
@@ -115,14 +121,22 @@ class LocalExecutor:
         return deltas
 
     def run_summed(
-        self, problem: Problem, data: Data, work: LocalWork, weights: torch.Tensor, chunks: Sequence[np.ndarray], deltas: torch.Tensor | None = None
+        self,
+        problem: Problem,
+        data: Data,
+        work: LocalWork,
+        weights: torch.Tensor,
+        chunks: Sequence[np.ndarray],
+        deltas: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Σ ω_iΔ_i over the members of ``chunks``, chunk after chunk in their order; the updates are computed
         chunk by chunk, or taken from ``deltas`` ``(len(work), d)`` where they were computed already."""
         total = work.start.new_zeros(work.start.shape[-1])
         for members in chunks:
             index = torch.from_numpy(members).to(total.device)
-            total += weights[index] @ (self.chunk_deltas(problem, data, work, members) if deltas is None else deltas[index])
+            total += weights[index] @ (
+                self.chunk_deltas(problem, data, work, members) if deltas is None else deltas[index]
+            )
         return total
 
     def add_up(self, data: Data, work: LocalWork, weights: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
@@ -135,7 +149,9 @@ class LocalExecutor:
         plans = CohortPlan.of(work.plans)
         batch, steps = int(plans.widths.max()), int(plans.steps.max())
         size = self.chunk_for(data, work.start.shape[-1], batch, steps)
-        limits.check_fits(3 * len(plans) * work.start[0].nbytes, "sampler.cohort", f"the updates of a cohort of {len(plans)}")
+        limits.check_fits(
+            3 * len(plans) * work.start[0].nbytes, "sampler.cohort", f"the updates of a cohort of {len(plans)}"
+        )
         self.check_chunk(data, work.start.shape[-1], batch, steps, min(size, len(plans)))
         order = np.argsort(-plans.steps, kind="stable")
         return [order[k : k + size] for k in range(0, len(plans), size)]
@@ -146,7 +162,9 @@ class LocalExecutor:
         features, labels, plans = rows_of(data, chunk.plans)
         return run_local(problem, features, labels, replace(chunk, plans=plans), self.compiled)
 
-    def run_chunk(self, problem: Problem, data: Data, work: LocalWork, members: np.ndarray, deltas: torch.Tensor) -> None:
+    def run_chunk(
+        self, problem: Problem, data: Data, work: LocalWork, members: np.ndarray, deltas: torch.Tensor
+    ) -> None:
         """Write the members' updates into their rows of ``deltas``."""
         deltas[torch.from_numpy(members).to(deltas.device)] = self.chunk_deltas(problem, data, work, members)
 
@@ -165,7 +183,11 @@ class LocalExecutor:
                 rows[c, : len(r)] = r
             rows_t = torch.from_numpy(rows).to(params.device)
             safe, mask = rows_t.clamp(min=0), (rows_t >= 0).to(params.dtype)
-            out.append(problem.batched_gradient(points[k : k + size], features[safe], labels[safe], mask / mask.sum(1, keepdim=True)))
+            out.append(
+                problem.batched_gradient(
+                    points[k : k + size], features[safe], labels[safe], mask / mask.sum(1, keepdim=True)
+                )
+            )
         return torch.cat(out)
 
 
@@ -208,7 +230,11 @@ class ThreadedExecutor:
         Summed (``weights``): thread k sums clients k, k + T, k + 2T, … (longest plans first) and the T partial sums
         are added in order, so the result does not depend on which thread finishes first."""
         if problem.stochastic:
-            raise ConfigError("run.executor", f"'threaded' cannot run {problem.name}: its dropout masks come from the global generator, which threads share; accepted for it: sequential, vectorized, ray")
+            raise ConfigError(
+                "run.executor",
+                f"'threaded' cannot run {problem.name}: its dropout masks come from the global generator, which "
+                "threads share; accepted for it: sequential, vectorized, ray",
+            )
         if len(work.plans) < 2 or self.threads == 1:
             return self.sequential.run(problem, data, work, weights)
         chunks = self.sequential.chunks(data, work)
@@ -216,10 +242,17 @@ class ThreadedExecutor:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fedshuffle-clients")
         with operator_threads(1):
             if weights is not None:
-                shares = [self._pool.submit(self.sequential.run_summed, problem, data, work, weights, chunks[k :: self.threads]) for k in range(min(self.threads, len(chunks)))]
+                shares = [
+                    self._pool.submit(
+                        self.sequential.run_summed, problem, data, work, weights, chunks[k :: self.threads]
+                    )
+                    for k in range(min(self.threads, len(chunks)))
+                ]
                 return self._add_parts([share.result() for share in shares])
             deltas = work.start.new_empty((len(work.plans), work.start.shape[-1]))
-            for done in [self._pool.submit(self.sequential.run_chunk, problem, data, work, members, deltas) for members in chunks]:
+            for done in [
+                self._pool.submit(self.sequential.run_chunk, problem, data, work, members, deltas) for members in chunks
+            ]:
                 done.result()
             return deltas
 
@@ -237,7 +270,12 @@ class ThreadedExecutor:
         if len(work.plans) < 2 or self.threads == 1:
             return self.sequential.add_up(data, work, weights, deltas)
         chunks = self.sequential.chunks(data, work)
-        return self._add_parts([self.sequential.run_summed(None, data, work, weights, chunks[k :: self.threads], deltas) for k in range(min(self.threads, len(chunks)))])
+        return self._add_parts(
+            [
+                self.sequential.run_summed(None, data, work, weights, chunks[k :: self.threads], deltas)
+                for k in range(min(self.threads, len(chunks)))
+            ]
+        )
 
     def client_gradients(self, problem: Problem, data: Data, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         return self.sequential.client_gradients(problem, data, params, clients)

@@ -9,7 +9,8 @@ is the ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` environment variable, read when R
 is set for the services Ray spawns and Ray's constant is set for this process; the started node's
 address is checked afterwards and anything but 127.0.0.1 stops Ray with an error.
 
-Joining a cluster (``run.ray_address``): the address is checked when the executor is built — a TCP connection (5 s), then a
+Joining a cluster (``run.ray_address``): the address is checked when the executor is built — a TCP connection (5 s),
+then a
 throw-away Ray driver in a child process (at most :data:`CONNECT_TIMEOUT` s, killed after) — so an
 unreachable or non-Ray address fails in seconds with one line instead of Ray's minutes of retries.
 
@@ -106,13 +107,21 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, workers: int = 2, address: str | None = None, chunk_size: int | None = None, memory_budget: int = 1 << 30, block_bytes: int = BLOCK_BYTES,
-                 max_retries: int = MAX_RETRIES) -> None:
+    def __init__(
+        self,
+        workers: int = 2,
+        address: str | None = None,
+        chunk_size: int | None = None,
+        memory_budget: int = 1 << 30,
+        block_bytes: int = BLOCK_BYTES,
+        max_retries: int = MAX_RETRIES,
+    ) -> None:
         if workers < 1:
             raise ConfigError("run.ray_workers", f"must be >= 1, got {workers}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ConfigError("run.ray_retries",
-                              f"expected a whole number >= 0 of times a task is run again, got {max_retries!r}")
+            raise ConfigError(
+                "run.ray_retries", f"expected a whole number >= 0 of times a task is run again, got {max_retries!r}"
+            )
         self.address = _check_address(address)
         try:
             import ray
@@ -136,8 +145,13 @@ class RayExecutor:
                     temp_dir = start_local_ray(ray, self.workers)
                 else:
                     with _loopback_only(ray) if _is_loopback(self.address) else nullcontext():
-                        ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                                 configure_logging=False, runtime_env=runtime_env() or None)
+                        ray.init(
+                            address=self.address,
+                            include_dashboard=False,
+                            log_to_driver=False,
+                            configure_logging=False,
+                            runtime_env=runtime_env() or None,
+                        )
                     temp_dir = None
             except Exception as exc:  # noqa: BLE001  (Ray's errors are many: a raylet that died, a timeout...)
                 raise ClusterError(f"Ray did not start ({_first_line(exc)})") from None
@@ -161,8 +175,14 @@ class RayExecutor:
 
     def _stored(self, data: FederatedDataset | LazyFederatedDataset) -> ClientBlocks | Any:
         """The dataset in the object store (put on first use): its client blocks, or a reference to a lazy dataset."""
-        if self._data is None or self._data[0]() is not data:  # the object itself: an id can be reused once a dataset is freed
-            stored = self._ray.put(data) if isinstance(data, LazyFederatedDataset) else ClientBlocks.put(self._ray, data, self.block_bytes)
+        if (
+            self._data is None or self._data[0]() is not data
+        ):  # the object itself: an id can be reused once a dataset is freed
+            stored = (
+                self._ray.put(data)
+                if isinstance(data, LazyFederatedDataset)
+                else ClientBlocks.put(self._ray, data, self.block_bytes)
+            )
             self._data = (weakref.ref(data), stored)
         return self._data[1]
 
@@ -178,8 +198,11 @@ class RayExecutor:
             futures = []
             for share in shares:
                 blocks, plans = stored.share([work.plans[i] for i in share])
-                futures.append(task.remote(self.local, problem, work.subset(share, plans), self.versions,
-                                           *[stored.refs[b] for b in blocks]))
+                futures.append(
+                    task.remote(
+                        self.local, problem, work.subset(share, plans), self.versions, *[stored.refs[b] for b in blocks]
+                    )
+                )
         else:
             futures = [task.remote(self.local, problem, work.subset(share), self.versions, stored) for share in shares]
         try:
@@ -222,7 +245,9 @@ class ClientBlocks:
         block_of_row = np.full(len(data.features), -1, dtype=np.int64)  # −1: a row no client owns
         position = np.full(len(data.features), -1, dtype=np.int64)
         refs, rows = [], np.zeros(block + 1, dtype=np.int64)
-        for b, clients in enumerate(np.split(np.arange(data.num_clients), np.flatnonzero(np.diff(block_of_client)) + 1)):
+        for b, clients in enumerate(
+            np.split(np.arange(data.num_clients), np.flatnonzero(np.diff(block_of_client)) + 1)
+        ):
             own = np.concatenate([data.client_indices[i] for i in clients])
             block_of_row[own], position[own], rows[b] = b, np.arange(len(own)), len(own)
             index = torch.from_numpy(own).to(data.features.device)
@@ -238,7 +263,11 @@ class ClientBlocks:
         renumbered = []
         for plan in plans:
             rows = plan.batches.clip(min=0)
-            renumbered.append(replace(plan, batches=np.where(plan.batches >= 0, start[self.block_of_row[rows]] + self.position[rows], -1)))
+            renumbered.append(
+                replace(
+                    plan, batches=np.where(plan.batches >= 0, start[self.block_of_row[rows]] + self.position[rows], -1)
+                )
+            )
         return blocks, renumbered
 
 
@@ -275,12 +304,15 @@ def check_versions(driver: Mapping[str, str], worker: Mapping[str, str] | None =
     for name in PINNED:
         if worker.get(name) != driver.get(name):
             where = f" on {node}" if node else ""
-            raise ClusterError(f"a Ray worker{where} has {name} {worker.get(name)}, the driver {name} "
-                               f"{driver.get(name)}: install the driver's {name} on every node")
+            raise ClusterError(
+                f"a Ray worker{where} has {name} {worker.get(name)}, the driver {name} "
+                f"{driver.get(name)}: install the driver's {name} on every node"
+            )
 
 
-def _run_share(executor: VectorizedExecutor, problem: Problem, work: LocalWork, versions: Mapping[str, str],
-               *stored: Any) -> torch.Tensor:
+def _run_share(
+    executor: VectorizedExecutor, problem: Problem, work: LocalWork, versions: Mapping[str, str], *stored: Any
+) -> torch.Tensor:
     """A share's local work on its own clients' blocks (or on the lazy dataset, generated where it runs), once the
     worker's versions are found equal to the driver's ``versions``."""
     check_versions(versions, node=socket.gethostname())
@@ -303,13 +335,18 @@ def _check_address(address: str | None) -> str | None:
     if address is None:
         return None
     if not isinstance(address, str) or not address.strip():
-        raise ConfigError("run.ray_address", f"expected 'auto', HOST:PORT or ray://HOST:PORT (or leave it unset for a local Ray), got {address!r}")
+        raise ConfigError(
+            "run.ray_address",
+            f"expected 'auto', HOST:PORT or ray://HOST:PORT (or leave it unset for a local Ray), got {address!r}",
+        )
     address = address.strip()
     if address == "auto":
         return address
     match = _ADDRESS.match(address)
     if not match or not 1 <= int(match.group(2)) <= 65535:
-        raise ConfigError("run.ray_address", f"expected 'auto', HOST:PORT or ray://HOST:PORT with a port in 1..65535, got {address!r}")
+        raise ConfigError(
+            "run.ray_address", f"expected 'auto', HOST:PORT or ray://HOST:PORT with a port in 1..65535, got {address!r}"
+        )
     return address
 
 
@@ -352,8 +389,13 @@ def start_local_ray(ray: Any, workers: int) -> str:
     try:
         with _loopback_only(ray):
             ray.init(
-                address="local", num_cpus=workers, _node_ip_address=LOOPBACK, _temp_dir=temp_dir,
-                include_dashboard=False, log_to_driver=False, configure_logging=False,
+                address="local",
+                num_cpus=workers,
+                _node_ip_address=LOOPBACK,
+                _temp_dir=temp_dir,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
                 runtime_env=runtime_env() or None,
             )
         node_ip = ray.util.get_node_ip_address()
@@ -362,7 +404,9 @@ def start_local_ray(ray: Any, workers: int) -> str:
         raise
     if node_ip != LOOPBACK:
         stop_local_ray(ray, temp_dir)
-        raise RuntimeError(f"the local Ray started on {node_ip}, not on {LOOPBACK}; refusing to run a Ray reachable from the network")
+        raise RuntimeError(
+            f"the local Ray started on {node_ip}, not on {LOOPBACK}; refusing to run a Ray reachable from the network"
+        )
     return temp_dir
 
 
@@ -391,11 +435,28 @@ def probe_cluster(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
                 pass
         except OSError as exc:
             reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or type(exc).__name__
-            raise ConfigError("run.ray_address", f"cannot reach a Ray cluster at {address} ({reason}); start one with `ray start --head`, or leave ray_address unset for a local Ray") from None
-    env = {**os.environ, "RAY_gcs_server_port_wait_time_s": "1", "RAY_gcs_rpc_server_connect_timeout_s": "5", "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}
+            raise ConfigError(
+                "run.ray_address",
+                f"cannot reach a Ray cluster at {address} ({reason}); start one with `ray start --head`, or leave "
+                "ray_address unset for a local Ray",
+            ) from None
+    env = {
+        **os.environ,
+        "RAY_gcs_server_port_wait_time_s": "1",
+        "RAY_gcs_rpc_server_connect_timeout_s": "5",
+        "RAY_gcs_rpc_server_reconnect_timeout_s": "5",
+    }
     if _is_loopback(address):
         env[LOCAL_CLUSTER_ENV] = "0"
-    proc = subprocess.Popen([sys.executable, "-c", _PROBE, address], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PROBE, address],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        text=True,
+    )
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -405,7 +466,10 @@ def probe_cluster(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
         _kill_group(proc)
     if proc.returncode != 0:
         lines = [line.strip() for line in (err or "").splitlines() if line.strip()]
-        reason = next((line for line in reversed(lines) if re.match(r"^[\w.]+(Error|Exception): ", line)), "it does not answer as a Ray cluster (GCS)")
+        reason = next(
+            (line for line in reversed(lines) if re.match(r"^[\w.]+(Error|Exception): ", line)),
+            "it does not answer as a Ray cluster (GCS)",
+        )
         raise ConfigError("run.ray_address", f"no Ray cluster at {address}: {reason[:300]}")
     _ANSWERED.add(address)
 

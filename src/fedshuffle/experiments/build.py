@@ -33,7 +33,13 @@ def build_problem_and_data(spec: RunSpec, load: Loader = load_samples) -> tuple[
     with section("problem"):
         problem = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=samples)
     # a model whose copies cannot fit: an MLP's widths, or a class count from huge labels
-    setting = "problem.hidden" if spec.problem.name == "mlp" else "data.classes" if spec.data.source == "synthetic" else "data.path"
+    setting = (
+        "problem.hidden"
+        if spec.problem.name == "mlp"
+        else "data.classes"
+        if spec.data.source == "synthetic"
+        else "data.path"
+    )
     limits.check_model(problem.dim, setting, f"the {spec.problem.name} model")
     with section("data"):
         return problem, federate(samples, data_settings, rng, problem.encode_labels)
@@ -45,7 +51,9 @@ def build_sampler(spec: SamplerConfig, dataset: FederatedDataset) -> Sampler:
         return SAMPLERS[spec.name].build(spec.own_settings(), weights=dataset.weights)
 
 
-def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, sampler: Sampler) -> tuple[RunSpec, dict[str, Any]]:
+def resolve_step_sizes(
+    spec: RunSpec, problem: Problem, data: FederatedDataset, sampler: Sampler
+) -> tuple[RunSpec, dict[str, Any]]:
     """Replace ``'theory'`` step sizes (``local.lr``, ``server.lr``, ``server.global_lr``) by the values of
     :func:`fedshuffle.analysis.theory.theoretical_step_sizes` under ``server.theory_rule`` (a method with a
     theorem declares its own among its registered defaults).
@@ -77,7 +85,9 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
     local_lr = None
     if spec.server.theory_follows == "local":
         local_lr = (at_one["lr"] if spec.local.lr == "theory" else spec.local.lr) * spec.local.lr_multiplier
-    values = theory.theoretical_step_sizes(rule, constants, local_steps, rounds, local_lr, meta_epoch=spec.server.meta_epoch_step)
+    values = theory.theoretical_step_sizes(
+        rule, constants, local_steps, rounds, local_lr, meta_epoch=spec.server.meta_epoch_step
+    )
     missing = [k for k in wanted if k not in values]
     if missing:
         part, key = places[missing[0]]
@@ -87,8 +97,15 @@ def resolve_step_sizes(spec: RunSpec, problem: Problem, data: FederatedDataset, 
         part, key = places[k]
         updates.setdefault(part, {})[key] = values[k]
     resolved = spec.model_copy(update={part: getattr(spec, part).model_copy(update=u) for part, u in updates.items()})
-    info = {"rule": rule, "follows": spec.server.theory_follows, "constants": constants.to_dict(), "local_steps": local_steps, "rounds_per_meta_epoch": rounds,
-            "theory": at_one, "used": {k: values[k] for k in wanted}}
+    info = {
+        "rule": rule,
+        "follows": spec.server.theory_follows,
+        "constants": constants.to_dict(),
+        "local_steps": local_steps,
+        "rounds_per_meta_epoch": rounds,
+        "theory": at_one,
+        "used": {k: values[k] for k in wanted},
+    }
     return resolved, info
 
 
@@ -107,9 +124,19 @@ def _smoothness(problem: Problem, data: FederatedDataset) -> theory.Smoothness:
 
 
 def build_executor(run: RunConfig, problem: Problem | None = None) -> Executor:
-    """The executor a run asks for; ``auto`` picks by the problem and ``run.device`` (:mod:`fedshuffle.executors.choice`)."""
-    return make_executor(run.executor, problem, run.device, run.chunk_size, run.memory_budget_mb << 20, run.ray_workers,
-                         run.ray_address, run.threads, run.ray_retries)
+    """The executor a run asks for; ``auto`` picks by the problem and ``run.device``
+    (:mod:`fedshuffle.executors.choice`)."""
+    return make_executor(
+        run.executor,
+        problem,
+        run.device,
+        run.chunk_size,
+        run.memory_budget_mb << 20,
+        run.ray_workers,
+        run.ray_address,
+        run.threads,
+        run.ray_retries,
+    )
 
 
 def build_algorithm_from(spec: RunSpec) -> Algorithm:

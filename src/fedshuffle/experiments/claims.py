@@ -60,8 +60,10 @@ NOT_REPRODUCIBLE = "not reproducible"
 #: * ``reduced``: the statement on a cut-down twin of a paper-scale preset (fewer rounds, workers or a smaller model);
 #: * ``ablation``: the statement with an arm under another rule than the primary comparison's (another theorem's step);
 #: * ``proxy``: another metric or setting than the statement's (a training loss for a test-accuracy table);
-#: * ``extrapolation``: a setup, or settings that decide the verdict (step sizes, arms, a horizon), the paper does not give;
-#: * ``duplicate``: a judgement made elsewhere again (a demonstration preset, a panel that is an exact multiple of another);
+#: * ``extrapolation``: a setup, or settings that decide the verdict (step sizes, arms, a horizon), the paper does not
+#: give;
+#: * ``duplicate``: a judgement made elsewhere again (a demonstration preset, a panel that is an exact multiple of
+#: another);
 #: * ``post_hoc``: a reading added after seeing the results.
 ROLES = ("primary", "reduced", "ablation", "proxy", "extrapolation", "duplicate", "post_hoc")
 #: the fields an alternative reading may change (``alternative`` of a claim)
@@ -88,14 +90,16 @@ class Verdict:
     readings: tuple[tuple[str, str], ...] = ()
 
 
-#: metrics compared on a log scale by default: errors that go to zero, plotted on log axes (noise floors differ by orders of magnitude)
+#: metrics compared on a log scale by default: errors that go to zero, plotted on log axes (noise floors differ by
+#: orders of magnitude)
 LOG_METRICS = ("f_gap", "dist_sq", "grad_norm_sq")
 TINY = 1e-300
 
 
 @dataclass(frozen=True)
 class Stat:
-    """Mean and standard error of the mean over seeds (se is None for a single seed); with ``log``, of log10 of the values."""
+    """Mean and standard error of the mean over seeds (se is None for a single seed); with ``log``, of log10 of the
+    values."""
 
     values: tuple[float, ...]
     log: bool = False
@@ -141,7 +145,8 @@ class Claim(BaseModel):
     role: Literal[ROLES] = Field(
         "primary",
         description=(
-            "primary claims enter the paper's totals; the other roles (reduced, ablation, proxy, extrapolation, duplicate, "
+            "primary claims enter the paper's totals; the other roles (reduced, ablation, proxy, extrapolation, "
+            "duplicate, "
             "post_hoc) are listed beside them"
         ),
     )
@@ -155,7 +160,8 @@ class Claim(BaseModel):
     reading: dict[str, str] = Field(
         default_factory=dict,
         description=(
-            "variant → the metric read for it instead of `metric`: the evaluation point a paper reports that method at; "
+            "variant → the metric read for it instead of `metric`: the evaluation point a paper reports that method "
+            "at; "
             "same direction and scale as `metric`"
         ),
     )
@@ -176,7 +182,8 @@ class Claim(BaseModel):
     not_reproducible: str = Field(
         "",
         description=(
-            "why the statement cannot be reproduced as stated (a target beyond what the model can reach); the verdict is "
+            "why the statement cannot be reproduced as stated (a target beyond what the model can reach); the "
+            "verdict is "
             "'not reproducible', with the best value the runs reached beside it"
         ),
     )
@@ -268,7 +275,10 @@ class Claim(BaseModel):
         seeds = min((len(runs.get(label, [])) for label in self.variants()), default=0)
         why = verdict.why
         if 0 < seeds < self.seeds and verdict.verdict != NOT_MEASURED:
-            why = f"judged on {seeds} seed{'s' if seeds > 1 else ''}, fewer than the {self.seeds} the protocol asks for; {why}"
+            why = (
+                f"judged on {seeds} seed{'s' if seeds > 1 else ''}, fewer than the {self.seeds} the protocol asks "
+                f"for; {why}"
+            )
         return Verdict(verdict.measured, verdict.verdict, why, seeds, verdict.fractions, verdict.flips)
 
     def ceiling(self, runs: Mapping[str, Sequence[Path]]) -> str:
@@ -400,7 +410,8 @@ def is_log(metric: str, scale: str | None = None) -> bool:
 
 def score(files: Sequence[Path], metric: str, at: str) -> Stat | None:
     """``metric`` read ``at`` a point of each run, over the runs (log10 for :data:`LOG_METRICS`); None
-    when a run has no value there (diverged, or shorter than the budget): a tuning point with a failed seed never wins."""
+    when a run has no value there (diverged, or shorter than the budget): a tuning point with a failed seed never
+    wins."""
     lower = metrics.METRICS[metric].defaults["better"] == "min"
     log = is_log(metric) and not reads_rounds(at)
     values = [_value_at(read_metrics(f), metric, at, lower, log) for f in files]
@@ -408,7 +419,8 @@ def score(files: Sequence[Path], metric: str, at: str) -> Stat | None:
 
 
 def _stat_of(files: Sequence[Path], claim: Claim, at: str, fraction: float = 1.0, label: str = "") -> Stat | None:
-    """The statistic of variant ``label``'s metric over the seeds that have a value (None when none has), on the runs cut at ``fraction``."""
+    """The statistic of variant ``label``'s metric over the seeds that have a value (None when none has), on the
+    runs cut at ``fraction``."""
     name = claim.metric_of(label)
     lower = (
         metrics.METRICS[name].defaults["better"] == "min"
@@ -457,7 +469,8 @@ def compare(better: Stat, worse: Stat, k: float, lower_is_better: bool, ratio: f
 
 
 def _interval(value: float, tolerance: float, relative: bool, bound: str) -> tuple[float, float]:
-    """[value − tol, value + tol] (tol relative to |value| when ``relative``), open on one side for at_most / at_least."""
+    """[value − tol, value + tol] (tol relative to |value| when ``relative``), open on one side for at_most /
+    at_least."""
     tol = tolerance * abs(value) if relative else tolerance
     return (-math.inf if bound == "at_most" else value - tol, math.inf if bound == "at_least" else value + tol)
 
@@ -566,7 +579,8 @@ class OrderingClaim(Claim):
             return Verdict(
                 measured,
                 "not measured",
-                f"no value {_at_text(self.at)} for {', '.join(missing)} (not run, or the run is shorter than the budget)",
+                f"no value {_at_text(self.at)} for {', '.join(missing)} (not run, or the run is shorter than the "
+                "budget)",
             )
         tiers = self.tiers()
         results = [
@@ -706,7 +720,8 @@ class ReachesFirstClaim(Claim):
             return Verdict(
                 measured,
                 "not measured",
-                f"neither {self.first} nor {self.second} reached {self.target} in any seed: the runs do not order their costs",
+                f"neither {self.first} nor {self.second} reached {self.target} in any seed: the runs do not order "
+                "their costs",
             )
         if not reached_a:
             return Verdict(measured, "does not hold", f"{self.first} never reached {self.target}; {self.second} did")
@@ -854,7 +869,8 @@ def parse_claims(raw: Sequence[Any], labels: Sequence[str]) -> list[Claim]:
             hint = difflib.get_close_matches(str(kind), CLAIMS.names(), n=1)
             raise ConfigError(
                 f"{where}.kind",
-                f"unknown claim kind {kind!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(CLAIMS)}",
+                f"unknown claim kind {kind!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: "
+                f"{', '.join(CLAIMS)}",
             )
         claim = validate(CLAIMS[kind].factory, item, f"{where}.")
         for name in claim.all_variants():
@@ -870,7 +886,8 @@ def parse_claims(raw: Sequence[Any], labels: Sequence[str]) -> list[Claim]:
                 )
                 raise ConfigError(
                     f"{where}.{field}",
-                    f"unknown variant {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(map(repr, labels))}",
+                    f"unknown variant {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: "
+                    f"{', '.join(map(repr, labels))}",
                 )
         twin = next((j for j, other in enumerate(out) if other.model_dump() == claim.model_dump()), None)
         if twin is not None:

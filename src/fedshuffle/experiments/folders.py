@@ -37,8 +37,18 @@ MANIFEST, LOCK = "manifest.json", ".lock"
 RESERVED = frozenset({MANIFEST, LOCK, "summary.json", "sweep.json", "plot.png", "plot.pdf"})
 #: settings that do not change a run's numbers, by section ("*": the whole section)
 NEUTRAL: dict[str, set[str] | str] = {
-    "plot": "*", "run": {"sinks", "mlflow_uri", "wandb_project", "wandb_entity",  # where the metrics also go
-            "checkpoint_every", "checkpoint_seconds", "ray_address", "ray_retries", "bandwidth_mib_s"},
+    "plot": "*",
+    "run": {
+        "sinks",
+        "mlflow_uri",
+        "wandb_project",
+        "wandb_entity",  # where the metrics also go
+        "checkpoint_every",
+        "checkpoint_seconds",
+        "ray_address",
+        "ray_retries",
+        "bandwidth_mib_s",
+    },
     "data": {"data_dirs", "download", "verify"},
 }
 #: settings that name files, compared by content
@@ -61,7 +71,7 @@ def folder_name(text: str) -> str:
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     if not name:
         return f"v-{digest}"
-    return name if len(name) <= MAX_NAME else f"{name[:MAX_NAME - 9]}-{digest}"
+    return name if len(name) <= MAX_NAME else f"{name[: MAX_NAME - 9]}-{digest}"
 
 
 def unique_folders(texts: Sequence[str], what: str, field: str) -> dict[str, str]:
@@ -73,9 +83,14 @@ def unique_folders(texts: Sequence[str], what: str, field: str) -> dict[str, str
             raise ConfigError(field, f"{what} {text!r} is given twice; every {what} needs its own name")
         name = folder_name(text)
         if name in owner:
-            raise ConfigError(field, f"{what}s {owner[name]!r} and {text!r} would share the results folder {name!r}; rename one of them")
+            raise ConfigError(
+                field,
+                f"{what}s {owner[name]!r} and {text!r} would share the results folder {name!r}; rename one of them",
+            )
         if name in RESERVED or re.fullmatch(r"seed-\d+", name):
-            raise ConfigError(field, f"{what} {text!r} would use the folder name {name!r}, which results files use; rename it")
+            raise ConfigError(
+                field, f"{what} {text!r} would use the folder name {name!r}, which results files use; rename it"
+            )
         names[text], owner[name] = name, text
     return names
 
@@ -117,7 +132,11 @@ def data_hashes(spec: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for section, key in FILE_SETTINGS:
         value = spec.get(section, {}).get(key)
-        found = find_data_path(value, spec.get("data", {}).get("data_dirs", ())) if isinstance(value, str) and value else None
+        found = (
+            find_data_path(value, spec.get("data", {}).get("data_dirs", ()))
+            if isinstance(value, str) and value
+            else None
+        )
         if found is not None:  # where the loader finds it (working directory, data folders, cache)
             digest = content_hash(found)
             if digest is not None:
@@ -133,7 +152,11 @@ def identity(spec: Mapping[str, Any], hashes: Mapping[str, str] | None = None, *
         if neutral == "*" or not isinstance(settings, Mapping):
             continue
         for key, value in settings.items():
-            if key in neutral or (section, key) == ("run", "rounds") or (not seed and (section, key) == ("run", "seed")):
+            if (
+                key in neutral
+                or (section, key) == ("run", "rounds")
+                or (not seed and (section, key) == ("run", "seed"))
+            ):
                 continue
             flat[f"{section}.{key}"] = value
     for name, digest in (hashes or {}).items():
@@ -183,13 +206,17 @@ def _plain(obj: Any) -> Any:
 
 
 def _check(doc: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps({k: v for k, v in doc.items() if k != "check"}, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps({k: v for k, v in doc.items() if k != "check"}, sort_keys=True).encode()
+    ).hexdigest()
 
 
 def sealed(summary: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     """``summary`` as ``summary.json`` holds it: with the SHA-256 of the run's files (:data:`OUTPUTS`) and a
     ``check`` of everything else, so that a finished run whose files changed is never taken as finished."""
-    doc = json.loads(json.dumps({**summary, "files": {name: file_sha256(Path(run_dir) / name) for name in OUTPUTS}}, default=_plain))
+    doc = json.loads(
+        json.dumps({**summary, "files": {name: file_sha256(Path(run_dir) / name) for name in OUTPUTS}}, default=_plain)
+    )
     doc["check"] = _check(doc)
     return doc
 
@@ -200,8 +227,14 @@ def seal_problem(run_dir: Path, summary: Mapping[str, Any]) -> tuple[Path, str] 
     if intact(run_dir, ("metrics.csv",)) is not None:
         return None
     if "check" in summary:
-        return Path(run_dir) / "metrics.csv", "changed after the run finished (the SHA-256 in summary.json no longer matches it or the summary)"
-    return Path(run_dir) / "summary.json", "not sealed (it holds no SHA-256 of the run's files), so the run's metrics.csv may have been changed"
+        return (
+            Path(run_dir) / "metrics.csv",
+            "changed after the run finished (the SHA-256 in summary.json no longer matches it or the summary)",
+        )
+    return (
+        Path(run_dir) / "summary.json",
+        "not sealed (it holds no SHA-256 of the run's files), so the run's metrics.csv may have been changed",
+    )
 
 
 def intact(run_dir: Path, names: Sequence[str] = OUTPUTS) -> dict[str, Any] | None:
@@ -211,7 +244,12 @@ def intact(run_dir: Path, names: Sequence[str] = OUTPUTS) -> dict[str, Any] | No
         doc = json.loads(read_text(Path(run_dir) / "summary.json"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
-    if not isinstance(doc, dict) or doc.get("check") != _check(doc) or not isinstance(doc.get("files"), dict) or not isinstance(doc.get("final"), dict):
+    if (
+        not isinstance(doc, dict)
+        or doc.get("check") != _check(doc)
+        or not isinstance(doc.get("files"), dict)
+        or not isinstance(doc.get("final"), dict)
+    ):
         return None
     if any(doc["files"].get(name) is None or file_sha256(Path(run_dir) / name) != doc["files"][name] for name in names):
         return None
@@ -219,13 +257,19 @@ def intact(run_dir: Path, names: Sequence[str] = OUTPUTS) -> dict[str, Any] | No
 
 
 def read_json(path: Path, what: str) -> Any:
-    """A JSON file of a results folder; damage (or a link, FIFO or device in its place) is a one-line error naming the file."""
+    """A JSON file of a results folder; damage (or a link, FIFO or device in its place) is a one-line error naming
+    the file."""
     try:
         return json.loads(read_text(path))
     except OSError as exc:
-        raise ConfigError(str(path), f"unreadable {what} ({exc.strerror or exc}); restore it or start the run again in another folder") from None
+        raise ConfigError(
+            str(path), f"unreadable {what} ({exc.strerror or exc}); restore it or start the run again in another folder"
+        ) from None
     except (ValueError, RecursionError) as exc:  # undecodable bytes, bad JSON, a number past Python's 4,300-digit limit
-        raise ConfigError(str(path), f"unreadable {what} ({exc.__class__.__name__}: {exc}); restore it or start the run again in another folder") from None
+        raise ConfigError(
+            str(path),
+            f"unreadable {what} ({exc.__class__.__name__}: {exc}); restore it or start the run again in another folder",
+        ) from None
 
 
 def read_object(path: Path) -> dict[str, Any]:
@@ -245,7 +289,9 @@ def find_files(root: Path, name: str, max_depth: int = MAX_DEPTH) -> list[Path]:
     and the root of the filesystem, are refused with one line (no results folder is either)."""
     root = Path(root)
     if root.resolve() == Path(root.resolve().anchor):
-        raise ConfigError(str(root), "the root of the filesystem is not a results folder; give the folder that --out named")
+        raise ConfigError(
+            str(root), "the root of the filesystem is not a results folder; give the folder that --out named"
+        )
     found, level = [], [root]
     for depth in range(max_depth + 1):
         below = []
@@ -262,7 +308,11 @@ def find_files(root: Path, name: str, max_depth: int = MAX_DEPTH) -> list[Path]:
         if not below:
             return sorted(found)
         level = below
-    raise ConfigError(str(level[0]), f"folders nested more than {max_depth} levels below {root}, deeper than any results folder; remove them or give the results folder itself")
+    raise ConfigError(
+        str(level[0]),
+        f"folders nested more than {max_depth} levels below {root}, deeper than any results folder; remove them or "
+        "give the results folder itself",
+    )
 
 
 def stored_run(run_dir: Path) -> dict[str, Any] | None:
@@ -271,11 +321,22 @@ def stored_run(run_dir: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     saved = read_json(path, "run config")
-    if not isinstance(saved, dict) or not isinstance(saved.get("spec"), dict) or not isinstance(saved["spec"].get("run"), dict):
-        raise ConfigError(str(path), "not a run config (expected an object with 'spec'); restore it or start the run again in another folder")
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("spec"), dict)
+        or not isinstance(saved["spec"].get("run"), dict)
+    ):
+        raise ConfigError(
+            str(path),
+            "not a run config (expected an object with 'spec'); restore it or start the run again in another folder",
+        )
     rounds = saved["spec"]["run"].get("rounds", 0)
     if type(rounds) is not int or rounds < 0:
-        raise ConfigError(str(path), f"run.rounds is {rounds!r}, not a whole number of rounds; restore the file or start the run again in another folder")
+        raise ConfigError(
+            str(path),
+            f"run.rounds is {rounds!r}, not a whole number of rounds; restore the file or start the run again in "
+            "another folder",
+        )
     return saved
 
 
@@ -295,17 +356,32 @@ def check_run_folder(run_dir: Path, spec: Mapping[str, Any], hashes: Mapping[str
         there, now = identity(saved["spec"]), identity(spec)
     diff = differences(there, now)
     if diff:
-        raise ConfigError("--resume", f"{run_dir} holds a run with other settings ({'; '.join(diff)}); give the same config to continue it, or another --out for the new one")
+        raise ConfigError(
+            "--resume",
+            f"{run_dir} holds a run with other settings ({'; '.join(diff)}); give the same config to continue it, or "
+            "another --out for the new one",
+        )
     before, wanted = int(saved["spec"]["run"].get("rounds", 0)), int(spec["run"]["rounds"])
     if wanted == before:
         return before
     if not extend:
-        raise ConfigError("run.rounds", f"{run_dir} was asked for {before} rounds, the config asks for {wanted}; to continue it to {wanted} rounds give --extend-to {wanted}")
+        raise ConfigError(
+            "run.rounds",
+            f"{run_dir} was asked for {before} rounds, the config asks for {wanted}; to continue it to {wanted} "
+            f"rounds give --extend-to {wanted}",
+        )
     if wanted < before:
-        raise ConfigError("--extend-to", f"{run_dir} already has {before} rounds; a run cannot be shortened (its files hold every round so far)")
+        raise ConfigError(
+            "--extend-to",
+            f"{run_dir} already has {before} rounds; a run cannot be shortened (its files hold every round so far)",
+        )
     if spec.get("schedule", {}).get("name") == "step":
-        raise ConfigError("--extend-to", f"schedule.name = 'step' puts its milestones at fractions of run.rounds, so {run_dir} extended to {wanted} rounds "
-                          f"would not be the run asked for {wanted} rounds from the start; run it again with another --out")
+        raise ConfigError(
+            "--extend-to",
+            f"schedule.name = 'step' puts its milestones at fractions of run.rounds, so {run_dir} extended to "
+            f"{wanted} rounds "
+            f"would not be the run asked for {wanted} rounds from the start; run it again with another --out",
+        )
     return before
 
 
@@ -319,8 +395,16 @@ def read_manifest(out: Path) -> dict[str, Any] | None:
     manifest = read_json(path, "manifest")
     variants = manifest.get("variants", {}) if isinstance(manifest, dict) else None
     runs = manifest.get("runs") if isinstance(manifest, dict) else None
-    if not isinstance(runs, dict) or not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
-        raise ConfigError(str(path), "not a fedshuffle manifest (expected an object with 'variants' and 'runs'); restore it or give another folder")
+    if (
+        not isinstance(runs, dict)
+        or not isinstance(variants, dict)
+        or not all(isinstance(v, dict) for v in variants.values())
+    ):
+        raise ConfigError(
+            str(path),
+            "not a fedshuffle manifest (expected an object with 'variants' and 'runs'); restore it or give another "
+            "folder",
+        )
     return manifest
 
 
@@ -331,7 +415,11 @@ def check_no_links(out: Path, run_dir: Path) -> None:
     for part in Path(run_dir).relative_to(out).parts:
         path = path / part
         if path.is_symlink():
-            raise ConfigError(str(path), "a symbolic link, which a results folder never holds (the run would be written where it points); remove it")
+            raise ConfigError(
+                str(path),
+                "a symbolic link, which a results folder never holds (the run would be written where it points); "
+                "remove it",
+            )
 
 
 def existing_runs(out: Path) -> list[str]:
@@ -339,7 +427,9 @@ def existing_runs(out: Path) -> list[str]:
     return sorted(p.parent.relative_to(out).as_posix() for p in find_files(Path(out), "config.json"))
 
 
-def check_folder(out: Path, *, kind: str, variants: Mapping[str, Mapping[str, Any]], runs: Iterable[str], resume: bool) -> dict[str, Any] | None:
+def check_folder(
+    out: Path, *, kind: str, variants: Mapping[str, Mapping[str, Any]], runs: Iterable[str], resume: bool
+) -> dict[str, Any] | None:
     """Whether ``out`` may take these runs; returns its manifest (None for a new folder).
 
     * a folder written by the other command (``run`` vs ``sweep``) is refused;
@@ -352,30 +442,56 @@ def check_folder(out: Path, *, kind: str, variants: Mapping[str, Mapping[str, An
     if manifest is not None:
         if manifest.get("kind") != kind:
             other = "fedshuffle sweep" if manifest.get("kind") == "sweep" else "fedshuffle run"
-            raise ConfigError("--out" if kind == "sweep" else "--resume", f"{out} holds the results of `{other}`; give another folder")
+            raise ConfigError(
+                "--out" if kind == "sweep" else "--resume", f"{out} holds the results of `{other}`; give another folder"
+            )
         stored = manifest.get("variants") or {}
         if set(stored) != set(variants):
             there, now = [v for v in stored if v not in variants], [v for v in variants if v not in stored]
-            parts = ([f"variants only there: {', '.join(map(repr, there))}"] if there else []) + ([f"variants only in the config: {', '.join(map(repr, now))}"] if now else [])
-            raise ConfigError("--resume" if kind == "run" else "--out", f"{out} holds another experiment ({'; '.join(parts)}); give the same config, or another folder")
+            parts = ([f"variants only there: {', '.join(map(repr, there))}"] if there else []) + (
+                [f"variants only in the config: {', '.join(map(repr, now))}"] if now else []
+            )
+            raise ConfigError(
+                "--resume" if kind == "run" else "--out",
+                f"{out} holds another experiment ({'; '.join(parts)}); give the same config, or another folder",
+            )
         for label, flat in variants.items():
             diff = differences(stored[label], flat)
             if diff:
                 where = f"variant {label!r}: " if label else ""
-                raise ConfigError("--resume" if kind == "run" else "--out", f"{out} holds another experiment ({where}{'; '.join(diff)}); give the same config, or another folder")
+                raise ConfigError(
+                    "--resume" if kind == "run" else "--out",
+                    f"{out} holds another experiment ({where}{'; '.join(diff)}); give the same config, or another "
+                    "folder",
+                )
     if resume and kind == "run":
         foreign = sorted(set(existing_runs(out)) - set(runs))
         if foreign:
             shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-            raise ConfigError("--resume", f"{out} holds runs this config does not ask for ({shown}); give the config, seeds and options it was run with")
+            raise ConfigError(
+                "--resume",
+                f"{out} holds runs this config does not ask for ({shown}); give the config, seeds and options it was "
+                "run with",
+            )
     return manifest
 
 
-def write_manifest(out: Path, previous: Mapping[str, Any] | None, *, kind: str, experiment: str, variants: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]]) -> None:
+def write_manifest(
+    out: Path,
+    previous: Mapping[str, Any] | None,
+    *,
+    kind: str,
+    experiment: str,
+    variants: Mapping[str, Any],
+    runs: Mapping[str, Mapping[str, Any]],
+) -> None:
     """The manifest, keeping the runs recorded before (a sweep started again with other points)."""
     recorded = dict((previous or {}).get("runs", {}))
     recorded.update(runs)
-    write_json(Path(out) / MANIFEST, {"format": 1, "kind": kind, "experiment": experiment, "variants": dict(variants), "runs": recorded})
+    write_json(
+        Path(out) / MANIFEST,
+        {"format": 1, "kind": kind, "experiment": experiment, "variants": dict(variants), "runs": recorded},
+    )
 
 
 # -- lock and leftovers -------------------------------------------------------------------------------
@@ -407,8 +523,11 @@ class FolderLock:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise ResultsError(f"{self.folder} is being written by another fedshuffle process{f' (pid {holder})' if holder else ''}; "
-                                   "wait for it to finish, or give another folder") from None
+                raise ResultsError(
+                    f"{self.folder} is being written by another fedshuffle "
+                    f"process{f' (pid {holder})' if holder else ''}; "
+                    "wait for it to finish, or give another folder"
+                ) from None
             raise ResultsError(f"cannot lock {path} ({exc.strerror or exc})") from None
         try:
             os.ftruncate(fd, 0)

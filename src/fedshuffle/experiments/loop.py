@@ -84,7 +84,15 @@ class RoundLoop:
     """Drives a :class:`Driver` to ``rounds`` (``run.rounds``), evaluating every ``eval_every`` rounds; ``rows``
     are the evaluations so far (a resumed run's, up to its checkpoint)."""
 
-    def __init__(self, driver: Driver, *, rounds: int, eval_every: int, bandwidth_mib_s: float, rows: Sequence[dict[str, Any]] = ()) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        rounds: int,
+        eval_every: int,
+        bandwidth_mib_s: float,
+        rows: Sequence[dict[str, Any]] = (),
+    ) -> None:
         self.driver, self.sim = driver, driver.sim
         self.rounds, self.eval_every, self.bandwidth_mib_s = rounds, eval_every, bandwidth_mib_s
         self.rows: list[dict[str, Any]] = list(rows)
@@ -93,7 +101,11 @@ class RoundLoop:
     def _evaluate(self, callbacks: Sequence[Callback]) -> dict[str, Any]:
         """The row of the current model: the run's costs, the model's scores, the method's diagnostics."""
         sim = self.sim
-        row = metrics.evaluate(metrics.Evaluation(sim.counters, sim.data.num_samples, self.bandwidth_mib_s, sim.last_extras, self.driver.score()))
+        row = metrics.evaluate(
+            metrics.Evaluation(
+                sim.counters, sim.data.num_samples, self.bandwidth_mib_s, sim.last_extras, self.driver.score()
+            )
+        )
         self.rows.append(row)
         for callback in callbacks:
             callback.on_evaluation(self, row)
@@ -117,7 +129,8 @@ class RoundLoop:
                 if evaluated:
                     row = self._evaluate(callbacks)
                     if not finite or not math.isfinite(row["loss"]):
-                        status, message = "diverged", f"diverged at round {r}: {'model' if not finite else 'loss'} is not finite"
+                        status = "diverged"
+                        message = f"diverged at round {r}: {'model' if not finite else 'loss'} is not finite"
                         break
                 for callback in callbacks:
                     callback.after_round(self, evaluated)
@@ -137,7 +150,8 @@ class RoundLoop:
 class CheckpointCadence:
     """When a run checkpoints: every ``rounds`` rounds (``run.checkpoint_every``), or, with ``rounds = 0``, at an
     evaluation once ``seconds`` (``run.checkpoint_seconds``) have passed since the last checkpoint, the first
-    evaluation after the start included; always at the last round (``total``: a run can be extended or resumed from there).
+    evaluation after the start included; always at the last round (``total``: a run can be extended or resumed from
+    there).
 
     A checkpoint rewrites the whole state and every row so far, so checkpointing at every evaluation makes a run
     quadratic in its evaluations; between checkpoints the metric tables only grow by appended rows. Where the
@@ -247,13 +261,16 @@ def check_state(saved: Mapping[str, Any], sim: Any, path: Path) -> None:
     own = {**Server.state_dict(sim), "client_store": None} if store is not None else sim.state_dict()
     state = saved.get("simulation")
     special = ("counters", "last_extras", "client_store")
-    why = (other_keys(saved, ("simulation", "rows"), "checkpoint")
-           or (None if isinstance(state, Mapping) else f"state is a {type(state).__name__}, expected a dict")
-           or other_keys(state, own, "state")
-           or mismatch({k: state[k] for k in own if k not in special}, {k: own[k] for k in own if k not in special})
-           or _counters_mismatch(state["counters"]) or _extras_mismatch(state["last_extras"])
-           or _store_mismatch(state.get("client_store"), store)
-           or _rows_mismatch(saved["rows"], state["counters"]["rounds"], path.with_name("metrics.csv")))
+    why = (
+        other_keys(saved, ("simulation", "rows"), "checkpoint")
+        or (None if isinstance(state, Mapping) else f"state is a {type(state).__name__}, expected a dict")
+        or other_keys(state, own, "state")
+        or mismatch({k: state[k] for k in own if k not in special}, {k: own[k] for k in own if k not in special})
+        or _counters_mismatch(state["counters"])
+        or _extras_mismatch(state["last_extras"])
+        or _store_mismatch(state.get("client_store"), store)
+        or _rows_mismatch(saved["rows"], state["counters"]["rounds"], path.with_name("metrics.csv"))
+    )
     if why:
         raise ConfigError(str(path), f"damaged checkpoint ({why}); {REMEDY}")
 
@@ -330,9 +347,14 @@ class Checkpoints(Callback):
             self.save(loop)
 
     def save(self, loop: RoundLoop) -> None:
-        """The resume point: the server's state and every row so far (the tables past it are rewritten from these rows on resume)."""
+        """The resume point: the server's state and every row so far (the tables past it are rewritten from these
+        rows on resume)."""
         sim = loop.sim
-        save_checkpoint(self.run_dir / "checkpoint.pt", {"simulation": sim.state_dict(), "rows": loop.rows}, {**self.owner, "round": sim.counters.rounds})
+        save_checkpoint(
+            self.run_dir / "checkpoint.pt",
+            {"simulation": sim.state_dict(), "rows": loop.rows},
+            {**self.owner, "round": sim.counters.rounds},
+        )
         sim.commit_checkpoint()
         write_parquet(self.run_dir / "metrics.parquet", loop.rows)
         self.cadence.saved()
@@ -366,12 +388,25 @@ class FinalFiles(Callback):
         np.save(npy, loop.sim.params.detach().double().cpu().numpy())
         write_atomic(self.run_dir / "final_params.npy", npy.getvalue())
         final = {k: v for k, v in rows[-1].items() if k in METRIC_COLUMNS}
-        summary = {"status": status, "message": message, "final": final, "rounds": loop.sim.counters.rounds, **self.meta}
+        summary = {
+            "status": status,
+            "message": message,
+            "final": final,
+            "rounds": loop.sim.counters.rounds,
+            **self.meta,
+        }
         write_json(self.run_dir / "summary.json", sealed(summary, self.run_dir))
         write_json(self.run_dir / "timing.json", {k: rows[-1][k] for k in TIMING_COLUMNS})
 
 
-def folder_callbacks(run_dir: Path, run: Any, owner: Mapping[str, Any], meta: Mapping[str, Any], sinks: Sequence[MetricSink]) -> list[Callback]:
+def folder_callbacks(
+    run_dir: Path, run: Any, owner: Mapping[str, Any], meta: Mapping[str, Any], sinks: Sequence[MetricSink]
+) -> list[Callback]:
     """The callbacks that write a run's results folder, in the order they must act (tables before sinks; the
     final files, which seal the tables, last); ``run`` is the spec's ``[run]`` section."""
-    return [MetricTables(run_dir), SinkLog(sinks), Checkpoints(run_dir, owner, run.checkpoint_every, run.checkpoint_seconds), FinalFiles(run_dir, meta)]
+    return [
+        MetricTables(run_dir),
+        SinkLog(sinks),
+        Checkpoints(run_dir, owner, run.checkpoint_every, run.checkpoint_seconds),
+        FinalFiles(run_dir, meta),
+    ]

@@ -30,7 +30,9 @@ def _plain_log_labels(axis: Any) -> None:
             match = re.fullmatch(r"\$\\mathdefault\{(.*)\}\$", label)
             if not match:
                 return label
-            return re.sub(r"\^\{([^}]*)\}", lambda m: m.group(1).translate(_SUPERSCRIPT), match.group(1).replace("\\times", "×"))
+            return re.sub(
+                r"\^\{([^}]*)\}", lambda m: m.group(1).translate(_SUPERSCRIPT), match.group(1).replace("\\times", "×")
+            )
 
     axis.set_major_formatter(Plain())
     axis.set_minor_formatter(Plain(labelOnlyBase=False))
@@ -68,12 +70,22 @@ def line_style(k: int) -> dict[str, str]:
 
 
 def _tables(curves: Mapping[str, Sequence[Path]]) -> dict[str, list[dict[str, np.ndarray]]]:
-    return {label: [t for t in (read_metrics(p) for p in paths if Path(p).exists()) if len(t["round"])] for label, paths in curves.items()}
+    return {
+        label: [t for t in (read_metrics(p) for p in paths if Path(p).exists()) if len(t["round"])]
+        for label, paths in curves.items()
+    }
 
 
 def comparison_figure(
-    curves: Mapping[str, Sequence[Path]], *, metric: str | Sequence[str], x: str = "round", log_y: bool = True, band: str = "std", title: str = "",
-    require_data: bool = False, recorded_only: bool = False,
+    curves: Mapping[str, Sequence[Path]],
+    *,
+    metric: str | Sequence[str],
+    x: str = "round",
+    log_y: bool = True,
+    band: str = "std",
+    title: str = "",
+    require_data: bool = False,
+    recorded_only: bool = False,
 ) -> Any:
     """The matplotlib figure of :func:`plot_comparison` (the caller closes it): one panel per metric, one
     line per curve in its own colour and dash pattern, and one legend for all panels, outside the axes.
@@ -86,13 +98,21 @@ def comparison_figure(
         raise ConfigError("--band", f"unknown {band!r}; accepted: std, minmax")
     tables = _tables(curves)
     if recorded_only:
-        metrics = [name for name in metrics if any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)] or ["loss"]
+        metrics = [
+            name for name in metrics if any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)
+        ] or ["loss"]
     if require_data:
         scores = metric_registry.of_kind("model", "method")
-        recorded = [name for name in scores if any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)] or ["none of " + ", ".join(scores)]
+        recorded = [
+            name for name in scores if any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)
+        ] or ["none of " + ", ".join(scores)]
         for name in metrics:
             if not any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs):
-                raise ConfigError("--metric", f"no run recorded {name!r} (e.g. f_gap and dist_sq need a problem with a known optimum); the runs recorded: {', '.join(recorded)}")
+                raise ConfigError(
+                    "--metric",
+                    f"no run recorded {name!r} (e.g. f_gap and dist_sq need a problem with a known optimum); the "
+                    f"runs recorded: {', '.join(recorded)}",
+                )
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,7 +120,9 @@ def comparison_figure(
 
     longest = max((len(label) for label in tables), default=0)
     legend_width = min(0.5 + 0.065 * longest, 5.0) if tables else 0.0
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.6 * len(metrics) + legend_width, 4.2), layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(metrics), figsize=(5.6 * len(metrics) + legend_width, 4.2), layout="constrained", squeeze=False
+    )
     handles: dict[str, Any] = {}
     for ax, name in zip(axes[0], metrics):
         plotted = False
@@ -108,7 +130,9 @@ def comparison_figure(
             if not runs:
                 continue
             xs, ys = _aligned(runs, name, x)
-            ys = np.where(np.isfinite(ys) & (np.abs(ys) < PLOT_LIMIT), ys, np.nan)  # a diverging seed ends its line instead of breaking the axis
+            ys = np.where(
+                np.isfinite(ys) & (np.abs(ys) < PLOT_LIMIT), ys, np.nan
+            )  # a diverging seed ends its line instead of breaking the axis
             if not ys.size or np.all(np.isnan(ys)):
                 continue
             with warnings.catch_warnings():  # columns where every seed has stopped are NaN, on purpose
@@ -118,7 +142,9 @@ def comparison_figure(
             (line,) = ax.plot(xs, mean, label=label or name, linewidth=1.6, **line_style(k))
             handles.setdefault(label or name, line)
             if len(runs) > 1:
-                lo = np.maximum(lo, lowest) if log_y else lo  # a std band must not reach below the lowest seed on a log axis
+                lo = (
+                    np.maximum(lo, lowest) if log_y else lo
+                )  # a std band must not reach below the lowest seed on a log axis
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
             plotted = True
         if log_y and plotted:
@@ -135,14 +161,31 @@ def comparison_figure(
 
 
 def plot_comparison(
-    curves: Mapping[str, Sequence[Path]], out_stem: Path, *, metric: str | Sequence[str], x: str = "round", log_y: bool = True, band: str = "std", title: str = "",
-    require_data: bool = False, recorded_only: bool = False,
+    curves: Mapping[str, Sequence[Path]],
+    out_stem: Path,
+    *,
+    metric: str | Sequence[str],
+    x: str = "round",
+    log_y: bool = True,
+    band: str = "std",
+    title: str = "",
+    require_data: bool = False,
+    recorded_only: bool = False,
 ) -> list[Path]:
     """Mean over seeds with a std or min–max band, one line per variant, one panel per metric; PNG and PDF.
 
     With ``require_data``, a metric that no run recorded is an error naming the metrics they did record.
     """
-    fig = comparison_figure(curves, metric=metric, x=x, log_y=log_y, band=band, title=title, require_data=require_data, recorded_only=recorded_only)
+    fig = comparison_figure(
+        curves,
+        metric=metric,
+        x=x,
+        log_y=log_y,
+        band=band,
+        title=title,
+        require_data=require_data,
+        recorded_only=recorded_only,
+    )
     import matplotlib.pyplot as plt
 
     out = [out_stem.with_suffix(".png"), out_stem.with_suffix(".pdf")]
@@ -153,7 +196,11 @@ def plot_comparison(
                 fig.savefig(buf, format=path.suffix[1:], dpi=130)
             except ValueError as exc:  # matplotlib's mathtext parser rejects a '$...$' it cannot typeset
                 reason = " ".join(str(exc).split())
-                raise ConfigError("plot", f"a title or variant label is not valid matplotlib math text ({reason}); write a literal dollar sign as '\\$'") from None
+                raise ConfigError(
+                    "plot",
+                    f"a title or variant label is not valid matplotlib math text ({reason}); write a literal dollar "
+                    "sign as '\\$'",
+                ) from None
             write_atomic(path, buf.getvalue())
     finally:
         plt.close(fig)

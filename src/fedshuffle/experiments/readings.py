@@ -23,7 +23,8 @@ BUDGET_AXES = ("round", "epochs", "mib")
 
 
 def valid_metric(name: str) -> str:
-    """``name`` if it is a metric a claim or a tuning can read (a model or method metric), else ValueError naming the accepted ones."""
+    """``name`` if it is a metric a claim or a tuning can read (a model or method metric), else ValueError naming
+    the accepted ones."""
     accepted = metrics.of_kind("model", "method")
     if name not in accepted:
         raise ValueError(f"unknown metric {name!r}{did_you_mean(str(name), accepted)}; accepted: {', '.join(accepted)}")
@@ -31,7 +32,8 @@ def valid_metric(name: str) -> str:
 
 
 def valid_at(at: str) -> str:
-    """``at`` if it is a place to read a curve at (see the module docstring), else ValueError naming the accepted forms."""
+    """``at`` if it is a place to read a curve at (see the module docstring), else ValueError naming the accepted
+    forms."""
     if at in ("final", "best", "auc"):
         return at
     for prefix, example in (("last:", "last:0.25"), ("progress:", "progress:0.9")):
@@ -50,8 +52,10 @@ def valid_at(at: str) -> str:
         ok = False
     if not ok:
         budgets = ", ".join(a + "=N" for a in BUDGET_AXES)
-        raise ValueError("expected final, best, last:F (mean over the last fraction F of the run), auc, "
-                         f"progress:F (rounds to the fraction F of the curve's own improvement), or a budget {budgets}")
+        raise ValueError(
+            "expected final, best, last:F (mean over the last fraction F of the run), auc, "
+            f"progress:F (rounds to the fraction F of the curve's own improvement), or a budget {budgets}"
+        )
     return at
 
 

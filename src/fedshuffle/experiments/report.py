@@ -42,7 +42,9 @@ class StoredRun:
 
 
 def point_text(point: Mapping[str, Mapping[str, Any]]) -> str:
-    return ", ".join(f"{section}.{key}={value}" for section, settings in point.items() for key, value in settings.items())
+    return ", ".join(
+        f"{section}.{key}={value}" for section, settings in point.items() for key, value in settings.items()
+    )
 
 
 def experiment_folder(run_dir: Path, label: str, point: Mapping[str, Any]) -> Path:
@@ -56,7 +58,9 @@ def experiment_folder(run_dir: Path, label: str, point: Mapping[str, Any]) -> Pa
     return run_dir.parents[min(depth, len(run_dir.parents)) - 1]
 
 
-def collect_runs(paths: Iterable[str | Path], *, allow_unsealed: bool = False, warn: Callable[[str], None] | None = None) -> list[StoredRun]:
+def collect_runs(
+    paths: Iterable[str | Path], *, allow_unsealed: bool = False, warn: Callable[[str], None] | None = None
+) -> list[StoredRun]:
     """Every run folder below ``paths`` (a folder with ``summary.json`` next to ``metrics.csv``), each once.
 
     A run whose seal (see :func:`~fedshuffle.experiments.folders.sealed`) is missing or no longer matches its
@@ -73,21 +77,44 @@ def collect_runs(paths: Iterable[str | Path], *, allow_unsealed: bool = False, w
                 continue  # the same run reached through two of the paths
             seen.add(summary.parent.resolve())
             data = read_json(summary, "run summary")
-            if not isinstance(data, dict) or not isinstance(data.get("point", {}), dict) or not isinstance(data.get("final", {}), dict) or not isinstance(data.get("seed", -1), int):
-                raise ConfigError(str(summary), "not a run summary (expected an object with status, final, label, point, seed)")
+            if (
+                not isinstance(data, dict)
+                or not isinstance(data.get("point", {}), dict)
+                or not isinstance(data.get("final", {}), dict)
+                or not isinstance(data.get("seed", -1), int)
+            ):
+                raise ConfigError(
+                    str(summary), "not a run summary (expected an object with status, final, label, point, seed)"
+                )
             unsealed = seal_problem(summary.parent, data)  # sealed by the runner, and still as written?
             if unsealed is not None:
                 where, problem = unsealed
                 if not allow_unsealed:
-                    raise ConfigError(str(where), f"{problem}; continue the run with --resume to write it again, or show it anyway with --allow-unsealed")
+                    raise ConfigError(
+                        str(where),
+                        f"{problem}; continue the run with --resume to write it again, or show it anyway with "
+                        "--allow-unsealed",
+                    )
                 if warn:
                     warn(f"{where}: {problem}; shown as it is (--allow-unsealed)")
             label = data.get("label", summary.parent.parent.name)
             point = data.get("point", {})
-            runs.append(StoredRun(summary.parent, str(label), point, data.get("seed", -1), str(data.get("status", "unknown")), data.get("final", {}),
-                                  str(data.get("message", "")), experiment_folder(summary.parent, str(label), point)))
+            runs.append(
+                StoredRun(
+                    summary.parent,
+                    str(label),
+                    point,
+                    data.get("seed", -1),
+                    str(data.get("status", "unknown")),
+                    data.get("final", {}),
+                    str(data.get("message", "")),
+                    experiment_folder(summary.parent, str(label), point),
+                )
+            )
     if not runs:
-        raise ConfigError("path", f"no runs (folders with summary.json and metrics.csv) under {', '.join(map(str, paths))}")
+        raise ConfigError(
+            "path", f"no runs (folders with summary.json and metrics.csv) under {', '.join(map(str, paths))}"
+        )
     return runs
 
 
@@ -120,8 +147,12 @@ def group_runs(runs: Sequence[StoredRun]) -> dict[str, list[StoredRun]]:
         by_seed: dict[Any, StoredRun] = {}
         for r in members:
             if r.seed in by_seed:
-                raise ConfigError("path", f"{by_seed[r.seed].path} and {r.path} are both seed {r.seed} of {name!r}: one run counted twice would shrink the band; "
-                                  "pass the folders separately or remove the copy")
+                raise ConfigError(
+                    "path",
+                    f"{by_seed[r.seed].path} and {r.path} are both seed {r.seed} of {name!r}: one run counted twice "
+                    "would shrink the band; "
+                    "pass the folders separately or remove the copy",
+                )
             by_seed[r.seed] = r
         groups[name] = members
     return groups
@@ -136,13 +167,17 @@ def best_point_runs(runs: Sequence[StoredRun], metric: str) -> list[StoredRun]:
     sign = -1.0 if metrics.METRICS[metric].defaults["better"] == "max" else 1.0
     by_variant: dict[tuple, dict[str, list[StoredRun]]] = {}
     for r in runs:
-        by_variant.setdefault((str(r.experiment), r.label), {}).setdefault(json.dumps(r.point, sort_keys=True), []).append(r)
+        by_variant.setdefault((str(r.experiment), r.label), {}).setdefault(
+            json.dumps(r.point, sort_keys=True), []
+        ).append(r)
     chosen: list[StoredRun] = []
     for points in by_variant.values():
+
         def score(members: list[StoredRun]) -> float:
             values = [_number(r.final.get(metric)) for r in members]
             ok = all(r.status == "complete" for r in members) and all(v is not None for v in values)
             return sign * float(np.mean(values)) if ok else math.inf
+
         chosen += min(points.values(), key=score)
     return chosen
 
@@ -153,7 +188,11 @@ def summarize_runs(runs: Sequence[StoredRun], base: Path) -> dict[str, Any]:
     return {
         "status": [r.status for r in runs],
         "seeds": [r.seed for r in runs],
-        "final": {m: summarize(r.final.get(m) for r in complete) for m in SUMMARY_METRICS if any(r.final.get(m) is not None for r in complete)},
+        "final": {
+            m: summarize(r.final.get(m) for r in complete)
+            for m in SUMMARY_METRICS
+            if any(r.final.get(m) is not None for r in complete)
+        },
         "runs": [str(r.path.relative_to(base)) if r.path.is_relative_to(base) else str(r.path) for r in runs],
     }
 
@@ -167,10 +206,16 @@ def _best_value(run: StoredRun, metric: str) -> float | None:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+    return (
+        float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        else None
+    )
 
 
-def summary_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str], stat: str = "final") -> tuple[list[str], list[list[str]]]:
+def summary_table(
+    groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str], stat: str = "final"
+) -> tuple[list[str], list[list[str]]]:
     """Columns and one row per group: ``mean ± std`` over complete seeds of the final (or best) value of each metric
     (the value alone for one seed), and the seeds counted."""
     check_metrics(names, "--metric")
@@ -183,7 +228,15 @@ def summary_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str
         for m in names:
             values = [_number(r.final.get(m)) if stat == "final" else _best_value(r, m) for r in complete]
             values = [v for v in values if v is not None]
-            cells.append(("—" if not values else f"{np.mean(values):.4g}" if len(values) == 1 else f"{np.mean(values):.4g} ± {np.std(values):.2g}"))
+            cells.append(
+                (
+                    "—"
+                    if not values
+                    else f"{np.mean(values):.4g}"
+                    if len(values) == 1
+                    else f"{np.mean(values):.4g} ± {np.std(values):.2g}"
+                )
+            )
         problems = [r.status for r in runs if r.status != "complete"]
         seeds = f"{len(complete)}" + (f" ({len(problems)} {', '.join(sorted(set(problems)))})" if problems else "")
         rows.append([name, *cells, seeds])
@@ -191,11 +244,28 @@ def summary_table(groups: Mapping[str, Sequence[StoredRun]], names: Sequence[str
 
 
 def plot_runs(
-    groups: Mapping[str, Sequence[StoredRun]], out_stem: Path, *, metric: str | Sequence[str], x: str, band: str, log_y: bool, title: str = "", require_data: bool = False,
+    groups: Mapping[str, Sequence[StoredRun]],
+    out_stem: Path,
+    *,
+    metric: str | Sequence[str],
+    x: str,
+    band: str,
+    log_y: bool,
+    title: str = "",
+    require_data: bool = False,
     recorded_only: bool = False,
 ) -> list[Path]:
-    return plot_comparison({name: [r.path / "metrics.csv" for r in runs] for name, runs in groups.items()}, out_stem, metric=metric, x=x, log_y=log_y, band=band,
-                           title=title, require_data=require_data, recorded_only=recorded_only)
+    return plot_comparison(
+        {name: [r.path / "metrics.csv" for r in runs] for name, runs in groups.items()},
+        out_stem,
+        metric=metric,
+        x=x,
+        log_y=log_y,
+        band=band,
+        title=title,
+        require_data=require_data,
+        recorded_only=recorded_only,
+    )
 
 
 def plot_title(runs: Sequence[StoredRun]) -> str:
@@ -222,6 +292,9 @@ def plot_defaults(run: StoredRun) -> dict[str, Any]:
     if not isinstance(spec, dict):
         return defaults
     metric = spec.get("metric")
-    if not metric or not all(m in metrics.METRICS for m in ([metric] if isinstance(metric, str) else metric if isinstance(metric, list) else [None])):
+    if not metric or not all(
+        m in metrics.METRICS
+        for m in ([metric] if isinstance(metric, str) else metric if isinstance(metric, list) else [None])
+    ):
         spec = {**spec, "metric": defaults["metric"]}
     return {**defaults, **spec}

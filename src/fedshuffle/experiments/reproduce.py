@@ -112,7 +112,8 @@ def _point_key(point: Mapping[str, Any]) -> str:
 
 
 def _tuning_runs(folder: Path, seeds: Sequence[int]) -> dict[str, list[Path]]:
-    """point key → the ``metrics.csv`` of the complete tuning runs at that point on ``seeds`` (others in the folder are left out)."""
+    """point key → the ``metrics.csv`` of the complete tuning runs at that point on ``seeds`` (others in the folder
+    are left out)."""
     if not (Path(folder) / "sweep.json").is_file():
         return {}
     out: dict[str, list[Path]] = {}
@@ -199,10 +200,12 @@ def robustness(
     tuning_runs: Mapping[str, Mapping[str, list[Path]]],
     judged: Mapping[str, list[Path]],
 ) -> list[Robustness]:
-    """Every claim's verdict at every grid point of its tuned arms, on the tuning seeds (untuned arms: their judged runs).
+    """Every claim's verdict at every grid point of its tuned arms, on the tuning seeds (untuned arms: their judged
+    runs).
 
     When the claim's tuned arms share one grid, all of them sit at the same point (the papers compare
-    methods at equal multipliers); otherwise each tuned arm goes through its grid with the others at their selected points.
+    methods at equal multipliers); otherwise each tuned arm goes through its grid with the others at their selected
+    points.
     """
     by_label = {t.variant: t for t in tunings}
     out = []
@@ -237,7 +240,8 @@ def _now() -> str:
 
 
 def _provenance(out: Path, folder: Path, tunings: Sequence[Tuning]) -> dict[str, Any]:
-    """The runs the verdicts come from: each judged run folder (relative to ``out``) with its config hash, and the tuning folders."""
+    """The runs the verdicts come from: each judged run folder (relative to ``out``) with its config hash, and the
+    tuning folders."""
     manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
     recorded = (manifest or {}).get("runs", {})
     runs = {
@@ -314,13 +318,17 @@ def _one(
     note: Any,
     watch: Stopwatch,
 ) -> tuple[dict[str, Any], bool]:
-    """The record of one preset, and whether it holds verdicts (False: skipped, nothing judged); ``watch`` times its tuning and runs."""
+    """The record of one preset, and whether it holds verdicts (False: skipped, nothing judged); ``watch`` times its
+    tuning and runs."""
     name = experiment.experiment.name
     sized = experiment.experiment.budget or "cpu"
     if budget == "cpu" and sized == "gpu":
         if note:
             note(f"{name}: skipped, sized for a GPU")
-        reason = f"sized for a GPU (budget = gpu, about {experiment.experiment.expected_minutes or '?'} min there); run with --budget gpu"
+        reason = (
+            f"sized for a GPU (budget = gpu, about {experiment.experiment.expected_minutes or '?'} min there); "
+            "run with --budget gpu"
+        )
         return _record(name, experiment, _skipped(name, experiment, reason)), False
     folder = Path(out) / name
     watch.lap("tuning")
@@ -421,7 +429,8 @@ def reproduce(
 
 
 def add_time(out: Path, name: str, seconds: Mapping[str, float], continued: bool) -> None:
-    """Add a call's wall ``seconds`` (``tuning``, ``runs``) to the preset's time in ``out`` (in place of it when the call
+    """Add a call's wall ``seconds`` (``tuning``, ``runs``) to the preset's time in ``out`` (in place of it when the
+    call
     started the preset's folders afresh), holding the folder's lock."""
     out = Path(out)
     try:

@@ -34,7 +34,9 @@ def _csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], header:
     if header:
         writer.writeheader()
     for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else repr(row[k]) if isinstance(row[k], float) else row[k]) for k in columns})
+        writer.writerow(
+            {k: ("" if row.get(k) is None else repr(row[k]) if isinstance(row[k], float) else row[k]) for k in columns}
+        )
     return buf.getvalue()
 
 
@@ -84,7 +86,12 @@ def write_parquet(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({col: pa.array([row.get(col) for row in rows], type=pa.int64() if col in INTEGER_COLUMNS else pa.float64()) for col in METRIC_COLUMNS})
+    table = pa.table(
+        {
+            col: pa.array([row.get(col) for row in rows], type=pa.int64() if col in INTEGER_COLUMNS else pa.float64())
+            for col in METRIC_COLUMNS
+        }
+    )
     buf = pa.BufferOutputStream()
     pq.write_table(table, buf)
     write_atomic(path, buf.getvalue().to_pybytes())
@@ -102,12 +109,15 @@ def check_metrics(names: Sequence[str], option: str) -> list[str]:
         raise ConfigError(option, f"give at least one metric; accepted: {', '.join(accepted)}")
     for m in names:
         if m not in accepted:
-            raise ConfigError(option, f"unknown metric {m!r}{did_you_mean(m, accepted)}; accepted: {', '.join(accepted)}")
+            raise ConfigError(
+                option, f"unknown metric {m!r}{did_you_mean(m, accepted)}; accepted: {', '.join(accepted)}"
+            )
     return names
 
 
 def read_metrics(path: Path) -> dict[str, np.ndarray]:
-    """Columns of a ``metrics.csv`` (and of the ``timing.csv`` beside it) as float arrays (NaN where a value is missing);
+    """Columns of a ``metrics.csv`` (and of the ``timing.csv`` beside it) as float arrays (NaN where a value is
+    missing);
     a damaged table (or a link, FIFO or device in its place) is an error naming it."""
     timing = Path(path).with_name("timing.csv")
     try:
@@ -115,10 +125,16 @@ def read_metrics(path: Path) -> dict[str, np.ndarray]:
         if rows and "round" not in rows[0]:
             raise ValueError("no 'round' column")
         if timing.exists():
-            measured = {int(float(r["round"])): r for r in csv.DictReader(io.StringIO(read_text(timing), newline="")) if r.get("round")}
+            measured = {
+                int(float(r["round"])): r
+                for r in csv.DictReader(io.StringIO(read_text(timing), newline=""))
+                if r.get("round")
+            }
             rows = [{**measured.get(int(float(r["round"])), {}), **r} for r in rows]
-        table = {col: np.array([float(r[col]) if r.get(col) not in (None, "") else np.nan for r in rows], dtype=np.float64)
-                 for col in (*METRIC_COLUMNS, *TIMING_COLUMNS[1:])}
+        table = {
+            col: np.array([float(r[col]) if r.get(col) not in (None, "") else np.nan for r in rows], dtype=np.float64)
+            for col in (*METRIC_COLUMNS, *TIMING_COLUMNS[1:])
+        }
     except (OSError, csv.Error, ValueError, TypeError, KeyError, OverflowError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), f"unreadable metrics table ({exc.__class__.__name__}: {exc})") from None
     if not np.all(np.isfinite(table["round"])):

@@ -53,8 +53,23 @@ from fedshuffle.core.streams import Stream, generator
 from fedshuffle.core.threads import operator_threads
 from fedshuffle.data.catalog import SOURCES, load_samples
 from fedshuffle.executors.choice import run_threads
-from fedshuffle.experiments.build import build_algorithm_from, build_executor, build_problem_and_data, build_sampler, resolve_step_sizes
-from fedshuffle.experiments.folders import FolderLock, check_run_folder, config_hash, data_hashes, identity, intact, remove_leftovers, stored_run
+from fedshuffle.experiments.build import (
+    build_algorithm_from,
+    build_executor,
+    build_problem_and_data,
+    build_sampler,
+    resolve_step_sizes,
+)
+from fedshuffle.experiments.folders import (
+    FolderLock,
+    check_run_folder,
+    config_hash,
+    data_hashes,
+    identity,
+    intact,
+    remove_leftovers,
+    stored_run,
+)
 from fedshuffle.experiments.loop import Callback, Driver, Progress, RoundLoop, folder_callbacks, load_checkpoint
 from fedshuffle.experiments.results import METRIC_COLUMNS
 from fedshuffle.experiments.schema import RunSpec
@@ -82,7 +97,13 @@ def environment() -> dict[str, str]:
         version = metadata.version("fedshuffle")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return {"fedshuffle": version, "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__, "platform": platform.platform()}
+    return {
+        "fedshuffle": version,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+    }
 
 
 def ensure_writable(folder: Path, needed_bytes: int = 0) -> None:
@@ -98,9 +119,14 @@ def ensure_writable(folder: Path, needed_bytes: int = 0) -> None:
         probe.unlink()
         free = shutil.disk_usage(folder).free
     except OSError as exc:
-        raise ResultsError(f"cannot write to {folder} ({f'{exc.filename}: ' if exc.filename else ''}{exc.strerror or exc})") from None
+        raise ResultsError(
+            f"cannot write to {folder} ({f'{exc.filename}: ' if exc.filename else ''}{exc.strerror or exc})"
+        ) from None
     if free < needed_bytes:
-        raise ResultsError(f"{folder} has {free / 2**20:.1f} MiB free, a run needs about {needed_bytes / 2**20:.1f} MiB for its checkpoints and results")
+        raise ResultsError(
+            f"{folder} has {free / 2**20:.1f} MiB free, a run needs about {needed_bytes / 2**20:.1f} MiB for its "
+            "checkpoints and results"
+        )
 
 
 def _per_client(value: Any) -> bool:
@@ -108,10 +134,13 @@ def _per_client(value: Any) -> bool:
 
 
 def check_against_data(spec: RunSpec, num_clients: int) -> None:
-    """Per-client lists must have one value per client; aggregation weights cannot all be 0 (the model would never move)."""
+    """Per-client lists must have one value per client; aggregation weights cannot all be 0 (the model would never
+    move)."""
     lists = {
-        "local.step_normalization": spec.local.step_normalization, "aggregation.weighting": spec.aggregation.weighting,
-        "sampler.probabilities": spec.sampler.own_settings().get("probabilities"), "data.weights": spec.data.weights,
+        "local.step_normalization": spec.local.step_normalization,
+        "aggregation.weighting": spec.aggregation.weighting,
+        "sampler.probabilities": spec.sampler.own_settings().get("probabilities"),
+        "data.weights": spec.data.weights,
     }
     for field, value in lists.items():
         if _per_client(value) and len(value) != num_clients:
@@ -129,8 +158,10 @@ def check_local_work(spec: RunSpec, planner: LocalPlanner, sizes: np.ndarray) ->
     if drop:
         most = planner.max_planned_steps(np.asarray(sizes))
         if drop >= most:
-            why = (f"{drop} drops every planned step of every client (the most a client plans is {most}), so each "
-                   f"would run the one step always kept; accepted: 0..{most - 1}")
+            why = (
+                f"{drop} drops every planned step of every client (the most a client plans is {most}), so each "
+                f"would run the one step always kept; accepted: 0..{most - 1}"
+            )
             raise ConfigError("local.drop_last_steps", why)
 
 
@@ -159,8 +190,11 @@ def sharing_builds() -> Iterator[None]:
 
 def _data_bytes(data: Any) -> int:
     arrays = (getattr(data, name, None) for name in ("features", "labels", "test_features", "test_labels"))
-    return sum(a.element_size() * a.nelement() if isinstance(a, torch.Tensor) else a.nbytes
-               for a in arrays if isinstance(a, (torch.Tensor, np.ndarray)))
+    return sum(
+        a.element_size() * a.nelement() if isinstance(a, torch.Tensor) else a.nbytes
+        for a in arrays
+        if isinstance(a, (torch.Tensor, np.ndarray))
+    )
 
 
 def _shared(key: str, build: Callable[[], Any], data: Callable[[Any], Any]) -> Any:
@@ -221,8 +255,16 @@ def build_simulation(spec: RunSpec, seed: int, state_dir: str | None = None) -> 
     if spec.run.score_client_models:
         algorithm = replace(algorithm, method=keep_client_models(algorithm.method))
     sim = Simulation(
-        problem, data, algorithm, sampler, seed=seed, dtype=DTYPES[spec.run.dtype], executor=build_executor(spec.run, problem), device=spec.run.device,
-        state_memory_limit=spec.run.state_memory_mb << 20, state_dir=state_dir,
+        problem,
+        data,
+        algorithm,
+        sampler,
+        seed=seed,
+        dtype=DTYPES[spec.run.dtype],
+        executor=build_executor(spec.run, problem),
+        device=spec.run.device,
+        state_memory_limit=spec.run.state_memory_mb << 20,
+        state_dir=state_dir,
     )
     return sim, step_sizes
 
@@ -250,8 +292,11 @@ def preflight(jobs: Sequence[Any], plot_metrics: Sequence[str] = ()) -> None:
                     scores = metrics.ModelScores(sim.problem, sim.data)(sim.params)
                     unrecorded -= {m for m in unrecorded if scores.get(m) is not None}
     if unrecorded:
-        raise ConfigError("plot.metric", f"no run records {', '.join(sorted(unrecorded))} (f_gap and dist_sq need a problem with a known optimum, "
-                          "test_* a test set, accuracies a classification problem); plot another metric, e.g. loss")
+        raise ConfigError(
+            "plot.metric",
+            f"no run records {', '.join(sorted(unrecorded))} (f_gap and dist_sq need a problem with a known optimum, "
+            "test_* a test set, accuracies a classification problem); plot another metric, e.g. loss",
+        )
 
 
 def run_identity(spec: RunSpec) -> tuple[dict[str, Any], dict[str, str]]:
@@ -262,19 +307,32 @@ def run_identity(spec: RunSpec) -> tuple[dict[str, Any], dict[str, str]]:
 
 class RunFolder:
     """The results folder of one run (``spec`` at its seed; ``label``: the variant, ``point``: a sweep's overrides):
-    the run it belongs to, the checks before writing it, and the writing itself, through one :class:`~fedshuffle.experiments.loop.RoundLoop`.
+    the run it belongs to, the checks before writing it, and the writing itself, through one
+    :class:`~fedshuffle.experiments.loop.RoundLoop`.
 
     ``out_option`` and ``resume_option`` name the settings that chose the folder and continue a run, for the
     messages (``--out``, ``--resume``; a Flower app's run config).
     """
 
-    def __init__(self, run_dir: Path, spec: RunSpec, *, label: str = "", point: Mapping[str, Any] | None = None,
-                 out_option: str = "--out", resume_option: str = "--resume") -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        spec: RunSpec,
+        *,
+        label: str = "",
+        point: Mapping[str, Any] | None = None,
+        out_option: str = "--out",
+        resume_option: str = "--resume",
+    ) -> None:
         self.run_dir, self.spec, self.out_option, self.resume_option = Path(run_dir), spec, out_option, resume_option
         self.dumped, self.hashes = run_identity(spec)
         self.config_hash = config_hash(identity(self.dumped, self.hashes))
         self.meta = {"label": label, "point": dict(point or {}), "seed": spec.run.seed}
-        self.owner = {"config_hash": self.config_hash, "label": label, "seed": spec.run.seed}  # what a checkpoint must be recorded for
+        self.owner = {
+            "config_hash": self.config_hash,
+            "label": label,
+            "seed": spec.run.seed,
+        }  # what a checkpoint must be recorded for
 
     @property
     def solution_key(self) -> str:
@@ -282,18 +340,36 @@ class RunFolder:
         return solution_key(self.dumped, self.hashes)
 
     def check(self, *, resume: bool, extend: bool) -> dict[str, Any] | None:
-        """Refuse a folder holding a run (unless ``resume``) or another run (:func:`~fedshuffle.experiments.folders.check_run_folder`);
+        """Refuse a folder holding a run (unless ``resume``) or another run
+        (:func:`~fedshuffle.experiments.folders.check_run_folder`);
         returns the summary of a finished run (complete at ``run.rounds``, or diverged) that is intact, else None."""
         if not resume and stored_run(self.run_dir) is not None:
-            raise ConfigError(self.out_option, f"{self.run_dir} already holds a run; continue it with {self.resume_option}, or give another folder")
+            raise ConfigError(
+                self.out_option,
+                f"{self.run_dir} already holds a run; continue it with {self.resume_option}, or give another folder",
+            )
         check_run_folder(self.run_dir, self.dumped, self.hashes, extend=extend)
-        done = intact(self.run_dir) if resume else None  # a finished run whose files changed is finished again from its checkpoint
-        if done is not None and (done.get("status") == "diverged" or (done.get("status") == "complete" and done.get("rounds") == self.spec.run.rounds)):
+        done = (
+            intact(self.run_dir) if resume else None
+        )  # a finished run whose files changed is finished again from its checkpoint
+        if done is not None and (
+            done.get("status") == "diverged"
+            or (done.get("status") == "complete" and done.get("rounds") == self.spec.run.rounds)
+        ):
             return done
         return None
 
-    def run(self, build: Callable[[], Driver], *, resume: bool = False, extend: bool = False, on_round: Callable[[int], None] | None = None,
-            experiment: str = "fedshuffle", callbacks: Sequence[Callback] = (), until: int | None = None) -> RunOutcome:
+    def run(
+        self,
+        build: Callable[[], Driver],
+        *,
+        resume: bool = False,
+        extend: bool = False,
+        on_round: Callable[[int], None] | None = None,
+        experiment: str = "fedshuffle",
+        callbacks: Sequence[Callback] = (),
+        until: int | None = None,
+    ) -> RunOutcome:
         """Check the folder (holding its lock), ``build`` the run's :class:`Driver` and run it into the folder.
 
         With ``resume``, the run continues from its checkpoint, and a finished run is not run again; with
@@ -320,11 +396,21 @@ class RunFolder:
                 with operator_threads(threads):
                     return _train(self, driver, recorded, resume, experiment, callbacks, until)
             except OSError as exc:
-                raise ResultsError(f"writing results to {run_dir} failed ({exc.strerror or exc}); everything written before is kept, "
-                                   "and the run continues from its last checkpoint when resumed") from None
+                raise ResultsError(
+                    f"writing results to {run_dir} failed ({exc.strerror or exc}); everything written before is kept, "
+                    "and the run continues from its last checkpoint when resumed"
+                ) from None
 
 
-def _train(folder: RunFolder, driver: Driver, recorded: Mapping[str, Any], resume: bool, experiment: str, callbacks: Sequence[Callback], until: int | None) -> RunOutcome:
+def _train(
+    folder: RunFolder,
+    driver: Driver,
+    recorded: Mapping[str, Any],
+    resume: bool,
+    experiment: str,
+    callbacks: Sequence[Callback],
+    until: int | None,
+) -> RunOutcome:
     """The run's rounds into its folder: ``config.json``, then the loop with the folder's callbacks."""
     spec, run_dir, sim = folder.spec, folder.run_dir, driver.sim
     rows: list[dict[str, Any]] = []
@@ -334,14 +420,41 @@ def _train(folder: RunFolder, driver: Driver, recorded: Mapping[str, Any], resum
         # a run extended past its end drops the evaluation it made only because it ended there
         rows = [row for row in rows if row["round"] % spec.run.eval_every == 0 or row["round"] == spec.run.rounds]
     stored = {"spec": folder.dumped, "config_hash": folder.config_hash, "data_hashes": folder.hashes, **recorded}
-    privacy = {"privacy": sim.privacy.describe()} if getattr(sim, "privacy", None) is not None else {}  # how ε(δ) is accounted
-    write_json(run_dir / "config.json", {**stored, **folder.meta, "step_sizes": driver.step_sizes, "executor": driver.executor, **privacy, "environment": environment()})
+    privacy = (
+        {"privacy": sim.privacy.describe()} if getattr(sim, "privacy", None) is not None else {}
+    )  # how ε(δ) is accounted
+    write_json(
+        run_dir / "config.json",
+        {
+            **stored,
+            **folder.meta,
+            "step_sizes": driver.step_sizes,
+            "executor": driver.executor,
+            **privacy,
+            "environment": environment(),
+        },
+    )
     (run_dir / "summary.json").unlink(missing_ok=True)  # from here on the folder holds an unfinished run
     meta = folder.meta
-    sinks = open_sinks(spec.run.sinks, run_dir, uri=spec.run.mlflow_uri, experiment=experiment, label=meta["label"], point=meta["point"], seed=meta["seed"],
-                       params=flatten(spec.model_dump()), wandb_project=spec.run.wandb_project,
-                       wandb_entity=spec.run.wandb_entity)
-    loop = RoundLoop(driver, rounds=spec.run.rounds, eval_every=spec.run.eval_every, bandwidth_mib_s=spec.run.bandwidth_mib_s, rows=rows)
+    sinks = open_sinks(
+        spec.run.sinks,
+        run_dir,
+        uri=spec.run.mlflow_uri,
+        experiment=experiment,
+        label=meta["label"],
+        point=meta["point"],
+        seed=meta["seed"],
+        params=flatten(spec.model_dump()),
+        wandb_project=spec.run.wandb_project,
+        wandb_entity=spec.run.wandb_entity,
+    )
+    loop = RoundLoop(
+        driver,
+        rounds=spec.run.rounds,
+        eval_every=spec.run.eval_every,
+        bandwidth_mib_s=spec.run.bandwidth_mib_s,
+        rows=rows,
+    )
     status, message = loop.run([*folder_callbacks(run_dir, spec.run, folder.owner, meta, sinks), *callbacks], until)
     final = {k: v for k, v in loop.rows[-1].items() if k in METRIC_COLUMNS}
     return RunOutcome(run_dir, status, final, message)
@@ -360,7 +473,8 @@ def run_single(
     experiment: str = "fedshuffle",
     adopt: Callable[[Simulation, Callable[[Any], Any]], tuple[Simulation, Callable[[Any], Any]]] | None = None,
 ) -> RunOutcome:
-    """Run one seeded spec into ``run_dir`` in this process (:class:`RunFolder`); with ``resume``, continue from its checkpoint.
+    """Run one seeded spec into ``run_dir`` in this process (:class:`RunFolder`); with ``resume``, continue from its
+    checkpoint.
 
     ``label`` (the variant) and ``point`` (a sweep's overrides) are recorded for ``plot``/``table``.
     Resuming refuses a folder whose run has other settings (:func:`~fedshuffle.experiments.folders.check_run_folder`);
@@ -381,6 +495,8 @@ def run_single(
         if chosen:
             LOGGER.info("%s: executor %s", folder.run_dir, chosen)
         executor = {"name": sim.executor.name, **({"chosen": chosen} if chosen else {})}
-        return Driver(sim, sim.step, lambda: {**evaluator(sim.params), **metrics.local_model_scores(sim)}, executor, step_sizes)
+        return Driver(
+            sim, sim.step, lambda: {**evaluator(sim.params), **metrics.local_model_scores(sim)}, executor, step_sizes
+        )
 
     return folder.run(build, resume=resume, extend=extend, on_round=on_round, experiment=experiment)

@@ -63,12 +63,15 @@ def _registered(registry: Registry, value: Any, noun: str) -> str:
     """``value`` if it names an entry of ``registry`` now (parts registered after import included)."""
     if not isinstance(value, str) or value not in registry:
         hint = difflib.get_close_matches(str(value), registry.names(), n=1)
-        raise ValueError(f"not a registered {noun}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(registry)}")
+        raise ValueError(
+            f"not a registered {noun}{f' (did you mean {hint[0]!r}?)' if hint else ''}; accepted: {', '.join(registry)}"
+        )
     return value
 
 
 def _fits_file_system(v: str) -> bool:
-    """Whether :func:`~fedshuffle.core.inputs.usable_path_name` takes ``v`` (a path it refuses is never looked up: the lookup would raise)."""
+    """Whether :func:`~fedshuffle.core.inputs.usable_path_name` takes ``v`` (a path it refuses is never looked up:
+    the lookup would raise)."""
     try:
         return usable_path_name(v) is not None
     except ValueError:
@@ -114,16 +117,32 @@ class _PartSection(_Section):
         for entry in entries:
             settings.update(entry.check({k: v for k, v in given.items() if k in entry.setting_names()}))
         unknown = [k for k in given if k not in settings]
-        owners = [f"{e.noun} {e.name!r}" for registry in self._choosers.values() for e in registry.entries() if unknown and unknown[0] in e.setting_names()]
+        owners = [
+            f"{e.noun} {e.name!r}"
+            for registry in self._choosers.values()
+            for e in registry.entries()
+            if unknown and unknown[0] in e.setting_names()
+        ]
         if owners:  # another part's setting: say whose, and what the chosen parts take
-            chosen = "; ".join(f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'no settings'}" for e in entries)
-            raise ConfigError(unknown[0], f"a setting of {', '.join(owners[:3])}{' ...' if len(owners) > 3 else ''}, not of the chosen one; {chosen}")
+            chosen = "; ".join(
+                f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'no settings'}" for e in entries
+            )
+            raise ConfigError(
+                unknown[0],
+                f"a setting of {', '.join(owners[:3])}{' ...' if len(owners) > 3 else ''}, not of the chosen one; "
+                f"{chosen}",
+            )
         if unknown:
             if len(entries) == 1:
                 entries[0].check(given)  # raises, naming the part and what it takes
             takes = "; ".join(f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'none'}" for e in entries)
             common = [k for k in type(self).model_fields if k not in self._choosers]
-            raise ConfigError(unknown[0], f"not a setting of {' or '.join(f'{e.noun} {e.name!r}' for e in entries)}{did_you_mean(unknown[0], [*settings, *common])}; {takes}; the [{self._section_name()}] section also takes {', '.join(common)}")
+            parts = " or ".join(f"{e.noun} {e.name!r}" for e in entries)
+            raise ConfigError(
+                unknown[0],
+                f"not a setting of {parts}{did_you_mean(unknown[0], [*settings, *common])}; {takes}; "
+                f"the [{self._section_name()}] section also takes {', '.join(common)}",
+            )
         object.__setattr__(self, "__pydantic_extra__", {**settings, **theory})
         return self
 
@@ -148,7 +167,9 @@ class _LocalStepSize(_Section):
     the multiplier (resolved into the planner's ``lr`` before building)."""
 
     lr: float | Theory | None = Field(None, description="local step size η_l, or 'theory' (fedshuffle.analysis.theory)")
-    lr_multiplier: float = Field(1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)")
+    lr_multiplier: float = Field(
+        1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)"
+    )
 
     @field_validator("lr")
     @classmethod
@@ -159,7 +180,9 @@ class _LocalStepSize(_Section):
 #: What a client does: the settings of :class:`fedshuffle.local.plan.LocalPlanner`, declared once on its fields
 #: (constraints and help), plus ``lr = 'theory'`` and ``lr_multiplier``.
 LocalConfig = create_model(
-    "LocalConfig", __base__=_LocalStepSize, __doc__="What a client does: :class:`fedshuffle.local.plan.LocalPlanner`'s settings (declared on its fields).",
+    "LocalConfig",
+    __base__=_LocalStepSize,
+    __doc__="What a client does: :class:`fedshuffle.local.plan.LocalPlanner`'s settings (declared on its fields).",
     **{name: (info.annotation, info) for name, info in local_settings().settings.model_fields.items() if name != "lr"},
 )
 
@@ -181,10 +204,22 @@ class ServerConfig(_PartSection):
     _theory: ClassVar[tuple[str, ...]] = ("lr",)
     optimizer: str = Field("sgd", description="the server optimizer; default sgd, or heavy_ball when momentum is given")
     meta_epoch_step: bool = Field(False, description="RR-CLI's extrapolation after each meta-epoch")
-    global_lr: float | Theory | None = Field(None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)")
-    theory_rule: Literal[tuple(THEORY_RULES)] | None = Field(None, description="the theorem 'theory' step sizes come from (a method with one declares it; rr_cli_c1 puts nastya on RR-CLI's Theorem C.1)")
-    theory_follows: Literal[THEORY_FOLLOWS] = Field("local", description="'theory' server steps tied to γ (η = γN, θ = ηR) follow the multiplied local step ('local') or stay at ×1 ('fixed')")
-    global_momentum: float = Field(0.0, ge=0, lt=1, description="FedShuffle's global momentum β (eqs. (13)–(14)); 0 = off")
+    global_lr: float | Theory | None = Field(
+        None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)"
+    )
+    theory_rule: Literal[tuple(THEORY_RULES)] | None = Field(
+        None,
+        description="the theorem 'theory' step sizes come from (a method with one declares it; rr_cli_c1 puts nastya "
+        "on RR-CLI's Theorem C.1)",
+    )
+    theory_follows: Literal[THEORY_FOLLOWS] = Field(
+        "local",
+        description="'theory' server steps tied to γ (η = γN, θ = ηR) follow the multiplied local step ('local') or "
+        "stay at ×1 ('fixed')",
+    )
+    global_momentum: float = Field(
+        0.0, ge=0, lt=1, description="FedShuffle's global momentum β (eqs. (13)–(14)); 0 = off"
+    )
     momentum_estimator: Literal[ESTIMATORS] = "exact"
 
     @model_validator(mode="before")
@@ -201,7 +236,8 @@ class ServerConfig(_PartSection):
 
 
 class ScheduleConfig(_PartSection):
-    """One factor per round scaling every step size (:data:`fedshuffle.schedules.SCHEDULES`) and the schedule's own settings."""
+    """One factor per round scaling every step size (:data:`fedshuffle.schedules.SCHEDULES`) and the schedule's own
+    settings."""
 
     _choosers: ClassVar[dict[str, Registry]] = {"name": SCHEDULES}
     name: str = "constant"
@@ -222,13 +258,25 @@ class DataConfig(_PartSection):
     _choosers: ClassVar[dict[str, Registry]] = {"source": SOURCES, "partition": PARTITIONS}
     source: str = "targets"
     partition: str = "sizes"
-    data_dirs: list[str] = Field(default_factory=list, description="folders searched before the cache and the download (also $FEDSHUFFLE_DATA)")
+    data_dirs: list[str] = Field(
+        default_factory=list, description="folders searched before the cache and the download (also $FEDSHUFFLE_DATA)"
+    )
     download: bool = True
     verify: bool = Field(True, description="check registered files against their SHA-256")
-    mirror: str | None = Field(None, description="base URL of a mirror holding <dataset>/<file>, used instead of the official downloads (also $FEDSHUFFLE_MIRROR)")
-    seed: int | None = Field(None, ge=0, description="seed of the split; default: the run's seed (set it to keep one split across seeds)")
-    weights: Annotated[Literal["size", "uniform"] | list[float], Summable] = Field("size", description="objective weights w_i: ∝ client size, uniform, or one per client")
-    test_fraction: float = Field(0.0, ge=0, lt=1, description="share of pooled samples held out for testing (sources without a test split)")
+    mirror: str | None = Field(
+        None,
+        description="base URL of a mirror holding <dataset>/<file>, used instead of the official downloads (also "
+        "$FEDSHUFFLE_MIRROR)",
+    )
+    seed: int | None = Field(
+        None, ge=0, description="seed of the split; default: the run's seed (set it to keep one split across seeds)"
+    )
+    weights: Annotated[Literal["size", "uniform"] | list[float], Summable] = Field(
+        "size", description="objective weights w_i: ∝ client size, uniform, or one per client"
+    )
+    test_fraction: float = Field(
+        0.0, ge=0, lt=1, description="share of pooled samples held out for testing (sources without a test split)"
+    )
 
 
 class PrivacyConfig(PrivacySettings):
@@ -248,35 +296,81 @@ class RunConfig(_Section):
     seed: int = Field(0, ge=0)
     dtype: Literal["float64", "float32"] = "float64"
     eval_every: int = Field(10, ge=1)
-    grad_norm: bool = Field(True, description="score ‖∇f(x)‖² over the whole training set at each evaluation (a backward pass; about twice the forward's work); false leaves grad_norm_sq empty")
-    executor: Literal["sequential", "vectorized", "threaded", "ray", "auto"] = Field("sequential", description="how a cohort's local work runs; every executor gives the same numbers; 'auto' picks the fastest for the problem and device")
+    grad_norm: bool = Field(
+        True,
+        description="score ‖∇f(x)‖² over the whole training set at each evaluation (a backward pass; about twice the "
+        "forward's work); false leaves grad_norm_sq empty",
+    )
+    executor: Literal["sequential", "vectorized", "threaded", "ray", "auto"] = Field(
+        "sequential",
+        description="how a cohort's local work runs; every executor gives the same numbers; 'auto' picks the fastest "
+        "for the problem and device",
+    )
     device: Literal["cpu", "cuda"] = "cpu"
-    chunk_size: int | None = Field(None, ge=1, description="vectorized: clients per batched chunk (default: as many as fit in memory_budget_mb)")
+    chunk_size: int | None = Field(
+        None, ge=1, description="vectorized: clients per batched chunk (default: as many as fit in memory_budget_mb)"
+    )
     memory_budget_mb: int = Field(1024, ge=1, description="vectorized: memory one chunk may use")
-    threads: int | None = Field(None, ge=1, description="threaded (and auto): clients run in parallel, one CPU thread each (default: PyTorch's thread count, one per core)")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="threaded (and auto): clients run in parallel, one CPU thread each (default: PyTorch's thread "
+        "count, one per core)",
+    )
     ray_workers: int = Field(2, ge=1, description="ray: shares the cohort is split into (one Ray task each)")
-    ray_address: str | None = Field(None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray")
-    ray_retries: int = Field(3, ge=0, description=(
-        "ray: times a task whose worker or node dies is run again (0: such a loss fails the run)"))
+    ray_address: str | None = Field(
+        None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray"
+    )
+    ray_retries: int = Field(
+        3, ge=0, description=("ray: times a task whose worker or node dies is run again (0: such a loss fails the run)")
+    )
     sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
-        default_factory=list, description="also send metrics to TensorBoard, MLflow and/or Weights & Biases")
-    mlflow_uri: str | None = Field(None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)")
+        default_factory=list, description="also send metrics to TensorBoard, MLflow and/or Weights & Biases"
+    )
+    mlflow_uri: str | None = Field(
+        None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)"
+    )
     wandb_project: str | None = Field(None, description="wandb: the W&B project (default: the experiment's name)")
     wandb_entity: str | None = Field(None, description="wandb: the W&B entity, a user or team (default: W&B's default)")
-    state_memory_mb: int = Field(1024, ge=1, description="client state (SCAFFOLD, FedCDR) beyond this size goes to memory-mapped files in <run>/client_state")
-    checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = at evaluations, at most one per checkpoint_seconds (and always the first and the last)")
-    checkpoint_seconds: float = Field(30.0, ge=0, description="with checkpoint_every = 0: seconds between checkpoints at evaluations (0 = at every evaluation)")
-    bandwidth_mib_s: float = Field(20.0, gt=0, description="up- and downlink bandwidth of the simulated wall-clock (Yang, Fang & Liu, ICLR 2021: 20 MB/s)")
-    score_client_models: bool = Field(False, description=(
-        "keep each client's model after its last local training (y_i = x − Δ_i) and score the clients' own models on "
-        "their own data (local_loss, local_accuracy, local_test_accuracy), as FedCDR's and FedDyn's always are"))
+    state_memory_mb: int = Field(
+        1024,
+        ge=1,
+        description="client state (SCAFFOLD, FedCDR) beyond this size goes to memory-mapped files in "
+        "<run>/client_state",
+    )
+    checkpoint_every: int = Field(
+        0,
+        ge=0,
+        description="rounds between checkpoints; 0 = at evaluations, at most one per checkpoint_seconds (and always "
+        "the first and the last)",
+    )
+    checkpoint_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="with checkpoint_every = 0: seconds between checkpoints at evaluations (0 = at every evaluation)",
+    )
+    bandwidth_mib_s: float = Field(
+        20.0,
+        gt=0,
+        description="up- and downlink bandwidth of the simulated wall-clock (Yang, Fang & Liu, ICLR 2021: 20 MB/s)",
+    )
+    score_client_models: bool = Field(
+        False,
+        description=(
+            "keep each client's model after its last local training (y_i = x − Δ_i) and score the clients' own "
+            "models on "
+            "their own data (local_loss, local_accuracy, local_test_accuracy), as FedCDR's and FedDyn's always are"
+        ),
+    )
 
     @model_validator(mode="after")
     def _chunks_need_chunking(self) -> RunConfig:
         """``chunk_size`` sizes the vectorized executor's chunks (also inside ray, and auto's choice of it)."""
         if self.chunk_size is not None and self.executor in ("sequential", "threaded"):
-            why = (f"sizes the chunks of the vectorized executor; executor = {self.executor!r} runs no chunks, so it "
-                   "would do nothing: give executor = 'vectorized', 'ray' or 'auto', or leave chunk_size out")
+            why = (
+                f"sizes the chunks of the vectorized executor; executor = {self.executor!r} runs no chunks, so it "
+                "would do nothing: give executor = 'vectorized', 'ray' or 'auto', or leave chunk_size out"
+            )
             raise ConfigError("chunk_size", why)
         return self
 
@@ -293,28 +387,53 @@ class PlotConfig(_Section):
 
 
 class ExperimentMeta(_Section):
-    name: str = Field("experiment", description="also the results folder's name (results/<name>): no '/', '\\', control characters, '.' or '..'")
+    name: str = Field(
+        "experiment",
+        description="also the results folder's name (results/<name>): no '/', '\\', control characters, '.' or '..'",
+    )
     title: str = ""
     paper: str = ""
     figure: str = ""
     description: str = ""
     seeds: list[int] | None = None
-    budget: Literal["cpu", "gpu"] | None = Field(None, description="hardware the preset is sized for: 'cpu' (a 2-core CPU) or 'gpu' (the paper's scale, needs a GPU)")
-    expected_minutes: float | None = Field(None, gt=0, description="expected wall time of the whole preset (every variant and seed) on its budget's hardware")
-    deviations: list[str] = Field(default_factory=list, description="where the experiment departs from the paper (a setting the paper does not give, a substitute dataset, a reduced scale); printed beside its verdicts")
-    plugins: list[str] = Field(default_factory=list, description=(
-        "modules to import first: they register the parts this experiment names; each is code, imported only "
-        "with the consent of whoever runs the config (--plugins or FEDSHUFFLE_PLUGINS, fedshuffle.plugins)"))
-    not_reproducible: str = Field("", description=(
-        "why the paper's experiment cannot be run with the data at hand (e.g. its dataset cannot be built); when given, every claim reads "
-        "'not reproducible', with what the substitute measured, never 'holds' or 'does not hold'"))
+    budget: Literal["cpu", "gpu"] | None = Field(
+        None,
+        description="hardware the preset is sized for: 'cpu' (a 2-core CPU) or 'gpu' (the paper's scale, needs a GPU)",
+    )
+    expected_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="expected wall time of the whole preset (every variant and seed) on its budget's hardware",
+    )
+    deviations: list[str] = Field(
+        default_factory=list,
+        description="where the experiment departs from the paper (a setting the paper does not give, a substitute "
+        "dataset, a reduced scale); printed beside its verdicts",
+    )
+    plugins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "modules to import first: they register the parts this experiment names; each is code, imported only "
+            "with the consent of whoever runs the config (--plugins or FEDSHUFFLE_PLUGINS, fedshuffle.plugins)"
+        ),
+    )
+    not_reproducible: str = Field(
+        "",
+        description=(
+            "why the paper's experiment cannot be run with the data at hand (e.g. its dataset cannot be built); when "
+            "given, every claim reads "
+            "'not reproducible', with what the substitute measured, never 'holds' or 'does not hold'"
+        ),
+    )
 
     @field_validator("seeds")
     @classmethod
     def _some_seeds(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and not v:
-            raise ValueError("an empty list runs no seed of its own (run.seed would run instead); accepted: a list of "
-                             "one or more seeds, e.g. [0, 1, 2], or no seeds (run.seed runs)")
+            raise ValueError(
+                "an empty list runs no seed of its own (run.seed would run instead); accepted: a list of "
+                "one or more seeds, e.g. [0, 1, 2], or no seeds (run.seed runs)"
+            )
         return v
 
     @field_validator("name")
@@ -396,7 +515,9 @@ def _settings_of(section: type[_Section]) -> set[str]:
     chosen part's are checked when each grid point's run is built)."""
     names = set(section.model_fields)
     if issubclass(section, _PartSection):
-        names |= {n for registry in section._choosers.values() for entry in registry.entries() for n in entry.setting_names()}
+        names |= {
+            n for registry in section._choosers.values() for entry in registry.entries() for n in entry.setting_names()
+        }
     return names
 
 
@@ -407,11 +528,17 @@ class TuneConfig(_Section):
     final, best, last:F, auc or a budget), over the first ``rounds`` rounds where the protocol tunes on a shorter
     horizon than it judges. The judged runs then use fresh seeds."""
 
-    grid: dict[str, list[Any]] = Field(min_length=1, description='"section.setting" → the values tuned over, e.g. {"local.lr_multiplier" = [1, 2, 5]}')
+    grid: dict[str, list[Any]] = Field(
+        min_length=1, description='"section.setting" → the values tuned over, e.g. {"local.lr_multiplier" = [1, 2, 5]}'
+    )
     metric: str = Field(description="the metric the best point is chosen by")
-    at: str = Field("final", description="where the metric is read: final, best, last:F, auc, round=N, epochs=X or mib=X")
+    at: str = Field(
+        "final", description="where the metric is read: final, best, last:F, auc, round=N, epochs=X or mib=X"
+    )
     seeds: list[int] = Field(min_length=1, description="tuning seeds, distinct from the judged ones")
-    rounds: int | None = Field(None, ge=1, description="the tuning runs' horizon in rounds (default: the variant's own)")
+    rounds: int | None = Field(
+        None, ge=1, description="the tuning runs' horizon in rounds (default: the variant's own)"
+    )
 
     @field_validator("grid")
     @classmethod
@@ -420,7 +547,9 @@ class TuneConfig(_Section):
         for key, values in v.items():
             section, _, setting = key.partition(".")
             if section not in SECTIONS or setting not in _settings_of(RunSpec.model_fields[section].annotation):
-                raise ValueError(f"{key!r} is not a setting; expected section.setting with section one of {', '.join(SECTIONS)}")
+                raise ValueError(
+                    f"{key!r} is not a setting; expected section.setting with section one of {', '.join(SECTIONS)}"
+                )
             if not values:
                 raise ValueError(f"{key}: give at least one value")
             points *= len(values)
@@ -462,7 +591,9 @@ class TuneConfig(_Section):
 
 class Variant(_PartialSections):
     label: str
-    tune: TuneConfig | None = Field(None, description="the paper's tuning protocol for this variant: grid, metric, at, tuning seeds")
+    tune: TuneConfig | None = Field(
+        None, description="the paper's tuning protocol for this variant: grid, metric, at, tuning seeds"
+    )
 
 
 class Experiment(_PartialSections):
@@ -470,7 +601,9 @@ class Experiment(_PartialSections):
 
     experiment: ExperimentMeta = Field(default_factory=ExperimentMeta)
     variants: list[Variant] = Field(default_factory=list)
-    claims: list[dict[str, Any]] = Field(default_factory=list, description="the paper's claims about this experiment (fedshuffle.experiments.claims)")
+    claims: list[dict[str, Any]] = Field(
+        default_factory=list, description="the paper's claims about this experiment (fedshuffle.experiments.claims)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -497,11 +630,17 @@ class Experiment(_PartialSections):
                 try:
                     alone.runs(point)
                 except ConfigError as exc:
-                    raise ConfigError(f"variants[{k}].tune.grid", f"the point {point} gives no valid run ({exc.field}: {exc.message})") from None
+                    raise ConfigError(
+                        f"variants[{k}].tune.grid", f"the point {point} gives no valid run ({exc.field}: {exc.message})"
+                    ) from None
             judged = set(self.experiment.seeds or [alone.runs()[0][1].run.seed])
             shared = sorted(judged & set(variant.tune.seeds))
             if shared:
-                raise ConfigError(f"variants[{k}].tune.seeds", f"seed {shared[0]} is also a judged seed (experiment.seeds); tuning seeds must differ from the judged ones")
+                raise ConfigError(
+                    f"variants[{k}].tune.seeds",
+                    f"seed {shared[0]} is also a judged seed (experiment.seeds); tuning seeds must differ from the "
+                    "judged ones",
+                )
 
     def runs(self, overrides: Mapping[str, Any] | None = None, given_as: str = "--set") -> list[tuple[str, RunSpec]]:
         """(label, spec) for each variant (one unlabeled run when there are none), validated.
@@ -531,10 +670,19 @@ class Experiment(_PartialSections):
             if not isinstance(settings, Mapping):
                 continue
             for key, value in settings.items():
-                differing = [v.label for v in self.variants if key in (getattr(v, section, None) or {}) and getattr(v, section)[key] != value]
+                differing = [
+                    v.label
+                    for v in self.variants
+                    if key in (getattr(v, section, None) or {}) and getattr(v, section)[key] != value
+                ]
                 if len(differing) > 0 and len(self.variants) > 1:
-                    raise ConfigError(f"{section}.{key}", f"the variants set it themselves ({', '.join(repr(d) for d in differing[:4])}{' ...' if len(differing) > 4 else ''}); "
-                                                          "an override would give every variant the same value under its own label: edit the variants, or run one (--variant LABEL)")
+                    raise ConfigError(
+                        f"{section}.{key}",
+                        "the variants set it themselves "
+                        f"({', '.join(repr(d) for d in differing[:4])}{' ...' if len(differing) > 4 else ''}); "
+                        "an override would give every variant the same value under its own label: edit the variants, "
+                        "or run one (--variant LABEL)",
+                    )
 
     def seeds(self, spec: RunSpec) -> list[int]:
         return self.experiment.seeds or [spec.run.seed]
@@ -566,8 +714,14 @@ def _with_method_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 #: the sections whose chooser names a registered part, and their choosers
-_CHOOSERS = {"method": {"name": METHODS}, "problem": {"name": PROBLEMS}, "data": {"source": SOURCES, "partition": PARTITIONS},
-             "sampler": {"name": SAMPLERS}, "server": {"optimizer": SERVER_OPTIMIZERS}, "schedule": {"name": SCHEDULES}}
+_CHOOSERS = {
+    "method": {"name": METHODS},
+    "problem": {"name": PROBLEMS},
+    "data": {"source": SOURCES, "partition": PARTITIONS},
+    "sampler": {"name": SAMPLERS},
+    "server": {"optimizer": SERVER_OPTIMIZERS},
+    "schedule": {"name": SCHEDULES},
+}
 
 
 def _merge_parts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -596,7 +750,11 @@ def _merge_parts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str
 def _deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(dict(base))
     for key, value in update.items():
-        out[key] = _deep_merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else copy.deepcopy(value)
+        out[key] = (
+            _deep_merge(out[key], value)
+            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+            else copy.deepcopy(value)
+        )
     return out
 
 
@@ -609,18 +767,30 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
             path = PRESETS_DIR / f"{path_or_preset}.toml"
             found = path.exists()
     except OSError as exc:  # a name longer than the file system allows
-        raise ConfigError("config", f"cannot use {str(path_or_preset)[:60]!r}... as a file name ({exc.strerror or exc})") from None
+        raise ConfigError(
+            "config", f"cannot use {str(path_or_preset)[:60]!r}... as a file name ({exc.strerror or exc})"
+        ) from None
     if not found:
         names = preset_names()
         hint = difflib.get_close_matches(str(path_or_preset), names, n=1)
-        raise ConfigError("preset", f"no preset or file {str(path_or_preset)!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; presets: {', '.join(names)}")
+        raise ConfigError(
+            "preset",
+            f"no preset or file {str(path_or_preset)!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; presets: "
+            f"{', '.join(names)}",
+        )
     if path.is_dir():
-        raise ConfigError("config", f"{path} is a folder; give a TOML file or a preset name (presets: {', '.join(preset_names())})")
+        raise ConfigError(
+            "config", f"{path} is a folder; give a TOML file or a preset name (presets: {', '.join(preset_names())})"
+        )
     try:
         raw = tomllib.loads(read_regular_file(path, "config", MAX_CONFIG_BYTES, "TOML config file").decode("utf-8"))
     except ConfigError:
         raise
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a number of more than 4,300 digits
+    except (
+        tomllib.TOMLDecodeError,
+        UnicodeDecodeError,
+        ValueError,
+    ) as exc:  # ValueError: a number of more than 4,300 digits
         raise ConfigError("config", f"{path} is not valid TOML ({' '.join(str(exc).split())[:200]})") from None
     except RecursionError:
         raise ConfigError("config", f"{path} nests arrays or tables too deeply") from None
@@ -632,13 +802,24 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
     experiment.check_tuning()
     if not experiment.experiment.name or experiment.experiment.name == "experiment":
         experiment.experiment.name = path.stem if name_problem(path.stem) is None else slug(path.stem)
-    for data in (experiment.data, *(v.data for v in experiment.variants)):  # relative to the file first, whatever the working directory
+    for data in (
+        experiment.data,
+        *(v.data for v in experiment.variants),
+    ):  # relative to the file first, whatever the working directory
         data_path = data.get("path")
-        if isinstance(data_path, str) and _fits_file_system(data_path) and not Path(data_path).expanduser().is_absolute() and (path.parent / data_path).exists():
+        if (
+            isinstance(data_path, str)
+            and _fits_file_system(data_path)
+            and not Path(data_path).expanduser().is_absolute()
+            and (path.parent / data_path).exists()
+        ):
             data["path"] = str(path.parent / data_path)
         dirs = data.get("data_dirs")
         if isinstance(dirs, list):
-            data["data_dirs"] = [str((path.parent / d).resolve()) if isinstance(d, str) and not Path(d).expanduser().is_absolute() else d for d in dirs]
+            data["data_dirs"] = [
+                str((path.parent / d).resolve()) if isinstance(d, str) and not Path(d).expanduser().is_absolute() else d
+                for d in dirs
+            ]
     return experiment
 
 
@@ -659,9 +840,13 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
         if len(parts) != 2 or parts[0] not in SECTIONS:
-            raise ConfigError("--set", f"key must be section.setting with section one of {', '.join(SECTIONS)}; got {key!r}")
+            raise ConfigError(
+                "--set", f"key must be section.setting with section one of {', '.join(SECTIONS)}; got {key!r}"
+            )
         if len(value) > MAX_VALUE_CHARS:
-            raise ConfigError("--set", f"{key.strip()}: the value has {len(value)} characters; at most {MAX_VALUE_CHARS}")
+            raise ConfigError(
+                "--set", f"{key.strip()}: the value has {len(value)} characters; at most {MAX_VALUE_CHARS}"
+            )
         try:
             parsed = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError:

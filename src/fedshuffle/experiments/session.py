@@ -3,7 +3,8 @@ do around the runs.
 
 First the arguments, read alike by the command line and the API: the results folder
 (:func:`check_out`, :func:`pick_folder`), the seeds (:func:`requested_seeds`) and the overrides
-(:func:`normalize_overrides`, :func:`~fedshuffle.experiments.sweep.merge_overrides`, :func:`extend_rounds`). Then, in this order,
+(:func:`normalize_overrides`, :func:`~fedshuffle.experiments.sweep.merge_overrides`, :func:`extend_rounds`). Then, in
+this order,
 
 1. plan every job and build every distinct run once (:func:`~fedshuffle.experiments.runner.preflight`):
    bad input stops here, before any folder is created (exit status 2); where the jobs will run in worker
@@ -34,7 +35,17 @@ from fedshuffle.experiments import folders, report
 from fedshuffle.experiments.results import check_metrics
 from fedshuffle.experiments.runner import ensure_writable, preflight, run_identity, sharing_builds
 from fedshuffle.experiments.schema import SECTIONS, Experiment, parse_overrides
-from fedshuffle.experiments.sweep import Job, Outcome, check_seeds, check_workers, jobs_for, merge_overrides, parse_integers, run_jobs, select_best, start_workers_early
+from fedshuffle.experiments.sweep import (
+    Job,
+    Outcome,
+    check_seeds,
+    check_workers,
+    jobs_for,
+    parse_integers,
+    run_jobs,
+    select_best,
+    start_workers_early,
+)
 
 
 # -- the arguments ---------------------------------------------------------------------------------------
@@ -71,7 +82,11 @@ def pick_folder(requested: Path, resume_hint: str) -> tuple[Path, str]:
         k += 1
     manifest = folders.read_object(requested / folders.MANIFEST)
     held = f"results of {manifest['experiment']!r}" if isinstance(manifest.get("experiment"), str) else "other files"
-    return candidate, f"{requested} already holds {held}; writing to {candidate} (to continue the runs in {requested}: {resume_hint})"
+    return (
+        candidate,
+        f"{requested} already holds {held}; writing to {candidate} (to continue the runs in {requested}: "
+        f"{resume_hint})",
+    )
 
 
 def resume_folder(folder: Path, argument: str = "--resume") -> Path:
@@ -79,11 +94,16 @@ def resume_folder(folder: Path, argument: str = "--resume") -> Path:
     if not folder.is_dir():
         raise ConfigError(argument, f"{folder} is not a results folder to continue")
     if (folder / "config.json").exists() and (folder / "checkpoint.pt").exists():
-        raise ConfigError(argument, f"{folder} is the folder of one run; give the folder of the experiment (the one the first run wrote to)")
+        raise ConfigError(
+            argument,
+            f"{folder} is the folder of one run; give the folder of the experiment (the one the first run wrote to)",
+        )
     return folder
 
 
-def requested_seeds(seeds: Any, overrides: Mapping[str, Mapping[str, Any]], argument: str = "--seeds", override: str = "--set run.seed") -> list[int] | None:
+def requested_seeds(
+    seeds: Any, overrides: Mapping[str, Mapping[str, Any]], argument: str = "--seeds", override: str = "--set run.seed"
+) -> list[int] | None:
     """The seeds asked for: ``seeds`` (text ``a..b`` or ``a,b,c``, an integer, or a sequence of distinct integers
     >= 0), or the seed of a ``run.seed`` override, which then runs alone (also where the config lists seeds).
     None: the config's seeds."""
@@ -109,7 +129,8 @@ def requested_seeds(seeds: Any, overrides: Mapping[str, Mapping[str, Any]], argu
 
 
 def only_variants(experiment: Experiment, labels: Any, argument: str = "--variant") -> Experiment:
-    """``experiment`` with only the variants labelled ``labels`` (all when None); an unknown label names the variants."""
+    """``experiment`` with only the variants labelled ``labels`` (all when None); an unknown label names the
+    variants."""
     if labels is None:
         return experiment
     if isinstance(labels, str) or not isinstance(labels, Sequence) or not labels:
@@ -122,7 +143,8 @@ def only_variants(experiment: Experiment, labels: Any, argument: str = "--varian
 
 
 def normalize_overrides(value: Any, argument: str = "--set") -> dict[str, dict[str, Any]]:
-    """``["run.rounds=50"]`` (what ``--set`` gives), ``{"run.rounds": 50}`` or ``{"run": {"rounds": 50}}`` → ``{"run": {"rounds": 50}}``."""
+    """``["run.rounds=50"]`` (what ``--set`` gives), ``{"run.rounds": 50}`` or ``{"run": {"rounds": 50}}`` →
+    ``{"run": {"rounds": 50}}``."""
     if value is None:
         return {}
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
@@ -131,7 +153,11 @@ def normalize_overrides(value: Any, argument: str = "--set") -> dict[str, dict[s
         except ConfigError as exc:
             raise ConfigError(argument, exc.message) from None
     if not isinstance(value, Mapping):
-        raise ConfigError(argument, f"expected a dict such as {{'run.rounds': 50}} or a list of 'section.setting=value' strings, got {type(value).__name__}")
+        raise ConfigError(
+            argument,
+            f"expected a dict such as {{'run.rounds': 50}} or a list of 'section.setting=value' strings, got "
+            f"{type(value).__name__}",
+        )
     out: dict[str, dict[str, Any]] = {}
     for key, setting in value.items():
         parts = str(key).split(".")
@@ -140,7 +166,11 @@ def normalize_overrides(value: Any, argument: str = "--set") -> dict[str, dict[s
         elif len(parts) == 1 and key in SECTIONS and isinstance(setting, Mapping):
             out.setdefault(key, {}).update(setting)
         else:
-            raise ConfigError(argument, f"keys are 'section.setting' (or a section with a dict of settings), section one of {', '.join(SECTIONS)}; got {key!r}{did_you_mean(parts[0], SECTIONS)}")
+            raise ConfigError(
+                argument,
+                "keys are 'section.setting' (or a section with a dict of settings), section one of "
+                f"{', '.join(SECTIONS)}; got {key!r}{did_you_mean(parts[0], SECTIONS)}",
+            )
     return out
 
 
@@ -171,7 +201,17 @@ def variant_identities(experiment: Experiment, overrides: Mapping[str, Any] | No
 class ResultsFolder:
     """Step 2 above, as a context: the lock is held until the runs and summaries are written."""
 
-    def __init__(self, out: Path, kind: str, experiment: Experiment, overrides: Mapping[str, Any] | None, jobs: Sequence[Job], *, resume: bool, extend: bool) -> None:
+    def __init__(
+        self,
+        out: Path,
+        kind: str,
+        experiment: Experiment,
+        overrides: Mapping[str, Any] | None,
+        jobs: Sequence[Job],
+        *,
+        resume: bool,
+        extend: bool,
+    ) -> None:
         self.out, self.kind, self.experiment, self.jobs = Path(out), kind, experiment, jobs
         self.overrides, self.resume, self.extend = overrides, resume, extend
         self.lock = folders.FolderLock(self.out)
@@ -179,14 +219,19 @@ class ResultsFolder:
 
     def __enter__(self) -> ResultsFolder:
         if self.resume and self.kind == "run" and not (self.out / folders.MANIFEST).is_file():
-            raise ConfigError("--resume", f"{self.out} holds no fedshuffle results (no {folders.MANIFEST}); give the folder that --out named")
+            raise ConfigError(
+                "--resume",
+                f"{self.out} holds no fedshuffle results (no {folders.MANIFEST}); give the folder that --out named",
+            )
         ensure_writable(self.out)
         self.lock.__enter__()
         try:
             folders.remove_leftovers(self.out)
             variants = variant_identities(self.experiment, self.overrides)
             relative = [job.run_dir.relative_to(self.out).as_posix() for job in self.jobs]
-            previous = folders.check_folder(self.out, kind=self.kind, variants=variants, runs=relative, resume=self.resume)
+            previous = folders.check_folder(
+                self.out, kind=self.kind, variants=variants, runs=relative, resume=self.resume
+            )
             runs = {}
             for job, where in zip(self.jobs, relative):
                 folders.check_no_links(self.out, job.run_dir)
@@ -194,10 +239,25 @@ class ResultsFolder:
                 dumped, hashes = run_identity(spec)
                 folders.check_run_folder(job.run_dir, dumped, hashes, extend=self.extend)
                 done = folders.intact(job.run_dir)
-                self.finished += done is not None and (done.get("status") == "diverged" or (done.get("status") == "complete" and done.get("rounds") == spec.run.rounds))
-                runs[where] = {"label": job.label, "point": job.point, "seed": job.seed, "config_hash": folders.config_hash(folders.identity(dumped, hashes))}
+                self.finished += done is not None and (
+                    done.get("status") == "diverged"
+                    or (done.get("status") == "complete" and done.get("rounds") == spec.run.rounds)
+                )
+                runs[where] = {
+                    "label": job.label,
+                    "point": job.point,
+                    "seed": job.seed,
+                    "config_hash": folders.config_hash(folders.identity(dumped, hashes)),
+                }
             try:
-                folders.write_manifest(self.out, previous, kind=self.kind, experiment=self.experiment.experiment.name, variants=variants, runs=runs)
+                folders.write_manifest(
+                    self.out,
+                    previous,
+                    kind=self.kind,
+                    experiment=self.experiment.experiment.name,
+                    variants=variants,
+                    runs=runs,
+                )
             except OSError as exc:
                 raise ResultsError(f"cannot write to {self.out} ({exc.strerror or exc})") from None
         except BaseException:
@@ -212,11 +272,14 @@ class ResultsFolder:
         try:
             write_json(self.out / name, obj)
         except OSError as exc:
-            raise ResultsError(f"writing {self.out / name} failed ({exc.strerror or exc}); the runs' results are kept") from None
+            raise ResultsError(
+                f"writing {self.out / name} failed ({exc.strerror or exc}); the runs' results are kept"
+            ) from None
 
 
 def _sharing_builds(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The command's preflight and runs share their builds of equal data (:func:`~fedshuffle.experiments.runner.sharing_builds`)."""
+    """The command's preflight and runs share their builds of equal data
+    (:func:`~fedshuffle.experiments.runner.sharing_builds`)."""
 
     @functools.wraps(command)
     def shared(*args: Any, **kwargs: Any) -> Any:
@@ -228,8 +291,16 @@ def _sharing_builds(command: Callable[..., Any]) -> Callable[..., Any]:
 
 @_sharing_builds
 def run_experiment(
-    experiment: Experiment, out_dir: Path, *, overrides: Mapping[str, Any] | None = None, seeds: Sequence[int] | None = None, resume: bool = False,
-    extend: bool = False, show_progress: bool = True, workers: int = 1, on_open: Any = None,
+    experiment: Experiment,
+    out_dir: Path,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    seeds: Sequence[int] | None = None,
+    resume: bool = False,
+    extend: bool = False,
+    show_progress: bool = True,
+    workers: int = 1,
+    on_open: Any = None,
 ) -> tuple[dict[str, Any], list[Outcome]]:
     """All variants × seeds of an experiment into ``out_dir``, then the overall summary and the plot."""
 
@@ -239,13 +310,26 @@ def run_experiment(
     plot = jobs[0].spec.plot
     plotted = check_metrics([plot.metric] if isinstance(plot.metric, str) else plot.metric, "plot.metric")
     start_workers_early(jobs, workers)
-    preflight(jobs, plotted if "metric" in plot.model_fields_set else ())  # a metric asked for must be one the runs record
+    preflight(
+        jobs, plotted if "metric" in plot.model_fields_set else ()
+    )  # a metric asked for must be one the runs record
     name = experiment.experiment.name
     with ResultsFolder(out_dir, "run", experiment, overrides, jobs, resume=resume, extend=extend) as folder:
         if on_open:
             on_open(folder)
-        outcomes = run_jobs(jobs, workers=workers, resume=resume, extend=extend, experiment=name, show_progress=show_progress, title=name)
-        runs = [report.StoredRun(o.job.run_dir, o.job.label, o.job.point, o.job.seed, o.status, o.final, o.message) for o in outcomes]
+        outcomes = run_jobs(
+            jobs,
+            workers=workers,
+            resume=resume,
+            extend=extend,
+            experiment=name,
+            show_progress=show_progress,
+            title=name,
+        )
+        runs = [
+            report.StoredRun(o.job.run_dir, o.job.label, o.job.point, o.job.seed, o.status, o.final, o.message)
+            for o in outcomes
+        ]
         groups = report.group_runs(runs)
         summary = {
             "experiment": experiment.experiment.model_dump(),
@@ -254,17 +338,39 @@ def run_experiment(
         }
         folder.write("summary.json", summary)
         try:
-            report.plot_runs(groups, out_dir / "plot", metric=plot.metric, x=plot.x, band=plot.band, log_y=plot.log_y, title=experiment.experiment.title or name,
-                      recorded_only="metric" not in plot.model_fields_set)  # the default f_gap: not recorded where no optimum is known
+            report.plot_runs(
+                groups,
+                out_dir / "plot",
+                metric=plot.metric,
+                x=plot.x,
+                band=plot.band,
+                log_y=plot.log_y,
+                title=experiment.experiment.title or name,
+                recorded_only="metric" not in plot.model_fields_set,
+            )  # the default f_gap: not recorded where no optimum is known
         except OSError as exc:
-            raise ResultsError(f"writing the plot into {out_dir} failed ({exc.strerror or exc}); the runs' results and summary.json are kept") from None
+            raise ResultsError(
+                f"writing the plot into {out_dir} failed ({exc.strerror or exc}); the runs' results and summary.json "
+                "are kept"
+            ) from None
     return summary, outcomes
 
 
 @_sharing_builds
 def run_sweep(
-    experiment: Experiment, out_dir: Path, points: Sequence[Mapping[str, Any]], *, seeds: Sequence[int] | None, overrides: Mapping[str, Any] | None,
-    variants: Sequence[str] | None, pick: str | None, extend: bool, workers: int, show_progress: bool, record: Mapping[str, Any], on_open: Any = None,
+    experiment: Experiment,
+    out_dir: Path,
+    points: Sequence[Mapping[str, Any]],
+    *,
+    seeds: Sequence[int] | None,
+    overrides: Mapping[str, Any] | None,
+    variants: Sequence[str] | None,
+    pick: str | None,
+    extend: bool,
+    workers: int,
+    show_progress: bool,
+    record: Mapping[str, Any],
+    on_open: Any = None,
 ) -> tuple[dict[str, Any], list[Outcome]]:
     """Every grid point × variant × seed into ``out_dir`` (finished runs are kept), then ``sweep.json``."""
     check_workers(workers)
@@ -275,10 +381,23 @@ def run_sweep(
     with ResultsFolder(Path(out_dir), "sweep", experiment, overrides, jobs, resume=True, extend=extend) as folder:
         if on_open:
             on_open(folder)
-        outcomes = run_jobs(jobs, workers=workers, resume=True, extend=extend, experiment=name, show_progress=show_progress, title=f"{name} sweep")
-        result = {**record, "title": experiment.experiment.title or name,  # the title of its figures
-                  "seeds": sorted({j.seed for j in jobs}), "points": list(points), "runs": len(jobs),
-                  "status": {s: sum(o.status == s for o in outcomes) for s in sorted({o.status for o in outcomes})}}
+        outcomes = run_jobs(
+            jobs,
+            workers=workers,
+            resume=True,
+            extend=extend,
+            experiment=name,
+            show_progress=show_progress,
+            title=f"{name} sweep",
+        )
+        result = {
+            **record,
+            "title": experiment.experiment.title or name,  # the title of its figures
+            "seeds": sorted({j.seed for j in jobs}),
+            "points": list(points),
+            "runs": len(jobs),
+            "status": {s: sum(o.status == s for o in outcomes) for s in sorted({o.status for o in outcomes})},
+        }
         if pick:
             result["best"] = select_best(outcomes, pick)
         folder.write("sweep.json", result)

@@ -44,7 +44,11 @@ MAX_PARAMS = 100  # MLflow's limit per log_batch call
 #: seconds to reach an http(s) tracking server before the run stops with an error
 MLFLOW_CONNECT_SECONDS = 5.0
 #: MLflow's HTTP retries and time-out, unless set (its defaults retry for minutes against a server that is down)
-MLFLOW_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+MLFLOW_HTTP = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
 
 
 def check_tracking_server(uri: str) -> None:
@@ -62,8 +66,11 @@ def check_tracking_server(uri: str) -> None:
     try:
         socket.create_connection((parts.hostname, port), timeout=MLFLOW_CONNECT_SECONDS).close()
     except OSError as exc:
-        raise ConfigError("run.mlflow_uri", f"cannot reach the MLflow tracking server at {uri} ({exc.strerror or exc or type(exc).__name__}); "
-                          "start it, correct run.mlflow_uri, or remove 'mlflow' from run.sinks") from None
+        raise ConfigError(
+            "run.mlflow_uri",
+            f"cannot reach the MLflow tracking server at {uri} ({exc.strerror or exc or type(exc).__name__}); "
+            "start it, correct run.mlflow_uri, or remove 'mlflow' from run.sinks",
+        ) from None
 
 
 class MetricSink(Protocol):
@@ -73,7 +80,9 @@ class MetricSink(Protocol):
 
 
 def _scalars(row: Mapping[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in row.items() if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v) for k, v in row.items() if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def experiment_root(run_dir: Path) -> Path:
@@ -89,7 +98,9 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("run.sinks", "the tensorboard sink needs TensorBoard: pip install 'fedshuffle[tensorboard]'") from None
+            raise ConfigError(
+                "run.sinks", "the tensorboard sink needs TensorBoard: pip install 'fedshuffle[tensorboard]'"
+            ) from None
         self.log_dir = root / "tensorboard" / Path(run_dir).resolve().relative_to(root)
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
 
@@ -102,9 +113,12 @@ class TensorBoardSink:
 
 
 class MLflowSink:
-    """One seed's run, nested in its variant's parent run, in the MLflow experiment named after the fedshuffle experiment."""
+    """One seed's run, nested in its variant's parent run, in the MLflow experiment named after the fedshuffle
+    experiment."""
 
-    def __init__(self, root: Path, uri: str | None, experiment: str, label: str, point: str, seed: int, params: Mapping[str, Any]) -> None:
+    def __init__(
+        self, root: Path, uri: str | None, experiment: str, label: str, point: str, seed: int, params: Mapping[str, Any]
+    ) -> None:
         try:
             from mlflow import MlflowClient
             from mlflow.entities import Metric, Param
@@ -119,12 +133,17 @@ class MLflowSink:
         self.client, self.metric = MlflowClient(uri), Metric
         tags = {"fedshuffle.results": str(root), "fedshuffle.variant": label or "run", "fedshuffle.point": point}
         # parallel workers of one experiment must find, not duplicate, the experiment and the variant's parent run
-        lock = Path(tempfile.gettempdir()) / f"fedshuffle-mlflow-{hashlib.sha256(f'{uri}|{root}'.encode()).hexdigest()[:16]}.lock"
+        lock = (
+            Path(tempfile.gettempdir())
+            / f"fedshuffle-mlflow-{hashlib.sha256(f'{uri}|{root}'.encode()).hexdigest()[:16]}.lock"
+        )
         with open(lock, "a") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             found = self.client.get_experiment_by_name(experiment)
             experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-            parent = self._find(experiment_id, tags) or self.client.create_run(experiment_id, run_name=(label or "run") + (f" [{point}]" if point else ""), tags=tags)
+            parent = self._find(experiment_id, tags) or self.client.create_run(
+                experiment_id, run_name=(label or "run") + (f" [{point}]" if point else ""), tags=tags
+            )
         self.parent_id = parent.info.run_id
         child_tags = {**tags, "mlflow.parentRunId": self.parent_id, "fedshuffle.seed": str(seed)}
         child = self._find(experiment_id, child_tags)  # a resumed run continues its MLflow run
@@ -141,13 +160,17 @@ class MLflowSink:
         query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items() if "'" not in v)
         keys = set(tags)
         for run in self.client.search_runs([experiment_id], filter_string=query):
-            if {k: run.data.tags.get(k) for k in keys} == dict(tags) and ("mlflow.parentRunId" in keys or "mlflow.parentRunId" not in run.data.tags):
+            if {k: run.data.tags.get(k) for k in keys} == dict(tags) and (
+                "mlflow.parentRunId" in keys or "mlflow.parentRunId" not in run.data.tags
+            ):
                 return run
         return None
 
     def log(self, row):
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[self.metric(k, v, now, int(row["round"])) for k, v in _scalars(row).items()])
+        self.client.log_batch(
+            self.run_id, metrics=[self.metric(k, v, now, int(row["round"])) for k, v in _scalars(row).items()]
+        )
 
     def close(self):
         self.client.set_terminated(self.run_id)
@@ -159,16 +182,27 @@ def require_wandb() -> Any:
     try:
         import wandb
     except ImportError:
-        raise ConfigError("run.sinks", "the wandb sink needs Weights & Biases: "
-                          "pip install 'fedshuffle[wandb]'") from None
+        raise ConfigError(
+            "run.sinks", "the wandb sink needs Weights & Biases: pip install 'fedshuffle[wandb]'"
+        ) from None
     return wandb
 
 
 class WandbSink:
     """One seed's run as a Weights & Biases run, grouped by variant (and grid point) in the experiment's project."""
 
-    def __init__(self, root: Path, run_dir: Path, *, project: str, entity: str | None, label: str, point: str,
-                 seed: int, params: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        run_dir: Path,
+        *,
+        project: str,
+        entity: str | None,
+        label: str,
+        point: str,
+        seed: int,
+        params: Mapping[str, Any],
+    ) -> None:
         wandb = require_wandb()
         group = (label or "run") + (f" [{point}]" if point else "")
         where = Path(run_dir).resolve().relative_to(root).as_posix()
@@ -177,8 +211,18 @@ class WandbSink:
         folder.mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(console="off", silent=True, x_disable_stats=True)
         config = {**params, "fedshuffle.results": str(root), "fedshuffle.seed": seed}
-        self.run = wandb.init(project=project, entity=entity, group=group, name=f"{group} seed-{seed}", id=run_id,
-                              resume="allow", dir=str(folder), config=config, settings=settings, reinit="create_new")
+        self.run = wandb.init(
+            project=project,
+            entity=entity,
+            group=group,
+            name=f"{group} seed-{seed}",
+            id=run_id,
+            resume="allow",
+            dir=str(folder),
+            config=config,
+            settings=settings,
+            reinit="create_new",
+        )
 
     def log(self, row):
         self.run.log(_scalars(row), step=int(row["round"]))
@@ -195,13 +239,25 @@ def check_sink_settings(sinks: Sequence[str], settings: Mapping[str, Any]) -> No
         raise ConfigError("run.sinks", f"{twice[0]!r} is listed twice; list each sink once")
     for setting, sink in (("mlflow_uri", "mlflow"), ("wandb_project", "wandb"), ("wandb_entity", "wandb")):
         if settings.get(setting) is not None and sink not in sinks:
-            raise ConfigError(f"run.{setting}", f"is set but run.sinks does not list {sink!r}, so nothing would use "
-                                                f"it: add {sink!r} to run.sinks, or remove run.{setting}")
+            raise ConfigError(
+                f"run.{setting}",
+                f"is set but run.sinks does not list {sink!r}, so nothing would use "
+                f"it: add {sink!r} to run.sinks, or remove run.{setting}",
+            )
 
 
 def open_sinks(
-    names: list[str], run_dir: Path, *, uri: str | None, experiment: str, label: str, point: Mapping[str, Mapping[str, Any]], seed: int, params: Mapping[str, Any],
-    wandb_project: str | None = None, wandb_entity: str | None = None,
+    names: list[str],
+    run_dir: Path,
+    *,
+    uri: str | None,
+    experiment: str,
+    label: str,
+    point: Mapping[str, Mapping[str, Any]],
+    seed: int,
+    params: Mapping[str, Any],
+    wandb_project: str | None = None,
+    wandb_entity: str | None = None,
 ) -> list[MetricSink]:
     """The sinks a run asks for (``point``: a sweep's grid point by section, empty outside sweeps)."""
     sinks: list[MetricSink] = []
@@ -213,8 +269,18 @@ def open_sinks(
         elif name == "mlflow":
             sinks.append(MLflowSink(root, uri, experiment, label, text, seed, params))
         elif name == "wandb":
-            sinks.append(WandbSink(root, run_dir, project=wandb_project or experiment, entity=wandb_entity, label=label,
-                                   point=text, seed=seed, params=params))
+            sinks.append(
+                WandbSink(
+                    root,
+                    run_dir,
+                    project=wandb_project or experiment,
+                    entity=wandb_entity,
+                    label=label,
+                    point=text,
+                    seed=seed,
+                    params=params,
+                )
+            )
         else:
             raise ConfigError("run.sinks", f"unknown sink {name!r}; accepted: {', '.join(SINKS)}")
     return sinks

@@ -53,9 +53,9 @@ class SourceShape:
     classes: int
     train: int
     test: int
-    tokens: bool = False           # integer token ids with one target per position (TFF Shakespeare)
-    own_clients: bool = False      # the source comes split into its own clients
-    coarse_groups: int = 0         # coarse labels (CIFAR-100's 20 superclasses)
+    tokens: bool = False  # integer token ids with one target per position (TFF Shakespeare)
+    own_clients: bool = False  # the source comes split into its own clients
+    coarse_groups: int = 0  # coarse labels (CIFAR-100's 20 superclasses)
 
     def bytes(self) -> float:
         """Host memory of the paper-scale samples (float32 features, or int64 tokens and targets)."""
@@ -83,12 +83,13 @@ class SmokeResult:
     parameters: int
     paper_scale_data: str
     seconds: float
-    status: str                    # "ok" or "failed"
+    status: str  # "ok" or "failed"
     error: str = ""
 
 
 def _random_samples(shape: SourceShape, partition: str, rng: np.random.Generator) -> Samples:
-    """Samples of ``shape`` drawn at random for :data:`CLIENTS` clients, classes in turn so that every one is present."""
+    """Samples of ``shape`` drawn at random for :data:`CLIENTS` clients, classes in turn so that every one is
+    present."""
 
     def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
         if shape.tokens:
@@ -131,17 +132,21 @@ def smoke_samples(source: str, settings: dict[str, Any]) -> tuple[Samples, str]:
     partition = settings.get("partition", "sizes")
     _check_memory(shape, partition)
     try:
-        samples = _cut(call_with(SOURCES[source].factory, **{**settings, "download": False, "clients": CLIENTS}), partition)
+        samples = _cut(
+            call_with(SOURCES[source].factory, **{**settings, "download": False, "clients": CLIENTS}), partition
+        )
         origin = f"real {source} files (a cut)"
     except (DataError, ConfigError, OSError):
-        samples, origin = _random_samples(shape, partition, np.random.default_rng(0)), f"random samples of {source}'s shapes ({source} files not found on this machine)"
+        samples = _random_samples(shape, partition, np.random.default_rng(0))
+        origin = f"random samples of {source}'s shapes ({source} files not found on this machine)"
     if shape.coarse_groups and samples.label_groups is None:
         samples.label_groups = np.arange(shape.classes) % shape.coarse_groups
     return samples, origin
 
 
 def _constant(samples: Samples) -> Callable[[], Samples]:
-    """A source factory that returns ``samples`` whatever the settings (they were checked by the real source's model)."""
+    """A source factory that returns ``samples`` whatever the settings (they were checked by the real source's
+    model)."""
     return lambda **_: samples
 
 
@@ -164,20 +169,32 @@ def smoke_spec(spec: RunSpec, rounds: int = ROUNDS) -> RunSpec:
     model, method and every step-size setting unchanged."""
     data = spec.data.model_copy(update={"clients": CLIENTS})
     steps = spec.local.steps
-    local = spec.local.model_copy(update={"epochs": 1, "steps": min(steps, LOCAL_STEPS) if isinstance(steps, int) else steps})
+    local = spec.local.model_copy(
+        update={"epochs": 1, "steps": min(steps, LOCAL_STEPS) if isinstance(steps, int) else steps}
+    )
     cohort = spec.sampler.own_settings().get("cohort")
-    sampler = spec.sampler.model_copy(update={"cohort": min(cohort, COHORT)}) if cohort is not None and cohort >= 1 else spec.sampler
-    run = spec.run.model_copy(update={"rounds": rounds, "eval_every": rounds, "checkpoint_every": 0, "sinks": [], "device": "cpu"})
+    sampler = (
+        spec.sampler.model_copy(update={"cohort": min(cohort, COHORT)})
+        if cohort is not None and cohort >= 1
+        else spec.sampler
+    )
+    run = spec.run.model_copy(
+        update={"rounds": rounds, "eval_every": rounds, "checkpoint_every": 0, "sinks": [], "device": "cpu"}
+    )
     return spec.model_copy(update={"data": data, "local": local, "sampler": sampler, "run": run})
 
 
 def _check_memory(shape: SourceShape, partition: str) -> None:
     """Refuse before allocating when the smoke run's samples cannot fit (the model is checked when it is built)."""
-    smoke = SourceShape(shape.sample, shape.classes, _pooled_count(shape.classes, partition), TEST_SAMPLES, shape.tokens)
+    smoke = SourceShape(
+        shape.sample, shape.classes, _pooled_count(shape.classes, partition), TEST_SAMPLES, shape.tokens
+    )
     limits.check_fits(limits.DATASET_COPIES * smoke.bytes(), "data.source", "the smoke run's samples")
 
 
-def smoke_preset(name: str, experiment: Experiment, folder: Path, cache: dict[tuple[str, str], tuple[Samples, str]] | None = None) -> SmokeResult:
+def smoke_preset(
+    name: str, experiment: Experiment, folder: Path, cache: dict[tuple[str, str], tuple[Samples, str]] | None = None
+) -> SmokeResult:
     """Build and run every variant of ``experiment`` at smoke scale into ``folder``; a failure is returned, not raised.
     ``cache`` keeps the smoke samples of each (source, partition) across presets."""
     cache = {} if cache is None else cache
@@ -188,7 +205,9 @@ def smoke_preset(name: str, experiment: Experiment, folder: Path, cache: dict[tu
         sources = {spec.data.source for _, spec in runs}
         unknown = sorted(sources - set(SHAPES))
         if unknown:
-            raise ConfigError("data.source", f"no smoke shapes for {unknown[0]!r}; sources with shapes: {', '.join(SHAPES)}")
+            raise ConfigError(
+                "data.source", f"no smoke shapes for {unknown[0]!r}; sources with shapes: {', '.join(SHAPES)}"
+            )
         paper_bytes = ", ".join(f"{s}: {limits.human(SHAPES[s].bytes())}" for s in sorted(sources))
         origins = []
         for k, (label, spec) in enumerate(runs):
@@ -197,22 +216,48 @@ def smoke_preset(name: str, experiment: Experiment, folder: Path, cache: dict[tu
                 cache[key] = smoke_samples(spec.data.source, spec.data.model_dump())
             samples, origin = cache[key]
             origins += [origin] if origin not in origins else []
-            if k == 0:  # the first variant's model gives the preset's size (a variant that changes it is still built by its run)
+            if (
+                k == 0
+                # the first variant's model gives the preset's size (a variant that changes it is still built by its
+                # run)
+            ):
                 parameters = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=samples).dim
             with _sources_replaced({spec.data.source: _constant(samples)}):
-                outcome = run_single(smoke_spec(spec), folder / f"variant-{k}", seed=experiment.seeds(spec)[0], label=label, experiment=name)
+                outcome = run_single(
+                    smoke_spec(spec),
+                    folder / f"variant-{k}",
+                    seed=experiment.seeds(spec)[0],
+                    label=label,
+                    experiment=name,
+                )
             if outcome.status not in ("complete", "diverged"):
                 raise ResultsError(f"variant {label!r}: the run ended {outcome.status} ({outcome.message})")
         data = "; ".join(origins)
     except Exception as exc:  # noqa: BLE001 — whatever stops a preset from building or training is the finding
-        return SmokeResult(name, len(experiment.variants) or 1, data, parameters, paper_bytes, time.perf_counter() - started, "failed", f"{type(exc).__name__}: {exc}".splitlines()[0])
-    return SmokeResult(name, len(experiment.variants) or 1, data, parameters, paper_bytes, time.perf_counter() - started, "ok")
+        return SmokeResult(
+            name,
+            len(experiment.variants) or 1,
+            data,
+            parameters,
+            paper_bytes,
+            time.perf_counter() - started,
+            "failed",
+            f"{type(exc).__name__}: {exc}".splitlines()[0],
+        )
+    return SmokeResult(
+        name, len(experiment.variants) or 1, data, parameters, paper_bytes, time.perf_counter() - started, "ok"
+    )
 
 
-def smoke(presets: Sequence[str] = (), budget: str = "gpu", note: Callable[[str], None] | None = None) -> list[SmokeResult]:
+def smoke(
+    presets: Sequence[str] = (), budget: str = "gpu", note: Callable[[str], None] | None = None
+) -> list[SmokeResult]:
     """Smoke-run ``presets`` (default: every preset sized for a GPU); every config is loaded first."""
     if budget != "gpu":
-        raise ConfigError("--budget", f"--smoke checks the presets sized for a GPU (a cpu preset is simply run); accepted: gpu, got {budget!r}")
+        raise ConfigError(
+            "--budget",
+            f"--smoke checks the presets sized for a GPU (a cpu preset is simply run); accepted: gpu, got {budget!r}",
+        )
     names = list(presets) or [n for n in preset_names() if load_experiment(n).experiment.budget == "gpu"]
     loaded = [load_experiment(n) for n in names]
     results: list[SmokeResult] = []
@@ -222,15 +267,24 @@ def smoke(presets: Sequence[str] = (), budget: str = "gpu", note: Callable[[str]
             name = experiment.experiment.name
             result = smoke_preset(name, experiment, Path(scratch) / name, cache)
             if note:
-                note(f"{name}: {result.status} in {result.seconds:.1f} s on {result.data or '?'}" + (f" — {result.error}" if result.error else ""))
+                note(
+                    f"{name}: {result.status} in {result.seconds:.1f} s on {result.data or '?'}"
+                    + (f" — {result.error}" if result.error else "")
+                )
             results.append(result)
     return results
 
 
 def summary(results: Sequence[SmokeResult]) -> str:
     """A Markdown table of smoke results, one row per preset."""
-    lines = ["| preset | variants | parameters | data used | paper-scale data | seconds | status |", "| --- | ---: | ---: | --- | --- | ---: | --- |"]
+    lines = [
+        "| preset | variants | parameters | data used | paper-scale data | seconds | status |",
+        "| --- | ---: | ---: | --- | --- | ---: | --- |",
+    ]
     for r in results:
         status = r.status if not r.error else f"{r.status}: {r.error}"
-        lines.append(f"| {r.preset} | {r.variants} | {r.parameters:,} | {r.data} | {r.paper_scale_data} | {r.seconds:.1f} | {status} |")
+        lines.append(
+            f"| {r.preset} | {r.variants} | {r.parameters:,} | {r.data} | {r.paper_scale_data} | {r.seconds:.1f} | "
+            f"{status} |"
+        )
     return "\n".join(lines)

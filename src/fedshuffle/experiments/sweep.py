@@ -68,7 +68,8 @@ MAX_VALUES = 10_000
 
 
 def parse_integers(text: str, option: str, minimum: int = 0, ranges: bool = True, limit: int = MAX_VALUES) -> list[int]:
-    """``"0..4"`` → 0,1,2,3,4 (when ``ranges``); ``"1,3,5"``; ``"7"`` — every value ≥ ``minimum``, at most ``limit`` values."""
+    """``"0..4"`` → 0,1,2,3,4 (when ``ranges``); ``"1,3,5"``; ``"7"`` — every value ≥ ``minimum``, at most ``limit``
+    values."""
     accepted = f"{'a range a..b or ' if ranges else ''}comma-separated integers >= {minimum}"
     try:
         if ranges and ".." in text:
@@ -156,9 +157,12 @@ def parse_grid(items: Sequence[str]) -> list[dict[str, Any]]:
     count = math.prod(len(values) for _, values in axes)
     if count > MAX_POINTS:
         sizes = " × ".join(str(len(values)) for _, values in axes)
-        raise ConfigError("--grid", f"{sizes} = {count} points; a sweep takes at most {MAX_POINTS}: split the grid "
-                                    "over several sweep commands with the same --out (a sweep started again keeps "
-                                    "its finished runs and takes other points)")
+        raise ConfigError(
+            "--grid",
+            f"{sizes} = {count} points; a sweep takes at most {MAX_POINTS}: split the grid "
+            "over several sweep commands with the same --out (a sweep started again keeps "
+            "its finished runs and takes other points)",
+        )
     points = []
     for combo in itertools.product(*(values for _, values in axes)):
         merged: dict[str, dict[str, Any]] = {}
@@ -180,7 +184,8 @@ def _folder_text(point: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def point_name(point: Mapping[str, Mapping[str, Any]]) -> str:
-    """A folder name for a grid point: ``local.lr-0.1_local.clip_norm-10`` (see :func:`~fedshuffle.experiments.folders.folder_name`)."""
+    """A folder name for a grid point: ``local.lr-0.1_local.clip_norm-10`` (see
+    :func:`~fedshuffle.experiments.folders.folder_name`)."""
     return folder_name(_folder_text(point)) if point else ""
 
 
@@ -194,8 +199,12 @@ def variant_folders(experiment: Experiment) -> dict[str, str]:
 
 
 def jobs_for(
-    experiment: Experiment, out_dir: Path, points: Sequence[Mapping[str, Any]], seeds: Sequence[int] | None = None,
-    overrides: Mapping[str, Any] | None = None, variants: Sequence[str] | None = None,
+    experiment: Experiment,
+    out_dir: Path,
+    points: Sequence[Mapping[str, Any]],
+    seeds: Sequence[int] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    variants: Sequence[str] | None = None,
 ) -> list[Job]:
     """Every point × variant (or only the named ``variants``) × seed, validated before anything runs.
 
@@ -225,7 +234,9 @@ def jobs_for(
             if seeds is None:
                 check_seeds(run_seeds, "experiment.seeds")
             for seed in run_seeds:
-                jobs.append(Job(label, dict(point), spec, seed, folder / (folders[label] if label else "") / f"seed-{seed}"))
+                jobs.append(
+                    Job(label, dict(point), spec, seed, folder / (folders[label] if label else "") / f"seed-{seed}")
+                )
     return jobs
 
 
@@ -239,7 +250,9 @@ def _blamed_on_grid(exc: ConfigError, point: Mapping[str, Mapping[str, Any]]) ->
     return exc
 
 
-def merge_overrides(base: Mapping[str, Mapping[str, Any]], update: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def merge_overrides(
+    base: Mapping[str, Mapping[str, Any]], update: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """``base`` with the settings of ``update`` over it, section by section (later ones win)."""
     out = {section: dict(settings) for section, settings in base.items()}
     for section, settings in update.items():
@@ -252,10 +265,26 @@ def merge_overrides(base: Mapping[str, Mapping[str, Any]], update: Mapping[str, 
 UNWRITABLE = "unwritable"  # an outcome whose folder could not be written: the command stops with exit status 4
 
 
-def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Callable[[int], None] | None, adopt: Callable[..., Any] | None = None) -> Outcome:
+def _execute(
+    job: Job,
+    resume: bool,
+    extend: bool,
+    experiment: str,
+    on_round: Callable[[int], None] | None,
+    adopt: Callable[..., Any] | None = None,
+) -> Outcome:
     try:
         result = run_single(
-            job.spec, job.run_dir, job.seed, resume=resume, extend=extend, on_round=on_round, label=job.label, point=job.point, experiment=experiment, adopt=adopt,
+            job.spec,
+            job.run_dir,
+            job.seed,
+            resume=resume,
+            extend=extend,
+            on_round=on_round,
+            label=job.label,
+            point=job.point,
+            experiment=experiment,
+            adopt=adopt,
         )
     except ResultsError as exc:
         return Outcome(job, UNWRITABLE, {}, str(exc))
@@ -264,13 +293,18 @@ def _execute(job: Job, resume: bool, extend: bool, experiment: str, on_round: Ca
     return Outcome(job, result.status, result.final, result.message)
 
 
-def _execute_group(jobs: Sequence[Job], resume: bool, extend: bool, experiment: str, on_rounds: Sequence[Callable[[int], None] | None]) -> list[Outcome]:
+def _execute_group(
+    jobs: Sequence[Job], resume: bool, extend: bool, experiment: str, on_rounds: Sequence[Callable[[int], None] | None]
+) -> list[Outcome]:
     """Run ``jobs``, one job as it is, several as the replicas of one simulation (:mod:`fedshuffle.replicas`)."""
 
     if len(jobs) == 1:
         return [_execute(jobs[0], resume, extend, experiment, on_rounds[0])]
     with sharing_builds():
-        outcomes, _ = run_together(list(zip(jobs, on_rounds)), lambda pair, adopt: _execute(pair[0], resume, extend, experiment, pair[1], adopt))
+        outcomes, _ = run_together(
+            list(zip(jobs, on_rounds)),
+            lambda pair, adopt: _execute(pair[0], resume, extend, experiment, pair[1], adopt),
+        )
     return outcomes
 
 
@@ -286,7 +320,9 @@ def worker_context() -> Any:
     worker has its own PyTorch state (the fork server runs no PyTorch operator), and :func:`_start_worker` gives it
     this process' environment (the fork server keeps that of its own start); its working folder and ``sys.path`` are
     this process' as for a spawned one. The fork server stays for later pools of this process, and ends with it."""
-    if not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():  # macOS: frameworks are not fork-safe
+    if (
+        not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods()
+    ):  # macOS: frameworks are not fork-safe
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
     context.set_forkserver_preload([IGNORE_CTRL_C, PRELOAD])
@@ -330,9 +366,12 @@ def _socket_folder() -> None:
             util.Finalize(None, shutil.rmtree, args=[folder], exitpriority=-100)
             config["tempdir"] = folder
             return
-    raise ConfigError("--workers", f"the temporary folder {tempfile.gettempdir()} is too long for the workers' "
-                                   f"sockets (at most {MAX_SOCKET_DIR} bytes) and none of {', '.join(SHORT_TEMP_DIRS)} "
-                                   "is writable: set TMPDIR to a shorter folder, or run with --workers 1")
+    raise ConfigError(
+        "--workers",
+        f"the temporary folder {tempfile.gettempdir()} is too long for the workers' "
+        f"sockets (at most {MAX_SOCKET_DIR} bytes) and none of {', '.join(SHORT_TEMP_DIRS)} "
+        "is writable: set TMPDIR to a shorter folder, or run with --workers 1",
+    )
 
 
 def _start_fork_server(context: Any) -> None:
@@ -416,12 +455,26 @@ def _script_not_rerun() -> Iterator[None]:
 
 def _parts(spec: RunSpec) -> list[tuple[str, str, object]]:
     """(setting, name, factory) of every registered part a run builds."""
-    chosen = [("method.name", METHODS, spec.method.name), ("problem.name", PROBLEMS, spec.problem.name), ("data.source", SOURCES, spec.data.source),
-              ("data.partition", PARTITIONS, spec.data.partition), ("sampler.name", SAMPLERS, spec.sampler.name), ("server.optimizer", SERVER_OPTIMIZERS, spec.server.optimizer)]
+    chosen = [
+        ("method.name", METHODS, spec.method.name),
+        ("problem.name", PROBLEMS, spec.problem.name),
+        ("data.source", SOURCES, spec.data.source),
+        ("data.partition", PARTITIONS, spec.data.partition),
+        ("sampler.name", SAMPLERS, spec.sampler.name),
+        ("server.optimizer", SERVER_OPTIMIZERS, spec.server.optimizer),
+    ]
     return [(field, name, registry[name].factory) for field, registry, name in chosen]
 
 
-def _worker(jobs: Sequence[Job], resume: bool, extend: bool, experiment: str, progress: Any, indices: Sequence[int], threads: int) -> list[Outcome]:
+def _worker(
+    jobs: Sequence[Job],
+    resume: bool,
+    extend: bool,
+    experiment: str,
+    progress: Any,
+    indices: Sequence[int],
+    threads: int,
+) -> list[Outcome]:
     import torch
 
     torch.set_num_threads(threads)
@@ -444,7 +497,14 @@ def _worker(jobs: Sequence[Job], resume: bool, extend: bool, experiment: str, pr
 
 
 def run_jobs(
-    jobs: Sequence[Job], *, workers: int = 1, resume: bool = True, extend: bool = False, experiment: str = "fedshuffle", show_progress: bool = True, title: str = "",
+    jobs: Sequence[Job],
+    *,
+    workers: int = 1,
+    resume: bool = True,
+    extend: bool = False,
+    experiment: str = "fedshuffle",
+    show_progress: bool = True,
+    title: str = "",
 ) -> list[Outcome]:
     """Run ``jobs`` (in order of the list in the result), ``workers`` at a time, with one progress bar.
 
@@ -456,8 +516,14 @@ def run_jobs(
     way everything written is kept and the jobs resume from their checkpoints.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     check_workers(workers)
     grouped = replica_groups([job.spec for job in jobs])
@@ -469,15 +535,27 @@ def run_jobs(
     outcomes: list[Outcome | None] = [None] * len(jobs)
     total = sum(job.spec.run.rounds for job in jobs)
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console, disable=not show_progress, transient=False,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not show_progress,
+        transient=False,
     ) as progress:
         task = progress.add_task(title or experiment, total=total)
 
         def finished(outcome: Outcome) -> None:
             job = outcome.job
             if outcome.status not in ("complete", UNWRITABLE):
-                console.print(f"[yellow]{job.label or 'run'} seed {job.seed}{' ' + point_name(job.point) if job.point else ''}: {outcome.status}: {outcome.message}", highlight=False, soft_wrap=True)
+                console.print(
+                    f"[yellow]{job.label or 'run'} seed "
+                    f"{job.seed}{' ' + point_name(job.point) if job.point else ''}: {outcome.status}: "
+                    f"{outcome.message}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
 
         for line in (note, unbatched):
             if line:
@@ -485,9 +563,19 @@ def run_jobs(
         if not workers:
             for group in groups:
                 job = jobs[group[0]]
-                progress.update(task, description=f"{title or experiment}: {job.label or 'run'} (seed {job.seed}{f', {len(group)} replicas' if len(group) > 1 else ''})")
+                progress.update(
+                    task,
+                    description=f"{title or experiment}: {job.label or 'run'} (seed "
+                    f"{job.seed}{f', {len(group)} replicas' if len(group) > 1 else ''})",
+                )
                 before = progress.tasks[0].completed
-                done = _execute_group([jobs[k] for k in group], resume, extend, experiment, [lambda n: progress.advance(task, n)] * len(group))
+                done = _execute_group(
+                    [jobs[k] for k in group],
+                    resume,
+                    extend,
+                    experiment,
+                    [lambda n: progress.advance(task, n)] * len(group),
+                )
                 progress.update(task, completed=before + sum(jobs[k].spec.run.rounds for k in group))
                 for k, outcome in zip(group, done):
                     outcomes[k] = outcome
@@ -502,11 +590,19 @@ def run_jobs(
         context = worker_context()
         _start_fork_server(context)
         with _helpers_stopped_on_interrupt(), _script_not_rerun(), context.Manager() as manager:
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(plugins.imported(), dict(os.environ)))
+            pool = ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=context,
+                initializer=_start_worker,
+                initargs=(plugins.imported(), dict(os.environ)),
+            )
             try:
                 ticks = manager.Queue()
                 futures: dict[Future, list[int]] = {
-                    pool.submit(_worker, [jobs[k] for k in group], resume, extend, experiment, ticks, group, threads): group for group in groups
+                    pool.submit(
+                        _worker, [jobs[k] for k in group], resume, extend, experiment, ticks, group, threads
+                    ): group
+                    for group in groups
                 }
                 done_rounds = [0] * len(jobs)
                 pending = set(futures)
@@ -583,19 +679,38 @@ def select_best(outcomes: Iterable[Outcome], metric: str) -> dict[str, dict[str,
         for name, runs in points.items():
             values = [o.final.get(metric) for o in runs]
             ok = all(o.status == "complete" for o in runs) and all(v is not None and math.isfinite(v) for v in values)
-            scores[name] = (float(np.mean(values)), float(np.std(values)), runs[0].job.point) if ok else (math.nan, math.nan, runs[0].job.point)
+            scores[name] = (
+                (float(np.mean(values)), float(np.std(values)), runs[0].job.point)
+                if ok
+                else (math.nan, math.nan, runs[0].job.point)
+            )
         finite = {k: v for k, v in scores.items() if math.isfinite(v[0])}
         if not finite:
-            best[label or "run"] = {"point": None, "metric": metric, "mean": None, "std": None, "candidates": len(scores)}
+            best[label or "run"] = {
+                "point": None,
+                "metric": metric,
+                "mean": None,
+                "std": None,
+                "candidates": len(scores),
+            }
             continue
         name = min(finite, key=lambda k: sign * finite[k][0])
         mean, std, point = finite[name]
-        best[label or "run"] = {"point": point, "folder": name, "metric": metric, "mean": mean, "std": std, "candidates": len(scores),
-                                "at_edge": grid_edges(point, [p for _, _, p in scores.values()])}
+        best[label or "run"] = {
+            "point": point,
+            "folder": name,
+            "metric": metric,
+            "mean": mean,
+            "std": std,
+            "candidates": len(scores),
+            "at_edge": grid_edges(point, [p for _, _, p in scores.values()]),
+        }
     return best
 
 
-def grid_edges(chosen: Mapping[str, Mapping[str, Any]] | None, tried: Sequence[Mapping[str, Mapping[str, Any]] | None]) -> list[str]:
+def grid_edges(
+    chosen: Mapping[str, Mapping[str, Any]] | None, tried: Sequence[Mapping[str, Mapping[str, Any]] | None]
+) -> list[str]:
     """``section.key`` of each numeric setting where ``chosen`` takes the smallest or largest of ≥ 3 values tried."""
     edges = []
     for section, settings in (chosen or {}).items():

@@ -34,7 +34,9 @@ class Target:
             raise ConfigError("--target", f"expected METRIC=VALUE (e.g. test_accuracy=0.95), got {text!r}")
         if name not in metrics.METRICS or metrics.METRICS[name].defaults["kind"] == "cost":
             accepted = metrics.of_kind("model", "method")
-            raise ConfigError("--target", f"unknown metric {name!r}{did_you_mean(name, accepted)}; accepted: {', '.join(accepted)}")
+            raise ConfigError(
+                "--target", f"unknown metric {name!r}{did_you_mean(name, accepted)}; accepted: {', '.join(accepted)}"
+            )
         try:
             number = float(value)
         except ValueError:
@@ -64,13 +66,20 @@ def time_to_target(metric_files: Sequence, target: Target) -> list[dict[str, flo
         if row is None:
             out.append(None)
             continue
-        out.append({"round": float(table["round"][row]), "mib": float(table["mib_up"][row] + table["mib_down"][row]),
-                    "wallclock_seconds": float(table["wallclock_seconds"][row]), "compute_seconds": float(table["compute_seconds"][row])})
+        out.append(
+            {
+                "round": float(table["round"][row]),
+                "mib": float(table["mib_up"][row] + table["mib_down"][row]),
+                "wallclock_seconds": float(table["wallclock_seconds"][row]),
+                "compute_seconds": float(table["compute_seconds"][row]),
+            }
+        )
     return out
 
 
 def target_table(groups: Mapping[str, Sequence], target: Target) -> tuple[list[str], list[list[str]]]:
-    """Columns and one row per group: mean (± std) over the seeds that reached the target of each cost, and how many did."""
+    """Columns and one row per group: mean (± std) over the seeds that reached the target of each cost, and how many
+    did."""
     rows = []
     for name, files in groups.items():
         hits = time_to_target(files, target)
@@ -81,4 +90,11 @@ def target_table(groups: Mapping[str, Sequence], target: Target) -> tuple[list[s
             spread = f" ± {np.std(values):.2g}" if len(values) > 1 else ""
             cells.append(f"{np.mean(values):.4g}{spread}" if values else "—")
         rows.append([name, *cells, f"{len(reached)} of {len(hits)}"])
-    return ["variant", f"rounds to {target.metric} = {target.value:g}", "MiB per worker (up + down)", "wall-clock (s)", "computation (s)", "reached"], rows
+    return [
+        "variant",
+        f"rounds to {target.metric} = {target.value:g}",
+        "MiB per worker (up + down)",
+        "wall-clock (s)",
+        "computation (s)",
+        "reached",
+    ], rows

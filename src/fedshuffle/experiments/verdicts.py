@@ -44,7 +44,8 @@ COLUMNS = (*VERDICTS, NOT_MEASURED, NOT_REPRODUCIBLE, NOT_RUN, NOT_RECHECKED)
 @dataclass(frozen=True)
 class ClaimResult:
     """One row of the report. ``fractions``: an ordering's verdict as if the runs had stopped at 25 %, 50 %, 100 %;
-    ``flips``: where its arms' mean curves change order; ``readings``: each reading's verdict, for a claim read two ways."""
+    ``flips``: where its arms' mean curves change order; ``readings``: each reading's verdict, for a claim read two
+    ways."""
 
     preset: str
     paper: str

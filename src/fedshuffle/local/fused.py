@@ -45,8 +45,10 @@ except ImportError:  # the optional dependency: without it the torch loop runs
     numba = None
 
 QUADRATIC, LOGISTIC, SOFTMAX, MULTILAYER = 0, 1, 2, 3
-#: the largest MLP step (parameters × minibatch rows) run here, a cut between the shapes benchmarks/mlp_loop.py measures:
-#: 2.3·10⁴ (FedCDR's Synthetic MLP, 0.21–0.29× the torch loop's time), 10⁶ (FEMNIST's, 0.49–1.17×), 10⁷ (the 2NN, 1.3–2.5×)
+#: the largest MLP step (parameters × minibatch rows) run here, a cut between the shapes benchmarks/mlp_loop.py
+#: measures:
+#: 2.3·10⁴ (FedCDR's Synthetic MLP, 0.21–0.29× the torch loop's time), 10⁶ (FEMNIST's, 0.49–1.17×), 10⁷ (the 2NN,
+#: 1.3–2.5×)
 MLP_STEP_LIMIT = 1 << 17
 CLIP, DECAY, DRIFT, DRIFT_CORRECTED, PROX, OFFSET, MOMENTUM = range(7)
 
@@ -86,14 +88,24 @@ def chain_code(chain: StepChain, dim: int) -> tuple[np.ndarray, np.ndarray, np.n
             ops.append(MOMENTUM), values.append(t.rho)
         else:
             return None
-    return np.asarray(ops, dtype=np.int64), np.asarray(values, dtype=np.float64), np.ascontiguousarray(momentum, dtype=np.float64)
+    return (
+        np.asarray(ops, dtype=np.int64),
+        np.asarray(values, dtype=np.float64),
+        np.ascontiguousarray(momentum, dtype=np.float64),
+    )
 
 
 def usable(problem, features: torch.Tensor, work) -> bool:
     """Whether this backend can run ``work``: numba installed, the CPU, a known problem and chain, float64 (a small MLP:
     float32 too, one step at most :data:`MLP_STEP_LIMIT` parameters × rows)."""
     start, code = work.start, problem_code(problem)
-    if numba is None or code is None or start.device.type != "cpu" or features.dtype != start.dtype or problem.stochastic:
+    if (
+        numba is None
+        or code is None
+        or start.device.type != "cpu"
+        or features.dtype != start.dtype
+        or problem.stochastic
+    ):
         return False
     if code[0] == MULTILAYER:
         batch = int(CohortPlan.of(work.plans).widths.max())
@@ -108,12 +120,19 @@ def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Te
     plans = CohortPlan.of(work.plans)
     kind, l2, widths = problem_code(problem)
     ops, values, momentum = chain_code(work.chain, work.start.shape[-1])
-    # writable int64/float64 copies only where needed (arrays a worker received zero-copy are read-only: another numba specialization)
-    rows, row_starts, row_widths, steps = (np.require(a, np.int64, ["C", "W"]) for a in (plans.rows, plans.row_starts, plans.widths, plans.steps))
+    # writable int64/float64 copies only where needed (arrays a worker received zero-copy are read-only: another numba
+    # specialization)
+    rows, row_starts, row_widths, steps = (
+        np.require(a, np.int64, ["C", "W"]) for a in (plans.rows, plans.row_starts, plans.widths, plans.steps)
+    )
     batch = int(row_widths.max())
     starts = work.rows("start").detach().cpu().numpy()
     centers = starts if work.center is None else np.ascontiguousarray(work.rows("center").detach().cpu().numpy())
-    offsets = np.zeros((1, starts.shape[1]), dtype=starts.dtype) if work.offset is None else np.ascontiguousarray(work.rows("offset").detach().cpu().numpy())
+    offsets = (
+        np.zeros((1, starts.shape[1]), dtype=starts.dtype)
+        if work.offset is None
+        else np.ascontiguousarray(work.rows("offset").detach().cpu().numpy())
+    )
     lrs = np.require(plans.lrs, np.float64, ["C", "W"])
     x = features.detach().cpu().numpy().reshape(features.shape[0], -1)
     lab = labels.detach().cpu().numpy()
@@ -125,9 +144,47 @@ def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Te
     scratch = np.empty(shape, dtype=ys.dtype)
     centers, x = np.ascontiguousarray(centers), np.ascontiguousarray(x)
     if kind == MULTILAYER:
-        _mlp_loop(l2, widths, ys, centers, offsets, work.offset is not None, x, int_labels, rows, row_starts, row_widths, steps, lrs, ops, values, momentum, scratch)
+        _mlp_loop(
+            l2,
+            widths,
+            ys,
+            centers,
+            offsets,
+            work.offset is not None,
+            x,
+            int_labels,
+            rows,
+            row_starts,
+            row_widths,
+            steps,
+            lrs,
+            ops,
+            values,
+            momentum,
+            scratch,
+        )
     else:
-        _loop(kind, l2, widths, ys, centers, offsets, work.offset is not None, x, float_labels, int_labels, rows, row_starts, row_widths, steps, lrs, ops, values, momentum, scratch)
+        _loop(
+            kind,
+            l2,
+            widths,
+            ys,
+            centers,
+            offsets,
+            work.offset is not None,
+            x,
+            float_labels,
+            int_labels,
+            rows,
+            row_starts,
+            row_widths,
+            steps,
+            lrs,
+            ops,
+            values,
+            momentum,
+            scratch,
+        )
     return work.rows("start") - torch.from_numpy(ys).to(work.start.device)
 
 
@@ -213,8 +270,10 @@ def _gradient(kind, l2, widths, y, x, float_labels, int_labels, rows, g, scratch
 
 @_jit(fastmath=REASSOCIATE)
 def _mlp_gradient(l2, widths, y, x, int_labels, rows, g, scratch):
-    """The MLP's Σ_b v_b ∇CE(y; a_b) (as :meth:`MLP.batched_gradient`): h_{k+1} = relu(h_k W_k + c_k), logits h_L W_L + c_L;
-    δ = v ⊙ (softmax − onehot), ∂W_k = h_kᵀδ, ∂c_k = Σ_b δ_b, δ ← (δ W_kᵀ) ⊙ [h_k > 0]. W_k is (in × out) row-major, then c_k,
+    """The MLP's Σ_b v_b ∇CE(y; a_b) (as :meth:`MLP.batched_gradient`): h_{k+1} = relu(h_k W_k + c_k), logits h_L W_L +
+    c_L;
+    δ = v ⊙ (softmax − onehot), ∂W_k = h_kᵀδ, ∂c_k = Σ_b δ_b, δ ← (δ W_kᵀ) ⊙ [h_k > 0]. W_k is (in × out) row-major,
+    then c_k,
     layer after layer in the flat vector; the regularizer adds λ(Σv)y. ``scratch`` (L + 3, B · max width): row k holds
     layer k's activations h_k (B × width, the real rows only), the last two δ and its back-propagated successor."""
     layers = widths.shape[0] - 1
@@ -233,7 +292,8 @@ def _mlp_gradient(l2, widths, y, x, int_labels, rows, g, scratch):
     par = 0
     for k in range(layers):  # forward
         fan_in, fan_out = widths[k], widths[k + 1]
-        weights, bias = y[par : par + fan_in * fan_out].reshape(fan_in, fan_out), y[par + fan_in * fan_out : par + fan_in * fan_out + fan_out]
+        weights = y[par : par + fan_in * fan_out].reshape(fan_in, fan_out)
+        bias = y[par + fan_in * fan_out : par + fan_in * fan_out + fan_out]
         h, z = scratch[k, : m * fan_in].reshape(m, fan_in), scratch[k + 1, : m * fan_out].reshape(m, fan_out)
         for b in range(m):
             for o in range(fan_out):
@@ -267,7 +327,8 @@ def _mlp_gradient(l2, widths, y, x, int_labels, rows, g, scratch):
         fan_in, fan_out = widths[k], widths[k + 1]
         par -= fan_in * fan_out + fan_out
         weights = y[par : par + fan_in * fan_out].reshape(fan_in, fan_out)
-        grad_weights, grad_bias = g[par : par + fan_in * fan_out].reshape(fan_in, fan_out), g[par + fan_in * fan_out : par + fan_in * fan_out + fan_out]
+        grad_weights = g[par : par + fan_in * fan_out].reshape(fan_in, fan_out)
+        grad_bias = g[par + fan_in * fan_out : par + fan_in * fan_out + fan_out]
         h, d = scratch[k, : m * fan_in].reshape(m, fan_in), scratch[delta, : m * fan_out].reshape(m, fan_out)
         for b in range(m):
             for o in range(fan_out):
@@ -293,7 +354,27 @@ def _mlp_gradient(l2, widths, y, x, int_labels, rows, g, scratch):
 
 
 @_jit
-def _loop(kind, l2, widths, ys, centers, offsets, has_offset, x, float_labels, int_labels, rows, row_starts, row_widths, steps, lrs, ops, values, momentum, scratch):
+def _loop(
+    kind,
+    l2,
+    widths,
+    ys,
+    centers,
+    offsets,
+    has_offset,
+    x,
+    float_labels,
+    int_labels,
+    rows,
+    row_starts,
+    row_widths,
+    steps,
+    lrs,
+    ops,
+    values,
+    momentum,
+    scratch,
+):
     """Every member's steps on a linear problem: the minibatch gradient (and at the center, for a corrected drift), then
     :func:`_step`; plain SGD on the quadratic or logistic problem as :func:`_sgd_step`. Member c's step t uses the
     ``row_widths[c]`` sample rows at ``rows[row_starts[c] + t·row_widths[c]:]`` (−1: padding)."""
@@ -348,7 +429,25 @@ def _sgd_step(kind, l2, y, x, float_labels, rows, lr, coefs):
 
 
 @_jit
-def _mlp_loop(l2, widths, ys, centers, offsets, has_offset, x, int_labels, rows, row_starts, row_widths, steps, lrs, ops, values, momentum, scratch):
+def _mlp_loop(
+    l2,
+    widths,
+    ys,
+    centers,
+    offsets,
+    has_offset,
+    x,
+    int_labels,
+    rows,
+    row_starts,
+    row_widths,
+    steps,
+    lrs,
+    ops,
+    values,
+    momentum,
+    scratch,
+):
     """:func:`_loop` for the MLP (compiled apart, so that neither problem family pays for compiling the other)."""
     g, gx, velocity = np.empty_like(ys[0]), np.empty_like(ys[0]), np.empty_like(ys[0])
     corrected = _corrected(ops)
@@ -413,4 +512,3 @@ def _step(ops, values, momentum, g, gx, velocity, y, center, offset, has_offset,
                 g[j] = velocity[j]
     for j in range(d):
         y[j] -= lr * g[j]
-

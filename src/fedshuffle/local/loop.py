@@ -6,7 +6,8 @@ with per-row weights (1/n on real rows, 0 on the padding of a short batch), the 
 :meth:`Problem.local_gradient`, the :class:`~fedshuffle.local.steps.StepChain` turns them into
 moves, and y ← y − η_i·d. With an empty chain (plain SGD) the step is the problem's own
 :meth:`Problem.descend`, the same y ← y − η_i·g done in place (a module updates its parameters
-piece by piece, as a hand-written PyTorch loop does). One client (C = 1) is the sequential reference; every executor runs this
+piece by piece, as a hand-written PyTorch loop does). One client (C = 1) is the sequential reference; every executor
+runs this
 function, so they all do the same arithmetic.
 """
 
@@ -50,13 +51,18 @@ class LocalWork:
     def subset(self, members: Sequence[int], plans: Sequence[ClientPlan] | None = None) -> LocalWork:
         """The work of the given members (in that order), optionally with their plans replaced."""
         index = torch.as_tensor(np.asarray(members, dtype=np.int64), device=self.start.device)
-        pick = {k: (v if v is None or v.dim() == 1 else v.index_select(0, index)) for k, v in (("start", self.start), ("center", self.center), ("offset", self.offset))}
+        pick = {
+            k: (v if v is None or v.dim() == 1 else v.index_select(0, index))
+            for k, v in (("start", self.start), ("center", self.center), ("offset", self.offset))
+        }
         if plans is None:
             plans = self.plans.take(members) if isinstance(self.plans, CohortPlan) else [self.plans[i] for i in members]
         return replace(self, plans=plans, **pick)
 
 
-def run_local(problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork, compiled: bool = False) -> torch.Tensor:
+def run_local(
+    problem: Problem, features: torch.Tensor, labels: torch.Tensor, work: LocalWork, compiled: bool = False
+) -> torch.Tensor:
     """Δ_i = s_i − y_{τ_i} of every member, stacked ``(C, d)`` in the order of ``work.plans``.
 
     ``compiled``: run the whole work as one compiled loop (:mod:`fedshuffle.local.fused`) where that

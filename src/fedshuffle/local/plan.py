@@ -41,15 +41,21 @@ def _epoch_range(epochs: int | Sequence[int]) -> int | Sequence[int]:
 
 
 def _flattened(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Members' ``(steps, width)`` minibatch rows as one flat array, member after member, with each member's start and width."""
+    """Members' ``(steps, width)`` minibatch rows as one flat array, member after member, with each member's start
+    and width."""
     shapes = np.array([b.shape for b in batches], dtype=np.int64).reshape(len(batches), 2)
     sizes = shapes[:, 0] * shapes[:, 1]
-    rows = np.concatenate([b.ravel() for b in batches]).astype(np.int64, copy=False) if len(batches) else np.zeros(0, dtype=np.int64)
+    rows = (
+        np.concatenate([b.ravel() for b in batches]).astype(np.int64, copy=False)
+        if len(batches)
+        else np.zeros(0, dtype=np.int64)
+    )
     return rows, np.cumsum(sizes) - sizes, shapes[:, 1].copy()
 
 
 def _key_rows(keys: Sequence[tuple[int, ...]]) -> np.ndarray:
-    """Stream keys (seed, round, client, occurrence) as a ``(C, 4)`` array of Python integers (a seed may exceed 64 bits)."""
+    """Stream keys (seed, round, client, occurrence) as a ``(C, 4)`` array of Python integers (a seed may exceed 64
+    bits)."""
     rows = np.empty((len(keys), 4), dtype=object)
     for c, key in enumerate(keys):
         rows[c] = key
@@ -72,7 +78,13 @@ def local_settings() -> Entry:
     check them with the same declarations."""
     global _SETTINGS
     if _SETTINGS is None:
-        _SETTINGS = Entry("local", LocalPlanner, "plans the clients' local work", settings=settings_model("local", LocalPlanner, runtime=()), noun="local planner")
+        _SETTINGS = Entry(
+            "local",
+            LocalPlanner,
+            "plans the clients' local work",
+            settings=settings_model("local", LocalPlanner, runtime=()),
+            noun="local planner",
+        )
     return _SETTINGS
 
 
@@ -110,8 +122,10 @@ class ClientPlan:
 class CohortPlan(Sequence[ClientPlan]):
     """Every member's plan of one round as columns, the form :meth:`LocalPlanner.plan` returns.
 
-    Member c (client ``clients[c]``) runs ``steps[c]`` steps on the minibatch rows ``rows[row_starts[c] : row_starts[c] +
-    steps[c]·widths[c]]`` read as ``(steps[c], widths[c])``; ``keys[c]`` is its (seed, round, client, occurrence), Python
+    Member c (client ``clients[c]``) runs ``steps[c]`` steps on the minibatch rows ``rows[row_starts[c] : row_starts[c]
+    +
+    steps[c]·widths[c]]`` read as ``(steps[c], widths[c])``; ``keys[c]`` is its (seed, round, client, occurrence),
+    Python
     integers (a seed may exceed 64 bits). It is a sequence of
     :class:`ClientPlan` (made on indexing), and :meth:`take` selects members without copying their rows: executors and
     the aggregation read the columns, so a cohort of many small clients costs no Python object per member there.
@@ -134,22 +148,40 @@ class CohortPlan(Sequence[ClientPlan]):
             return plans
         rows, row_starts, widths = _flattened([p.batches for p in plans])
         return cls(
-            np.array([p.client for p in plans], dtype=np.int64), rows, row_starts, np.array([p.steps for p in plans], dtype=np.int64), widths,
-            np.array([p.lr for p in plans], dtype=np.float64), np.array([p.planned_steps for p in plans], dtype=np.int64),
-            np.array([p.a_l1 for p in plans], dtype=np.float64), _key_rows([p.key for p in plans]),
+            np.array([p.client for p in plans], dtype=np.int64),
+            rows,
+            row_starts,
+            np.array([p.steps for p in plans], dtype=np.int64),
+            widths,
+            np.array([p.lr for p in plans], dtype=np.float64),
+            np.array([p.planned_steps for p in plans], dtype=np.int64),
+            np.array([p.a_l1 for p in plans], dtype=np.float64),
+            _key_rows([p.key for p in plans]),
         )
 
     def batches(self, c: int) -> np.ndarray:
-        """Member c's minibatch rows ``(steps[c], widths[c])``: a read-only view of the round's rows, which other members' plans share."""
+        """Member c's minibatch rows ``(steps[c], widths[c])``: a read-only view of the round's rows, which other
+        members' plans share."""
         start, steps, width = int(self.row_starts[c]), int(self.steps[c]), int(self.widths[c])
         view = self.rows[start : start + steps * width].reshape(steps, width)
         view.flags.writeable = False
         return view
 
     def __reduce__(self):
-        """Pickled (to a worker process) with its own members' rows only, not the whole round's that :meth:`take` shares."""
+        """Pickled (to a worker process) with its own members' rows only, not the whole round's that :meth:`take`
+        shares."""
         rows, row_starts, _ = _flattened([self.batches(c) for c in range(len(self))])
-        return CohortPlan, (self.clients, rows, row_starts, self.steps, self.widths, self.lrs, self.planned_steps, self.a_l1, self.keys)
+        return CohortPlan, (
+            self.clients,
+            rows,
+            row_starts,
+            self.steps,
+            self.widths,
+            self.lrs,
+            self.planned_steps,
+            self.a_l1,
+            self.keys,
+        )
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -159,7 +191,14 @@ class CohortPlan(Sequence[ClientPlan]):
         if isinstance(index, slice):
             return self.take(np.arange(len(self))[index])
         c = range(len(self))[index]
-        return ClientPlan(int(self.clients[c]), self.batches(c), float(self.lrs[c]), int(self.planned_steps[c]), float(self.a_l1[c]), tuple(self.keys[c].tolist()))
+        return ClientPlan(
+            int(self.clients[c]),
+            self.batches(c),
+            float(self.lrs[c]),
+            int(self.planned_steps[c]),
+            float(self.a_l1[c]),
+            tuple(self.keys[c].tolist()),
+        )
 
     @staticmethod
     def joined(parts: Sequence[Sequence[ClientPlan]]) -> CohortPlan:
@@ -167,15 +206,29 @@ class CohortPlan(Sequence[ClientPlan]):
         columns = [CohortPlan.of(part) for part in parts]
         shifts = np.cumsum([0] + [len(c.rows) for c in columns[:-1]])
         return CohortPlan(
-            np.concatenate([c.clients for c in columns]), np.concatenate([c.rows for c in columns]),
+            np.concatenate([c.clients for c in columns]),
+            np.concatenate([c.rows for c in columns]),
             np.concatenate([c.row_starts + shift for c, shift in zip(columns, shifts.tolist())]),
-            *(np.concatenate([getattr(c, name) for c in columns]) for name in ("steps", "widths", "lrs", "planned_steps", "a_l1", "keys")),
+            *(
+                np.concatenate([getattr(c, name) for c in columns])
+                for name in ("steps", "widths", "lrs", "planned_steps", "a_l1", "keys")
+            ),
         )
 
     def take(self, members: Sequence[int] | np.ndarray) -> CohortPlan:
         """The plans of ``members`` (positions, in that order), on the same ``rows``."""
         m = np.asarray(members, dtype=np.int64)
-        return CohortPlan(self.clients[m], self.rows, self.row_starts[m], self.steps[m], self.widths[m], self.lrs[m], self.planned_steps[m], self.a_l1[m], self.keys[m])
+        return CohortPlan(
+            self.clients[m],
+            self.rows,
+            self.row_starts[m],
+            self.steps[m],
+            self.widths[m],
+            self.lrs[m],
+            self.planned_steps[m],
+            self.a_l1[m],
+            self.keys[m],
+        )
 
     @property
     def sample_gradients(self) -> int:
@@ -269,33 +322,56 @@ class LocalPlanner:
     """
 
     lr: Annotated[float, Field(gt=0, description="local step size η_l")]
-    epochs: Annotated[PositiveInt | Annotated[Sequence[PositiveInt], Field(min_length=2, max_length=2)], AfterValidator(_epoch_range), Field(description="E local epochs, or [a, b] drawn uniformly per client and round")] = 1
-    steps: Annotated[PositiveInt | Literal[STEP_MODES] | None, Field(description="K local steps instead of epochs; 'min'/'mean' over the cohort")] = None
-    order: Annotated[Literal[ORDERS], Field(description="minibatch order: reshuffle (RR), shuffle_once (SO) or with_replacement")] = "reshuffle"
+    epochs: Annotated[
+        PositiveInt | Annotated[Sequence[PositiveInt], Field(min_length=2, max_length=2)],
+        AfterValidator(_epoch_range),
+        Field(description="E local epochs, or [a, b] drawn uniformly per client and round"),
+    ] = 1
+    steps: Annotated[
+        PositiveInt | Literal[STEP_MODES] | None,
+        Field(description="K local steps instead of epochs; 'min'/'mean' over the cohort"),
+    ] = None
+    order: Annotated[
+        Literal[ORDERS], Field(description="minibatch order: reshuffle (RR), shuffle_once (SO) or with_replacement")
+    ] = "reshuffle"
     batch_size: Annotated[int, Field(ge=1, description="B; an epoch is ⌈|D_i|/B⌉ steps")] = 1
-    step_normalization: Annotated[Literal[STEP_NORMALIZATIONS] | Sequence[PositiveFloat], Field(description="c_i in η_i = η_l/c_i, or one value per client")] = "none"
+    step_normalization: Annotated[
+        Literal[STEP_NORMALIZATIONS] | Sequence[PositiveFloat],
+        Field(description="c_i in η_i = η_l/c_i, or one value per client"),
+    ] = "none"
     weight_decay: Annotated[float, Field(ge=0, description="λ of the weight decay step")] = 0.0
-    clip_norm: Annotated[PositiveFloat | None, Field(description="the clipping norm of every local step (none: no clipping)")] = None
+    clip_norm: Annotated[
+        PositiveFloat | None, Field(description="the clipping norm of every local step (none: no clipping)")
+    ] = None
     momentum: Annotated[float, Field(ge=0, lt=1, description="local heavy-ball ρ")] = 0.0
     prox_mu: Annotated[float, Field(ge=0, description="FedProx's μ")] = 0.0
     drop_last_steps: Annotated[int, Field(ge=0, description="every client leaves its last k steps undone")] = 0
-    straggler_probability: Annotated[float, Field(ge=0, le=1, description="a client completes only U{1..τ_i} steps with this probability")] = 0.0
-    epoch_batches: Annotated[PositiveInt | None, Field(description="instead of batch_size: exactly K nearly equal minibatches per epoch")] = None
+    straggler_probability: Annotated[
+        float, Field(ge=0, le=1, description="a client completes only U{1..τ_i} steps with this probability")
+    ] = 0.0
+    epoch_batches: Annotated[
+        PositiveInt | None, Field(description="instead of batch_size: exactly K nearly equal minibatches per epoch")
+    ] = None
     _epoch_range: tuple[int, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        checked = local_settings().check({f: getattr(self, f) for f in local_settings().setting_names()})  # the declarations above, once
+        checked = local_settings().check(
+            {f: getattr(self, f) for f in local_settings().setting_names()}
+        )  # the declarations above, once
         for name, value in checked.items():
             object.__setattr__(self, name, value)
         if self.momentum and self.prox_mu:
-            raise ConfigError("momentum", "local momentum together with a proximal term is not supported (no FedNova normalizer)")
+            raise ConfigError(
+                "momentum", "local momentum together with a proximal term is not supported (no FedNova normalizer)"
+            )
         rng = (self.epochs, self.epochs) if isinstance(self.epochs, int) else tuple(self.epochs)
         object.__setattr__(self, "_epoch_range", (int(rng[0]), int(rng[1])))
 
     # -- local work ------------------------------------------------------------------------------
 
     def epoch_steps(self, size: int | np.ndarray) -> int | np.ndarray:
-        """Steps in one epoch: ⌈|D_i|/B⌉, or K with ``epoch_batches`` (a Python int for an int size: planning calls it per client)."""
+        """Steps in one epoch: ⌈|D_i|/B⌉, or K with ``epoch_batches`` (a Python int for an int size: planning calls
+        it per client)."""
         if isinstance(size, int):
             return -(-size // self.batch_size) if self.epoch_batches is None else self.epoch_batches
         if self.epoch_batches is not None:
@@ -306,7 +382,10 @@ class LocalPlanner:
         """Samples in the largest minibatch of a client with ``size`` samples."""
         if self.epoch_batches is not None:
             if self.epoch_batches > size:
-                raise ConfigError("epoch_batches", f"{self.epoch_batches} minibatches per epoch need at least as many samples; a client has {size}")
+                raise ConfigError(
+                    "epoch_batches",
+                    f"{self.epoch_batches} minibatches per epoch need at least as many samples; a client has {size}",
+                )
             return -(-size // self.epoch_batches)
         return min(self.batch_size, size)
 
@@ -360,7 +439,9 @@ class LocalPlanner:
         low, high = self._epoch_range
         total = np.zeros(len(sizes))
         for epochs in range(low, high + 1):
-            planned = np.full(len(sizes), self.steps) if isinstance(self.steps, int) else epochs * self.epoch_steps(sizes)
+            planned = (
+                np.full(len(sizes), self.steps) if isinstance(self.steps, int) else epochs * self.epoch_steps(sizes)
+            )
             c = self.normalizations(planned, clients, sizes)
             total += np.array([chain.a_l1(int(t), self.lr / ci) for t, ci in zip(planned, c)]) / c
         return total / (high - low + 1)
@@ -368,7 +449,13 @@ class LocalPlanner:
     # -- planning --------------------------------------------------------------------------------
 
     def plan(
-        self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, lr_scale: float = 1.0, sizes: np.ndarray | None = None,
+        self,
+        client_indices: Sequence[np.ndarray],
+        cohort: np.ndarray,
+        round_index: int,
+        seed: int,
+        lr_scale: float = 1.0,
+        sizes: np.ndarray | None = None,
         shared: SharedDraws | None = None,
     ) -> CohortPlan:
         """Plans for every member of ``cohort`` (a repeated client gets independent runs); η_i = lr_scale·η_l/c_i.
@@ -384,21 +471,46 @@ class LocalPlanner:
         if shared is None:
             drawn = self._draw(client_indices, cohort, round_index, seed, sizes)
         else:
-            drawn = shared.get((self._drawing(), seed, round_index, cohort.tobytes()), lambda: self._draw(client_indices, cohort, round_index, seed, sizes))
-        lrs = (self.lr * lr_scale / self.normalizations(drawn.planned_steps, cohort, sizes)).astype(np.float64, copy=False)
+            drawn = shared.get(
+                (self._drawing(), seed, round_index, cohort.tobytes()),
+                lambda: self._draw(client_indices, cohort, round_index, seed, sizes),
+            )
+        lrs = (self.lr * lr_scale / self.normalizations(drawn.planned_steps, cohort, sizes)).astype(
+            np.float64, copy=False
+        )
         chain = self.chain()
-        a_l1 = np.array([chain.a_l1(n, lr) for n, lr in zip(drawn.steps.tolist(), lrs.tolist())]) if chain.transforms else drawn.steps.astype(np.float64)
-        return CohortPlan(cohort, drawn.rows, drawn.row_starts, drawn.steps, drawn.widths, lrs, drawn.planned_steps, a_l1, drawn.keys)
+        a_l1 = (
+            np.array([chain.a_l1(n, lr) for n, lr in zip(drawn.steps.tolist(), lrs.tolist())])
+            if chain.transforms
+            else drawn.steps.astype(np.float64)
+        )
+        return CohortPlan(
+            cohort, drawn.rows, drawn.row_starts, drawn.steps, drawn.widths, lrs, drawn.planned_steps, a_l1, drawn.keys
+        )
 
     def _drawing(self) -> tuple[object, ...]:
         """The settings that decide a round's draws (:meth:`_draw`): all but the step sizes."""
-        return self.order, self.batch_size, self.epoch_batches, self._epoch_range, self.steps, self.drop_last_steps, self.straggler_probability
+        return (
+            self.order,
+            self.batch_size,
+            self.epoch_batches,
+            self._epoch_range,
+            self.steps,
+            self.drop_last_steps,
+            self.straggler_probability,
+        )
 
-    def _draw(self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, sizes: np.ndarray) -> Draws:
+    def _draw(
+        self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, round_index: int, seed: int, sizes: np.ndarray
+    ) -> Draws:
         """What the run's streams decide of a round's plans: each member's epochs, planned and completed steps, and
         minibatch rows."""
         low, high = self._epoch_range
-        epochs = np.full(len(cohort), low) if low == high else np.array([self.draw_epochs(int(i), round_index, seed) for i in cohort])
+        epochs = (
+            np.full(len(cohort), low)
+            if low == high
+            else np.array([self.draw_epochs(int(i), round_index, seed) for i in cohort])
+        )
         epoch_based = epochs * self.epoch_steps(sizes[cohort])
         if self.steps is None:
             planned = epoch_based
@@ -410,16 +522,28 @@ class LocalPlanner:
             planned = np.full(len(cohort), self.steps)
         planned = planned.astype(np.int64, copy=False)
         width = self.batch_width(int(np.max(sizes[cohort])))
-        limits.check_fits(4 * limits.array_bytes(float(np.sum(planned)), width), "local.steps" if isinstance(self.steps, int) else "local.epochs", "one round's minibatch plans")
+        limits.check_fits(
+            4 * limits.array_bytes(float(np.sum(planned)), width),
+            "local.steps" if isinstance(self.steps, int) else "local.epochs",
+            "one round's minibatch plans",
+        )
         occurrences = _occurrences(cohort)
-        stream_keys = np.stack([np.full(len(cohort), round_index), cohort, occurrences], axis=1)  # (round, client, occurrence)
+        stream_keys = np.stack(
+            [np.full(len(cohort), round_index), cohort, occurrences], axis=1
+        )  # (round, client, occurrence)
         rows, row_starts, widths = self._cohort_batches(client_indices, cohort, planned, stream_keys, sizes, seed)
         done = self._completed_steps(planned, stream_keys.tolist(), seed)
         keys = _key_rows([(seed, round_index, i, k) for i, k in zip(cohort.tolist(), occurrences)])
         return Draws(rows, row_starts, widths, planned, done, keys)
 
     def _cohort_batches(
-        self, client_indices: Sequence[np.ndarray], cohort: np.ndarray, planned: np.ndarray, keys: np.ndarray, sizes: np.ndarray, seed: int
+        self,
+        client_indices: Sequence[np.ndarray],
+        cohort: np.ndarray,
+        planned: np.ndarray,
+        keys: np.ndarray,
+        sizes: np.ndarray,
+        seed: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every member's τ_i minibatches as ``(rows, row_starts, widths)`` of a :class:`CohortPlan`.
 
@@ -429,23 +553,43 @@ class LocalPlanner:
         cut into minibatches: B rows each, the last one of an epoch padded with −1 to B; or, with ``epoch_batches``, K
         nearly equal parts."""
         if self.order == "with_replacement":
-            return _flattened([self._with_replacement(client_indices[i], tau, rng) for i, tau, rng in zip(cohort.tolist(), planned.tolist(), generators(seed, Stream.DATA_ORDER, keys))])
+            return _flattened(
+                [
+                    self._with_replacement(client_indices[i], tau, rng)
+                    for i, tau, rng in zip(cohort.tolist(), planned.tolist(), generators(seed, Stream.DATA_ORDER, keys))
+                ]
+            )
         counts = sizes[cohort].astype(np.int64)
         epochs_run = -(-planned // self.epoch_steps(counts))
         run = counts * epochs_run  # the samples of the epochs each member starts
-        limits.check_fits(10 * limits.array_bytes(float(run.sum())), "local.epochs" if self.steps is None else "local.steps", "one round's epoch permutations")
-        within = np.arange(int(run.sum())) - np.repeat(np.cumsum(run) - run, run)  # a sample's place in its member's epochs
+        limits.check_fits(
+            10 * limits.array_bytes(float(run.sum())),
+            "local.epochs" if self.steps is None else "local.steps",
+            "one round's epoch permutations",
+        )
+        within = np.arange(int(run.sum())) - np.repeat(
+            np.cumsum(run) - run, run
+        )  # a sample's place in its member's epochs
         size = np.repeat(counts, run)
         epoch, place = within // size, within % size
         member_starts = np.repeat(np.cumsum(counts) - counts, run)
         if self.order == "reshuffle":
             orders = permutations(seed, Stream.DATA_ORDER, keys, counts, epochs_run)
         else:
-            orders = permutations(seed, Stream.SHUFFLE_ONCE, cohort[:, None], counts, np.ones_like(counts))[member_starts + place]
-        samples = np.concatenate([client_indices[i] for i in cohort.tolist()])[member_starts + orders].astype(np.int64, copy=False)
+            orders = permutations(seed, Stream.SHUFFLE_ONCE, cohort[:, None], counts, np.ones_like(counts))[
+                member_starts + place
+            ]
+        samples = np.concatenate([client_indices[i] for i in cohort.tolist()])[member_starts + orders].astype(
+            np.int64, copy=False
+        )
         if self.epoch_batches is not None:
             ends = np.cumsum(run).tolist()
-            return _flattened([self._parts(samples[end - n * r : end].reshape(r, n), tau) for tau, end, n, r in zip(planned.tolist(), ends, counts.tolist(), epochs_run.tolist())])
+            return _flattened(
+                [
+                    self._parts(samples[end - n * r : end].reshape(r, n), tau)
+                    for tau, end, n, r in zip(planned.tolist(), ends, counts.tolist(), epochs_run.tolist())
+                ]
+            )
         widths = np.minimum(self.batch_size, counts)
         padded = -(-counts // widths) * widths  # an epoch's ⌈n/B⌉ minibatches of B rows
         starts = np.cumsum(padded * epochs_run) - padded * epochs_run
@@ -455,8 +599,15 @@ class LocalPlanner:
 
     def _with_replacement(self, rows: np.ndarray, steps: int, rng: np.random.Generator) -> np.ndarray:
         """One member's ``(steps, width)`` minibatch rows, each step's drawn without replacement within the step."""
-        n, b = len(rows), self.batch_width(len(rows))  # a batch beyond the client's data is all of it: no padding columns
-        picks = np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)]) if b < n else np.tile(np.arange(n), (steps, 1))
+        n, b = (
+            len(rows),
+            self.batch_width(len(rows)),
+        )  # a batch beyond the client's data is all of it: no padding columns
+        picks = (
+            np.stack([rng.choice(n, size=b, replace=False) for _ in range(steps)])
+            if b < n
+            else np.tile(np.arange(n), (steps, 1))
+        )
         return rows[picks]
 
     def _parts(self, epochs: np.ndarray, steps: int) -> np.ndarray:
@@ -471,7 +622,8 @@ class LocalPlanner:
 
     def _completed_steps(self, planned: np.ndarray, keys: Sequence[Sequence[int]], seed: int) -> np.ndarray:
         """Steps each member completes: its planned steps less ``drop_last_steps`` (at least one), or with
-        ``straggler_probability`` only U{1..τ_i} of them (its UNFINISHED stream, keyed (round, client, occurrence), drawn only then)."""
+        ``straggler_probability`` only U{1..τ_i} of them (its UNFINISHED stream, keyed (round, client, occurrence),
+        drawn only then)."""
         done = np.maximum(1, planned - self.drop_last_steps)
         if self.straggler_probability > 0:
             for c, (round_index, client, occurrence) in enumerate(keys):

@@ -48,13 +48,15 @@ class ClientObjectives:
         features, labels, own = client_rows(data, clients)
         self.problem = problem
         self.sizes = np.array([len(r) for r in own], dtype=np.int64)
-        self.groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (features, labels, weights) padded per group
+        self.groups: list[
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+        ] = []  # (features, labels, weights) padded per group
         self.group_of = torch.empty(len(clients), dtype=torch.long, device=device)  # member → its group
         self.slot_of = torch.empty(len(clients), dtype=torch.long, device=device)  # member → its row in the group
         order = np.argsort(-self.sizes, kind="stable")
         while len(order):
             take = order[self.sizes[order] * spread > self.sizes[order[0]]]
-            order = order[len(take):]
+            order = order[len(take) :]
             width = int(self.sizes[take[0]])
             rows = np.full((len(take), width), -1, dtype=np.int64)
             for c, member in enumerate(take):
@@ -64,10 +66,13 @@ class ClientObjectives:
             members = torch.from_numpy(take).to(device)
             self.group_of[members] = len(self.groups)
             self.slot_of[members] = torch.arange(len(take), device=device)
-            self.groups.append((features[rows_t.clamp(min=0)], labels[rows_t.clamp(min=0)], mask / mask.sum(1, keepdim=True)))
+            self.groups.append(
+                (features[rows_t.clamp(min=0)], labels[rows_t.clamp(min=0)], mask / mask.sum(1, keepdim=True))
+            )
 
     def __call__(self, points: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(f_i(z_i), ∇f_i(z_i)) of the members ``rows`` at ``points`` (one row per member), a batched call per group."""
+        """(f_i(z_i), ∇f_i(z_i)) of the members ``rows`` at ``points`` (one row per member), a batched call per
+        group."""
         problem = self.problem
         values, gradients = points.new_empty(len(rows)), torch.empty_like(points)
         groups = self.group_of[rows]
@@ -81,7 +86,14 @@ class ClientObjectives:
         return values, gradients
 
 
-def _two_loop(gradient: torch.Tensor, steps: torch.Tensor, changes: torch.Tensor, rho: torch.Tensor, gamma: torch.Tensor, newest: int) -> torch.Tensor:
+def _two_loop(
+    gradient: torch.Tensor,
+    steps: torch.Tensor,
+    changes: torch.Tensor,
+    rho: torch.Tensor,
+    gamma: torch.Tensor,
+    newest: int,
+) -> torch.Tensor:
     """H·g for each row by L-BFGS's two-loop recursion over the ring of stored pairs (slot ``newest`` the latest;
     a slot with ρ = 0 holds no pair and contributes nothing)."""
     memory = steps.shape[1]
@@ -98,8 +110,17 @@ def _two_loop(gradient: torch.Tensor, steps: torch.Tensor, changes: torch.Tensor
     return r
 
 
-def solve_prox(objectives: ClientObjectives, centers: torch.Tensor, eta: float, tol: float, max_iter: int, start: torch.Tensor | None = None,
-               memory: int = 10, armijo: float = 1e-4, halvings: int = 40) -> ProxSolution:
+def solve_prox(
+    objectives: ClientObjectives,
+    centers: torch.Tensor,
+    eta: float,
+    tol: float,
+    max_iter: int,
+    start: torch.Tensor | None = None,
+    memory: int = 10,
+    armijo: float = 1e-4,
+    halvings: int = 40,
+) -> ProxSolution:
     """prox_{ηf_i}(v_i) for every row at once by L-BFGS (memory m, per-row histories, Armijo backtracking), until
     ‖∇h_i‖ ≤ tol or ``max_iter`` iterations.
 
@@ -161,7 +182,9 @@ def solve_prox(objectives: ClientObjectives, centers: torch.Tensor, eta: float, 
             # Armijo's sufficient decrease; where the change of h_i is below its value's resolution (near the solution,
             # where a residual ε changes h_i by about ε²), that test passes or fails on rounding, and ‖∇h_i‖ decides
             unresolved = (v - before).abs() <= 4 * torch.finfo(dtype).eps * before.abs()
-            accepted = torch.where(unresolved, gr.norm(dim=1) < g[trial].norm(dim=1), v <= before + armijo * step[trial] * slope[trial])
+            accepted = torch.where(
+                unresolved, gr.norm(dim=1) < g[trial].norm(dim=1), v <= before + armijo * step[trial] * slope[trial]
+            )
             new_value[trial[accepted]], new_gradient[trial[accepted]] = v[accepted], gr[accepted]
             pending[trial[accepted]] = False
             if not bool(pending.any()):

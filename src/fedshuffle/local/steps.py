@@ -36,13 +36,16 @@ class Step:
 
 
 class StepTransform(Protocol):
-    """``init(start) -> state``; ``update((d, d_x), state, step) -> (d, d_x)`` (state updated in place on rows [0, k))."""
+    """``init(start) -> state``; ``update((d, d_x), state, step) -> (d, d_x)`` (state updated in place on rows [0,
+    k))."""
 
     needs_center_gradient: bool
 
     def init(self, start: torch.Tensor) -> State: ...
 
-    def update(self, d: torch.Tensor, d_x: torch.Tensor | None, state: State, step: Step) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    def update(
+        self, d: torch.Tensor, d_x: torch.Tensor | None, state: State, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
     def a_l1(self, steps: int, lr: float, inner: float) -> float: ...
 
@@ -124,7 +127,11 @@ class Prox:
             raise ConfigError("local.prox_mu", "a proximal term after local momentum has no FedNova normalizer")
         alpha = lr * self.mu
         if not alpha <= 2:
-            raise ConfigError("local.prox_mu", f"μ = {self.mu:g} with step size {lr:g}: η·μ = {alpha:g} > 2 makes the proximal term itself diverge (|1 − ημ| > 1); use μ <= {2 / lr:.4g}")
+            raise ConfigError(
+                "local.prox_mu",
+                f"μ = {self.mu:g} with step size {lr:g}: η·μ = {alpha:g} > 2 makes the proximal term itself diverge "
+                f"(|1 − ημ| > 1); use μ <= {2 / lr:.4g}",
+            )
         return (1 - (1 - alpha) ** steps) / alpha
 
 
@@ -185,7 +192,14 @@ class StepChain:
         return value
 
 
-def standard_chain(weight_decay: float = 0.0, clip_norm: float | None = None, prox_mu: float = 0.0, momentum: float = 0.0, drift: Drift | None = None, offset: bool = False) -> StepChain:
+def standard_chain(
+    weight_decay: float = 0.0,
+    clip_norm: float | None = None,
+    prox_mu: float = 0.0,
+    momentum: float = 0.0,
+    drift: Drift | None = None,
+    offset: bool = False,
+) -> StepChain:
     """clip → weight decay → global-momentum drift → prox → offset → local momentum."""
     parts: list[StepTransform] = []
     if clip_norm is not None:

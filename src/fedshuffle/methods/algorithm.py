@@ -62,7 +62,9 @@ class Algorithm:
         """The server optimizer, wrapped in RR-CLI's meta-epoch step when the method has one (θ = ηR by default)."""
         rounds = getattr(sampler, "rounds_per_meta_epoch", None)
         if self.needs_cycles and rounds is None:
-            raise ConfigError("sampler.name", f"{self.name} needs meta-epochs: use sampler.name = 'cyclic' (got {sampler.describe()})")
+            raise ConfigError(
+                "sampler.name", f"{self.name} needs meta-epochs: use sampler.name = 'cyclic' (got {sampler.describe()})"
+            )
         if not self.meta_epoch_step:
             return self.server
         theta = self.global_lr if self.global_lr is not None else self.server.lr * rounds
@@ -109,13 +111,18 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
     with section("method"):
         method = _method(entry, aggregator, merged["method"])
     server_settings = dict(merged["server"])
-    for key in ("theory_rule", "theory_follows"):  # how 'theory' steps were resolved (resolve_step_sizes), not a part's setting
+    for key in (
+        "theory_rule",
+        "theory_follows",
+    ):  # how 'theory' steps were resolved (resolve_step_sizes), not a part's setting
         server_settings.pop(key, None)
     beta = server_settings.pop("global_momentum", 0.0)
     estimator = server_settings.pop("momentum_estimator", "exact")
     meta = bool(server_settings.pop("meta_epoch_step", False))
     global_lr = server_settings.pop("global_lr", None)
-    kind = server_settings.pop("optimizer", None) or ("heavy_ball" if server_settings.get("momentum") is not None else "sgd")
+    kind = server_settings.pop("optimizer", None) or (
+        "heavy_ball" if server_settings.get("momentum") is not None else "sgd"
+    )
     if global_lr is not None and not meta:
         raise ConfigError("server.global_lr", f"a global (meta-epoch) step size applies to rr_cli only, not to {name}")
     if "theory" in (server_settings.get("lr"), global_lr):
@@ -125,7 +132,10 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
         if beta:
             method = GlobalMomentum(method, beta, estimator)
     if local.prox_mu and method.sets_own_prox:
-        raise ConfigError("local.prox_mu", f"{name}'s local objective sets its own proximal term: set its method settings, not local.prox_mu")
+        raise ConfigError(
+            "local.prox_mu",
+            f"{name}'s local objective sets its own proximal term: set its method settings, not local.prox_mu",
+        )
     with section("schedule"):
         schedule_settings = dict(merged["schedule"])
         schedule = SCHEDULES[schedule_settings.pop("name", "constant")].build(schedule_settings, total_rounds=rounds)

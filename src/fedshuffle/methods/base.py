@@ -44,7 +44,9 @@ class RoundInfo:
     expected_counts: np.ndarray  # E[c_i]: expected times client i is in a cohort (p_i without repeats)
     base_lr: float  # η_l of this round (schedule applied)
     tau_eff: float | None = None  # FedNova's planned τ_eff, when the aggregator needs it
-    first_time: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # members taking part for the first time
+    first_time: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, dtype=bool)
+    )  # members taking part for the first time
 
     @property
     def unbiased(self) -> np.ndarray:
@@ -87,7 +89,13 @@ class Trainer:
     drift: Drift | None = None
 
     def train(
-        self, plans: Sequence[ClientPlan], start: torch.Tensor, *, center: torch.Tensor | None = None, offset: torch.Tensor | None = None, prox_mu: float | None = None,
+        self,
+        plans: Sequence[ClientPlan],
+        start: torch.Tensor,
+        *,
+        center: torch.Tensor | None = None,
+        offset: torch.Tensor | None = None,
+        prox_mu: float | None = None,
         weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Δ_i = s_i − y_i after each member's planned steps y ← y − η_i·chain(∇f_batch(y)), stacked ``(C, d)``;
@@ -136,7 +144,8 @@ class Method:
     payload_fields: tuple[str, ...] = ("delta",)
     #: methods defined over meta-epochs of cyclic cohorts (RR-CLI, FedCDR)
     needs_cycles: bool = False
-    #: methods whose local objective holds its own proximal term (FedCDR's prox, FedDyn's α): ``local.prox_mu`` is refused
+    #: methods whose local objective holds its own proximal term (FedCDR's prox, FedDyn's α): ``local.prox_mu`` is
+    #: refused
     sets_own_prox: bool = False
 
     def __init__(self, aggregator: Aggregator) -> None:
@@ -152,7 +161,9 @@ class Method:
         """Points at which every member returns its full local gradient before training (none by default)."""
         return []
 
-    def absorb_gradients(self, rnd: RoundInfo, params: torch.Tensor, state: State, gradients: list[torch.Tensor]) -> State:
+    def absorb_gradients(
+        self, rnd: RoundInfo, params: torch.Tensor, state: State, gradients: list[torch.Tensor]
+    ) -> State:
         return state
 
     def configure(self, rnd: RoundInfo, params: torch.Tensor, state: State) -> dict[str, torch.Tensor]:
@@ -163,8 +174,11 @@ class Method:
         """ω_i of the cohort's members (:class:`fedshuffle.aggregation.Aggregator`)."""
         return self.aggregator.weights(rnd.plans, rnd.objective_weights, rnd.expected_counts, rnd.base_lr, rnd.tau_eff)
 
-    def aggregate(self, rnd: RoundInfo, params: torch.Tensor, state: State, payload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, State, dict[str, float]]:
-        """d = Σ_S ω_iΔ_i (or the ``delta_sum`` the client half already summed); the server optimizer then takes x ← x − step(d)."""
+    def aggregate(
+        self, rnd: RoundInfo, params: torch.Tensor, state: State, payload: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, State, dict[str, float]]:
+        """d = Σ_S ω_iΔ_i (or the ``delta_sum`` the client half already summed); the server optimizer then takes x ←
+        x − step(d)."""
         if len(rnd.cohort) == 0:
             return torch.zeros_like(params), state, {}
         if "delta_sum" in payload:
@@ -176,12 +190,20 @@ class Method:
     # -- client half ------------------------------------------------------------------------------
 
     def client_update(
-        self, broadcast: Mapping[str, torch.Tensor], plans: Sequence[ClientPlan], rows: Mapping[str, torch.Tensor], trainer: Trainer, weights: torch.Tensor | None = None
+        self,
+        broadcast: Mapping[str, torch.Tensor],
+        plans: Sequence[ClientPlan],
+        rows: Mapping[str, torch.Tensor],
+        trainer: Trainer,
+        weights: torch.Tensor | None = None,
     ) -> ClientResult:
         """Δ_i = x − y_i after the planned local steps from x; with the aggregation ``weights`` ω (the simulation,
         where client and server halves share a process), only Σ_i ω_iΔ_i as ``delta_sum``."""
         if weights is not None:
-            return ClientResult({"delta_sum": trainer.train(plans, broadcast["model"], weights=weights)}, sample_gradients=sample_gradients(plans))
+            return ClientResult(
+                {"delta_sum": trainer.train(plans, broadcast["model"], weights=weights)},
+                sample_gradients=sample_gradients(plans),
+            )
         deltas = trainer.train(plans, broadcast["model"])
         return ClientResult({"delta": deltas}, sample_gradients=sample_gradients(plans))
 
@@ -195,12 +217,15 @@ class Method:
 
     @property
     def server_needs_only_sum(self) -> bool:
-        """Whether the server half needs only d = Σ_S ν_iΔ_i of the members' ``delta``, with ν_i = :meth:`sum_weights` fixed by the
-        plans, never a member's own Δ_i, so that a secure sum (Flower's SecAgg+) can stand in for the updates: true for the default halves."""
+        """Whether the server half needs only d = Σ_S ν_iΔ_i of the members' ``delta``, with ν_i = :meth:`sum_weights`
+        fixed by the
+        plans, never a member's own Δ_i, so that a secure sum (Flower's SecAgg+) can stand in for the updates: true for
+        the default halves."""
         return self.sums_updates
 
     def sum_weights(self, rnd: RoundInfo) -> np.ndarray:
-        """ν_i of the members in d = Σ_S ν_iΔ_i, for a method whose server half needs only that sum: the aggregation weights ω_i."""
+        """ν_i of the members in d = Σ_S ν_iΔ_i, for a method whose server half needs only that sum: the aggregation
+        weights ω_i."""
         return self.aggregation_weights(rnd)
 
     def describe(self) -> str:

@@ -20,7 +20,12 @@ FORMS = ("y", "x")
 #: "prox": Algorithm 1, line 3 (x̂_i⁰ = 2 prox_{ηf_i}(x⁰) − x⁰); "lazy": x̂_i counted as x⁰ until its first round
 INITS = ("prox", "lazy")
 
-metric("prox_residual", "mean prox residual ‖∇f_i(x_i) + (x_i − y_i)/η‖", lambda e: e.extras.get("prox_residual"), kind="method")
+metric(
+    "prox_residual",
+    "mean prox residual ‖∇f_i(x_i) + (x_i − y_i)/η‖",
+    lambda e: e.extras.get("prox_residual"),
+    kind="method",
+)
 
 
 class FedCDR(Method):
@@ -72,15 +77,28 @@ class FedCDR(Method):
         eta: Annotated[float, Field(gt=0, description="prox step η > 0")] = 1.0,
         form: Annotated[Literal[FORMS], Field(description="y update of Algorithm 1 ('y') or eq. (14) ('x')")] = "y",
         exact_prox: Annotated[bool, Field(description="closed-form prox where the problem has one")] = True,
-        warm_start: Annotated[bool, Field(description="start the inner prox solver from the previous x_i (default) or, false, from y_i")] = True,
-        initialization: Annotated[Literal[INITS], Field(description="x̂_i⁰ = 2prox(x⁰) − x⁰ (Algorithm 1, 'prox') or x⁰ until first seen ('lazy')")] = "lazy",
-        prox_solver: Annotated[Literal[SOLVERS], Field(description="the local SGD epochs (default, §6.1), or L-BFGS on the full client data to prox_tol")] = "sgd",
-        prox_tol: Annotated[float, Field(gt=0, description="L-BFGS stops at ‖∇f_i(z) + (z − y_i)/η‖ ≤ prox_tol")] = 1e-4,
+        warm_start: Annotated[
+            bool, Field(description="start the inner prox solver from the previous x_i (default) or, false, from y_i")
+        ] = True,
+        initialization: Annotated[
+            Literal[INITS],
+            Field(description="x̂_i⁰ = 2prox(x⁰) − x⁰ (Algorithm 1, 'prox') or x⁰ until first seen ('lazy')"),
+        ] = "lazy",
+        prox_solver: Annotated[
+            Literal[SOLVERS],
+            Field(description="the local SGD epochs (default, §6.1), or L-BFGS on the full client data to prox_tol"),
+        ] = "sgd",
+        prox_tol: Annotated[
+            float, Field(gt=0, description="L-BFGS stops at ‖∇f_i(z) + (z − y_i)/η‖ ≤ prox_tol")
+        ] = 1e-4,
         prox_max_iter: Annotated[int, Field(ge=1, description="L-BFGS iteration cap per prox")] = 500,
     ) -> None:
         super().__init__(aggregator)
         self.alpha, self.eta, self.form, self.exact_prox, self.warm_start = alpha, eta, form, exact_prox, warm_start
-        self.initialization, self.prox_solver, self.prox_tol, self.prox_max_iter = initialization, prox_solver, prox_tol, prox_max_iter
+        self.initialization = initialization
+        self.prox_solver = prox_solver
+        self.prox_tol = prox_tol
+        self.prox_max_iter = prox_max_iter
 
     def init(self, params):
         return {"x0": params.clone()}
@@ -91,8 +109,11 @@ class FedCDR(Method):
             broadcast["initial"] = state["x0"]
         return broadcast
 
-    def _prox(self, trainer: Trainer, centers: torch.Tensor, clients: np.ndarray, plans, starts: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
-        """prox_{ηf_i}(center_i) for each client (the inner solver from ``starts``, default the centers), and the work spent."""
+    def _prox(
+        self, trainer: Trainer, centers: torch.Tensor, clients: np.ndarray, plans, starts: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, int]:
+        """prox_{ηf_i}(center_i) for each client (the inner solver from ``starts``, default the centers), and the
+        work spent."""
         exact = trainer.problem.prox(centers, trainer.data, clients, self.eta) if self.exact_prox else None
         if exact is not None:
             return exact, 0
@@ -113,16 +134,22 @@ class FedCDR(Method):
             x0 = broadcast["initial"]
             fresh = clients[new.cpu().numpy()]
             starts = x0.expand(len(fresh), -1)
-            x_first, spent = self._prox(trainer, starts, fresh, trainer.plan(fresh, INIT_ROUND_OFFSET + trainer.round_index))
+            x_first, spent = self._prox(
+                trainer, starts, fresh, trainer.plan(fresh, INIT_ROUND_OFFSET + trainer.round_index)
+            )
             y[new], x_i[new] = starts, x_first
-            xhat[new] = 2 * x_first - starts if self.initialization == "prox" else starts  # "lazy": x̂ counted as x⁰ by the server until now
+            xhat[new] = (
+                2 * x_first - starts if self.initialization == "prox" else starts
+            )  # "lazy": x̂ counted as x⁰ by the server until now
         base = y if self.form == "y" else x_i
         y_new = base + self.alpha * (broadcast["model"] - x_i)
         x_new, cost = self._prox(trainer, y_new, clients, plans, x_i if self.warm_start else None)
         xhat_new = 2 * x_new - y_new
         residual = trainer.gradients(x_new, clients) + (x_new - y_new) / self.eta  # a diagnostic: not counted as cost
         extras = {"prox_residual": float(residual.norm(dim=1).mean())}
-        return ClientResult({"delta": xhat - xhat_new}, {"y": y_new, "x": x_new, "xhat": xhat_new}, spent + cost, extras)
+        return ClientResult(
+            {"delta": xhat - xhat_new}, {"y": y_new, "x": x_new, "xhat": xhat_new}, spent + cost, extras
+        )
 
     server_needs_only_sum = True  # d = Σ_S w_iΔ_i (:meth:`aggregate`): a secure sum may stand in for the Δ_i
 
@@ -144,6 +171,11 @@ class FedCDR(Method):
         return f"fedcdr (α = {self.alpha}, η = {self.eta}, init {self.initialization}, prox {self.prox_solver})"
 
 
-METHODS.add("fedcdr", FedCDR, "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
-            "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML submission), Algorithm 1",
-            local={"order": "reshuffle", "epochs": 20, "batch_size": 10})
+METHODS.add(
+    "fedcdr",
+    FedCDR,
+    "Douglas–Rachford splitting with client reshuffling; each client keeps (y_i, x_i, x̂_i)",
+    "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML "
+    "submission), Algorithm 1",
+    local={"order": "reshuffle", "epochs": 20, "batch_size": 10},
+)

@@ -36,7 +36,9 @@ class FedDyn(Method):
     local_model_field = "model"  # θ_i, scored by fedshuffle.metrics.local_model_scores
     sets_own_prox = True
 
-    def __init__(self, aggregator: Aggregator, alpha: Annotated[float, Field(gt=0, description="regularization α > 0")] = 0.01) -> None:
+    def __init__(
+        self, aggregator: Aggregator, alpha: Annotated[float, Field(gt=0, description="regularization α > 0")] = 0.01
+    ) -> None:
         super().__init__(aggregator)
         self.alpha = alpha
 
@@ -46,7 +48,11 @@ class FedDyn(Method):
     def client_update(self, broadcast, plans, rows, trainer):
         x = broadcast["model"]
         deltas = trainer.train(plans, x, center=x, offset=-rows["gradient"], prox_mu=self.alpha)
-        return ClientResult({"delta": deltas}, {"gradient": rows["gradient"] + self.alpha * deltas, "model": x - deltas}, sample_gradients(plans))
+        return ClientResult(
+            {"delta": deltas},
+            {"gradient": rows["gradient"] + self.alpha * deltas, "model": x - deltas},
+            sample_gradients(plans),
+        )
 
     def aggregate(self, rnd, params, state, payload):
         if len(rnd.cohort) == 0:
@@ -62,6 +68,11 @@ class FedDyn(Method):
         return f"feddyn (α = {self.alpha})"
 
 
-METHODS.add("feddyn", FedDyn, "dynamic regularization: linear and quadratic terms in the local objective, server state h",
-            "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR 2021, Algorithm 1",
-            local={"order": "reshuffle"})
+METHODS.add(
+    "feddyn",
+    FedDyn,
+    "dynamic regularization: linear and quadratic terms in the local objective, server state h",
+    "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR "
+    "2021, Algorithm 1",
+    local={"order": "reshuffle"},
+)

@@ -36,7 +36,10 @@ class GlobalMomentum(Method):
         if estimator not in ESTIMATORS:
             raise ConfigError("momentum_estimator", f"unknown {estimator!r}; accepted: {', '.join(ESTIMATORS)}")
         self.inner, self.beta, self.estimator = inner, beta, estimator
-        self.name, self.state_fields, self.payload_fields, self.needs_cycles = inner.name, inner.state_fields, inner.payload_fields, inner.needs_cycles
+        self.name = inner.name
+        self.state_fields = inner.state_fields
+        self.payload_fields = inner.payload_fields
+        self.needs_cycles = inner.needs_cycles
         self.sets_own_prox = inner.sets_own_prox
 
     @property
@@ -44,7 +47,12 @@ class GlobalMomentum(Method):
         return 1.0 - self.beta
 
     def init(self, params):
-        return {"inner": self.inner.init(params), "momentum": torch.zeros_like(params), "previous": params.clone(), "started": torch.tensor(False)}
+        return {
+            "inner": self.inner.init(params),
+            "momentum": torch.zeros_like(params),
+            "previous": params.clone(),
+            "started": torch.tensor(False),
+        }
 
     def gradient_requests(self, rnd, params, state):
         return [params, state["previous"]] if self.estimator == "exact" else []
@@ -67,7 +75,9 @@ class GlobalMomentum(Method):
         if "momentum" not in broadcast:
             return self.inner.client_update(broadcast, plans, rows, trainer)
         correction = self.estimator == "exact"
-        result = self.inner.client_update(broadcast, plans, rows, trainer.with_drift(Drift(self.a, broadcast["momentum"], correction)))
+        result = self.inner.client_update(
+            broadcast, plans, rows, trainer.with_drift(Drift(self.a, broadcast["momentum"], correction))
+        )
         if correction:  # each step also takes the minibatch gradient at x
             result.sample_gradients += sample_gradients(plans)
         return result
@@ -77,7 +87,11 @@ class GlobalMomentum(Method):
         state = {**state, "inner": inner_state}
         if self.estimator == "approx" and len(rnd.cohort):
             deltas = payload["delta"]
-            scale = torch.as_tensor([u / (p.steps * p.lr) for u, p in zip(rnd.unbiased, rnd.plans)], dtype=deltas.dtype, device=deltas.device)
+            scale = torch.as_tensor(
+                [u / (p.steps * p.lr) for u, p in zip(rnd.unbiased, rnd.plans)],
+                dtype=deltas.dtype,
+                device=deltas.device,
+            )
             state = {**state, "momentum": scale @ deltas, "started": torch.tensor(True)}
         return direction, state, extras
 

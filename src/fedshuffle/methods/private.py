@@ -1,4 +1,5 @@
-"""Differential privacy's client half around a method (:mod:`fedshuffle.privacy` has the math, the settings and the server half)."""
+"""Differential privacy's client half around a method (:mod:`fedshuffle.privacy` has the math, the settings and the
+server half)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,18 @@ from fedshuffle.privacy import CLIP, UNCLIPPED, PrivacySettings, clip_updates, g
 
 class PrivateClients(Method):
     """A method with the default halves whose client half clips each member's update to C (and, with local DP, adds
-    N(0, σ²C²I)): the server half is the method's own; the central noise is :class:`fedshuffle.privacy.PrivateAggregation`'s.
+    N(0, σ²C²I)): the server half is the method's own; the central noise is
+    :class:`fedshuffle.privacy.PrivateAggregation`'s.
 
     It never sums the updates as they are produced (``sums_updates`` is False): clipping needs each Δ_i."""
 
     def __init__(self, inner: Method, privacy: PrivacySettings) -> None:
         super().__init__(inner.aggregator)
         self.inner, self.privacy = inner, privacy
-        self.name, self.payload_fields, self.needs_cycles, self.sets_own_prox = inner.name, inner.payload_fields, inner.needs_cycles, inner.sets_own_prox
+        self.name = inner.name
+        self.payload_fields = inner.payload_fields
+        self.needs_cycles = inner.needs_cycles
+        self.sets_own_prox = inner.sets_own_prox
 
     def init(self, params: torch.Tensor) -> State:
         return {"inner": self.inner.init(params)}
@@ -35,22 +40,36 @@ class PrivateClients(Method):
     def aggregation_weights(self, rnd: RoundInfo) -> np.ndarray:
         return self.inner.aggregation_weights(rnd)
 
-    def aggregate(self, rnd: RoundInfo, params: torch.Tensor, state: State, payload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, State, dict[str, float]]:
+    def aggregate(
+        self, rnd: RoundInfo, params: torch.Tensor, state: State, payload: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, State, dict[str, float]]:
         direction, inner, extras = self.inner.aggregate(rnd, params, state["inner"], payload)
         return direction, {"inner": inner}, extras
 
     def client_update(
-        self, broadcast: Mapping[str, torch.Tensor], plans: Sequence[ClientPlan], rows: Mapping[str, torch.Tensor], trainer: Trainer, weights: torch.Tensor | None = None
+        self,
+        broadcast: Mapping[str, torch.Tensor],
+        plans: Sequence[ClientPlan],
+        rows: Mapping[str, torch.Tensor],
+        trainer: Trainer,
+        weights: torch.Tensor | None = None,
     ) -> ClientResult:
-        """The method's Δ_i, clipped to the round's C (the broadcast's with adaptive clipping); with local DP, plus σC·ξ_i,
-        ξ_i drawn from the stream at the plan's key (seed, round, client, occurrence), which the planner sets and a Flower
+        """The method's Δ_i, clipped to the round's C (the broadcast's with adaptive clipping); with local DP, plus
+        σC·ξ_i,
+        ξ_i drawn from the stream at the plan's key (seed, round, client, occurrence), which the planner sets and a
+        Flower
         node rebuilds from its message (:func:`~fedshuffle.integrations.flower.messages.records_plans`)."""
         result = self.inner.client_update(broadcast, plans, rows, trainer)
         p = self.privacy
         clip = float(broadcast[CLIP][0]) if p.adaptive else float(p.clip)
         deltas, unclipped = clip_updates(result.payload["delta"], clip)
         if p.mode == "local" and p.noise_multiplier > 0:
-            noise = np.stack([gaussian(p.noise, deltas.shape[1], plan.key[0], Stream.CLIENT_PRIVACY, *plan.key[1:]) for plan in plans])
+            noise = np.stack(
+                [
+                    gaussian(p.noise, deltas.shape[1], plan.key[0], Stream.CLIENT_PRIVACY, *plan.key[1:])
+                    for plan in plans
+                ]
+            )
             deltas = deltas + (p.noise_multiplier * clip) * torch.from_numpy(noise).to(deltas.device, deltas.dtype)
         result.payload = {**result.payload, "delta": deltas}
         if p.adaptive:
@@ -77,15 +96,29 @@ def private_method(method: Method, privacy: PrivacySettings) -> Method:
     if not privacy.active:
         return method
     if not method.sums_updates:
-        raise ConfigError("privacy.mode", f"{privacy.mode!r} DP covers methods whose clients upload only Δ_i and whose server sums ω_iΔ_i; "
-                          f"{method.name}{' with global momentum' if hasattr(method, 'inner') else ''} uploads or aggregates more (use privacy.mode = 'none')")
+        raise ConfigError(
+            "privacy.mode",
+            f"{privacy.mode!r} DP covers methods whose clients upload only Δ_i and whose server sums ω_iΔ_i; "
+            f"{method.name}{' with global momentum' if hasattr(method, 'inner') else ''} uploads or aggregates more "
+            "(use privacy.mode = 'none')",
+        )
     aggregator: Aggregator = method.aggregator
     if privacy.mode == "central":
-        for setting, value, accepted in (("normalization", aggregator.normalization, "unbiased"), ("direction", aggregator.direction, "model_delta")):
+        for setting, value, accepted in (
+            ("normalization", aggregator.normalization, "unbiased"),
+            ("direction", aggregator.direction, "model_delta"),
+        ):
             if value != accepted:
-                raise ConfigError(f"aggregation.{setting}", f"privacy.mode = 'central' needs weights ω_i fixed before the round (sensitivity C·max ω_i); "
-                                  f"{setting} = {value!r} makes them depend on the round; use {accepted!r} ({method.name})")
+                raise ConfigError(
+                    f"aggregation.{setting}",
+                    f"privacy.mode = 'central' needs weights ω_i fixed before the round (sensitivity C·max ω_i); "
+                    f"{setting} = {value!r} makes them depend on the round; use {accepted!r} ({method.name})",
+                )
         if aggregator.weighting == "normalized":
-            raise ConfigError("aggregation.weighting", f"privacy.mode = 'central' needs weights ω_i fixed before the round (sensitivity C·max ω_i); "
-                              f"'normalized' (FedNova's) depends on each round's local work; use 'data', 'uniform' or a list, or privacy.mode = 'local' ({method.name})")
+            raise ConfigError(
+                "aggregation.weighting",
+                f"privacy.mode = 'central' needs weights ω_i fixed before the round (sensitivity C·max ω_i); "
+                "'normalized' (FedNova's) depends on each round's local work; use 'data', 'uniform' or a list, or "
+                f"privacy.mode = 'local' ({method.name})",
+            )
     return PrivateClients(method, privacy)

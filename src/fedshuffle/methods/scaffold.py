@@ -28,7 +28,13 @@ class Scaffold(Method):
     state_fields = ("control",)
     payload_fields = ("delta", "control_delta")
 
-    def __init__(self, aggregator: Aggregator, option: Annotated[Literal[OPTIONS], Field(description="control variate update: option I (a full local gradient) or II")] = "II") -> None:
+    def __init__(
+        self,
+        aggregator: Aggregator,
+        option: Annotated[
+            Literal[OPTIONS], Field(description="control variate update: option I (a full local gradient) or II")
+        ] = "II",
+    ) -> None:
         super().__init__(aggregator)
         self.option = option
 
@@ -63,6 +69,11 @@ class Scaffold(Method):
         return f"scaffold (option {self.option})"
 
 
-METHODS.add("scaffold", Scaffold, "control variates c, c_i in every local step (option I or II)",
-            "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, Algorithm 1",
-            local={"order": "with_replacement"}, aggregation={"normalization": "unbiased"})
+METHODS.add(
+    "scaffold",
+    Scaffold,
+    "control variates c, c_i in every local step (option I or II)",
+    "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, Algorithm 1",
+    local={"order": "with_replacement"},
+    aggregation={"normalization": "unbiased"},
+)

@@ -91,7 +91,9 @@ class Problem(ABC):
         """Mean gradient over the batch, (1/B) Σ_j ∇f_ij(x)."""
         return grad(lambda p: self.losses(p, features, labels).mean())(params)
 
-    def batched_gradient(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def batched_gradient(
+        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """Row c: Σ_b v_cb ∇f(y_c; a_cb) — one weighted minibatch per client.
 
         ``params`` is ``(C, d)``, ``features`` ``(C, B, ...)``, ``labels`` and ``weights`` ``(C, B)``;
@@ -105,24 +107,44 @@ class Problem(ABC):
 
         return vmap(client)(params, features, labels, weights)
 
-    def local_gradient(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, seeds: list[int] | None = None) -> torch.Tensor:
+    def local_gradient(
+        self,
+        params: torch.Tensor,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        weights: torch.Tensor,
+        seeds: list[int] | None = None,
+    ) -> torch.Tensor:
         """The gradients of one local step, as :meth:`batched_gradient`; networks run in train mode here, with
         ``seeds[c]`` (:func:`fedshuffle.core.streams.step_seed`) seeding client c's dropout masks."""
         return self.batched_gradient(params, features, labels, weights)
 
-    def descend(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, lrs: torch.Tensor, seeds: list[int] | None = None) -> None:
-        """One plain local SGD step in place, y_c ← y_c − η_c·g_c with g = :meth:`local_gradient` (``lrs`` is ``(C, 1)``).
+    def descend(
+        self,
+        params: torch.Tensor,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        weights: torch.Tensor,
+        lrs: torch.Tensor,
+        seeds: list[int] | None = None,
+    ) -> None:
+        """One plain local SGD step in place, y_c ← y_c − η_c·g_c with g = :meth:`local_gradient` (``lrs`` is ``(C,
+        1)``).
 
         The local loop calls it when the step chain is empty; problems whose gradient comes in pieces
         (modules) override it to apply the step piece by piece, without assembling g as one vector.
         """
         params.addcmul_(lrs, self.local_gradient(params, features, labels, weights, seeds), value=-1.0)
 
-    def weighted_loss(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def weighted_loss(
+        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """Σ_j s_j f_j(x) — the objective f(x) when ``weights`` are the dataset's sample weights."""
         return (self.losses(params, features, labels) * weights).sum()
 
-    def weighted_gradient(self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def weighted_gradient(
+        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """∇ Σ_j s_j f_j(x)."""
         return grad(lambda p: self.weighted_loss(p, features, labels, weights))(params)
 
@@ -154,8 +176,13 @@ class Problem(ABC):
         return ChunkScores(loss, norm, right, features.shape[0])
 
     def scores(
-        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-        gradient: bool = True, rows: torch.Tensor | None = None,
+        self,
+        params: torch.Tensor,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        weights: torch.Tensor,
+        gradient: bool = True,
+        rows: torch.Tensor | None = None,
     ) -> Scores:
         """f(x) = Σ_j s_j f_j(x) (``weights`` s), ‖∇f(x)‖² when ``gradient``, and the accuracy: the fraction of the
         scored labels predicted right, every sample counted once whatever its weight.

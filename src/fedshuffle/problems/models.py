@@ -1,10 +1,12 @@
-"""The source papers' neural networks, as plain ``torch.nn.Module`` s run by :class:`~fedshuffle.problems.modules.ModuleProblem`.
+"""The source papers' neural networks, as plain ``torch.nn.Module`` s run by
+:class:`~fedshuffle.problems.modules.ModuleProblem`.
 
 * :func:`pfl_cnn` — the two-convolution CNN of pfl-research's CIFAR-10 benchmarks (Granqvist et al., arXiv:2404.06430);
 * :func:`mnist_cnn` — the MNIST CNN of Yang, Fang & Liu (ICLR 2021), Table 4;
 * :func:`lenet5` — LeNet-5 as in PyTorch's CIFAR-10 tutorial, Malinovsky, Mishchenko & Richtárik's Figure 2;
 * :class:`CharLSTM` — the next-character LSTM of FedShuffle's Shakespeare experiments (Horváth et al., TMLR 2022, §6);
-* :class:`ResNet18` — ResNet-18 (He et al., CVPR 2016) with GroupNorm (Hsieh et al., ICML 2020), FedShuffle's CIFAR-100 model.
+* :class:`ResNet18` — ResNet-18 (He et al., CVPR 2016) with GroupNorm (Hsieh et al., ICML 2020), FedShuffle's CIFAR-100
+  model.
 
 The 2NN of Yang et al. (two hidden layers of 200, ReLU) is :class:`~fedshuffle.problems.networks.MLP`
 with ``hidden = [200, 200]``, and their multinomial logistic regression is
@@ -23,7 +25,8 @@ from .modules import ModuleProblem
 
 
 def _pooled(size: int, *stages: int) -> int:
-    """Spatial size after valid convolutions of kernel k followed by 2×2 max-pooling, for each k in ``stages`` (0: pool only)."""
+    """Spatial size after valid convolutions of kernel k followed by 2×2 max-pooling, for each k in ``stages`` (0:
+    pool only)."""
     for k in stages:
         size = (size - k + 1 if k else size) // 2
     return size
@@ -31,15 +34,20 @@ def _pooled(size: int, *stages: int) -> int:
 
 def _check_image(image_shape: Sequence[int], smallest: int, model: str) -> tuple[int, int, int]:
     if len(image_shape) != 3:
-        raise ConfigError("image_shape", f"{model!r} needs images (channels, height, width), got a sample shape {tuple(image_shape)}")
+        raise ConfigError(
+            "image_shape", f"{model!r} needs images (channels, height, width), got a sample shape {tuple(image_shape)}"
+        )
     channels, height, width = (int(s) for s in image_shape)
     if min(height, width) < smallest:
-        raise ConfigError("image_shape", f"{model!r} needs images of at least {smallest}×{smallest} pixels, got {height}×{width}")
+        raise ConfigError(
+            "image_shape", f"{model!r} needs images of at least {smallest}×{smallest} pixels, got {height}×{width}"
+        )
     return channels, height, width
 
 
 def glorot_weights(module: nn.Module) -> None:
-    """Glorot-uniform weights of every convolution and dense layer (Keras' default, as pfl-research's models); biases as PyTorch's."""
+    """Glorot-uniform weights of every convolution and dense layer (Keras' default, as pfl-research's models);
+    biases as PyTorch's."""
     for m in module.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
             nn.init.xavier_uniform_(m.weight)
@@ -52,8 +60,17 @@ def pfl_cnn(image_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10, dro
     flat = 64 * ((height - 4) // 2) * ((width - 4) // 2)
     drop = (lambda p: [nn.Dropout(p)]) if dropout else (lambda p: [])
     return nn.Sequential(
-        nn.Conv2d(channels, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), *drop(0.25),
-        nn.Flatten(), nn.Linear(flat, 128), nn.ReLU(), *drop(0.5), nn.Linear(128, num_classes),
+        nn.Conv2d(channels, 32, 3),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        *drop(0.25),
+        nn.Flatten(),
+        nn.Linear(flat, 128),
+        nn.ReLU(),
+        *drop(0.5),
+        nn.Linear(128, num_classes),
     )
 
 
@@ -64,8 +81,16 @@ def mnist_cnn(image_shape: Sequence[int] = (1, 28, 28), num_classes: int = 10) -
     channels, height, width = _check_image(image_shape, 16, "mnist_cnn")
     flat = 64 * _pooled(height, 5, 5) * _pooled(width, 5, 5)
     return nn.Sequential(
-        nn.Conv2d(channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, num_classes),
+        nn.Conv2d(channels, 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(flat, 512),
+        nn.ReLU(),
+        nn.Linear(512, num_classes),
     )
 
 
@@ -76,8 +101,18 @@ def lenet5(image_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10) -> n
     channels, height, width = _check_image(image_shape, 16, "lenet5")
     flat = 16 * _pooled(height, 5, 5) * _pooled(width, 5, 5)
     return nn.Sequential(
-        nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, num_classes),
+        nn.Conv2d(channels, 6, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(flat, 120),
+        nn.ReLU(),
+        nn.Linear(120, 84),
+        nn.ReLU(),
+        nn.Linear(84, num_classes),
     )
 
 
@@ -114,7 +149,9 @@ class _Block(nn.Module):
         self.norm2 = nn.GroupNorm(groups, outputs)
         self.shortcut = nn.Sequential()
         if stride != 1 or inputs != outputs:
-            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.GroupNorm(groups, outputs))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.GroupNorm(groups, outputs)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.norm1(self.conv1(x)))
@@ -132,16 +169,25 @@ class ResNet18(nn.Module):
     network of the same topology for reduced runs.
     """
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 100, groups: int = 2, stem: str = "cifar", width: int = 64) -> None:
+    def __init__(
+        self, in_channels: int = 3, num_classes: int = 100, groups: int = 2, stem: str = "cifar", width: int = 64
+    ) -> None:
         super().__init__()
         if width < 1:
             raise ConfigError("resnet_width", f"must be a positive integer, got {width}")
         if groups < 1 or width % groups:
             raise ConfigError("norm_groups", f"must divide the first stage's {width} channels, got {groups}")
         if stem == "cifar":
-            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.GroupNorm(groups, width), nn.ReLU())
+            self.stem = nn.Sequential(
+                nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.GroupNorm(groups, width), nn.ReLU()
+            )
         elif stem == "imagenet":
-            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, 2, 3, bias=False), nn.GroupNorm(groups, width), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+            self.stem = nn.Sequential(
+                nn.Conv2d(in_channels, width, 7, 2, 3, bias=False),
+                nn.GroupNorm(groups, width),
+                nn.ReLU(),
+                nn.MaxPool2d(3, 2, 1),
+            )
         else:
             raise ConfigError("resnet_stem", f"accepted: 'cifar' or 'imagenet'; got {stem!r}")
         blocks, channels = [], width
@@ -158,8 +204,17 @@ class ResNet18(nn.Module):
 
 
 class CNN(ModuleProblem):
-    """pfl-research's CIFAR CNN (:func:`pfl_cnn`) as a problem: Glorot-uniform weights, cross-entropy, optional (λ/2)‖x‖²."""
+    """pfl-research's CIFAR CNN (:func:`pfl_cnn`) as a problem: Glorot-uniform weights, cross-entropy, optional
+    (λ/2)‖x‖²."""
 
-    def __init__(self, image_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10, l2: float = 0.0, dropout: bool = True) -> None:
-        super().__init__(pfl_cnn(image_shape, num_classes, dropout), sample_shape=image_shape, l2=l2, initializer=glorot_weights, name="cnn")
+    def __init__(
+        self, image_shape: Sequence[int] = (3, 32, 32), num_classes: int = 10, l2: float = 0.0, dropout: bool = True
+    ) -> None:
+        super().__init__(
+            pfl_cnn(image_shape, num_classes, dropout),
+            sample_shape=image_shape,
+            l2=l2,
+            initializer=glorot_weights,
+            name="cnn",
+        )
         self.image_shape, self.num_classes = tuple(image_shape), num_classes

@@ -159,16 +159,29 @@ class ModuleProblem(Problem):
     name = "module"
 
     def __init__(
-        self, module: torch.nn.Module, loss: Loss | None = None, *, sample_shape: Sequence[int] | None = None, l2: float = 0.0,
-        accuracy: bool | None = None, init: str = "reset", initializer: Callable[[torch.nn.Module], None] | None = None,
-        vectorize: bool | None = None, eval_batch: int = 1024, name: str | None = None,
+        self,
+        module: torch.nn.Module,
+        loss: Loss | None = None,
+        *,
+        sample_shape: Sequence[int] | None = None,
+        l2: float = 0.0,
+        accuracy: bool | None = None,
+        init: str = "reset",
+        initializer: Callable[[torch.nn.Module], None] | None = None,
+        vectorize: bool | None = None,
+        eval_batch: int = 1024,
+        name: str | None = None,
     ) -> None:
         if not isinstance(module, torch.nn.Module):
             raise ConfigError("module", f"must be a torch.nn.Module, got {type(module).__name__}")
         if l2 < 0:
             raise ConfigError("l2", f"must be >= 0, got {l2}")
         if init not in ("reset", "keep"):
-            raise ConfigError("init", f"accepted: 'reset' (PyTorch's initialization under the run's seed) or 'keep' (the module's parameters); got {init!r}")
+            raise ConfigError(
+                "init",
+                "accepted: 'reset' (PyTorch's initialization under the run's seed) or 'keep' (the module's "
+                f"parameters); got {init!r}",
+            )
         if eval_batch < 1:
             raise ConfigError("eval_batch", f"must be >= 1, got {eval_batch}")
         _check_module(module)
@@ -198,14 +211,16 @@ class ModuleProblem(Problem):
     # -- the module on the parameters' device and dtype --------------------------------------------
 
     def _instance(self, params: torch.Tensor) -> _Bound:
-        """The module bound for ``params``' device and dtype, one per thread (the threaded executor runs clients in parallel)."""
+        """The module bound for ``params``' device and dtype, one per thread (the threaded executor runs clients in
+        parallel)."""
         key = (params.device, params.dtype, threading.get_ident())
         if key not in self._bound:
             self._bound[key] = _Bound(self.module, self.names, params.device, params.dtype)
         return self._bound[key]
 
     def inputs(self, features: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """A batch of flat samples as the module's inputs: reshaped to the sample shape, floats in the parameters' dtype."""
+        """A batch of flat samples as the module's inputs: reshaped to the sample shape, floats in the parameters'
+        dtype."""
         x = features if self.sample_shape is None else features.reshape(features.shape[0], *self.sample_shape)
         return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
 
@@ -219,7 +234,8 @@ class ModuleProblem(Problem):
         return pieces
 
     def init_params(self, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
-        """x⁰: the modules' ``reset_parameters`` (then ``initializer``) under a seed drawn from ``generator``, or the module's own values."""
+        """x⁰: the modules' ``reset_parameters`` (then ``initializer``) under a seed drawn from ``generator``, or
+        the module's own values."""
         module = self.module
         if self.init == "reset":
             module = copy.deepcopy(module)
@@ -239,7 +255,11 @@ class ModuleProblem(Problem):
     def _objective(self, outputs: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         losses = self.loss(outputs, labels)
         if losses.shape != weights.shape:
-            raise ConfigError("loss", f"must return one loss per sample, shape {tuple(weights.shape)}; got {tuple(losses.shape)} (use reduction='none')")
+            raise ConfigError(
+                "loss",
+                f"must return one loss per sample, shape {tuple(weights.shape)}; got {tuple(losses.shape)} (use "
+                "reduction='none')",
+            )
         return (losses * weights).sum()
 
     def losses(self, params, features, labels):
@@ -261,14 +281,17 @@ class ModuleProblem(Problem):
         return self._gradients(params, features, labels, weights, training=True, seeds=seeds)
 
     def _vectorized(self, params: torch.Tensor) -> bool:
-        """vmap over clients: never with dropout (its masks would depend on the chunk); by default on CUDA without recurrent layers."""
+        """vmap over clients: never with dropout (its masks would depend on the chunk); by default on CUDA without
+        recurrent layers."""
         if self.stochastic:
             return False
         if self.vectorize is None:
             return params.device.type == "cuda" and not self.recurrent
         return self.vectorize
 
-    def _gradients(self, params, features, labels, weights, training: bool, seeds: Sequence[int] | None) -> torch.Tensor:
+    def _gradients(
+        self, params, features, labels, weights, training: bool, seeds: Sequence[int] | None
+    ) -> torch.Tensor:
         bound = self._instance(params)
         bound.mode(training)
         if params.shape[0] > 1 and self._vectorized(params):
@@ -307,7 +330,9 @@ class ModuleProblem(Problem):
                     if seeds is not None:
                         _seed(params.device, seeds[c])
                     bound.bind(params[c], self.shapes)
-                    total = self._objective(bound.module(self.inputs(features[c, :n], params.dtype)), labels[c, :n], weights[c, :n])
+                    total = self._objective(
+                        bound.module(self.inputs(features[c, :n], params.dtype)), labels[c, :n], weights[c, :n]
+                    )
                     yield c, bound.gradient(total)
         finally:
             bound.release()
@@ -315,7 +340,9 @@ class ModuleProblem(Problem):
     def _vmap_gradients(self, bound: _Bound, params, features, labels, weights) -> torch.Tensor:
         def client(p, f, y, v):
             def total(pieces):
-                return self._objective(functional_call(bound.module, dict(zip(self.names, pieces)), (self.inputs(f, p.dtype),)), y, v)
+                return self._objective(
+                    functional_call(bound.module, dict(zip(self.names, pieces)), (self.inputs(f, p.dtype),)), y, v
+                )
 
             return torch.cat([g.reshape(-1) for g in grad(total)(self.split(p))])
 
@@ -327,8 +354,12 @@ class ModuleProblem(Problem):
         return self.eval_batch
 
     def _evaluate(
-        self, params: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
-        each: Callable[[_Bound, torch.Tensor, slice | torch.Tensor], None], rows: torch.Tensor | None = None,
+        self,
+        params: torch.Tensor,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        each: Callable[[_Bound, torch.Tensor, slice | torch.Tensor], None],
+        rows: torch.Tensor | None = None,
     ) -> None:
         """``each(bound, outputs, index)`` for the eval-mode outputs of every chunk of ``eval_batch`` samples (of
         ``rows`` only, when given), at x = ``params``."""
@@ -357,7 +388,11 @@ class ModuleProblem(Problem):
         out = torch.zeros_like(params)
 
         def add(bound, outputs, rows):
-            out.add_(torch.cat([g.reshape(-1) for g in bound.gradient(self._objective(outputs, labels[rows], weights[rows]))]))
+            out.add_(
+                torch.cat(
+                    [g.reshape(-1) for g in bound.gradient(self._objective(outputs, labels[rows], weights[rows]))]
+                )
+            )
 
         with torch.enable_grad():
             self._evaluate(params, features, labels, add)
@@ -421,10 +456,19 @@ def _check_module(module: torch.nn.Module) -> None:
     for name, m in module.named_modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             raise ConfigError(
-                "module", f"{type(m).__name__} at {name or 'the top'!r} normalizes with batch statistics and keeps running statistics that a "
-                "model of flat parameters cannot carry; replace it with GroupNorm (fedshuffle.problems.modules.batchnorm_to_groupnorm(module))",
+                "module",
+                f"{type(m).__name__} at {name or 'the top'!r} normalizes with batch statistics and keeps running "
+                "statistics that a "
+                "model of flat parameters cannot carry; replace it with GroupNorm "
+                "(fedshuffle.problems.modules.batchnorm_to_groupnorm(module))",
             )
         if isinstance(m, torch.nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:
-            raise ConfigError("module", f"{type(m).__name__} at {name!r} tracks running statistics; construct it with track_running_stats=False")
+            raise ConfigError(
+                "module",
+                f"{type(m).__name__} at {name!r} tracks running statistics; construct it with "
+                "track_running_stats=False",
+            )
     if any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in module.parameters()):
-        raise ConfigError("module", "has lazy (uninitialized) parameters; run one forward pass on an example input first")
+        raise ConfigError(
+            "module", "has lazy (uninitialized) parameters; run one forward pass on an example input first"
+        )

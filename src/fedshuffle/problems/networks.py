@@ -47,7 +47,9 @@ class Network(Problem):
     def logits(self, pieces: Sequence[torch.Tensor], features: torch.Tensor) -> torch.Tensor:
         """Class scores ``(B, classes)`` of a batch."""
 
-    def piece_losses(self, pieces: Sequence[torch.Tensor], features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def piece_losses(
+        self, pieces: Sequence[torch.Tensor], features: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
         ce = torch.nn.functional.cross_entropy(self.logits(pieces, features), labels, reduction="none")
         return ce + 0.5 * self.l2 * sum((q * q).sum() for q in pieces) if self.l2 else ce
 
@@ -74,14 +76,20 @@ class MLP(Network):
     """Fully connected network with ReLU hidden layers and a cross-entropy loss (non-convex)."""
 
     name = "mlp"
-    independent_rows = True  # batched matmuls and elementwise steps; tests/test_replicas.py checks stacks of 1 to 80 rows
+    independent_rows = (
+        True  # batched matmuls and elementwise steps; tests/test_replicas.py checks stacks of 1 to 80 rows
+    )
 
     def __init__(self, num_features: int, hidden: Sequence[int], num_classes: int, l2: float = 0.0) -> None:
         if not hidden or any(h < 1 for h in hidden):
             raise ConfigError("hidden", f"hidden layer sizes must be positive integers, got {list(hidden)}")
         self.widths = [num_features, *hidden, num_classes]
         self.l2 = l2
-        self.shapes = [s for k in range(len(self.widths) - 1) for s in ((self.widths[k], self.widths[k + 1]), (self.widths[k + 1],))]
+        self.shapes = [
+            s
+            for k in range(len(self.widths) - 1)
+            for s in ((self.widths[k], self.widths[k + 1]), (self.widths[k + 1],))
+        ]
 
     def logits(self, pieces, features):
         h = features.reshape(features.shape[0], -1)
@@ -90,7 +98,8 @@ class MLP(Network):
         return h @ pieces[-2] + pieces[-1]
 
     def batched_gradient(self, params, features, labels, weights):
-        """Backpropagation written out for a stack of clients (batched matmuls; faster than vmap(grad) for small MLPs)."""
+        """Backpropagation written out for a stack of clients (batched matmuls; faster than vmap(grad) for small
+        MLPs)."""
         pieces, offset = [], 0
         for shape in self.shapes:
             size = math.prod(shape)
@@ -102,14 +111,16 @@ class MLP(Network):
         return flat + self.l2 * weights.sum(1, keepdim=True) * params if self.l2 else flat
 
     def _activations(self, pieces, inputs):
-        """[a, h_1, ..., h_L]: the inputs and every hidden layer's output, for one model or a stack (leading dimension C)."""
+        """[a, h_1, ..., h_L]: the inputs and every hidden layer's output, for one model or a stack (leading
+        dimension C)."""
         acts = [inputs]
         for k in range(0, len(pieces) - 2, 2):
             acts.append(torch.relu(acts[-1] @ pieces[k] + pieces[k + 1].unsqueeze(-2)))
         return acts
 
     def _backpropagate(self, pieces, acts, logits, labels, weights):
-        """∂/∂pieces Σ_b v_b CE(logits_b, y_b), flat: δ = v ⊙ (softmax − onehot), then through each layer (regularizer not included)."""
+        """∂/∂pieces Σ_b v_b CE(logits_b, y_b), flat: δ = v ⊙ (softmax − onehot), then through each layer
+        (regularizer not included)."""
         delta = torch.softmax(logits, dim=-1)
         delta = (delta - torch.nn.functional.one_hot(labels, delta.shape[-1]).to(delta.dtype)) * weights.unsqueeze(-1)
         grads = []
@@ -144,5 +155,7 @@ class MLP(Network):
         chunks = []
         for fan_in, fan_out in zip(self.widths[:-1], self.widths[1:]):
             bound = 1.0 / math.sqrt(fan_in)
-            chunks.append((torch.rand(fan_in * fan_out + fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound)
+            chunks.append(
+                (torch.rand(fan_in * fan_out + fan_out, generator=generator, dtype=torch.float64) * 2 - 1) * bound
+            )
         return torch.cat(chunks).to(dtype)

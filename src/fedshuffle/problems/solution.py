@@ -23,12 +23,15 @@ from fedshuffle.data.sources.fetch import cache_dir
 from fedshuffle.problems.base import Problem
 
 
-
 _SOLUTIONS: dict[str, tuple[torch.Tensor, float]] = {}
 
 
 def _digest(problem: Problem, data: FederatedDataset) -> str:
-    h = hashlib.sha256(repr((type(problem).__name__, problem.dim, getattr(problem, "l2", None), getattr(problem, "num_classes", None))).encode())
+    h = hashlib.sha256(
+        repr(
+            (type(problem).__name__, problem.dim, getattr(problem, "l2", None), getattr(problem, "num_classes", None))
+        ).encode()
+    )
     for t in (data.features.double(), data.labels, data.sample_weights().double()):
         h.update(np.ascontiguousarray(t.cpu().numpy()).tobytes())
     return h.hexdigest()[:32]
@@ -36,15 +39,24 @@ def _digest(problem: Problem, data: FederatedDataset) -> str:
 
 def solution_key(spec: Mapping[str, Any], file_hashes: Mapping[str, str]) -> str:
     """The x* cache key of a run: its ``[problem]`` and ``[data]`` settings (those that make the data, not where
-    it is looked for), the seed of the split (``data.seed``, else ``run.seed``), ``run.dtype`` (the data are built in it) and the hashes of the data files the settings
+    it is looked for), the seed of the split (``data.seed``, else ``run.seed``), ``run.dtype`` (the data are built in
+    it) and the hashes of the data files the settings
     name (``data.path``). Named datasets (LIBSVM, MNIST, ...) are checked against their published SHA-256 when
     fetched, so their settings name their contents. Computing it reads no data: a run whose x* is cached never
     copies its dataset to float64 to hash it.
     """
     data = {k: v for k, v in spec.get("data", {}).items() if k not in ("data_dirs", "download", "verify", "mirror")}
     run = spec.get("run", {})
-    split_seed = run.get("seed") if data.get("seed") is None else data["seed"]  # the split's seed: data.seed, else the run's
-    settings = {"problem": spec.get("problem", {}), "data": data, "split_seed": split_seed, "dtype": run.get("dtype"), "files": dict(file_hashes)}
+    split_seed = (
+        run.get("seed") if data.get("seed") is None else data["seed"]
+    )  # the split's seed: data.seed, else the run's
+    settings = {
+        "problem": spec.get("problem", {}),
+        "data": data,
+        "split_seed": split_seed,
+        "dtype": run.get("dtype"),
+        "files": dict(file_hashes),
+    }
     return "config-" + hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

@@ -120,7 +120,8 @@ def adgd(
 
 @dataclass(frozen=True)
 class MetaEpochExtrapolation:
-    """RR-CLI's global step (Malinovsky, Horváth, Burlachenko & Richtárik 2023, Algorithm 1, line 18) around any server optimizer.
+    """RR-CLI's global step (Malinovsky, Horváth, Burlachenko & Richtárik 2023, Algorithm 1, line 18) around any server
+    optimizer.
 
     Rounds run ``inner`` from the meta-epoch's anchor x_t; after the R-th round of the meta-epoch
 
@@ -158,7 +159,8 @@ class MetaEpochExtrapolation:
 
 
 _REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2"
-#: Server optimizers by name; a factory's keyword parameters are the optimizer's settings (:mod:`fedshuffle.core.registry`).
+#: Server optimizers by name; a factory's keyword parameters are the optimizer's settings
+#: (:mod:`fedshuffle.core.registry`).
 SERVER_OPTIMIZERS = Registry("server.optimizer", runtime=(), noun="server optimizer")
 SERVER_OPTIMIZERS.add("sgd", sgd, "x ← x − η_g·Δ", "Horváth et al., FedShuffle, TMLR 2022, Algorithm 1")
 SERVER_OPTIMIZERS.add(

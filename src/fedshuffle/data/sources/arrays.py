@@ -18,8 +18,17 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.data.sources import checks
 
 #: what a damaged .npy/.npz raises while it is read (a corrupt deflate or LZMA member included)
-READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError,
-               RuntimeError, lzma.LZMAError, zlib.error)
+READ_ERRORS = (
+    ValueError,
+    OSError,
+    EOFError,
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    NotImplementedError,
+    RuntimeError,
+    lzma.LZMAError,
+    zlib.error,
+)
 
 
 def load_targets(path: str | Path) -> np.ndarray:
@@ -36,7 +45,10 @@ def load_targets(path: str | Path) -> np.ndarray:
     except READ_ERRORS as exc:
         raise ConfigError("data.path", f"cannot read {path} as a .npy array ({exc or type(exc).__name__})") from None
     if not isinstance(targets, np.ndarray) or targets.ndim != 2:
-        raise ConfigError("data.path", f"{path} must hold an array of shape (samples, dim), got shape {getattr(targets, 'shape', None)}")
+        raise ConfigError(
+            "data.path",
+            f"{path} must hold an array of shape (samples, dim), got shape {getattr(targets, 'shape', None)}",
+        )
     if targets.shape[0] == 0:
         raise ConfigError("data.path", f"{path} holds no samples")
     return checks.features(targets, where, "targets")
@@ -46,7 +58,12 @@ def synthetic_classification(
     num_samples: int, num_features: int, num_classes: int, rng: np.random.Generator, separation: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gaussian class clusters: x ~ N(μ_c, I) with μ_c ~ N(0, separation²·I); labels uniform over classes."""
-    limits.check_dataset(num_samples, num_features, "data.features" if num_features > num_samples else "data.samples", "the synthetic dataset")
+    limits.check_dataset(
+        num_samples,
+        num_features,
+        "data.features" if num_features > num_samples else "data.samples",
+        "the synthetic dataset",
+    )
     limits.check_fits(limits.array_bytes(num_classes, num_features), "data.classes", f"the {num_classes} class centers")
     centers = rng.normal(0.0, abs(separation), size=(num_classes, num_features))  # abs: −0.0 is 0
     labels = rng.integers(0, num_classes, size=num_samples)

@@ -32,12 +32,18 @@ def class_labels(y: object, where: str, record: str = "y") -> np.ndarray:
     if np.issubdtype(arr.dtype, np.floating):
         bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
         if bad.size:
-            raise DataError(where, f"{record}[{int(bad[0])}] = {float(arr[bad[0]]):g}: labels must be integers (class indices 0..C−1), not fractions")
+            raise DataError(
+                where,
+                f"{record}[{int(bad[0])}] = {float(arr[bad[0]]):g}: labels must be integers (class indices 0..C−1), "
+                "not fractions",
+            )
         if np.abs(arr).max() >= 2**62:
             raise DataError(where, f"{record}: labels must be class indices 0..C−1, found {arr.max():.3g}")
     negative = np.flatnonzero(arr < 0)
     if negative.size:
-        raise DataError(where, f"{record}[{int(negative[0])}] = {arr[negative[0]]:g}: labels must be class indices 0..C−1 (>= 0)")
+        raise DataError(
+            where, f"{record}[{int(negative[0])}] = {arr[negative[0]]:g}: labels must be class indices 0..C−1 (>= 0)"
+        )
     return arr.astype(np.int64)
 
 
@@ -82,7 +88,11 @@ def npy_header(fh: IO[bytes], where: str, available: int | None) -> tuple[tuple[
         raise DataError(where, "holds Python objects (pickled data is never loaded); save a numeric array")
     needed = limits.array_bytes(*shape, itemsize=dtype.itemsize)
     if available is not None and needed > available - fh.tell():
-        raise DataError(where, f"the header claims {shape} × {dtype} ({limits.human(needed)}) but the file holds {limits.human(max(available - fh.tell(), 0))}: truncated or corrupt")
+        raise DataError(
+            where,
+            f"the header claims {shape} × {dtype} ({limits.human(needed)}) but the file holds "
+            f"{limits.human(max(available - fh.tell(), 0))}: truncated or corrupt",
+        )
     limits.check_fits(limits.DATASET_COPIES * needed, where, f"the array {shape} of {dtype}", DataError)
     return tuple(shape), dtype
 

@@ -76,7 +76,9 @@ class DownloadLimits:
     attempts: int = 3  #: tries of a transient failure (time-out, reset, truncated or garbled reply, HTTP 5xx)
     backoff: float = 2.0  #: seconds before the second try, doubled before each next one
     max_bytes: int = 1 << 30  #: cap of a file whose size is not known (every registered file is smaller)
-    margin: float = 0.05  #: a file of known size may be this much larger (a mirror's other copy; the checksum decides) ...
+    margin: float = (
+        0.05  #: a file of known size may be this much larger (a mirror's other copy; the checksum decides) ...
+    )
     slack: int = 1 << 20  #: ... plus this many bytes
 
     def cap(self, remote: RemoteFile) -> int:
@@ -124,7 +126,11 @@ def resolve_data_path(path: str | Path, extra_dirs: Sequence[str | Path] = ()) -
         return found or Path(path).expanduser()
     cwd, *others = data_path_candidates(path, extra_dirs)
     places = ", ".join([f"the working directory ({Path.cwd() / cwd})", *map(str, others)])
-    hint = "" if os.environ.get("FEDSHUFFLE_DATA") else "; $FEDSHUFFLE_DATA is not set (export FEDSHUFFLE_DATA=<the folder holding it>)"
+    hint = (
+        ""
+        if os.environ.get("FEDSHUFFLE_DATA")
+        else "; $FEDSHUFFLE_DATA is not set (export FEDSHUFFLE_DATA=<the folder holding it>)"
+    )
     raise ConfigError("path", f"{path} not found; looked in the config file's folder, then {places}{hint}")
 
 
@@ -144,7 +150,8 @@ def _check(path: Path, remote: RemoteFile) -> Path:
         raise DataError(
             str(path),
             f"checksum mismatch for {remote.dataset}/{remote.name}: expected sha256 {remote.sha256}, got {actual}. "
-            "The file is truncated, corrupted or not the official copy; delete it to download again, or set data.verify = false to use it anyway.",
+            "The file is truncated, corrupted or not the official copy; delete it to download again, or set "
+            "data.verify = false to use it anyway.",
         )
     return path
 
@@ -152,7 +159,9 @@ def _check(path: Path, remote: RemoteFile) -> Path:
 def _find_local(remote: RemoteFile, extra_dirs: Sequence[str | Path], verify: bool) -> Path | None:
     """``remote`` in a data folder or the cache (checked), or ``None``."""
     cached = cache_dir() / remote.dataset / remote.name
-    for candidate in [p for folder in data_dirs(extra_dirs) for p in (folder / remote.dataset / remote.name, folder / remote.name)] + [cached]:
+    for candidate in [
+        p for folder in data_dirs(extra_dirs) for p in (folder / remote.dataset / remote.name, folder / remote.name)
+    ] + [cached]:
         if candidate.is_file():
             return _check(candidate, remote) if verify else candidate
     return None
@@ -176,7 +185,11 @@ def _url(remote: RemoteFile, mirror: str | None) -> str:
     """Where ``remote`` is downloaded from: the mirror's ``<dataset>/<file>``, else its official URL ('' if none)."""
     if mirror := mirror or os.environ.get("FEDSHUFFLE_MIRROR"):
         if problem := _url_problem(mirror):
-            raise ConfigError("data.mirror", f"{mirror!r} is {problem}; give the base URL of a server holding <dataset>/<file>, e.g. https://host/fedshuffle (also $FEDSHUFFLE_MIRROR)")
+            raise ConfigError(
+                "data.mirror",
+                f"{mirror!r} is {problem}; give the base URL of a server holding <dataset>/<file>, e.g. "
+                "https://host/fedshuffle (also $FEDSHUFFLE_MIRROR)",
+            )
         return f"{mirror.rstrip('/')}/{remote.dataset}/{remote.name}"
     return remote.url
 
@@ -184,16 +197,27 @@ def _url(remote: RemoteFile, mirror: str | None) -> str:
 def _nowhere(names: Sequence[RemoteFile], extra_dirs: Sequence[str | Path], why: str) -> DataError:
     first = names[0]
     alternatives = f" (or {', '.join(r.name for r in names[1:])})" if len(names) > 1 else ""
-    remedy = "set data.download = true" if why == "downloading is off" else "set data.mirror to a server holding <dataset>/<file>"
+    remedy = (
+        "set data.download = true"
+        if why == "downloading is off"
+        else "set data.mirror to a server holding <dataset>/<file>"
+    )
     return DataError(
         first.name,
-        f"{first.dataset}/{first.name}{alternatives} is not in {', '.join(map(str, data_dirs(extra_dirs))) or 'any data folder'} nor in the cache "
-        f"{cache_dir()}, and {why}. Put the file in a folder named by data.data_dirs or $FEDSHUFFLE_DATA (as <folder>/{first.dataset}/<file>), or {remedy}",
+        f"{first.dataset}/{first.name}{alternatives} is not in "
+        f"{', '.join(map(str, data_dirs(extra_dirs))) or 'any data folder'} nor in the cache "
+        f"{cache_dir()}, and {why}. Put the file in a folder named by data.data_dirs or $FEDSHUFFLE_DATA (as "
+        f"<folder>/{first.dataset}/<file>), or {remedy}",
     )
 
 
 def locate(
-    remote: RemoteFile, *, extra_dirs: Sequence[str | Path] = (), download: bool = True, verify: bool = True, timeout: float | None = None,
+    remote: RemoteFile,
+    *,
+    extra_dirs: Sequence[str | Path] = (),
+    download: bool = True,
+    verify: bool = True,
+    timeout: float | None = None,
     mirror: str | None = None,
 ) -> Path:
     """The local path of ``remote``: found in a data folder or the cache, or downloaded into the cache
@@ -222,7 +246,10 @@ def copy_bounded(src: IO[bytes], dst: IO[bytes], limit: int, where: str) -> int:
     while chunk := src.read(min(CHUNK, limit + 1 - copied)):
         copied += len(chunk)
         if copied > limit:
-            raise DataError(where, f"unpacks to more than {human(limit)}, more than the file it should hold; a damaged or hostile file")
+            raise DataError(
+                where,
+                f"unpacks to more than {human(limit)}, more than the file it should hold; a damaged or hostile file",
+            )
         dst.write(chunk)
     return copied
 
@@ -247,14 +274,20 @@ def tar_member(member: str) -> Derive:
                 for info in archive:  # one pass: compressed archives cannot seek back cheaply
                     if info.isfile() and Path(info.name).name == member:
                         if info.size > limit:
-                            raise DataError(f"{source}:{info.name}", f"the archive declares {human(info.size)}, more than the {human(limit)} the file may have")
+                            raise DataError(
+                                f"{source}:{info.name}",
+                                f"the archive declares {human(info.size)}, more than the {human(limit)} the file may "
+                                "have",
+                            )
                         with archive.extractfile(info) as src, open(out, "wb") as dst:
                             copy_bounded(src, dst, limit, f"{source}:{info.name}")
                         return
         except DataError:
             raise
         except (tarfile.TarError, *DECOMPRESSION_ERRORS) as exc:
-            raise DataError(str(source), f"not a readable archive ({' '.join(str(exc).split()) or type(exc).__name__})") from None
+            raise DataError(
+                str(source), f"not a readable archive ({' '.join(str(exc).split()) or type(exc).__name__})"
+            ) from None
         raise DataError(str(source), f"the archive has no member {member!r}")
 
     return extract
@@ -280,10 +313,17 @@ def _derive(source: Path, derive: Derive, target: RemoteFile, verify: bool) -> P
 
 
 def locate_derived(
-    target: RemoteFile, sources: Sequence[tuple[RemoteFile, Derive]], *, extra_dirs: Sequence[str | Path] = (), download: bool = True,
-    verify: bool = True, timeout: float | None = None, mirror: str | None = None,
+    target: RemoteFile,
+    sources: Sequence[tuple[RemoteFile, Derive]],
+    *,
+    extra_dirs: Sequence[str | Path] = (),
+    download: bool = True,
+    verify: bool = True,
+    timeout: float | None = None,
+    mirror: str | None = None,
 ) -> Path:
-    """The local path of ``target``, a file that can also be made from one of ``sources`` (e.g. unpacked from an archive).
+    """The local path of ``target``, a file that can also be made from one of ``sources`` (e.g. unpacked from an
+    archive).
 
     In order: ``target`` in a data folder or the cache; a source in a data folder or the cache,
     unpacked into the cache; then, if downloading is on, ``target`` and each source in turn from its
@@ -309,7 +349,11 @@ def locate_derived(
             failures.append(exc.message)
             continue
         return path if derive is None else _derive(path, derive, target, verify)
-    raise _nowhere([target, *(r for r, _ in sources)], extra_dirs, "no download succeeded" + (f" ({'; '.join(failures)})" if failures else ""))
+    raise _nowhere(
+        [target, *(r for r, _ in sources)],
+        extra_dirs,
+        "no download succeeded" + (f" ({'; '.join(failures)})" if failures else ""),
+    )
 
 
 class _Watchdog:
@@ -397,7 +441,9 @@ def _fetch(url: str, out: IO[bytes], cap: int, watchdog: _Watchdog, read_timeout
         with _opener(watchdog, read_timeout).open(url, timeout=read_timeout) as response:
             declared = response.headers.get("Content-Length", "")
             if declared.strip().isdigit() and int(declared) > cap:
-                raise _Failure(f"the server announces {human(int(declared))}, more than the {human(cap)} the file may have", False)
+                raise _Failure(
+                    f"the server announces {human(int(declared))}, more than the {human(cap)} the file may have", False
+                )
             read = getattr(response, "read1", response.read)
             received = 0
             while chunk := read(CHUNK):
@@ -409,12 +455,19 @@ def _fetch(url: str, out: IO[bytes], cap: int, watchdog: _Watchdog, read_timeout
                 raise _Failure(f"incomplete: {received} of the {int(declared)} bytes announced", True)
     except urllib.error.HTTPError as exc:
         exc.close()
-        raise _Failure(f"HTTP {exc.code} {' '.join(str(exc.reason).split())}", exc.code >= 500 or exc.code in (408, 429)) from None
+        raise _Failure(
+            f"HTTP {exc.code} {' '.join(str(exc.reason).split())}", exc.code >= 500 or exc.code in (408, 429)
+        ) from None
     except urllib.error.URLError as exc:
         reason = exc.reason
         permanent = isinstance(reason, (ConnectionRefusedError, socket.gaierror)) or not isinstance(reason, OSError)
-        raise _Failure(_one_line(reason) if isinstance(reason, BaseException) else " ".join(str(reason).split()), not permanent) from None
-    except (http.client.HTTPException, OSError) as exc:  # garbled status line, too many or too long headers, truncated, reset, time-out
+        raise _Failure(
+            _one_line(reason) if isinstance(reason, BaseException) else " ".join(str(reason).split()), not permanent
+        ) from None
+    except (
+        http.client.HTTPException,
+        OSError,
+    ) as exc:  # garbled status line, too many or too long headers, truncated, reset, time-out
         raise _Failure(_one_line(exc), not isinstance(exc, ConnectionRefusedError)) from None
     except ValueError as exc:  # a URL urllib cannot use
         raise _Failure(_one_line(exc), False) from None
@@ -426,8 +479,10 @@ def _download(remote: RemoteFile, target: Path, verify: bool, timeout: float | N
     """``url`` (default: the official one) into ``target`` through a temporary file, verified; every try
     bounded by :data:`LIMITS`. Any failure is one :class:`DataError` naming the URL and where to put the file."""
     url = url or remote.url
-    where_by_hand = (f"download {url} by hand and put it at {target}, or in a folder named by data.data_dirs or $FEDSHUFFLE_DATA "
-                     f"(as <folder>/{remote.dataset}/{remote.name})")
+    where_by_hand = (
+        f"download {url} by hand and put it at {target}, or in a folder named by data.data_dirs or $FEDSHUFFLE_DATA "
+        f"(as <folder>/{remote.dataset}/{remote.name})"
+    )
     if problem := _url_problem(url):
         raise DataError(url, f"could not download {remote.dataset}/{remote.name}: {problem}; {where_by_hand}")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -446,17 +501,25 @@ def _download(remote: RemoteFile, target: Path, verify: bool, timeout: float | N
                     break
                 except _Failure as failure:
                     if watchdog.expired:
-                        failure = _Failure(f"no complete file within the {seconds:g} s deadline ({failure.reason})", False)
+                        failure = _Failure(
+                            f"no complete file within the {seconds:g} s deadline ({failure.reason})", False
+                        )
                     pause = LIMITS.backoff * 2 ** (tries - 1)
                     if not failure.transient or tries >= LIMITS.attempts or time.monotonic() + pause - start >= seconds:
                         tried = f" after {tries} tries" if tries > 1 else ""
-                        raise DataError(url, f"could not download {remote.dataset}/{remote.name}{tried} ({failure.reason}); {where_by_hand}") from None
+                        raise DataError(
+                            url,
+                            f"could not download {remote.dataset}/{remote.name}{tried} ({failure.reason}); "
+                            f"{where_by_hand}",
+                        ) from None
                     time.sleep(pause)
         if verify:
             _check(tmp, remote)
         os.replace(tmp, target)
     except OSError as exc:  # the cache cannot be written
-        raise DataError(str(target), f"could not save {remote.dataset}/{remote.name} ({_one_line(exc)}); {where_by_hand}") from None
+        raise DataError(
+            str(target), f"could not save {remote.dataset}/{remote.name} ({_one_line(exc)}); {where_by_hand}"
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
     return target

@@ -42,10 +42,12 @@ def _read(path: Path) -> dict:
     room, source = limits.available_bytes()
     cap = int(limits.HEADROOM * room / JSON_EXPANSION)  # the text whose objects still fit: a gzip bomb stops here
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as fh:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as fh:
             text = fh.read(cap + 1)
         if len(text) > cap:
-            raise DataError(str(path), f"decompresses to more than {limits.human(cap)} of JSON, more than memory allows ({source})")
+            raise DataError(
+                str(path), f"decompresses to more than {limits.human(cap)} of JSON, more than memory allows ({source})"
+            )
         data = json.loads(text)
     except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
         raise DataError(str(path), f"cannot read ({exc})") from None
@@ -57,8 +59,14 @@ def _read(path: Path) -> dict:
         raise DataError(str(path), f"not valid JSON ({' '.join(str(exc).split(':')[0].split())})") from None
     except RecursionError:
         raise DataError(str(path), "JSON nested too deeply to be a LEAF file") from None
-    if not isinstance(data, dict) or not isinstance(data.get("users"), list) or not isinstance(data.get("user_data"), dict):
-        raise DataError(str(path), "not a LEAF file: expected an object with 'users' (a list) and 'user_data' (an object)")
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("users"), list)
+        or not isinstance(data.get("user_data"), dict)
+    ):
+        raise DataError(
+            str(path), "not a LEAF file: expected an object with 'users' (a list) and 'user_data' (an object)"
+        )
     return data
 
 
@@ -83,7 +91,11 @@ def _user(path: Path, user: str, record: object, expected: object) -> tuple[np.n
     if raw.size == 0 and raw.ndim == 1:
         raw = raw.reshape(0, 0)
     if raw.ndim != 2 or (raw.size and raw.dtype.kind not in "iuf"):
-        raise DataError(where, f"x must be a list of equally long rows of numbers (one row per sample), got shape {raw.shape} of {raw.dtype}")
+        raise DataError(
+            where,
+            f"x must be a list of equally long rows of numbers (one row per sample), got shape {raw.shape} of "
+            f"{raw.dtype}",
+        )
     with np.errstate(over="ignore"):
         x = raw.astype(np.float32)
     if x.shape[0] != labels.shape[0]:
@@ -109,13 +121,20 @@ def _split(folder: Path, files: Sequence[Path] | None = None) -> dict[str, tuple
     for path in files:
         data = _read(path)
         counts = data.get("num_samples")
-        counts = counts if isinstance(counts, list) and len(counts) == len(data["users"]) else [None] * len(data["users"])
+        counts = (
+            counts if isinstance(counts, list) and len(counts) == len(data["users"]) else [None] * len(data["users"])
+        )
         for user, expected in zip(data["users"], counts):
             if not isinstance(user, str):
                 raise DataError(str(path), f"user names must be strings, got {json.dumps(user)[:60]}")
             if user in users:
                 first = users[user][2]
-                raise DataError(f"{path}, user {user!r}", "listed twice" + (f" (also in {first})" if first != path else " in 'users'") + "; each user must appear once per split")
+                raise DataError(
+                    f"{path}, user {user!r}",
+                    "listed twice"
+                    + (f" (also in {first})" if first != path else " in 'users'")
+                    + "; each user must appear once per split",
+                )
             x, y = _user(path, user, data["user_data"].get(user), expected)
             users[user] = (x, y, path)
     return users
@@ -141,7 +160,10 @@ def load_leaf(
     held_out = [u for u in names if u in test and len(test[u][1])]
     for u in held_out:
         if test[u][0].shape[1] != width:
-            raise DataError(f"{test[u][2]}, user {u!r}", f"test samples have {test[u][0].shape[1]} features but training samples have {width}")
+            raise DataError(
+                f"{test[u][2]}, user {u!r}",
+                f"test samples have {test[u][0].shape[1]} features but training samples have {width}",
+            )
     test_x = np.concatenate([test[u][0] for u in held_out]) if held_out else np.zeros((0, width), dtype=np.float32)
     test_y = np.concatenate([test[u][1] for u in held_out]) if held_out else np.zeros(0, dtype=np.int64)
     return names, [train[u][:2] for u in names], (test_x, test_y)

@@ -29,13 +29,38 @@ OFFICIAL_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"
 LIBSVM_DATASETS: dict[str, tuple[int, dict[str, str]]] = {
     "phishing": (68, {"phishing": "0cf66ef36604c393da9359b2e5d894a2df8aee31fd184633cefa138add2ef08a"}),
     "mushrooms": (112, {"mushrooms": "f39a4eb628dc61a7d43760815b061c9e497aa728ce1ad8bde57a09ef6043b538"}),
-    "a3a": (123, {"a3a": "2d513572f103d25e84bebe4b9f2f52ee9445764b5a393caff7db9c482cfc1ee4", "a3a.t": "c46c9ea67e06f38e81d59c4883e3d670cbe55de6a5c32564b38fc89dcda3adac"}),
-    "w3a": (300, {"w3a": "f050c32d3bd2f18eccbe3847cfe8a3ba9dae4de67d73236013c4a7b9afb48cc7", "w3a.t": "623e195812435d3c54a0a87120ba9a927ed9771b1d29f9e35fdfa381416b2fb3"}),
-    "a9a": (123, {"a9a": "f5d5ffd8d865ff41328e7ee043e4b020816914ff6843ff15b98905ddbedce906", "a9a.t": "1f448a153f0320399a7e40836eb207655b0bde0f21fc941cc472193daa9f5de9"}),
+    "a3a": (
+        123,
+        {
+            "a3a": "2d513572f103d25e84bebe4b9f2f52ee9445764b5a393caff7db9c482cfc1ee4",
+            "a3a.t": "c46c9ea67e06f38e81d59c4883e3d670cbe55de6a5c32564b38fc89dcda3adac",
+        },
+    ),
+    "w3a": (
+        300,
+        {
+            "w3a": "f050c32d3bd2f18eccbe3847cfe8a3ba9dae4de67d73236013c4a7b9afb48cc7",
+            "w3a.t": "623e195812435d3c54a0a87120ba9a927ed9771b1d29f9e35fdfa381416b2fb3",
+        },
+    ),
+    "a9a": (
+        123,
+        {
+            "a9a": "f5d5ffd8d865ff41328e7ee043e4b020816914ff6843ff15b98905ddbedce906",
+            "a9a.t": "1f448a153f0320399a7e40836eb207655b0bde0f21fc941cc472193daa9f5de9",
+        },
+    ),
 }
 #: file → bytes (the download's size cap, with a margin)
 LIBSVM_BYTES: dict[str, int] = {
-    "phishing": 3620168, "mushrooms": 879712, "a3a": 227902, "a3a.t": 2101973, "w3a": 343282, "w3a.t": 3134956, "a9a": 2329875, "a9a.t": 1164628,
+    "phishing": 3620168,
+    "mushrooms": 879712,
+    "a3a": 227902,
+    "a3a.t": 2101973,
+    "w3a": 343282,
+    "w3a.t": 3134956,
+    "a9a": 2329875,
+    "a9a.t": 1164628,
 }
 
 _PAIR = re.compile(r"^(\d+):(\S+)$")
@@ -46,7 +71,11 @@ SPARSE_EXPANSION = 8
 def remote_file(name: str, split: str = "train", base_url: str | None = None) -> RemoteFile:
     """The :class:`RemoteFile` of a registered dataset's train or test file."""
     if name not in LIBSVM_DATASETS:
-        raise DataError("data.dataset", f"unknown LIBSVM dataset {name!r}; accepted: {', '.join(LIBSVM_DATASETS)} (or give data.path to any svmlight file)")
+        raise DataError(
+            "data.dataset",
+            f"unknown LIBSVM dataset {name!r}; accepted: {', '.join(LIBSVM_DATASETS)} (or give data.path to any "
+            "svmlight file)",
+        )
     files = LIBSVM_DATASETS[name][1]
     file = name if split == "train" else f"{name}.t"
     if file not in files:
@@ -56,9 +85,16 @@ def remote_file(name: str, split: str = "train", base_url: str | None = None) ->
 
 
 def load_libsvm_dataset(
-    name: str, split: str = "train", *, data_dirs: Sequence[str | Path] = (), download: bool = True, verify: bool = True, base_url: str | None = None
+    name: str,
+    split: str = "train",
+    *,
+    data_dirs: Sequence[str | Path] = (),
+    download: bool = True,
+    verify: bool = True,
+    base_url: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Features (N, d) and labels in {0, 1} of a registered LIBSVM dataset, located by :func:`~fedshuffle.datasets.fetch.locate`."""
+    """Features (N, d) and labels in {0, 1} of a registered LIBSVM dataset, located by
+    :func:`~fedshuffle.datasets.fetch.locate`."""
     path = locate(remote_file(name, split, base_url), extra_dirs=data_dirs, download=download, verify=verify)
     return read_svmlight(path, LIBSVM_DATASETS[name][0])
 
@@ -108,16 +144,23 @@ def parse_svmlight(path: str | Path, num_features: int | None = None) -> tuple[n
     try:
         features, labels = load_svmlight_file(str(path), n_features=num_features, dtype=np.float64)
     except (ValueError, RuntimeError, UnicodeDecodeError, OverflowError) as exc:
-        raise DataError(_first_bad_line(path, num_features) or str(path), f"not a valid svmlight file ({exc})") from None
+        raise DataError(
+            _first_bad_line(path, num_features) or str(path), f"not a valid svmlight file ({exc})"
+        ) from None
     if features.shape[0] == 0:
         raise DataError(str(path), "the file holds no samples")
     fractional = np.flatnonzero(~np.isfinite(labels) | (labels != np.round(labels)))
     if fractional.size:
         row = int(fractional[0])
-        raise DataError(f"{path}, line {_line_of_row(path, row)}", f"label {float(labels[row]):g} is not an integer; classification needs integer class labels")
+        raise DataError(
+            f"{path}, line {_line_of_row(path, row)}",
+            f"label {float(labels[row]):g} is not an integer; classification needs integer class labels",
+        )
     values = np.unique(labels)
     if len(values) != 2:
-        raise DataError(str(path), f"binary classification needs exactly two label values, found {values[:10].tolist()}")
+        raise DataError(
+            str(path), f"binary classification needs exactly two label values, found {values[:10].tolist()}"
+        )
     bad = np.flatnonzero(~np.isfinite(features.data))
     if bad.size:
         row = int(np.searchsorted(features.indptr, bad[0], side="right") - 1)
@@ -129,7 +172,13 @@ def parse_svmlight(path: str | Path, num_features: int | None = None) -> tuple[n
         where = f"{path}, line {_line_of_row(path, widest)}"
     else:
         where = str(path)
-    limits.check_dataset(features.shape[0], features.shape[1], where, f"the dense matrix (largest feature index {features.shape[1]})", DataError)
+    limits.check_dataset(
+        features.shape[0],
+        features.shape[1],
+        where,
+        f"the dense matrix (largest feature index {features.shape[1]})",
+        DataError,
+    )
     return features.toarray(), (labels == values[1]).astype(np.int64)
 
 

@@ -32,7 +32,10 @@ MNIST_FILES: dict[str, str] = {
 }
 #: file → bytes of the official .gz (the download's size cap, with a margin)
 MNIST_BYTES: dict[str, int] = {
-    "train-images-idx3-ubyte.gz": 9912422, "train-labels-idx1-ubyte.gz": 28881, "t10k-images-idx3-ubyte.gz": 1648877, "t10k-labels-idx1-ubyte.gz": 4542,
+    "train-images-idx3-ubyte.gz": 9912422,
+    "train-labels-idx1-ubyte.gz": 28881,
+    "t10k-images-idx3-ubyte.gz": 1648877,
+    "t10k-labels-idx1-ubyte.gz": 4542,
 }
 _PREFIX = {"train": "train", "test": "t10k"}
 
@@ -70,7 +73,10 @@ def read_idx(path: str | Path, ndim: int) -> np.ndarray:
             shape = tuple(int(v) for v in np.frombuffer(dims, dtype=">u4"))
             record = math.prod(shape[1:])
             if shape[0] > MAX_RECORDS or record > 1 << 20:
-                raise DataError(str(path), f"the header declares {shape}, more than any MNIST file ({MAX_RECORDS} records of at most 1 MiB)")
+                raise DataError(
+                    str(path),
+                    f"the header declares {shape}, more than any MNIST file ({MAX_RECORDS} records of at most 1 MiB)",
+                )
             expected = shape[0] * record
             limits.check_fits(limits.DATASET_COPIES * 4 * expected, str(path), f"the {shape} images", DataError)
             payload = fh.read(expected + 1)  # one byte more: anything after the declared records is an error
@@ -81,7 +87,11 @@ def read_idx(path: str | Path, ndim: int) -> np.ndarray:
     if len(payload) != expected:
         complete = len(payload) // record if record else 0
         if complete < shape[0]:
-            raise DataError(f"{path}, record {complete}", f"truncated: the header declares {shape[0]} records of {record} bytes, the file holds {complete} complete ones")
+            raise DataError(
+                f"{path}, record {complete}",
+                f"truncated: the header declares {shape[0]} records of {record} bytes, the file holds {complete} "
+                "complete ones",
+            )
         raise DataError(str(path), f"more bytes after the {shape[0]} records the header declares")
     return np.frombuffer(payload, dtype=np.uint8).reshape(shape)
 
@@ -101,12 +111,21 @@ def read_mnist_pair(images: str | Path, labels: str | Path) -> tuple[np.ndarray,
 def remote_files(split: str) -> tuple[RemoteFile, RemoteFile]:
     """The images and labels :class:`RemoteFile` of the ``"train"`` or ``"test"`` split."""
     names = (f"{_PREFIX[split]}-images-idx3-ubyte.gz", f"{_PREFIX[split]}-labels-idx1-ubyte.gz")
-    return tuple(RemoteFile("mnist", n, OFFICIAL_URL + n, MNIST_FILES[n], MNIST_BYTES.get(n, 0)) for n in names)  # type: ignore[return-value]
+    files = tuple(RemoteFile("mnist", n, OFFICIAL_URL + n, MNIST_FILES[n], MNIST_BYTES.get(n, 0)) for n in names)
+    return files  # type: ignore[return-value]
 
 
 def load_mnist(
-    split: str = "train", *, data_dirs: Sequence[str | Path] = (), download: bool = True, verify: bool = True, mirror: str | None = None
+    split: str = "train",
+    *,
+    data_dirs: Sequence[str | Path] = (),
+    download: bool = True,
+    verify: bool = True,
+    mirror: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST's official ``"train"`` (60,000) or ``"test"`` (10,000) images and labels, located by :func:`~fedshuffle.data.sources.fetch.locate`."""
-    images, labels = (locate(r, extra_dirs=data_dirs, download=download, verify=verify, mirror=mirror) for r in remote_files(split))
+    """MNIST's official ``"train"`` (60,000) or ``"test"`` (10,000) images and labels, located by
+    :func:`~fedshuffle.data.sources.fetch.locate`."""
+    images, labels = (
+        locate(r, extra_dirs=data_dirs, download=download, verify=verify, mirror=mirror) for r in remote_files(split)
+    )
     return read_mnist_pair(images, labels)

@@ -45,10 +45,18 @@ TFF_FILES: dict[str, str] = {
     "shakespeare_test.h5.gz": "2a4f1b0a19a96f2d75d5b14062efcb2637c16df44531d723101fe5a6d3cdfc8d",
 }
 #: bytes of those files (the size cap of their download or unpacking, with a margin)
-TFF_BYTES: dict[str, int] = {"shakespeare_train.h5": 4035752, "shakespeare_test.h5": 2745814, "shakespeare_train.h5.gz": 1612057, "shakespeare_test.h5.gz": 298420}
-#: a genuine LEAF output (``preprocess.sh -s niid --sf 0.023 -k 64 -t sample --tf 0.9``, 10 users); LEAF publishes no JSON to download
+TFF_BYTES: dict[str, int] = {
+    "shakespeare_train.h5": 4035752,
+    "shakespeare_test.h5": 2745814,
+    "shakespeare_train.h5.gz": 1612057,
+    "shakespeare_test.h5.gz": 298420,
+}
+#: a genuine LEAF output (``preprocess.sh -s niid --sf 0.023 -k 64 -t sample --tf 0.9``, 10 users); LEAF publishes no
+#: JSON to download
 LEAF_FILES: dict[str, str] = {
-    "train/all_data_niid_023_keep_64_train_9.json.gz": "315e08b509c100007ba3f5873edcd3bb8563fa1f8fbb7d274eb84883a7ff2ac6",
+    "train/all_data_niid_023_keep_64_train_9.json.gz": (
+        "315e08b509c100007ba3f5873edcd3bb8563fa1f8fbb7d274eb84883a7ff2ac6"
+    ),
     "test/all_data_niid_023_keep_64_test_9.json.gz": "3dc91843684e7fc9d8f509584a948acf6618a646a0c0745793e04b21cb7aa3be",
 }
 
@@ -79,7 +87,9 @@ def encode_snippets(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.nd
     tokens[starts[:-1] + 1 + lengths] = EOS
     within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     tokens[np.repeat(starts[:-1] + 1, lengths) + within] = _codes("".join(texts), _TFF_TABLE, OOV)
-    row_starts = np.repeat(starts[:-1], rows) + SEQUENCE_LENGTH * (np.arange(rows.sum()) - np.repeat(np.cumsum(rows) - rows, rows))
+    row_starts = np.repeat(starts[:-1], rows) + SEQUENCE_LENGTH * (
+        np.arange(rows.sum()) - np.repeat(np.cumsum(rows) - rows, rows)
+    )
     window = row_starts[:, None] + np.arange(SEQUENCE_LENGTH)
     return tokens[window], tokens[window + 1], rows
 
@@ -100,7 +110,10 @@ def encode_leaf(windows: Sequence[str], targets: Sequence[str]) -> tuple[np.ndar
         raise ValueError(f"{len(windows)} windows x but {len(targets)} targets y")
     for i, (w, t) in enumerate(zip(windows, targets)):
         if not isinstance(w, str) or len(w) != SEQUENCE_LENGTH:
-            raise ValueError(f"record {i}: x must be a string of {SEQUENCE_LENGTH} characters, got {type(w).__name__} of length {len(w)}")
+            raise ValueError(
+                f"record {i}: x must be a string of {SEQUENCE_LENGTH} characters, got {type(w).__name__} of length "
+                f"{len(w)}"
+            )
         if not isinstance(t, str) or len(t) != 1:
             raise ValueError(f"record {i}: y must be one character, got {t!r}")
     x = _codes("".join(windows), _LEAF_TABLE, -1).reshape(len(windows), SEQUENCE_LENGTH)
@@ -108,7 +121,10 @@ def encode_leaf(windows: Sequence[str], targets: Sequence[str]) -> tuple[np.ndar
     for name, ids, text in (("x", x.reshape(len(windows), -1), windows), ("y", y.reshape(len(targets), 1), targets)):
         if (bad := np.argwhere(ids < 0)).size:
             row, col = (int(v) for v in bad[0])
-            raise ValueError(f"record {row}: {name} has the character {text[row][col]!r}, which is not in LEAF's 80-character vocabulary")
+            raise ValueError(
+                f"record {row}: {name} has the character {text[row][col]!r}, which is not in LEAF's 80-character "
+                "vocabulary"
+            )
     return x, y
 
 
@@ -120,13 +136,24 @@ def _tff_snippets(record, where: str) -> np.ndarray:
         raise DataError(where, f"expected a group with a 'snippets' dataset, got a {type(record).__name__}")
     snippets = record.get("snippets")
     if not isinstance(snippets, h5py.Dataset):
-        raise DataError(where, "no 'snippets' dataset" if snippets is None else f"'snippets' is a {type(snippets).__name__}, not a dataset")
-    if snippets.ndim != 1 or not len(snippets) or (snippets.dtype.kind not in "SU" and h5py.check_string_dtype(snippets.dtype) is None):
+        raise DataError(
+            where,
+            "no 'snippets' dataset"
+            if snippets is None
+            else f"'snippets' is a {type(snippets).__name__}, not a dataset",
+        )
+    if (
+        snippets.ndim != 1
+        or not len(snippets)
+        or (snippets.dtype.kind not in "SU" and h5py.check_string_dtype(snippets.dtype) is None)
+    ):
         raise DataError(where, f"snippets must be a non-empty list of strings, got {snippets.dtype} {snippets.shape}")
     return snippets[()]
 
 
-def read_tff_shakespeare(path: str | Path, clients: int | None = None) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
+def read_tff_shakespeare(
+    path: str | Path, clients: int | None = None
+) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
     """Role names (sorted; the first ``clients``) and each role's encoded (inputs, targets) from a TFF ``.h5``."""
     import h5py
 
@@ -151,8 +178,16 @@ def read_tff_shakespeare(path: str | Path, clients: int | None = None) -> tuple[
         raise
     except OSError as exc:
         raise DataError(str(path), f"not a readable HDF5 file ({exc})") from None
-    except (KeyError, RuntimeError, AttributeError, TypeError, ValueError) as exc:  # h5py on objects of another kind than expected
-        raise DataError(str(path), f"not TFF's Shakespeare layout ({' '.join(str(exc).split()) or type(exc).__name__})") from None
+    except (
+        KeyError,
+        RuntimeError,
+        AttributeError,
+        TypeError,
+        ValueError,
+    ) as exc:  # h5py on objects of another kind than expected
+        raise DataError(
+            str(path), f"not TFF's Shakespeare layout ({' '.join(str(exc).split()) or type(exc).__name__})"
+        ) from None
     if not roles:
         raise DataError(str(path), "no clients under /examples")
     x, y, rows = encode_snippets(texts)
@@ -160,22 +195,43 @@ def read_tff_shakespeare(path: str | Path, clients: int | None = None) -> tuple[
     return roles, [(x[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def tff_file(split: str, *, data_dirs: Sequence[str | Path] = (), download: bool = True, verify: bool = True, mirror: str | None = None) -> Path:
-    """TFF's ``shakespeare_{split}.h5``: itself, its ``.h5.gz`` copy, or unpacked from TFF's archive (downloaded if needed)."""
+def tff_file(
+    split: str,
+    *,
+    data_dirs: Sequence[str | Path] = (),
+    download: bool = True,
+    verify: bool = True,
+    mirror: str | None = None,
+) -> Path:
+    """TFF's ``shakespeare_{split}.h5``: itself, its ``.h5.gz`` copy, or unpacked from TFF's archive (downloaded if
+    needed)."""
     name, folder = f"shakespeare_{split}.h5", "shakespeare/tff"
     archive, archive_sha = TFF_ARCHIVE
     return locate_derived(
         RemoteFile(folder, name, "", TFF_FILES[name], TFF_BYTES[name]),
-        [(RemoteFile(folder, name + ".gz", "", TFF_FILES[name + ".gz"], TFF_BYTES[name + ".gz"]), gunzip), (RemoteFile(folder, archive, TFF_URL + archive, archive_sha), tar_member(name))],
-        extra_dirs=data_dirs, download=download, verify=verify, mirror=mirror,
+        [
+            (RemoteFile(folder, name + ".gz", "", TFF_FILES[name + ".gz"], TFF_BYTES[name + ".gz"]), gunzip),
+            (RemoteFile(folder, archive, TFF_URL + archive, archive_sha), tar_member(name)),
+        ],
+        extra_dirs=data_dirs,
+        download=download,
+        verify=verify,
+        mirror=mirror,
     )
 
 
 def load_tff_shakespeare(
-    clients: int | None = None, *, data_dirs: Sequence[str | Path] = (), download: bool = True, verify: bool = True, mirror: str | None = None
+    clients: int | None = None,
+    *,
+    data_dirs: Sequence[str | Path] = (),
+    download: bool = True,
+    verify: bool = True,
+    mirror: str | None = None,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray]]:
     """TFF's roles as clients (the first ``clients`` by name) and the pooled test sequences of those roles."""
-    paths = {s: tff_file(s, data_dirs=data_dirs, download=download, verify=verify, mirror=mirror) for s in ("train", "test")}
+    paths = {
+        s: tff_file(s, data_dirs=data_dirs, download=download, verify=verify, mirror=mirror) for s in ("train", "test")
+    }
     roles, train = read_tff_shakespeare(paths["train"], clients)
     test_roles, test = read_tff_shakespeare(paths["test"])
     kept = set(roles)
@@ -185,7 +241,21 @@ def load_tff_shakespeare(
     return train, (test_x, test_y)
 
 
-def leaf_files(*, data_dirs: Sequence[str | Path] = (), download: bool = True, verify: bool = True, mirror: str | None = None) -> tuple[list[Path], list[Path]]:
-    """The registered LEAF Shakespeare ``(train, test)`` files, located and checked (downloadable from a mirror only)."""
-    paths = {name: locate(RemoteFile("shakespeare/leaf", name, "", sha), extra_dirs=data_dirs, download=download, verify=verify, mirror=mirror) for name, sha in LEAF_FILES.items()}
-    return [p for n, p in paths.items() if n.startswith("train/")], [p for n, p in paths.items() if n.startswith("test/")]
+def leaf_files(
+    *, data_dirs: Sequence[str | Path] = (), download: bool = True, verify: bool = True, mirror: str | None = None
+) -> tuple[list[Path], list[Path]]:
+    """The registered LEAF Shakespeare ``(train, test)`` files, located and checked (downloadable from a mirror
+    only)."""
+    paths = {
+        name: locate(
+            RemoteFile("shakespeare/leaf", name, "", sha),
+            extra_dirs=data_dirs,
+            download=download,
+            verify=verify,
+            mirror=mirror,
+        )
+        for name, sha in LEAF_FILES.items()
+    }
+    return [p for n, p in paths.items() if n.startswith("train/")], [
+        p for n, p in paths.items() if n.startswith("test/")
+    ]

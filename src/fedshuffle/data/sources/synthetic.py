@@ -47,7 +47,9 @@ class FedProxSynthetic:
 
     def check_memory(self) -> None:
         """Refuse (naming ``data.clients``) a population whose samples do not fit in memory, before any is drawn."""
-        limits.check_dataset(float(self.sizes.sum(dtype=np.float64)), DIM, "data.clients", f"{self.devices} Synthetic devices")
+        limits.check_dataset(
+            float(self.sizes.sum(dtype=np.float64)), DIM, "data.clients", f"{self.devices} Synthetic devices"
+        )
 
     @property
     def train_sizes(self) -> np.ndarray:
@@ -57,10 +59,22 @@ class FedProxSynthetic:
         """The device's generating parameters (u, B, W, b, v)."""
         if self.iid:
             shared = generator(self.seed, Stream.PARTITION, 0, 1)
-            return {"u": 0.0, "B": 0.0, "W": shared.normal(0, 1, (DIM, CLASSES)), "b": shared.normal(0, 1, CLASSES), "v": np.zeros(DIM)}
+            return {
+                "u": 0.0,
+                "B": 0.0,
+                "W": shared.normal(0, 1, (DIM, CLASSES)),
+                "b": shared.normal(0, 1, CLASSES),
+                "v": np.zeros(DIM),
+            }
         rng = generator(self.seed, Stream.PARTITION, device + 1, 0)
         u, big_b = rng.normal(0, self.alpha), rng.normal(0, self.beta)
-        return {"u": u, "B": big_b, "W": rng.normal(u, 1, (DIM, CLASSES)), "b": rng.normal(u, 1, CLASSES), "v": rng.normal(big_b, 1, DIM)}
+        return {
+            "u": u,
+            "B": big_b,
+            "W": rng.normal(u, 1, (DIM, CLASSES)),
+            "b": rng.normal(u, 1, CLASSES),
+            "v": rng.normal(big_b, 1, DIM),
+        }
 
     def device(self, device: int) -> tuple[np.ndarray, np.ndarray]:
         """All of device ``device``'s samples (train first), features ``(n_k, 60)`` and labels."""

@@ -6,7 +6,8 @@
   ClientApp (the client half for the clients a node hosts, client state kept across rounds).
 * :func:`~.app.simulate`: both on Flower's simulation engine, with Ray bound to 127.0.0.1.
 * :func:`~.bundle.write_app` (``fedshuffle flower-app CONFIG DIR``): a ready Flower App folder for ``flwr run``.
-* :func:`~.nodedata.write_node_folders` (``fedshuffle flower-split CONFIG --nodes K --out DIR``): each node's own data folder.
+* :func:`~.nodedata.write_node_folders` (``fedshuffle flower-split CONFIG --nodes K --out DIR``): each node's own data
+  folder.
 
 Only :mod:`.bundle`, :mod:`.common` and :mod:`.nodedata` work without Flower installed.
 """
@@ -17,8 +18,16 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "FedShuffleStrategy": "strategy", "ServerHalf": "strategy", "FederationError": "strategy", "ClientStateLost": "strategy",
-    "server_app": "app", "client_app": "app", "simulate": "app", "write_app": "bundle", "AppSettings": "common", "FederatedRun": "common",
+    "FedShuffleStrategy": "strategy",
+    "ServerHalf": "strategy",
+    "FederationError": "strategy",
+    "ClientStateLost": "strategy",
+    "server_app": "app",
+    "client_app": "app",
+    "simulate": "app",
+    "write_app": "bundle",
+    "AppSettings": "common",
+    "FederatedRun": "common",
     "write_node_folders": "nodedata",
 }
 

@@ -8,7 +8,8 @@ all of them are built before the first message, so a bad configuration stops the
 
 :func:`simulate` runs both on Flower's simulation engine with a Ray that listens on 127.0.0.1 only.
 
-A run that cannot go on (a bad run config, a missing node, two nodes hosting one client, a client no node hosts, lost client
+A run that cannot go on (a bad run config, a missing node, two nodes hosting one client, a client no node hosts, lost
+client
 state, an invalid reply under ``invalid-reply = "stop"``) ends with fedshuffle's error: Flower logs it
 as one line naming the setting or node (:class:`OneLineErrors`), not as a traceback.
 """
@@ -71,7 +72,10 @@ def _experiment(source: Source) -> Experiment:
 
 def runs_for(source: Source, run_config: Mapping[str, Any]) -> list[FederatedRun]:
     """The runs a run configuration selects from ``source`` (cached per process)."""
-    key = (source.model_dump_json() if isinstance(source, Experiment) else str(source), tuple(sorted(run_config.items())))
+    key = (
+        source.model_dump_json() if isinstance(source, Experiment) else str(source),
+        tuple(sorted(run_config.items())),
+    )
     if key not in _RUNS:
         _RUNS[key] = federated_runs(_experiment(source), AppSettings.from_run_config(run_config))
     return _RUNS[key]
@@ -96,8 +100,21 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
         config = _run_config(run_config, context)
         settings = AppSettings.from_run_config(config)
         runs = runs_for(source, config)
-        strategies = [FedShuffleStrategy(run, round_timeout=settings.round_timeout, connect_timeout=settings.connect_timeout, out=settings.out or None, resume=settings.resume, log=LOGGER.info,
-                                         invalid_reply=settings.invalid_reply, node_data=settings.node_data, secure=SecureAggregation.from_settings(settings), evaluation=settings.evaluation) for run in runs]
+        strategies = [
+            FedShuffleStrategy(
+                run,
+                round_timeout=settings.round_timeout,
+                connect_timeout=settings.connect_timeout,
+                out=settings.out or None,
+                resume=settings.resume,
+                log=LOGGER.info,
+                invalid_reply=settings.invalid_reply,
+                node_data=settings.node_data,
+                secure=SecureAggregation.from_settings(settings),
+                evaluation=settings.evaluation,
+            )
+            for run in runs
+        ]
         nodes = handshake(grid, strategies, settings.connect_timeout)
         for strategy in strategies:
             strategy.nodes = dict(nodes)
@@ -107,7 +124,8 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
 
 
 def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> ClientApp:
-    """The ClientApp: this node's clients (``clients``, or ``partition-id``) of whichever run a message names, built from the
+    """The ClientApp: this node's clients (``clients``, or ``partition-id``) of whichever run a message names, built
+    from the
     node's own files where its node config has a ``data-path`` (``run_config`` as for :func:`server_app`)."""
 
     _one_line_errors()
@@ -118,13 +136,24 @@ def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> C
             raise IndexError(f"run {index} asked for; this app's run config selects {len(runs)} run(s)")
         run, clients, folder = runs[index], hosted_clients(context), context.node_config.get("data-path")
         key = (context.run_id, run.digest, clients, str(folder or ""))
-        return _RUNTIMES.get(key, lambda: NodeRuntime.from_folder(run, clients, str(folder)) if folder else NodeRuntime.build(run, clients))
+        return _RUNTIMES.get(
+            key,
+            lambda: NodeRuntime.from_folder(run, clients, str(folder)) if folder else NodeRuntime.build(run, clients),
+        )
 
     return make_client_app(runtime)
 
 
-def simulate(source: Source, num_supernodes: int, run_config: Mapping[str, Any] | None = None, *, cpus: int | None = None, client_cpus: float = 1.0) -> None:
-    """The experiment on Flower's simulation engine (``flwr.simulation.run_simulation``), one virtual SuperNode per client.
+def simulate(
+    source: Source,
+    num_supernodes: int,
+    run_config: Mapping[str, Any] | None = None,
+    *,
+    cpus: int | None = None,
+    client_cpus: float = 1.0,
+) -> None:
+    """The experiment on Flower's simulation engine (``flwr.simulation.run_simulation``), one virtual SuperNode per
+    client.
 
     Flower's engine runs on Ray, whose services listen on every interface unless told otherwise (an open Ray
     runs any code sent to it). Here Ray is started first, bound to 127.0.0.1 only, with ``cpus`` CPUs (default:
@@ -137,10 +166,19 @@ def simulate(source: Source, num_supernodes: int, run_config: Mapping[str, Any] 
     from fedshuffle.executors.ray import start_local_ray, stop_local_ray
 
     if ray.is_initialized():
-        raise ConfigError("ray", "a Ray is already running in this process; simulate() starts its own, bound to 127.0.0.1 (call ray.shutdown() first)")
+        raise ConfigError(
+            "ray",
+            "a Ray is already running in this process; simulate() starts its own, bound to 127.0.0.1 (call "
+            "ray.shutdown() first)",
+        )
     server, client = server_app(source, run_config), client_app(source, run_config)
     temp_dir = start_local_ray(ray, cpus or os.cpu_count() or 1)
     try:
-        run_simulation(server, client, num_supernodes=num_supernodes, backend_config={"client_resources": {"num_cpus": client_cpus}})
+        run_simulation(
+            server,
+            client,
+            num_supernodes=num_supernodes,
+            backend_config={"client_resources": {"num_cpus": client_cpus}},
+        )
     finally:
         stop_local_ray(ray, temp_dir)

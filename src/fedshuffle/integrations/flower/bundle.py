@@ -1,4 +1,5 @@
-"""``fedshuffle flower-app CONFIG DIR``: a fedshuffle experiment as a ready Flower App folder (no Flower needed to write it).
+"""``fedshuffle flower-app CONFIG DIR``: a fedshuffle experiment as a ready Flower App folder (no Flower needed to write
+it).
 
 The folder holds ``pyproject.toml`` (the app's components and run configuration), ``experiment.json``
 (the validated experiment, paths made absolute) and ``fedshuffle_app.py`` (the ServerApp and ClientApp
@@ -41,8 +42,8 @@ NOT_INSTALLED = "unknown (not installed)"
 def app_module(version: str, plugin_modules: Sequence[str] = ()) -> str:
     """The app's module: the version check, the consent to the experiment's plugins (given when the app was written),
     then the ServerApp and the ClientApp of the experiment."""
-    return f'''"""A fedshuffle experiment as a Flower App (written by ``fedshuffle flower-app`` with fedshuffle {version};
-the experiment is {EXPERIMENT_FILE})."""
+    return f'''"""A fedshuffle experiment as a Flower App (written by ``fedshuffle flower-app`` with fedshuffle
+{version}; the experiment is {EXPERIMENT_FILE})."""
 
 from pathlib import Path
 
@@ -50,7 +51,8 @@ from fedshuffle.integrations.flower.app import client_app, server_app
 from fedshuffle.integrations.flower.bundle import require_version
 from fedshuffle.plugins import allow
 
-require_version({json.dumps(version)})  # the fedshuffle this app was made with: a machine running another one refuses it
+# the fedshuffle this app was made with: a machine running another one refuses it
+require_version({json.dumps(version)})
 allow({json.dumps(list(plugin_modules))}, "the Flower App (consented when it was written)")
 
 EXPERIMENT = Path(__file__).with_name("{EXPERIMENT_FILE}")
@@ -72,8 +74,12 @@ def require_version(made_with: str) -> None:
     """Refuse (:class:`ConfigError`, one line) to build an app made with another fedshuffle than the installed one."""
     running = installed_version()
     if running != made_with:
-        raise ConfigError("fedshuffle", f"this Flower app was made with fedshuffle {made_with}, this machine runs fedshuffle {running}: "
-                                        f"install fedshuffle=={made_with} here (or the wheel in the app's {WHEELS}/ folder), or write the app again")
+        raise ConfigError(
+            "fedshuffle",
+            f"this Flower app was made with fedshuffle {made_with}, this machine runs fedshuffle {running}: "
+            f"install fedshuffle=={made_with} here (or the wheel in the app's {WHEELS}/ folder), or write the app "
+            "again",
+        )
 
 
 def _toml_string(text: str) -> str:
@@ -82,14 +88,17 @@ def _toml_string(text: str) -> str:
 
 def _dependency(version: str, wheel: Path | None) -> str:
     """The app's dependency on fedshuffle: the version it was made with, from an index or from the bundled ``wheel``
-    (uv's source; its metadata declares no requirement, so that nothing else is fetched: the runtime's environment has them)."""
+    (uv's source; its metadata declares no requirement, so that nothing else is fetched: the runtime's environment has
+    them)."""
     if wheel is None:
         return f'dependencies = ["fedshuffle[flower]=={version}"]\n'
-    return (f'dependencies = ["fedshuffle=={version}"]\n\n'
-            "# the bundled wheel, installed by Flower's runtime installation (uv sync) without an index; fedshuffle's own\n"
-            "# dependencies (torch, numpy, ...) and flwr come from the environment the SuperLink or SuperNode runs in\n"
-            f"[tool.uv.sources]\nfedshuffle = {{ path = {_toml_string(str(wheel))} }}\n\n"
-            f'[[tool.uv.dependency-metadata]]\nname = "fedshuffle"\nversion = {_toml_string(version)}\nrequires-dist = []\n')
+    return (
+        f'dependencies = ["fedshuffle=={version}"]\n\n'
+        "# the bundled wheel, installed by Flower's runtime installation (uv sync) without an index; fedshuffle's own\n"
+        "# dependencies (torch, numpy, ...) and flwr come from the environment the SuperLink or SuperNode runs in\n"
+        f"[tool.uv.sources]\nfedshuffle = {{ path = {_toml_string(str(wheel))} }}\n\n"
+        f'[[tool.uv.dependency-metadata]]\nname = "fedshuffle"\nversion = {_toml_string(version)}\nrequires-dist = []\n'
+    )
 
 
 def _run_config(settings: AppSettings) -> str:
@@ -102,7 +111,9 @@ def _run_config(settings: AppSettings) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pyproject(name: str, description: str, settings: AppSettings, version: str | None = None, wheel: Path | None = None) -> str:
+def pyproject(
+    name: str, description: str, settings: AppSettings, version: str | None = None, wheel: Path | None = None
+) -> str:
     """The app's pyproject.toml: components, the run configuration :class:`AppSettings` reads, and the dependency
     on fedshuffle ``version`` (default: the installed one), from the bundled ``wheel`` where one is given."""
     return f"""# A fedshuffle experiment as a Flower App (written by `fedshuffle flower-app`).
@@ -157,16 +168,34 @@ def build_wheel(into: Path) -> Path:
     package = Path(fedshuffle.__file__).resolve().parent
     root = package.parents[1]
     if not (root / "pyproject.toml").is_file() or package != root / "src" / "fedshuffle":
-        raise ConfigError("--bundle-wheel", f"fedshuffle runs from {package}, not from a source tree (src/fedshuffle beside a pyproject.toml): "
-                                            "give its wheel with --wheel FILE")
+        raise ConfigError(
+            "--bundle-wheel",
+            f"fedshuffle runs from {package}, not from a source tree (src/fedshuffle beside a pyproject.toml): "
+            "give its wheel with --wheel FILE",
+        )
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "source"
         shutil.copytree(root / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         for name in ("pyproject.toml", "README.md", "LICENSE"):
             if (root / name).is_file():
                 shutil.copy2(root / name, tree / name)
-        built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet",
-                                "--wheel-dir", str(Path(tmp) / "dist"), str(tree)], capture_output=True, text=True)
+        built = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "--quiet",
+                "--wheel-dir",
+                str(Path(tmp) / "dist"),
+                str(tree),
+            ],
+            capture_output=True,
+            text=True,
+        )
         wheels = sorted((Path(tmp) / "dist").glob("fedshuffle-*.whl"))
         if built.returncode != 0 or len(wheels) != 1:
             why = ((built.stderr or built.stdout).strip().splitlines() or ["no wheel was written"])[-1]
@@ -176,18 +205,28 @@ def build_wheel(into: Path) -> Path:
 
 
 def _checked_wheel(wheel: Path, version: str, field: str) -> Path:
-    """``wheel`` if it is a fedshuffle wheel of ``version`` (by its file name, PEP 427); else a ConfigError on ``field``."""
+    """``wheel`` if it is a fedshuffle wheel of ``version`` (by its file name, PEP 427); else a ConfigError on
+    ``field``."""
     parts = wheel.name.split("-")
     if not wheel.is_file() or wheel.suffix != ".whl" or len(parts) < 5 or parts[0] != "fedshuffle":
         raise ConfigError(field, f"{wheel} is not a fedshuffle wheel file (fedshuffle-<version>-py3-none-any.whl)")
     if parts[1] != version:
-        raise ConfigError(field, f"{wheel.name} is fedshuffle {parts[1]}, the installed fedshuffle that writes the app is {version}: "
-                                 "bundle that version's wheel")
+        raise ConfigError(
+            field,
+            f"{wheel.name} is fedshuffle {parts[1]}, the installed fedshuffle that writes the app is {version}: "
+            "bundle that version's wheel",
+        )
     return wheel
 
 
-def write_app(config: str | Path, directory: str | Path, settings: AppSettings | None = None, *, bundle_wheel: bool = False,
-              wheel: str | Path | None = None) -> Path:
+def write_app(
+    config: str | Path,
+    directory: str | Path,
+    settings: AppSettings | None = None,
+    *,
+    bundle_wheel: bool = False,
+    wheel: str | Path | None = None,
+) -> Path:
     """Write the Flower App of experiment ``config`` (a TOML file or preset) into ``directory``; returns it.
 
     ``settings`` become the app's default run configuration. Every selected run is validated first.
@@ -208,11 +247,16 @@ def write_app(config: str | Path, directory: str | Path, settings: AppSettings |
     if directory.exists() and not directory.is_dir():
         raise ConfigError("DIR", f"{directory} exists and is not a folder")
     if directory.is_dir() and any(directory.iterdir()):
-        raise ConfigError("DIR", f"{directory} is not empty: the app's files would replace what is there; give a new or empty folder")
+        raise ConfigError(
+            "DIR", f"{directory} is not empty: the app's files would replace what is there; give a new or empty folder"
+        )
     version = installed_version()
     if version == NOT_INSTALLED:
-        raise ConfigError("fedshuffle", "no fedshuffle distribution is installed (is it imported from a source tree on PYTHONPATH?): "
-                                        "install it (pip install -e .) so that the app can pin its version")
+        raise ConfigError(
+            "fedshuffle",
+            "no fedshuffle distribution is installed (is it imported from a source tree on PYTHONPATH?): "
+            "install it (pip install -e .) so that the app can pin its version",
+        )
     name = experiment.experiment.name
     description = experiment.experiment.title or f"fedshuffle experiment {name} ({len(runs)} run(s))"
     with tempfile.TemporaryDirectory() as tmp:
@@ -227,7 +271,10 @@ def write_app(config: str | Path, directory: str | Path, settings: AppSettings |
             target = (directory / WHEELS / bundled.name).resolve()
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(bundled, target)
-        write_atomic(directory / "pyproject.toml", pyproject(f"fedshuffle-{slug(name)}".replace("_", "-"), description, settings, version, target))
+        write_atomic(
+            directory / "pyproject.toml",
+            pyproject(f"fedshuffle-{slug(name)}".replace("_", "-"), description, settings, version, target),
+        )
     write_atomic(directory / EXPERIMENT_FILE, json.dumps(raw, indent=2, sort_keys=True) + "\n")
     write_atomic(directory / f"{MODULE}.py", app_module(version, experiment.experiment.plugins))
     return directory

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 # first: a clear message where Flower is not installed
-from fedshuffle.integrations.flower.messages import STATE_LOST, WRONG_RUN, record_tensors, records_plans, tensors_record  # isort: skip
+# isort: skip
+from fedshuffle.integrations.flower.messages import STATE_LOST, WRONG_RUN, record_tensors, records_plans, tensors_record
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -74,7 +75,9 @@ class NodeRuntime:
     dtype: torch.dtype
     device: str
     dim: int
-    sample: SampleKind | None = None  # of a node's own data (data-path): what a server without the data builds the problem from
+    sample: SampleKind | None = (
+        None  # of a node's own data (data-path): what a server without the data builds the problem from
+    )
 
     @classmethod
     def build(cls, run: FederatedRun, clients: Sequence[int]) -> NodeRuntime:
@@ -83,8 +86,14 @@ class NodeRuntime:
         sim, _ = build_simulation(run.spec, run.seed)
         ours = [c for c in clients if c < sim.data.num_clients]
         if not ours:
-            raise ConfigError("node-config.clients", f"none of this node's clients ({format_clients(clients)}) is in the run: it has clients 0..{sim.data.num_clients - 1}")
-        return cls(run, sim.problem, NodeData.of(sim.data, ours), sim.algorithm, sim.dtype, sim.device, sim.params.numel())
+            raise ConfigError(
+                "node-config.clients",
+                f"none of this node's clients ({format_clients(clients)}) is in the run: it has clients "
+                f"0..{sim.data.num_clients - 1}",
+            )
+        return cls(
+            run, sim.problem, NodeData.of(sim.data, ours), sim.algorithm, sim.dtype, sim.device, sim.params.numel()
+        )
 
     @classmethod
     def from_folder(cls, run: FederatedRun, clients: Sequence[int], folder: str | Path) -> NodeRuntime:
@@ -105,7 +114,9 @@ class NodeRuntime:
 
     def trainer(self, round_index: int, lr_scale: float) -> Trainer:
         """The client half's compute on this node's clients (one client at a time: the sequential reference)."""
-        return Trainer(self.problem, self.data, SequentialExecutor(), self.algorithm.local, self.run.seed, round_index, lr_scale)
+        return Trainer(
+            self.problem, self.data, SequentialExecutor(), self.algorithm.local, self.run.seed, round_index, lr_scale
+        )
 
     def own_plans(self, plans: Sequence[ClientPlan]) -> list[ClientPlan]:
         """Plans whose rows (the client's own numbering 0..|D_i|−1, −1 for padding) index the node's tensors."""
@@ -117,7 +128,11 @@ class NodeRuntime:
 
     def missing(self, client: int) -> str | None:
         """Why ``client``'s work cannot be done here (None: it is one of this node's clients)."""
-        return None if client in self.clients else f"asked for client {client}, this node hosts clients {format_clients(self.clients)}"
+        return (
+            None
+            if client in self.clients
+            else f"asked for client {client}, this node hosts clients {format_clients(self.clients)}"
+        )
 
 
 class RuntimeCache:
@@ -190,7 +205,8 @@ Store = ContextStore | FileStore
 
 
 def accepted_rows(store: Store, last_round: int) -> dict[str, np.ndarray] | None:
-    """The rows the server accepted at ``last_round`` (None: fresh rows), settling the slots (see the module docstring)."""
+    """The rows the server accepted at ``last_round`` (None: fresh rows), settling the slots (see the module
+    docstring)."""
     if last_round < 0:
         for slot in SLOTS:
             store.drop(slot)
@@ -204,8 +220,18 @@ def accepted_rows(store: Store, last_round: int) -> dict[str, np.ndarray] | None
     if committed is not None and committed[0] == last_round:
         store.drop("pending")
         return committed[1]
-    held = ", ".join(f"{slot} rows of round {saved[0]}" for slot, saved in (("committed", committed), ("pending", pending)) if saved is not None) or "no rows"
-    raise StateLost(f"the server accepted this client's state of round {last_round}, the node holds {held} (node restarted without its state-dir?)")
+    held = (
+        ", ".join(
+            f"{slot} rows of round {saved[0]}"
+            for slot, saved in (("committed", committed), ("pending", pending))
+            if saved is not None
+        )
+        or "no rows"
+    )
+    raise StateLost(
+        f"the server accepted this client's state of round {last_round}, the node holds {held} (node restarted "
+        "without its state-dir?)"
+    )
 
 
 def node_store(context: Context, runtime: NodeRuntime, client: int) -> Store:
@@ -217,10 +243,14 @@ def node_store(context: Context, runtime: NodeRuntime, client: int) -> Store:
 def handshake_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
     """The clients this node hosts, and per run asked for: each hosted client's dataset size (−1 for a client the
     run does not have) and rows' digest (:func:`~.nodedata.rows_digest`), the model's size, and the run's
-    fingerprint as this node would run it ("" for a run with none of its clients); and the fedshuffle version it runs."""
+    fingerprint as this node would run it ("" for a run with none of its clients); and the fedshuffle version it
+    runs."""
     clients = hosted_clients(context)
-    info: dict[str, object] = {"clients": list(clients), "num-partitions": node_integer(context, "num-partitions", -1),
-                               "fedshuffle-version": installed_version()}
+    info: dict[str, object] = {
+        "clients": list(clients),
+        "num-partitions": node_integer(context, "num-partitions", -1),
+        "fedshuffle-version": installed_version(),
+    }
     digests = []
     for index in message.content["fedshuffle"]["runs"]:
         index = int(index)
@@ -238,7 +268,9 @@ def handshake_reply(message: Message, context: Context, runtime: Callable[[Conte
         info[f"rows.{index}"] = [rows_digest(node.data, c) if c in node.clients else "" for c in clients]
         info[f"dim.{index}"] = node.dim
         if node.sample is not None:
-            info[f"sample.{index}"] = json.dumps({"shape": list(node.sample.shape), "classes": node.sample.classes, "dtype": node.sample.dtype})
+            info[f"sample.{index}"] = json.dumps(
+                {"shape": list(node.sample.shape), "classes": node.sample.classes, "dtype": node.sample.dtype}
+            )
         digests.append(node.run.digest)
     info["digests"] = digests
     return Message(RecordDict({"node": ConfigRecord(info)}), reply_to=message)
@@ -253,7 +285,10 @@ def gradients_reply(message: Message, context: Context, runtime: Callable[[Conte
     points = record_tensors(message.content["points"], node.dtype, node.device)
     trainer = node.trainer(int(ins["round"]), 1.0)
     clients = np.array([client], dtype=np.int64)
-    return Message(RecordDict({"gradients": tensors_record({k: trainer.gradients(p, clients)[0] for k, p in points.items()})}), reply_to=message)
+    return Message(
+        RecordDict({"gradients": tensors_record({k: trainer.gradients(p, clients)[0] for k, p in points.items()})}),
+        reply_to=message,
+    )
 
 
 def train_reply(message: Message, context: Context, runtime: Callable[[Context, int], NodeRuntime]) -> Message:
@@ -274,17 +309,36 @@ def train_reply(message: Message, context: Context, runtime: Callable[[Context, 
         except StateLost as exc:
             return Message(Error(STATE_LOST, str(exc)), reply_to=message)
         for name in method.state_fields:
-            row = torch.from_numpy(own[name]).to(node.device, node.dtype) if own is not None else torch.zeros(node.dim, dtype=node.dtype, device=node.device)
+            row = (
+                torch.from_numpy(own[name]).to(node.device, node.dtype)
+                if own is not None
+                else torch.zeros(node.dim, dtype=node.dtype, device=node.device)
+            )
             rows[name] = row.expand(members, -1).clone()
         rows["created"] = torch.full((members,), own is not None, dtype=torch.bool)
     result = method.client_update(broadcast, plans, rows, node.trainer(round_index, float(ins["lr-scale"])))
     if store is not None:  # a client sampled twice keeps its last update, as the simulation's store does
-        store.save("pending", round_index, {name: result.rows[name][-1].detach().cpu().numpy() for name in method.state_fields})
-    info = ConfigRecord({"client": client, "round": round_index, "members": members, "sample-gradients": int(result.sample_gradients),
-                         **{f"extra.{k}": float(v) for k, v in result.extras.items()}})
+        store.save(
+            "pending", round_index, {name: result.rows[name][-1].detach().cpu().numpy() for name in method.state_fields}
+        )
+    info = ConfigRecord(
+        {
+            "client": client,
+            "round": round_index,
+            "members": members,
+            "sample-gradients": int(result.sample_gradients),
+            **{f"extra.{k}": float(v) for k, v in result.extras.items()},
+        }
+    )
     payload = result.payload
     if "weights" in ins:  # secure aggregation: Σ ν_iΔ_i stays here until the round's SecAgg+ exchange (:mod:`.secagg`)
-        keep_weighted_update(context.state, node.run.index, client, round_index, torch.tensor(list(ins["weights"]), dtype=node.dtype, device=node.device) @ payload["delta"])
+        keep_weighted_update(
+            context.state,
+            node.run.index,
+            client,
+            round_index,
+            torch.tensor(list(ins["weights"]), dtype=node.dtype, device=node.device) @ payload["delta"],
+        )
         payload = {}
     return Message(RecordDict({"payload": tensors_record(payload), "result": info}), reply_to=message)
 
@@ -315,12 +369,15 @@ def evaluate_reply(message: Message, context: Context, runtime: Callable[[Contex
 
 
 def make_client_app(runtime: Callable[[Context, int], NodeRuntime]) -> ClientApp:
-    """A ClientApp answering fedshuffle's four message types with the node runtimes ``runtime(context, run index)`` gives."""
+    """A ClientApp answering fedshuffle's four message types with the node runtimes ``runtime(context, run index)``
+    gives."""
     app = ClientApp()
     app.query("fedshuffle")(lambda message, context: handshake_reply(message, context, runtime))
     app.query("evaluate")(lambda message, context: evaluate_reply(message, context, runtime))
     app.train("gradients")(lambda message, context: gradients_reply(message, context, runtime))
-    app.train(mods=[node_mod(lambda context, run: runtime(context, run).dim)])(lambda message, context: train_reply(message, context, runtime))
+    app.train(mods=[node_mod(lambda context, run: runtime(context, run).dim)])(
+        lambda message, context: train_reply(message, context, runtime)
+    )
     return app
 
 
@@ -349,7 +406,10 @@ def hosted_clients(context: Context) -> tuple[int, ...]:
             raise ConfigError("node-config.data-path", f"{config['data-path']} holds no client-<id>.npz file")
         return clients
     if config.get("partition-id") is None:
-        raise ConfigError("node-config.clients", "this node hosts no client; start it with --node-config 'clients=\"0-4\"' (or 'partition-id=K')")
+        raise ConfigError(
+            "node-config.clients",
+            "this node hosts no client; start it with --node-config 'clients=\"0-4\"' (or 'partition-id=K')",
+        )
     partition = node_integer(context, "partition-id", -1)
     if partition < 0:
         raise ConfigError("node-config.partition-id", f"must be a client id >= 0, got {partition}")

@@ -39,9 +39,15 @@ EVALUATIONS = ("auto", "central", "federated", "both")
 def check_evaluation(evaluation: str, node_data: bool) -> None:
     """``evaluation`` is one of :data:`EVALUATIONS`, and the server scores the model only where it has the data."""
     if evaluation not in EVALUATIONS:
-        raise ConfigError("run-config.evaluation", f"unknown evaluation {evaluation!r}; accepted: {', '.join(EVALUATIONS)}")
+        raise ConfigError(
+            "run-config.evaluation", f"unknown evaluation {evaluation!r}; accepted: {', '.join(EVALUATIONS)}"
+        )
     if evaluation in ("central", "both") and node_data:
-        raise ConfigError("run-config.evaluation", f"{evaluation!r} needs the data at the server, and with node-data = true it has none: give \"federated\" (or \"auto\")")
+        raise ConfigError(
+            "run-config.evaluation",
+            f'{evaluation!r} needs the data at the server, and with node-data = true it has none: give "federated" '
+            '(or "auto")',
+        )
 
 
 @dataclass(frozen=True)
@@ -62,8 +68,10 @@ class AppSettings:
     ``secagg-num-shares``, ``secagg-reconstruction-threshold``, ``secagg-clipping-range``, ``secagg-quantization-range``
     (:mod:`~fedshuffle.integrations.flower.secagg`).
     ``evaluation``: ``"central"`` (the server scores the model on its data), ``"federated"`` (each node scores its own
-    clients, the server adds their shares), ``"both"`` (central, and the federated scores beside it as ``federated_loss``,
-    ``federated_grad_norm_sq``, ``federated_train_accuracy``) or ``"auto"``: federated with ``node-data``, central otherwise.
+    clients, the server adds their shares), ``"both"`` (central, and the federated scores beside it as
+    ``federated_loss``,
+    ``federated_grad_norm_sq``, ``federated_train_accuracy``) or ``"auto"``: federated with ``node-data``, central
+    otherwise.
     """
 
     variant: str = ""
@@ -82,26 +90,44 @@ class AppSettings:
     secagg_quantization_range: int = 1 << 22
     evaluation: str = "auto"
 
-    KEYS = {"variant": ("variant", str), "seed": ("seed", int), "set": ("overrides", str), "out": ("out", str),
-            "round-timeout": ("round_timeout", float), "connect-timeout": ("connect_timeout", float), "resume": ("resume", bool),
-            "invalid-reply": ("invalid_reply", str), "node-data": ("node_data", bool), "secure-aggregation": ("secure_aggregation", bool),
-            "secagg-num-shares": ("secagg_num_shares", float), "secagg-reconstruction-threshold": ("secagg_reconstruction_threshold", float),
-            "secagg-clipping-range": ("secagg_clipping_range", float), "secagg-quantization-range": ("secagg_quantization_range", int),
-            "evaluation": ("evaluation", str)}
-    #: each key's one line in a written app's ``pyproject.toml`` (:mod:`.bundle`), which lists every key: Flower refuses a
+    KEYS = {
+        "variant": ("variant", str),
+        "seed": ("seed", int),
+        "set": ("overrides", str),
+        "out": ("out", str),
+        "round-timeout": ("round_timeout", float),
+        "connect-timeout": ("connect_timeout", float),
+        "resume": ("resume", bool),
+        "invalid-reply": ("invalid_reply", str),
+        "node-data": ("node_data", bool),
+        "secure-aggregation": ("secure_aggregation", bool),
+        "secagg-num-shares": ("secagg_num_shares", float),
+        "secagg-reconstruction-threshold": ("secagg_reconstruction_threshold", float),
+        "secagg-clipping-range": ("secagg_clipping_range", float),
+        "secagg-quantization-range": ("secagg_quantization_range", int),
+        "evaluation": ("evaluation", str),
+    }
+    #: each key's one line in a written app's ``pyproject.toml`` (:mod:`.bundle`), which lists every key: Flower
+    #: refuses a
     #: ``--run-config`` key the app does not declare
-    HELP = {"variant": 'one variant\'s label; "" runs every variant in turn', "seed": "-1: the experiment's first seed",
-            "set": 'overrides as in `fedshuffle run --set`, separated by ";"', "out": 'results folder on the server\'s machine ("" = none)',
-            "round-timeout": "seconds a round waits; members later than that are dropped (unfinished work)",
-            "connect-timeout": "seconds to wait for nodes hosting every client", "resume": "continue each run from its checkpoint in `out`",
-            "invalid-reply": 'a reply that fails the server\'s checks: "drop" its member for the round, or "stop" the run',
-            "node-data": "the nodes bring their own data (node config data-path); the server builds none",
-            "secure-aggregation": "the server sees only each round's weighted sum (Flower's SecAgg+)",
-            "secagg-num-shares": "SecAgg+: shares of each node's secrets (> 2, or a fraction of the nodes)",
-            "secagg-reconstruction-threshold": "SecAgg+: shares that rebuild a secret",
-            "secagg-clipping-range": "SecAgg+: a node's input must lie in [-c, c]",
-            "secagg-quantization-range": "SecAgg+: levels of [-c, c]; the sum is within nodes·2c/Q",
-            "evaluation": 'who scores the model: "central" (the server), "federated" (each node its clients), "both", "auto"'}
+    HELP = {
+        "variant": 'one variant\'s label; "" runs every variant in turn',
+        "seed": "-1: the experiment's first seed",
+        "set": 'overrides as in `fedshuffle run --set`, separated by ";"',
+        "out": 'results folder on the server\'s machine ("" = none)',
+        "round-timeout": "seconds a round waits; members later than that are dropped (unfinished work)",
+        "connect-timeout": "seconds to wait for nodes hosting every client",
+        "resume": "continue each run from its checkpoint in `out`",
+        "invalid-reply": 'a reply that fails the server\'s checks: "drop" its member for the round, or "stop" the run',
+        "node-data": "the nodes bring their own data (node config data-path); the server builds none",
+        "secure-aggregation": "the server sees only each round's weighted sum (Flower's SecAgg+)",
+        "secagg-num-shares": "SecAgg+: shares of each node's secrets (> 2, or a fraction of the nodes)",
+        "secagg-reconstruction-threshold": "SecAgg+: shares that rebuild a secret",
+        "secagg-clipping-range": "SecAgg+: a node's input must lie in [-c, c]",
+        "secagg-quantization-range": "SecAgg+: levels of [-c, c]; the sum is within nodes·2c/Q",
+        "evaluation": 'who scores the model: "central" (the server), "federated" (each node its clients), "both", '
+        '"auto"',
+    }
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:
@@ -122,7 +148,10 @@ class AppSettings:
             if not (seconds > 0 and math.isfinite(seconds)):
                 raise ConfigError(f"run-config.{key}", f"must be a positive number of seconds, got {seconds}")
         if settings.invalid_reply not in INVALID_REPLY_POLICIES:
-            raise ConfigError("run-config.invalid-reply", f"unknown policy {settings.invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
+            raise ConfigError(
+                "run-config.invalid-reply",
+                f"unknown policy {settings.invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}",
+            )
         check_evaluation(settings.evaluation, settings.node_data)
         return settings
 
@@ -145,7 +174,9 @@ class FederatedRun:
     @property
     def digest(self) -> str:
         """A fingerprint of the run's settings: the server refuses nodes that would run anything else."""
-        text = json.dumps({"label": self.label, "seed": self.seed, "spec": self.spec.model_dump(mode="json")}, sort_keys=True)
+        text = json.dumps(
+            {"label": self.label, "seed": self.seed, "spec": self.spec.model_dump(mode="json")}, sort_keys=True
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -169,7 +200,10 @@ def federated_runs(experiment: Experiment, settings: AppSettings) -> list[Federa
     if settings.variant:
         labels = [label for label, _ in runs]
         if settings.variant not in labels:
-            raise ConfigError("run-config.variant", f"no variant {settings.variant!r}; the variants are: {', '.join(repr(x) for x in labels)}")
+            raise ConfigError(
+                "run-config.variant",
+                f"no variant {settings.variant!r}; the variants are: {', '.join(repr(x) for x in labels)}",
+            )
         runs = [(label, spec) for label, spec in runs if label == settings.variant]
     out = []
     for k, (label, spec) in enumerate(runs):
@@ -209,7 +243,8 @@ class Population(PopulationCounts):
 
 
 class HostedRows(Sequence):
-    """``client_indices`` of a node: client i's rows ``offset_i + 0..|D_i|−1`` of the node's tensors, for each client it hosts;
+    """``client_indices`` of a node: client i's rows ``offset_i + 0..|D_i|−1`` of the node's tensors, for each client it
+    hosts;
     any other client is not here."""
 
     def __init__(self, offsets: Mapping[int, int], sizes: np.ndarray) -> None:
@@ -253,7 +288,10 @@ class NodeData(PopulationCounts):
         """Clients ``clients``' rows of a federated dataset, each in the order of its index set."""
         for client in clients:
             if not 0 <= client < data.num_clients:
-                raise ConfigError("node-config.clients", f"client {client} is not in the run: it has clients 0..{data.num_clients - 1}")
+                raise ConfigError(
+                    "node-config.clients",
+                    f"client {client} is not in the run: it has clients 0..{data.num_clients - 1}",
+                )
         rows = np.concatenate([np.asarray(data.client_indices[c], dtype=np.int64) for c in clients])
         if hasattr(data, "gather"):  # generated on demand: generate these clients only
             order = np.argsort(rows, kind="stable")
@@ -263,7 +301,13 @@ class NodeData(PopulationCounts):
         else:
             index = torch.from_numpy(rows).to(data.features.device)
             features, labels = data.features[index], data.labels[index]
-        return cls(features, labels, tuple(clients), np.asarray(data.sizes, dtype=np.int64), np.asarray(data.weights, dtype=np.float64))
+        return cls(
+            features,
+            labels,
+            tuple(clients),
+            np.asarray(data.sizes, dtype=np.int64),
+            np.asarray(data.weights, dtype=np.float64),
+        )
 
 
 #: the most clients one node config may name
@@ -285,11 +329,15 @@ def parse_clients(value: object, key: str = "clients") -> tuple[int, ...]:
                 raise ValueError(part)
             clients.extend(range(low, high + 1))
     except ValueError:
-        why = (f"expected client ids (ASCII digits) and ranges such as '0-4' or '0,3,7', at most {MAX_NODE_CLIENTS:,} "
-               f"clients, got {str(value)[:100]!r}")
+        why = (
+            f"expected client ids (ASCII digits) and ranges such as '0-4' or '0,3,7', at most {MAX_NODE_CLIENTS:,} "
+            f"clients, got {str(value)[:100]!r}"
+        )
         raise ConfigError(f"node-config.{key}", why) from None
     if not clients:
-        raise ConfigError(f"node-config.{key}", f"names no client; give ids and ranges such as '0-4' or '0,3,7', got {value!r}")
+        raise ConfigError(
+            f"node-config.{key}", f"names no client; give ids and ranges such as '0-4' or '0,3,7', got {value!r}"
+        )
     if len(set(clients)) != len(clients):
         raise ConfigError(f"node-config.{key}", f"names a client twice: {value!r}")
     return tuple(sorted(clients))

@@ -44,9 +44,11 @@ def check_flower_version(installed: str) -> None:
     """Refuse, in one line (:class:`UnsupportedFlower`), a Flower release outside :data:`FLOWER_SUPPORTED`."""
     match = re.match(r"(\d+)\.(\d+)", installed)
     if match is None or not FLOWER_SUPPORTED[0] <= (int(match[1]), int(match[2])) < FLOWER_SUPPORTED[1]:
-        raise UnsupportedFlower(f"fedshuffle's Flower integration supports Flower {FLOWER_RANGE} (its node worker "
-                                f"uses Flower's internals), not the installed {installed}: "
-                                f"pip install 'flwr[simulation]{FLOWER_RANGE}'")
+        raise UnsupportedFlower(
+            f"fedshuffle's Flower integration supports Flower {FLOWER_RANGE} (its node worker "
+            f"uses Flower's internals), not the installed {installed}: "
+            f"pip install 'flwr[simulation]{FLOWER_RANGE}'"
+        )
 
 
 try:
@@ -55,7 +57,9 @@ try:
 except (ImportError, metadata.PackageNotFoundError) as exc:  # pragma: no cover - depends on the environment
     if isinstance(exc, UnsupportedFlower):
         raise
-    raise ModuleNotFoundError("fedshuffle's Flower integration needs Flower: pip install 'fedshuffle[flower]' (Python >= 3.11)") from exc
+    raise ModuleNotFoundError(
+        "fedshuffle's Flower integration needs Flower: pip install 'fedshuffle[flower]' (Python >= 3.11)"
+    ) from exc
 
 from fedshuffle.local.plan import ClientPlan
 
@@ -81,7 +85,9 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
-def checked_tensors(record: object, names: Sequence[str], shape: tuple[int, ...], dtype: torch.dtype, where: str) -> dict[str, torch.Tensor]:
+def checked_tensors(
+    record: object, names: Sequence[str], shape: tuple[int, ...], dtype: torch.dtype, where: str
+) -> dict[str, torch.Tensor]:
     """The arrays ``names`` of ``record`` (an ArrayRecord ``where`` names), each exactly ``dtype`` and ``shape`` and
     finite, as tensors; no other entry may be there. Anything else raises :class:`InvalidReply` (nothing is cast)."""
     if not isinstance(record, ArrayRecord):
@@ -89,19 +95,28 @@ def checked_tensors(record: object, names: Sequence[str], shape: tuple[int, ...]
     got, wanted = set(record.keys()), set(names)
     if got != wanted:
         missing, extra = sorted(wanted - got), sorted(got - wanted)
-        raise InvalidReply(f"{where}: expected the arrays {sorted(wanted)}" + (f", missing {missing}" if missing else "") + (f", unexpected {extra[:5]}" if extra else ""))
+        raise InvalidReply(
+            f"{where}: expected the arrays {sorted(wanted)}"
+            + (f", missing {missing}" if missing else "")
+            + (f", unexpected {extra[:5]}" if extra else "")
+        )
     expected_dtype, out = numpy_dtype(dtype), {}
     for name in names:
         entry = record[name]
         if not isinstance(entry, Array) or str(entry.dtype) != expected_dtype.name or tuple(entry.shape) != shape:
-            described = f"dtype {entry.dtype}, shape {tuple(entry.shape)}" if isinstance(entry, Array) else type(entry).__name__
+            described = (
+                f"dtype {entry.dtype}, shape {tuple(entry.shape)}" if isinstance(entry, Array) else type(entry).__name__
+            )
             raise InvalidReply(f"{where}.{name}: expected dtype {expected_dtype.name}, shape {shape}, got {described}")
         try:
             array = entry.numpy()
         except (TypeError, ValueError, OSError, EOFError) as exc:
             raise InvalidReply(f"{where}.{name}: not a readable NumPy array ({type(exc).__name__})") from None
         if array.dtype != expected_dtype or array.shape != shape:  # the bytes, not only the header Flower sent
-            raise InvalidReply(f"{where}.{name}: expected dtype {expected_dtype.name}, shape {shape}, its data has dtype {array.dtype}, shape {array.shape}")
+            raise InvalidReply(
+                f"{where}.{name}: expected dtype {expected_dtype.name}, shape {shape}, its data has dtype "
+                f"{array.dtype}, shape {array.shape}"
+            )
         bad = int(array.size - np.count_nonzero(np.isfinite(array)))
         if bad:
             raise InvalidReply(f"{where}.{name}: {bad} non-finite entr{'y' if bad == 1 else 'ies'} (NaN or infinity)")
@@ -130,7 +145,9 @@ def tensors_record(tensors: Mapping[str, torch.Tensor]) -> ArrayRecord:
     return ArrayRecord({name: Array(np.ascontiguousarray(t.detach().cpu().numpy())) for name, t in tensors.items()})
 
 
-def record_tensors(record: ArrayRecord, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def record_tensors(
+    record: ArrayRecord, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
     """An ArrayRecord back as named tensors (cast to ``dtype`` when given)."""
     out = {}
     for name, array in record.items():
@@ -141,21 +158,35 @@ def record_tensors(record: ArrayRecord, dtype: torch.dtype | None = None, device
 
 def plans_records(plans: Sequence[ClientPlan]) -> tuple[ConfigRecord, ArrayRecord]:
     """One client's plans (one per occurrence in the cohort): scalars, and the minibatch rows."""
-    config = ConfigRecord({
-        "members": len(plans),
-        "lr": [float(p.lr) for p in plans],
-        "planned-steps": [int(p.planned_steps) for p in plans],
-        "a-l1": [float(p.a_l1) for p in plans],
-    })
-    return config, ArrayRecord({f"batches.{k}": Array(np.ascontiguousarray(p.batches, dtype=np.int64)) for k, p in enumerate(plans)})
+    config = ConfigRecord(
+        {
+            "members": len(plans),
+            "lr": [float(p.lr) for p in plans],
+            "planned-steps": [int(p.planned_steps) for p in plans],
+            "a-l1": [float(p.a_l1) for p in plans],
+        }
+    )
+    return config, ArrayRecord(
+        {f"batches.{k}": Array(np.ascontiguousarray(p.batches, dtype=np.int64)) for k, p in enumerate(plans)}
+    )
 
 
-def records_plans(client: int, config: ConfigRecord, batches: ArrayRecord, seed: int, round_index: int) -> list[ClientPlan]:
-    """The plans :func:`plans_records` encoded, for ``client`` in round ``round_index`` of the run of ``seed``: the k-th is the
-    client's occurrence k in the cohort, so its stream key is (seed, round, client, k), as the server's planner set it."""
+def records_plans(
+    client: int, config: ConfigRecord, batches: ArrayRecord, seed: int, round_index: int
+) -> list[ClientPlan]:
+    """The plans :func:`plans_records` encoded, for ``client`` in round ``round_index`` of the run of ``seed``: the k-th
+    is the
+    client's occurrence k in the cohort, so its stream key is (seed, round, client, k), as the server's planner set
+    it."""
     members = int(config["members"])
     return [
-        ClientPlan(client, np.array(batches[f"batches.{k}"].numpy(), dtype=np.int64), float(config["lr"][k]), int(config["planned-steps"][k]), float(config["a-l1"][k]),
-                   (seed, round_index, client, k))
+        ClientPlan(
+            client,
+            np.array(batches[f"batches.{k}"].numpy(), dtype=np.int64),
+            float(config["lr"][k]),
+            int(config["planned-steps"][k]),
+            float(config["a-l1"][k]),
+            (seed, round_index, client, k),
+        )
         for k in range(members)
     ]

@@ -61,8 +61,13 @@ def rows_digest(data: Any, client: int) -> str:
 
 
 def refuse_theory(spec: RunSpec, why: str) -> None:
-    """'theory' step sizes need the smoothness of the whole federation's data: refused where ``why`` says it is not there."""
-    for name, value in (("local.lr", spec.local.lr), ("server.lr", spec.server.lr), ("server.global_lr", spec.server.global_lr)):
+    """'theory' step sizes need the smoothness of the whole federation's data: refused where ``why`` says it is not
+    there."""
+    for name, value in (
+        ("local.lr", spec.local.lr),
+        ("server.lr", spec.server.lr),
+        ("server.global_lr", spec.server.global_lr),
+    ):
         if value == "theory":
             raise ConfigError(name, f"'theory' step sizes need the whole federation's data, and {why}; give a number")
 
@@ -71,7 +76,7 @@ def folder_clients(folder: Path) -> tuple[int, ...]:
     """The clients whose files a node's folder holds (``client-<id>.npz``)."""
     clients = []
     for path in Path(folder).glob("client-*.npz"):
-        tail = path.name[len("client-"):-len(".npz")]
+        tail = path.name[len("client-") : -len(".npz")]
         if tail.isascii() and tail.isdigit():
             clients.append(int(tail))
     return tuple(sorted(clients))
@@ -126,13 +131,18 @@ def read_client_file(path: Path) -> tuple[np.ndarray, np.ndarray, int | None]:
     x, y = arrays["x"], arrays["y"]
     classes = _classes(arrays["classes"], where) if "classes" in arrays else None
     if x.ndim < 1 or len(x) == 0 or y.ndim not in (1, 2) or len(y) != len(x):
-        raise DataError(where, f"expected x with one row per sample and y with one label per row, got shapes {x.shape} "
-                               f"and {y.shape}")
+        raise DataError(
+            where,
+            f"expected x with one row per sample and y with one label per row, got shapes {x.shape} and {y.shape}",
+        )
     labels = checks.class_labels(y.reshape(-1), where, "y").reshape(y.shape)
     if classes and labels.size and int(labels.max()) >= classes:
         row = int(np.flatnonzero(labels.reshape(-1) >= classes)[0])
-        raise DataError(where, f"y[{row}] = {int(labels.reshape(-1)[row])}: labels must be class indices "
-                               f"0..{classes - 1} (the file's classes = {classes})")
+        raise DataError(
+            where,
+            f"y[{row}] = {int(labels.reshape(-1)[row])}: labels must be class indices "
+            f"0..{classes - 1} (the file's classes = {classes})",
+        )
     checks.features(x, where, "x", samples=len(labels))
     return x, y, classes
 
@@ -148,14 +158,17 @@ class SampleKind:
 
     def problem(self, spec: RunSpec) -> Problem:
         """``spec``'s problem for samples of this kind (a model's shape depends on nothing else)."""
-        stand_in = Samples(np.zeros((1, *self.shape), dtype=np.dtype(self.dtype)), np.zeros(1, dtype=np.int64), self.classes)
+        stand_in = Samples(
+            np.zeros((1, *self.shape), dtype=np.dtype(self.dtype)), np.zeros(1, dtype=np.int64), self.classes
+        )
         with section("problem"):
             return PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=stand_in)
 
 
 @dataclass
 class OwnClients:
-    """A node's clients built from its own files: the run's problem, and the clients' rows stacked in ``clients`` order."""
+    """A node's clients built from its own files: the run's problem, and the clients' rows stacked in ``clients``
+    order."""
 
     problem: Problem
     features: torch.Tensor
@@ -179,14 +192,21 @@ class OwnClients:
             try:
                 x, y, given = read_client_file(path)
             except FileNotFoundError:
-                raise ConfigError("node-config.data-path", f"{path} not found: the node hosts client {client} but its folder has no file for it") from None
+                raise ConfigError(
+                    "node-config.data-path",
+                    f"{path} not found: the node hosts client {client} but its folder has no file for it",
+                ) from None
             if given is not None:
                 classes.add(given)
             if xs and x.shape[1:] != xs[0].shape[1:]:
-                raise DataError(str(path), f"samples of shape {x.shape[1:]}, the node's other clients have {xs[0].shape[1:]}")
+                raise DataError(
+                    str(path), f"samples of shape {x.shape[1:]}, the node's other clients have {xs[0].shape[1:]}"
+                )
             if xs and y.shape[1:] != ys[0].shape[1:]:
-                raise DataError(str(path), f"labels of shape {y.shape[1:]} per sample, the node's other clients have "
-                                           f"{ys[0].shape[1:]}")
+                raise DataError(
+                    str(path),
+                    f"labels of shape {y.shape[1:]} per sample, the node's other clients have {ys[0].shape[1:]}",
+                )
             xs.append(x)
             ys.append(y)
             paths.append(path)
@@ -210,7 +230,14 @@ class OwnClients:
         features, labels = torch.as_tensor(x.reshape(len(x), -1)), problem.encode_labels(y)
         features = features.to(dtype) if features.is_floating_point() else features
         labels = labels.to(dtype) if labels.is_floating_point() else labels
-        return cls(problem, features, labels, clients, {c: len(part) for c, part in zip(clients, xs)}, SampleKind(tuple(x.shape[1:]), num_classes, x.dtype.str))
+        return cls(
+            problem,
+            features,
+            labels,
+            clients,
+            {c: len(part) for c, part in zip(clients, xs)},
+            SampleKind(tuple(x.shape[1:]), num_classes, x.dtype.str),
+        )
 
 
 def raw_federation(spec: RunSpec):
@@ -222,7 +249,9 @@ def raw_federation(spec: RunSpec):
     return data, tuple(samples.features.shape[1:]), samples.num_classes
 
 
-def write_node_folders(experiment: Experiment, nodes: int, out: str | Path, seed: int | None = None, overrides: dict | None = None) -> list[tuple[Path, tuple[int, ...]]]:
+def write_node_folders(
+    experiment: Experiment, nodes: int, out: str | Path, seed: int | None = None, overrides: dict | None = None
+) -> list[tuple[Path, tuple[int, ...]]]:
     """Write the clients of ``experiment``'s first variant (its split at ``seed``, default its first seed) into
     ``out/node-<k>/client-<id>.npz`` (the format of this module), ``nodes`` folders of consecutive clients;
     returns each folder with its clients. Every variant of an experiment splits the data alike unless it

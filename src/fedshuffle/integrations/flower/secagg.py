@@ -8,7 +8,8 @@ its vector with pairwise masks (agreed with its neighbours) and a private mask, 
 this module uses both as they are and writes no cryptography of its own.
 
 It serves every method whose server half needs only d = Σ_S ν_iΔ_i with ν_i fixed by the plans
-(:attr:`fedshuffle.methods.base.Method.server_needs_only_sum`; ν_i = :meth:`~fedshuffle.methods.base.Method.sum_weights`, the aggregation
+(:attr:`fedshuffle.methods.base.Method.server_needs_only_sum`; ν_i =
+:meth:`~fedshuffle.methods.base.Method.sum_weights`, the aggregation
 weights ω_i for the default halves, FedCDR's w_i). A round, with ``secure-aggregation = true``::
 
     train (one message per sampled client)   plans, broadcast and the member's ν_i; the node trains, keeps
@@ -26,7 +27,8 @@ A node whose input has an entry outside [−c, c] refuses (its input would be cl
 The sum of K inputs must stay below the modulus 2³²: K·Q < 2³² (K < 1024 nodes at the default Q).
 
 Dropouts are SecAgg+'s: a node whose masked input does not arrive is left out of the sum and its masks are removed
-with its neighbours' shares (one that drops later stays in), as long as each node keeps ``reconstruction-threshold`` neighbours; otherwise
+with its neighbours' shares (one that drops later stays in), as long as each node keeps ``reconstruction-threshold``
+neighbours; otherwise
 SecAgg+ halts and the round aggregates nothing (every member dropped, the model unchanged). When members drop,
 the server rescales the sum to the weights the method gives the members that remain, ν_i(S') = ρ·ν_i(S):
 every :class:`~fedshuffle.aggregation.Aggregator` has one factor ρ for all members (sum-one normalization,
@@ -82,19 +84,33 @@ class SecureAggregation:
     quantization_range: int = 1 << 22
 
     def __post_init__(self) -> None:
-        for key, value in (("secagg-num-shares", self.num_shares), ("secagg-reconstruction-threshold", self.reconstruction_threshold)):
+        for key, value in (
+            ("secagg-num-shares", self.num_shares),
+            ("secagg-reconstruction-threshold", self.reconstruction_threshold),
+        ):
             if isinstance(value, float) and not 0 < value <= 1:
-                raise ConfigError(f"run-config.{key}", f"a fraction must be in (0, 1], got {value}; or give a whole number of shares")
+                raise ConfigError(
+                    f"run-config.{key}", f"a fraction must be in (0, 1], got {value}; or give a whole number of shares"
+                )
         if isinstance(self.num_shares, int) and self.num_shares <= 2:
             raise ConfigError("run-config.secagg-num-shares", f"a number of shares must be > 2, got {self.num_shares}")
         threshold = self.reconstruction_threshold
-        if isinstance(threshold, int) and (threshold < 2 or (isinstance(self.num_shares, int) and threshold >= self.num_shares)):
-            raise ConfigError("run-config.secagg-reconstruction-threshold", f"must be >= 2 and below secagg-num-shares ({self.num_shares}), got {threshold}")
+        if isinstance(threshold, int) and (
+            threshold < 2 or (isinstance(self.num_shares, int) and threshold >= self.num_shares)
+        ):
+            raise ConfigError(
+                "run-config.secagg-reconstruction-threshold",
+                f"must be >= 2 and below secagg-num-shares ({self.num_shares}), got {threshold}",
+            )
         if not (self.clipping_range > 0 and math.isfinite(self.clipping_range)):
-            raise ConfigError("run-config.secagg-clipping-range", f"must be a positive number, got {self.clipping_range}")
+            raise ConfigError(
+                "run-config.secagg-clipping-range", f"must be a positive number, got {self.clipping_range}"
+            )
         if not 2 <= self.quantization_range <= MAX_QUANTIZATION:
-            raise ConfigError("run-config.secagg-quantization-range",
-                              f"must be an integer in 2..2^31 − 1 (Flower quantizes into int32), got {self.quantization_range}")
+            raise ConfigError(
+                "run-config.secagg-quantization-range",
+                f"must be an integer in 2..2^31 − 1 (Flower quantizes into int32), got {self.quantization_range}",
+            )
         try:  # and Flower's own checks
             self.workflow(None)
         except (TypeError, ValueError) as exc:
@@ -102,7 +118,8 @@ class SecureAggregation:
 
     @classmethod
     def from_settings(cls, settings: AppSettings) -> SecureAggregation | None:
-        """The settings of an :class:`~fedshuffle.integrations.flower.common.AppSettings` (None: secure aggregation is off).
+        """The settings of an :class:`~fedshuffle.integrations.flower.common.AppSettings` (None: secure aggregation is
+        off).
         Shares given as a whole number > 1 count shares; in (0, 1] they are a fraction (Flower's float form)."""
         if not settings.secure_aggregation:
             return None
@@ -112,8 +129,12 @@ class SecureAggregation:
                 raise ConfigError(f"run-config.{key}", f"a number of shares must be whole, got {value}")
             return int(value) if value > 1 else float(value)
 
-        return cls(shares("secagg-num-shares", settings.secagg_num_shares), shares("secagg-reconstruction-threshold", settings.secagg_reconstruction_threshold),
-                   float(settings.secagg_clipping_range), int(settings.secagg_quantization_range))
+        return cls(
+            shares("secagg-num-shares", settings.secagg_num_shares),
+            shares("secagg-reconstruction-threshold", settings.secagg_reconstruction_threshold),
+            float(settings.secagg_clipping_range),
+            int(settings.secagg_quantization_range),
+        )
 
     @property
     def level(self) -> float:
@@ -135,39 +156,64 @@ class SecureAggregation:
             return
         needed = math.ceil(2 * self.clipping_range / finest)
         c, q = self.clipping_range, self.quantization_range
-        why = (f"one quantization level 2c/Q = 2·{c:g}/{q} = {self.level:.3g} is coarser than {RESOLUTION:g} of the "
-               f"model's scale ({scale:.3g}, max|x⁰|): updates would round to 0 and the model would hardly move; ")
+        why = (
+            f"one quantization level 2c/Q = 2·{c:g}/{q} = {self.level:.3g} is coarser than {RESOLUTION:g} of the "
+            f"model's scale ({scale:.3g}, max|x⁰|): updates would round to 0 and the model would hardly move; "
+        )
         if needed <= MAX_QUANTIZATION:
-            raise ConfigError("run-config.secagg-quantization-range", f"{why}give Q >= {needed} "
-                                                                      f"(up to {MAX_QUANTIZATION})")
-        raise ConfigError("run-config.secagg-clipping-range", f"{why}give c <= {finest * MAX_QUANTIZATION / 2:.3g} "
-                                                               f"(with Q up to {MAX_QUANTIZATION})")
+            raise ConfigError(
+                "run-config.secagg-quantization-range", f"{why}give Q >= {needed} (up to {MAX_QUANTIZATION})"
+            )
+        raise ConfigError(
+            "run-config.secagg-clipping-range",
+            f"{why}give c <= {finest * MAX_QUANTIZATION / 2:.3g} (with Q up to {MAX_QUANTIZATION})",
+        )
 
     def check_federation(self, nodes: int) -> None:
         """A federation of ``nodes`` nodes can sum securely: at least two nodes, and nodes·Q below the modulus 2³²."""
         if nodes < 2:
             raise ConfigError(SETTING, f"SecAgg+ needs at least 2 nodes; the federation has {nodes}")
         if nodes * self.quantization_range >= MODULUS:
-            raise ConfigError("run-config.secagg-quantization-range", f"{nodes} nodes × Q = {self.quantization_range} would overflow the modulus 2^32: "
-                              f"give Q below {MODULUS // nodes}")
+            raise ConfigError(
+                "run-config.secagg-quantization-range",
+                f"{nodes} nodes × Q = {self.quantization_range} would overflow the modulus 2^32: "
+                f"give Q below {MODULUS // nodes}",
+            )
 
     def workflow(self, timeout: float | None) -> SecAggPlusWorkflow:
-        """Flower's SecAgg+ workflow with these settings, waiting ``timeout`` s per stage; a node's weight is 1 (``max_weight`` 1:
+        """Flower's SecAgg+ workflow with these settings, waiting ``timeout`` s per stage; a node's weight is 1
+        (``max_weight`` 1:
         the workflow returns the inputs' mean)."""
-        return SecAggPlusWorkflow(self.num_shares, self.reconstruction_threshold, max_weight=1.0, clipping_range=self.clipping_range,
-                                  quantization_range=self.quantization_range, modulus_range=MODULUS, timeout=timeout)
+        return SecAggPlusWorkflow(
+            self.num_shares,
+            self.reconstruction_threshold,
+            max_weight=1.0,
+            clipping_range=self.clipping_range,
+            quantization_range=self.quantization_range,
+            modulus_range=MODULUS,
+            timeout=timeout,
+        )
 
 
 def refuse_individual_updates(method: Method, label: str) -> None:
     """Secure aggregation serves only a method whose server half needs only Σ_S ν_iΔ_i: else one line naming both."""
     if not method.server_needs_only_sum or tuple(method.payload_fields) != ("delta",):
-        raise ConfigError(SETTING, f"{label!r} runs {method.describe()}, whose server half needs each member's own upload ({', '.join(method.payload_fields)}"
-                          f"{', gradients' if type(method).gradient_requests is not Method.gradient_requests else ''}), not only one weighted sum Σ ν_iΔ_i: "
-                          "set secure-aggregation = false for it")
+        raise ConfigError(
+            SETTING,
+            f"{label!r} runs {method.describe()}, whose server half needs each member's own upload "
+            f"({', '.join(method.payload_fields)}"
+            f"{', gradients' if type(method).gradient_requests is not Method.gradient_requests else ''}), not only "
+            "one weighted sum Σ ν_iΔ_i: "
+            "set secure-aggregation = false for it",
+        )
     privacy = getattr(method, "privacy", None)
     if privacy is not None and privacy.adaptive:
-        raise ConfigError(SETTING, f"{label!r} uses adaptive clipping, whose members report in the clear whether their update was clipped "
-                          "(Andrew et al. sum those bits securely too; not built): use privacy.clipping = 'fixed' or secure-aggregation = false")
+        raise ConfigError(
+            SETTING,
+            f"{label!r} uses adaptive clipping, whose members report in the clear whether their update was clipped "
+            "(Andrew et al. sum those bits securely too; not built): use privacy.clipping = 'fixed' or "
+            "secure-aggregation = false",
+        )
 
 
 # -- the node's half --------------------------------------------------------------------------------------
@@ -178,29 +224,45 @@ def _key(run: int, client: int) -> str:
 
 
 def keep_weighted_update(state: RecordDict, run: int, client: int, round_index: int, weighted: torch.Tensor) -> None:
-    """Keep a client's Σ_{its members} ν_iΔ_i on its node (``context.state``) until the round's SecAgg+ exchange asks for it
-    (:func:`node_input`); one the exchange never asks for (the client's node left out) is replaced at the client's next round."""
-    state[_key(run, client)] = ArrayRecord({"sum": Array(np.ascontiguousarray(weighted.detach().cpu().numpy(), dtype=np.float64)),
-                                            "round": Array(np.array(round_index, dtype=np.int64))})
+    """Keep a client's Σ_{its members} ν_iΔ_i on its node (``context.state``) until the round's SecAgg+ exchange asks
+    for it
+    (:func:`node_input`); one the exchange never asks for (the client's node left out) is replaced at the client's next
+    round."""
+    state[_key(run, client)] = ArrayRecord(
+        {
+            "sum": Array(np.ascontiguousarray(weighted.detach().cpu().numpy(), dtype=np.float64)),
+            "round": Array(np.array(round_index, dtype=np.int64)),
+        }
+    )
 
 
-def node_input(state: RecordDict, run: int, round_index: int, clients: Sequence[int], dim: int, clipping_range: float) -> np.ndarray:
-    """The node's SecAgg+ input s_k = Σ of ``clients``' kept weighted updates of ``round_index`` (zeros for none); each is used once.
+def node_input(
+    state: RecordDict, run: int, round_index: int, clients: Sequence[int], dim: int, clipping_range: float
+) -> np.ndarray:
+    """The node's SecAgg+ input s_k = Σ of ``clients``' kept weighted updates of ``round_index`` (zeros for none); each
+    is used once.
     An entry outside [−c, c] raises :class:`ValueError` (SecAgg+ would clip it: a silently wrong sum)."""
     total = np.zeros(dim, dtype=np.float64)
     for client in clients:
         record = state.pop(_key(run, client), None)
         if record is None or int(record["round"].numpy()) != round_index:
-            raise ValueError(f"secure aggregation: no weighted update of client {client} for round {round_index} on this node")
+            raise ValueError(
+                f"secure aggregation: no weighted update of client {client} for round {round_index} on this node"
+            )
         total += record["sum"].numpy()
     worst = float(np.abs(total).max(initial=0.0))
     if worst > clipping_range:
-        raise ValueError(f"secure aggregation: this node's weighted update has an entry of magnitude {worst:.4g} outside ±{clipping_range:g} "
-                         "(SecAgg+ would clip it): raise run-config secagg-clipping-range")
+        raise ValueError(
+            f"secure aggregation: this node's weighted update has an entry of magnitude {worst:.4g} outside "
+            f"±{clipping_range:g} "
+            "(SecAgg+ would clip it): raise run-config secagg-clipping-range"
+        )
     return total
 
 
-def node_mod(dimension: Callable[[Context, int], int]) -> Callable[[Message, Context, Callable[[Message, Context], Message]], Message]:
+def node_mod(
+    dimension: Callable[[Context, int], int],
+) -> Callable[[Message, Context, Callable[[Message, Context], Message]], Message]:
     """The ClientApp mod of a round's training: SecAgg+'s messages go to Flower's :func:`secaggplus_mod`, whose
     masked-input stage gets the node's input (:func:`node_input`; ``dimension(context, run)`` is the model's size);
     every other message goes on to the ClientApp."""
@@ -208,7 +270,9 @@ def node_mod(dimension: Callable[[Context, int], int]) -> Callable[[Message, Con
     def masked_input(message: Message, context: Context) -> Message:
         config = compat.recorddict_to_fitins(message.content, keep_input=True).config
         run, clients = int(config["run"]), [int(c) for c in str(config["clients"]).split(",") if c]
-        total = node_input(context.state, run, int(config["round"]), clients, dimension(context, run), float(config["clipping-range"]))
+        total = node_input(
+            context.state, run, int(config["round"]), clients, dimension(context, run), float(config["clipping-range"])
+        )
         result = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([total]), num_examples=1, metrics={})
         return Message(compat.fitres_to_recorddict(result, keep_input=True), reply_to=message)
 
@@ -251,10 +315,15 @@ class SecureSum:
 
 
 def sum_metrics(summed: SecureSum | None) -> dict[str, float]:
-    """The round's SecAgg+ figures: nodes whose input is in the sum, bytes its exchange carried up and down (0: no exchange)."""
+    """The round's SecAgg+ figures: nodes whose input is in the sum, bytes its exchange carried up and down (0: no
+    exchange)."""
     if summed is None:
         return {"secagg_nodes": 0, "secagg_bytes_up": 0, "secagg_bytes_down": 0}
-    return {"secagg_nodes": len(summed.nodes), "secagg_bytes_up": summed.bytes_up, "secagg_bytes_down": summed.bytes_down}
+    return {
+        "secagg_nodes": len(summed.nodes),
+        "secagg_bytes_up": summed.bytes_up,
+        "secagg_bytes_down": summed.bytes_down,
+    }
 
 
 class _Observed:
@@ -273,13 +342,16 @@ class _Observed:
 
 
 class _Inputs:
-    """What Flower's workflow asks of a strategy: the nodes' instructions (``configure_fit``), and the sum's delivery (``aggregate_fit``)."""
+    """What Flower's workflow asks of a strategy: the nodes' instructions (``configure_fit``), and the sum's
+    delivery (``aggregate_fit``)."""
 
     def __init__(self, instructions: dict[int, FitIns], grid: object) -> None:
         self.instructions, self.grid = instructions, grid
         self.results: list[tuple[GridClientProxy, FitRes]] | None = None
 
-    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: object) -> list[tuple[GridClientProxy, FitIns]]:
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: object
+    ) -> list[tuple[GridClientProxy, FitIns]]:
         return [(GridClientProxy(node, self.grid, 0), fitins) for node, fitins in self.instructions.items()]
 
     def aggregate_fit(self, server_round: int, results: list, failures: list) -> tuple[None, dict]:
@@ -287,17 +359,38 @@ class _Inputs:
         return None, {}
 
 
-def secure_sum(grid: object, settings: SecureAggregation, inputs: Mapping[int, Sequence[int]], run: int, round_index: int, timeout: float) -> SecureSum:
-    """Σ_k s_k of the nodes' inputs through Flower's SecAgg+ workflow: ``inputs`` maps each taking part node to the clients
+def secure_sum(
+    grid: object,
+    settings: SecureAggregation,
+    inputs: Mapping[int, Sequence[int]],
+    run: int,
+    round_index: int,
+    timeout: float,
+) -> SecureSum:
+    """Σ_k s_k of the nodes' inputs through Flower's SecAgg+ workflow: ``inputs`` maps each taking part node to the
+    clients
     whose kept weighted updates it adds (none: it adds zeros). The workflow returns the mean of the inputs it holds
     (every weight 1); times their number, that is the sum."""
     observed = _Observed(grid)
     instructions = {
-        node: FitIns(Parameters([], ""), {"run": run, "round": round_index, "clients": ",".join(map(str, clients)), "clipping-range": settings.clipping_range})
+        node: FitIns(
+            Parameters([], ""),
+            {
+                "run": run,
+                "round": round_index,
+                "clients": ",".join(map(str, clients)),
+                "clipping-range": settings.clipping_range,
+            },
+        )
         for node, clients in inputs.items()
     }
     strategy = _Inputs(instructions, observed)
-    state = RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: round_index + 1}), MAIN_PARAMS_RECORD: ArrayRecord()})
+    state = RecordDict(
+        {
+            MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: round_index + 1}),
+            MAIN_PARAMS_RECORD: ArrayRecord(),
+        }
+    )
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=state, run_config={}), strategy=strategy)
     settings.workflow(timeout)(observed, context)
     if not strategy.results:
@@ -308,7 +401,8 @@ def secure_sum(grid: object, settings: SecureAggregation, inputs: Mapping[int, S
 
 
 def rescaling(sent: np.ndarray, kept: np.ndarray) -> float | None:
-    """ρ with ``kept`` = ρ·``sent`` (the ν_i the method gives the members that remain, against those they were sent), or None
+    """ρ with ``kept`` = ρ·``sent`` (the ν_i the method gives the members that remain, against those they were sent), or
+    None
     where no single factor fits (then the secure sum cannot be turned into the method's aggregate)."""
     rho = float(kept.sum() / sent.sum()) if sent.sum() else 1.0
     return rho if np.allclose(kept, rho * sent, rtol=1e-12, atol=0.0) else None

@@ -33,7 +33,8 @@ that is not is *invalid*: with ``invalid_reply="drop"`` (the default) its member
 round as unfinished work, with the reason logged and counted (``rejected``); with ``"stop"`` the run
 stops with :class:`FederationError` naming the client and the entry.
 
-With ``secure`` (run-config ``secure-aggregation = true``), a method whose server half needs only Σ_S ν_iΔ_i gets that sum
+With ``secure`` (run-config ``secure-aggregation = true``), a method whose server half needs only Σ_S ν_iΔ_i gets that
+sum
 through Flower's SecAgg+ instead of the members' payloads: training replies carry counts only, and the server never
 holds a member's update (:mod:`~fedshuffle.integrations.flower.secagg`).
 """
@@ -52,7 +53,19 @@ import torch
 
 # first: a clear message where Flower is not installed
 from fedshuffle.integrations.flower.messages import (  # isort: skip
-    EVALUATE, GRADIENTS, HANDSHAKE, STATE_LOST, TRAIN, UNANSWERED, InvalidReply, checked_float, checked_int, checked_tensors, plans_records, record_tensors, tensors_record,
+    EVALUATE,
+    GRADIENTS,
+    HANDSHAKE,
+    STATE_LOST,
+    TRAIN,
+    UNANSWERED,
+    InvalidReply,
+    checked_float,
+    checked_int,
+    checked_tensors,
+    plans_records,
+    record_tensors,
+    tensors_record,
 )
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -67,9 +80,21 @@ from fedshuffle.experiments.runner import DTYPES, RunFolder, build_simulation, c
 from fedshuffle.experiments.schema import slug
 from fedshuffle.data import FederatedDataset
 from fedshuffle.integrations.flower.bundle import installed_version
-from fedshuffle.integrations.flower.common import INVALID_REPLY_POLICIES, FederatedRun, Population, check_evaluation, format_clients
+from fedshuffle.integrations.flower.common import (
+    INVALID_REPLY_POLICIES,
+    FederatedRun,
+    Population,
+    check_evaluation,
+    format_clients,
+)
 from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, rows_digest
-from fedshuffle.integrations.flower.secagg import SecureAggregation, refuse_individual_updates, rescaling, secure_sum, sum_metrics
+from fedshuffle.integrations.flower.secagg import (
+    SecureAggregation,
+    refuse_individual_updates,
+    rescaling,
+    secure_sum,
+    sum_metrics,
+)
 from fedshuffle.local.plan import ClientPlan, CohortPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo, sample_gradients
 from fedshuffle.methods.fedcdr import FedCDR
@@ -122,9 +147,17 @@ class ServerHalf(Server):
     def dropped(self) -> int:
         return int(self.last_extras.get("dropped", 0))
 
-    def close_round(self, rnd: RoundInfo, points: list[torch.Tensor], broadcast: dict[str, torch.Tensor], result: ClientResult | None,
-                    compute_seconds: float = 0.0, dropped: int = 0) -> RoundRecord:
-        """:meth:`Server.close_round` of the members that finished (``dropped``: how many did not); they are accepted."""
+    def close_round(
+        self,
+        rnd: RoundInfo,
+        points: list[torch.Tensor],
+        broadcast: dict[str, torch.Tensor],
+        result: ClientResult | None,
+        compute_seconds: float = 0.0,
+        dropped: int = 0,
+    ) -> RoundRecord:
+        """:meth:`Server.close_round` of the members that finished (``dropped``: how many did not); they are
+        accepted."""
         before = self.dropped
         record = super().close_round(rnd, points, broadcast, result, compute_seconds)
         self.last_extras = {**record.extras, "dropped": before + dropped}
@@ -150,7 +183,9 @@ def keep_members(rnd: RoundInfo, keep: np.ndarray) -> RoundInfo:
     if keep.all():
         return rnd
     first = rnd.first_time[keep] if len(rnd.first_time) else rnd.first_time
-    return replace(rnd, cohort=rnd.cohort[keep], plans=CohortPlan.of(rnd.plans).take(np.flatnonzero(keep)), first_time=first)
+    return replace(
+        rnd, cohort=rnd.cohort[keep], plans=CohortPlan.of(rnd.plans).take(np.flatnonzero(keep)), first_time=first
+    )
 
 
 @dataclass
@@ -187,7 +222,8 @@ class _OpenRound:
 
 
 class FedShuffleStrategy(Strategy):
-    """Any registered fedshuffle method (with its sampler, local solver, aggregation and server optimizer) as a Flower strategy.
+    """Any registered fedshuffle method (with its sampler, local solver, aggregation and server optimizer) as a Flower
+    strategy.
 
     Built from a :class:`FederatedRun`: everything is validated and built here, before any message is
     sent (a bad configuration raises :class:`~fedshuffle.core.errors.ConfigError`). ``out`` receives
@@ -195,15 +231,30 @@ class FedShuffleStrategy(Strategy):
     (:class:`~fedshuffle.experiments.runner.RunFolder`): the same files, the checkpoint holding the server's
     state (model, server and method state, counters, each client's last accepted round). With ``resume``,
     :meth:`start` continues from that checkpoint; stateful methods then need the nodes' state (``state-dir``).
-    With ``secure`` (SecAgg+'s settings), the server gets only each round's weighted sum (:mod:`~fedshuffle.integrations.flower.secagg`).
+    With ``secure`` (SecAgg+'s settings), the server gets only each round's weighted sum
+    (:mod:`~fedshuffle.integrations.flower.secagg`).
     """
 
-    def __init__(self, run: FederatedRun, *, round_timeout: float = 600.0, connect_timeout: float = 120.0, out: str | Path | None = None,
-                 resume: bool = False, poll_interval: float = 0.5, log: Callable[[str], None] | None = None, invalid_reply: str = "drop",
-                 node_data: bool = False, secure: SecureAggregation | None = None,
-                 evaluation: str = "auto") -> None:
+    def __init__(
+        self,
+        run: FederatedRun,
+        *,
+        round_timeout: float = 600.0,
+        connect_timeout: float = 120.0,
+        out: str | Path | None = None,
+        resume: bool = False,
+        poll_interval: float = 0.5,
+        log: Callable[[str], None] | None = None,
+        invalid_reply: str = "drop",
+        node_data: bool = False,
+        secure: SecureAggregation | None = None,
+        evaluation: str = "auto",
+    ) -> None:
         if invalid_reply not in INVALID_REPLY_POLICIES:
-            raise ConfigError("run-config.invalid-reply", f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}")
+            raise ConfigError(
+                "run-config.invalid-reply",
+                f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}",
+            )
         check_evaluation(evaluation, node_data)
         self.federated = evaluation == "federated" or node_data  # who scores the model: the nodes, or the server
         self.both = evaluation == "both"  # the server scores it, and the nodes' federated scores are recorded beside
@@ -217,7 +268,15 @@ class FedShuffleStrategy(Strategy):
             self.num_clients = run.spec.data.model_dump().get("clients")
         else:
             sim, self.step_sizes = build_simulation(run.spec, run.seed)
-            self.half = ServerHalf(sim.problem, Population(sim.data.sizes, sim.data.weights), sim.algorithm, sim.sampler, seed=run.seed, dtype=sim.dtype, device=sim.device)
+            self.half = ServerHalf(
+                sim.problem,
+                Population(sim.data.sizes, sim.data.weights),
+                sim.algorithm,
+                sim.sampler,
+                seed=run.seed,
+                dtype=sim.dtype,
+                device=sim.device,
+            )
             self.data, self.num_clients = sim.data, sim.data.num_clients
             self.evaluator = metrics.ModelScores(sim.problem, sim.data)
             method = self.half.method
@@ -229,13 +288,17 @@ class FedShuffleStrategy(Strategy):
         self.folder = None
         if out:
             run_dir = Path(out) / (slug(run.label) if run.label else "") / f"seed-{run.seed}"
-            self.folder = RunFolder(run_dir, run.spec, label=run.label, out_option="run-config.out", resume_option="run-config resume=true")
+            self.folder = RunFolder(
+                run_dir, run.spec, label=run.label, out_option="run-config.out", resume_option="run-config resume=true"
+            )
             self.folder.check(resume=resume, extend=False)  # refused before any message
         self.nodes: dict[int, int] = {}  # client → node id
         self.asked: set[int] = set()  # node ids asked for their clients
         self.online: set[int] = set()  # node ids the SuperLink listed at the last re-join
         self.held: dict[int, str] = {}  # client → its rows' digest, as its first node reported it
-        self._joining: dict[str, int] = {}  # handshake message id → node id, for nodes that joined and have not answered
+        self._joining: dict[
+            str, int
+        ] = {}  # handshake message id → node id, for nodes that joined and have not answered
         self.rejected = 0  # clients dropped from a round for an invalid reply
         self._rejected_now: list[int] = []  # … in the open round
         self._open: _OpenRound | None = None
@@ -245,7 +308,8 @@ class FedShuffleStrategy(Strategy):
 
     def adopt_population(self, sizes: np.ndarray, sample: SampleKind) -> None:
         """The server half of a run whose data only the nodes hold: the problem built for the nodes' kind of samples,
-        the objective weights w_i (``data.weights``) and the sampler on the clients' sizes |D_i| the handshake reported."""
+        the objective weights w_i (``data.weights``) and the sampler on the clients' sizes |D_i| the handshake
+        reported."""
         spec = self.run.spec
         problem = sample.problem(spec)
         check_against_data(spec, len(sizes))
@@ -253,19 +317,31 @@ class FedShuffleStrategy(Strategy):
         sampler = build_sampler(spec.sampler, population)
         algorithm = build_algorithm_from(spec)
         check_local_work(spec, algorithm.local, sizes)
-        self.half = ServerHalf(problem, population, algorithm, sampler, seed=self.run.seed,
-                               dtype=DTYPES[spec.run.dtype], device=spec.run.device)
+        self.half = ServerHalf(
+            problem,
+            population,
+            algorithm,
+            sampler,
+            seed=self.run.seed,
+            dtype=DTYPES[spec.run.dtype],
+            device=spec.run.device,
+        )
         self.num_clients = len(sizes)
 
     def summary(self) -> None:
-        self._log(f"fedshuffle run {self.run.label or self.run.spec.method.name!r} (seed {self.run.seed}): {self.half.method.describe()}, "
-                  f"{self.half.sampler.describe()}, {self.half.data.num_clients} clients, {self.run.spec.run.rounds} rounds")
+        self._log(
+            f"fedshuffle run {self.run.label or self.run.spec.method.name!r} (seed {self.run.seed}): "
+            f"{self.half.method.describe()}, "
+            f"{self.half.sampler.describe()}, {self.half.data.num_clients} clients, {self.run.spec.run.rounds} rounds"
+        )
 
     def initial_arrays(self) -> ArrayRecord:
         """x⁰ from the run's seeded stream, as ``fedshuffle run`` starts."""
         return tensors_record({"model": self.half.params})
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """The round's messages: one per distinct member, carrying its plans, the broadcast and its last accepted round.
 
         ``arrays`` must be the current model (the strategy keeps the model it aggregates). The first
@@ -277,7 +353,10 @@ class FedShuffleStrategy(Strategy):
             self.rejoin(grid, min(self.connect_timeout, self.round_timeout))
         half = self.half
         if not torch.equal(self._model_of(arrays), half.params):
-            raise FederationError("configure_train got a model other than the strategy's current one (a fedshuffle strategy keeps the model it aggregates)")
+            raise FederationError(
+                "configure_train got a model other than the strategy's current one (a fedshuffle strategy keeps the "
+                "model it aggregates)"
+            )
         rnd, points = half.open_round()
         self._rejected_now = []
         if server_round != rnd.index + 1:
@@ -293,7 +372,15 @@ class FedShuffleStrategy(Strategy):
         for client in clients:
             members = np.flatnonzero(plans.clients == client)
             plans_config, batches = plans_records(plans.take(members))
-            plans_config.update({"run": self.run.index, "round": rnd.index, "client": client, "lr-scale": float(rnd.lr_scale), "last-round": int(half.last_round[client])})
+            plans_config.update(
+                {
+                    "run": self.run.index,
+                    "round": rnd.index,
+                    "client": client,
+                    "lr-scale": float(rnd.lr_scale),
+                    "last-round": int(half.last_round[client]),
+                }
+            )
             if weights is not None:  # the node keeps Σ ν_iΔ_i of the client's members for the SecAgg+ exchange
                 plans_config["weights"] = [float(w) for w in np.asarray(weights)[members]]
             content = RecordDict({"broadcast": shared, "plans": batches, "instructions": plans_config})
@@ -301,7 +388,9 @@ class FedShuffleStrategy(Strategy):
         self._open = _OpenRound(rnd, points, broadcast, messages, clients, dropped, started, grid, weights)
         return messages
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """x^{r+1} from the replies: the members that answered, in cohort order, aggregated by the method.
 
         Members without a reply (timeout, node gone) are dropped as unfinished work; their clients'
@@ -314,7 +403,9 @@ class FedShuffleStrategy(Strategy):
         decoded, plans = {}, CohortPlan.of(rnd.plans)
         for client, reply in self._answers(state.messages, state.clients, replies).items():
             try:
-                decoded[client] = self._read_train_reply(reply, client, plans.take(np.flatnonzero(plans.clients == client)), rnd.index)
+                decoded[client] = self._read_train_reply(
+                    reply, client, plans.take(np.flatnonzero(plans.clients == client)), rnd.index
+                )
             except InvalidReply as exc:
                 self._reject(server_round, client, exc)
         keep = np.array([int(i) in decoded for i in rnd.cohort], dtype=bool)
@@ -327,15 +418,32 @@ class FedShuffleStrategy(Strategy):
         if self.secure is None and len(rnd.cohort):
             result = self._result(rnd, decoded)
         seconds = time.monotonic() - state.started  # the members worked in parallel: each for at most the round's time
-        record = self.half.close_round(rnd, state.points, state.broadcast, result, compute_seconds=len(rnd.cohort) * seconds, dropped=len(dropped))
-        reported = {"members": len(rnd.cohort), "dropped": len(dropped), "rejected": len(self._rejected_now), "seconds": seconds,
-                    "sample_gradients": record.sample_gradients, "bytes_up": record.bytes_up, "bytes_down": record.bytes_down, **record.extras, **secured}
+        record = self.half.close_round(
+            rnd, state.points, state.broadcast, result, compute_seconds=len(rnd.cohort) * seconds, dropped=len(dropped)
+        )
+        reported = {
+            "members": len(rnd.cohort),
+            "dropped": len(dropped),
+            "rejected": len(self._rejected_now),
+            "seconds": seconds,
+            "sample_gradients": record.sample_gradients,
+            "bytes_up": record.bytes_up,
+            "bytes_down": record.bytes_down,
+            **record.extras,
+            **secured,
+        }
         if unanswered:
-            self._log(f"round {server_round}: no answer from client(s) {', '.join(map(str, unanswered))}: dropped as unfinished work")
+            self._log(
+                f"round {server_round}: no answer from client(s) {', '.join(map(str, unanswered))}: dropped as "
+                "unfinished work"
+            )
         return tensors_record({"model": self.half.params}), MetricRecord({k: float(v) for k, v in reported.items()})
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """No evaluation through Flower's evaluate round: the model is scored by :meth:`evaluate`, centrally or federatedly."""
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No evaluation through Flower's evaluate round: the model is scored by :meth:`evaluate`, centrally or
+        federatedly."""
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -348,7 +456,11 @@ class FedShuffleStrategy(Strategy):
         params = self._model_of(arrays)
         values = self.federated_scores(params) if self.federated else self.evaluator(params)
         if self.both:
-            values |= {f"federated_{name}": value for name, value in self.federated_scores(params).items() if name in FEDERATED_SCORES}
+            values |= {
+                f"federated_{name}": value
+                for name, value in self.federated_scores(params).items()
+                if name in FEDERATED_SCORES
+            }
         return MetricRecord({k: float(v) for k, v in values.items() if v is not None})
 
     def federated_scores(self, params: torch.Tensor) -> dict[str, float | None]:
@@ -372,36 +484,76 @@ class FedShuffleStrategy(Strategy):
                     by_node.setdefault(self.nodes[client], []).append(client)
                 else:
                     why[self.nodes[client]] = "offline"
-            messages = [Message(RecordDict({"model": model, "instructions": ConfigRecord({"run": self.run.index, "clients": clients,
-                                                                                        "weights": [float(half.data.weights[c]) for c in clients]})}),
-                                node, EVALUATE, ttl=self._ttl()) for node, clients in by_node.items()]
-            replies = {m.metadata.reply_to_message_id: m for m in self.exchange(self._grid, messages, self.round_timeout)}
+            messages = [
+                Message(
+                    RecordDict(
+                        {
+                            "model": model,
+                            "instructions": ConfigRecord(
+                                {
+                                    "run": self.run.index,
+                                    "clients": clients,
+                                    "weights": [float(half.data.weights[c]) for c in clients],
+                                }
+                            ),
+                        }
+                    ),
+                    node,
+                    EVALUATE,
+                    ttl=self._ttl(),
+                )
+                for node, clients in by_node.items()
+            ]
+            replies = {
+                m.metadata.reply_to_message_id: m for m in self.exchange(self._grid, messages, self.round_timeout)
+            }
             for message in messages:
                 node = message.metadata.dst_node_id
                 reply = replies.get(message.metadata.message_id)
                 if reply is not None and reply.has_error() and int(reply.error.code) not in UNANSWERED:
-                    raise FederationError(f"node {node} did not score its clients in the federated evaluation: {reply.error.reason}")
+                    raise FederationError(
+                        f"node {node} did not score its clients in the federated evaluation: {reply.error.reason}"
+                    )
                 if reply is None or reply.has_error():
-                    why[node] = reply.error.reason if reply is not None else f"no answer within {self.round_timeout:g} s"
+                    why[node] = (
+                        reply.error.reason if reply is not None else f"no answer within {self.round_timeout:g} s"
+                    )
                     continue
                 part, got = self._scores_part(node, reply, params)
-                loss, gradient, correct = loss + part[0], gradient + part[1], -1.0 if got < 0 or correct < 0 else correct + got
+                loss = loss + part[0]
+                gradient = gradient + part[1]
+                correct = -1.0 if got < 0 or correct < 0 else correct + got
                 waiting = [c for c in waiting if c not in by_node[node]]
             if not waiting:
                 break
         if waiting:
-            reasons = "; ".join(f"node {n}: {why.get(n, 'no answer')}" for n in sorted({self.nodes[c] for c in waiting}))
-            raise FederationError(f"client(s) {format_clients(waiting)} could not be scored in the federated evaluation ({reasons}); "
-                                  "restart their nodes within run-config connect-timeout, or evaluate centrally (run-config evaluation = \"central\", the server holding the data)")
+            reasons = "; ".join(
+                f"node {n}: {why.get(n, 'no answer')}" for n in sorted({self.nodes[c] for c in waiting})
+            )
+            raise FederationError(
+                f"client(s) {format_clients(waiting)} could not be scored in the federated evaluation ({reasons}); "
+                "restart their nodes within run-config connect-timeout, or evaluate centrally (run-config evaluation "
+                '= "central", the server holding the data)'
+            )
         accuracy = correct / half.data.num_samples if correct >= 0 else None
-        return {"loss": loss, "grad_norm_sq": float(gradient.pow(2).sum()), "train_accuracy": accuracy, "f_gap": None, "dist_sq": None}
+        return {
+            "loss": loss,
+            "grad_norm_sq": float(gradient.pow(2).sum()),
+            "train_accuracy": accuracy,
+            "f_gap": None,
+            "dist_sq": None,
+        }
 
     def _await_hosts(self, clients: Sequence[int], failed: set[int]) -> None:
-        """Re-join nodes until every one of ``clients`` has an online host not in ``failed``, for up to the connect timeout."""
+        """Re-join nodes until every one of ``clients`` has an online host not in ``failed``, for up to the connect
+        timeout."""
         deadline = time.monotonic() + self.connect_timeout
         while True:
             self.rejoin(self._grid, max(0.0, deadline - time.monotonic()))
-            if all(self.nodes[c] in self.online and self.nodes[c] not in failed for c in clients) or time.monotonic() >= deadline:
+            if (
+                all(self.nodes[c] in self.online and self.nodes[c] not in failed for c in clients)
+                or time.monotonic() >= deadline
+            ):
                 return
             time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())))
 
@@ -409,15 +561,24 @@ class FedShuffleStrategy(Strategy):
         """A node's share of f(x) and ∇f(x), and its correct predictions (−1: the problem has no accuracy), checked."""
         try:
             info = _content(reply, "scores")
-            part = checked_tensors(_content(reply, "gradient"), ["gradient"], (params.numel(),), self.half.dtype, "gradient")["gradient"]
+            part = checked_tensors(
+                _content(reply, "gradient"), ["gradient"], (params.numel(),), self.half.dtype, "gradient"
+            )["gradient"]
             loss, correct = checked_float(info, "loss", "scores"), checked_float(info, "correct", "scores")
         except (InvalidReply, AttributeError) as exc:
             raise FederationError(f"node {node} sent an invalid federated evaluation: {exc}") from None
         return (loss, part.to(params.device)), correct
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None, timeout: float | None = None,
-              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int | None = None,
+        timeout: float | None = None,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
         """Handshake, then the run's rounds through :class:`~fedshuffle.experiments.loop.RoundLoop`, each waiting up
         to the round timeout (``timeout`` overrides it) for its replies. The server evaluates the model
         (``evaluate_fn``, else :meth:`evaluate`) every ``run.eval_every`` rounds and at the last; a model or loss
@@ -426,7 +587,11 @@ class FedShuffleStrategy(Strategy):
         (a checkpoint, no summary: ``resume`` continues it); a finished run is not run again when resumed."""
         spec = self.run.spec.run
         if num_rounds is not None and not 0 < num_rounds <= spec.rounds:
-            raise ConfigError("num_rounds", f"{num_rounds} rounds asked for; the run has {spec.rounds} (run.rounds): give 1..{spec.rounds} (fewer pause it)")
+            raise ConfigError(
+                "num_rounds",
+                f"{num_rounds} rounds asked for; the run has {spec.rounds} (run.rounds): give 1..{spec.rounds} "
+                "(fewer pause it)",
+            )
         if timeout is not None:
             self.round_timeout = timeout
         if initial_arrays is not None:
@@ -440,13 +605,21 @@ class FedShuffleStrategy(Strategy):
         self._grid = grid
         self.summary()
         rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)
-        executor = {"name": "flower", "digest": self.run.digest, "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
-                    "evaluation": "both" if self.both else "federated" if self.federated else "central"}
+        executor = {
+            "name": "flower",
+            "digest": self.run.digest,
+            "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
+            "evaluation": "both" if self.both else "federated" if self.federated else "central",
+        }
         driver = Driver(self.half, rounds.step, rounds.score, executor, self.step_sizes)
         if self.folder is None:
-            status, message = RoundLoop(driver, rounds=spec.rounds, eval_every=spec.eval_every, bandwidth_mib_s=spec.bandwidth_mib_s).run([rounds], num_rounds)
+            status, message = RoundLoop(
+                driver, rounds=spec.rounds, eval_every=spec.eval_every, bandwidth_mib_s=spec.bandwidth_mib_s
+            ).run([rounds], num_rounds)
         else:
-            outcome = self.folder.run(lambda: driver, resume=self.resume, experiment=self.run.experiment, callbacks=[rounds], until=num_rounds)
+            outcome = self.folder.run(
+                lambda: driver, resume=self.resume, experiment=self.run.experiment, callbacks=[rounds], until=num_rounds
+            )
             status, message = outcome.status, outcome.message
             if not rounds.result.arrays:  # finished before, and not run again: its final model
                 final = torch.from_numpy(np.load(self.folder.run_dir / "final_params.npy")).to(self.half.dtype)
@@ -455,7 +628,8 @@ class FedShuffleStrategy(Strategy):
         return rounds.result
 
     def rows_digest(self, client: int) -> str | None:
-        """:func:`~.nodedata.rows_digest` of ``client``'s rows in the server's data (None for data generated on demand: not checked)."""
+        """:func:`~.nodedata.rows_digest` of ``client``'s rows in the server's data (None for data generated on
+        demand: not checked)."""
         if not isinstance(self.data, FederatedDataset):
             return None
         return rows_digest(self.data, client)
@@ -481,7 +655,10 @@ class FedShuffleStrategy(Strategy):
         self.asked.update(new)
         if new:
             ask = ConfigRecord({"runs": [self.run.index]})
-            messages = [Message(RecordDict({"fedshuffle": ask}), node, HANDSHAKE, ttl=self.connect_timeout + 60.0) for node in new]
+            messages = [
+                Message(RecordDict({"fedshuffle": ask}), node, HANDSHAKE, ttl=self.connect_timeout + 60.0)
+                for node in new
+            ]
             self._joining.update({i: node for i, node in zip(grid.push_messages(messages), new) if i})
         deadline, pause = time.monotonic() + wait, 0.01
         while self._joining:
@@ -495,7 +672,8 @@ class FedShuffleStrategy(Strategy):
             pause = min(2 * pause, self.poll_interval)
 
     def _take_over(self, node: int, reply: Message) -> None:
-        """A joining node's handshake reply: checked as at the start; its clients of this run are served by it from now."""
+        """A joining node's handshake reply: checked as at the start; its clients of this run are served by it from
+        now."""
         try:
             clients, (report,) = _handshake_report(reply, node, [self], None)
             _check_report(self, node, report)
@@ -506,21 +684,40 @@ class FedShuffleStrategy(Strategy):
         if ours:
             before = sorted({self.nodes[c] for c in ours if c in self.nodes})
             self.nodes.update({c: node for c in ours})
-            self._log(f"node {node} joined: it serves client(s) {format_clients(ours)} from now on (node(s) {', '.join(map(str, before)) or 'none'} before)")
+            self._log(
+                f"node {node} joined: it serves client(s) {format_clients(ours)} from now on (node(s) "
+                f"{', '.join(map(str, before)) or 'none'} before)"
+            )
 
     def _reachable(self, clients: Sequence[int], server_round: int) -> list[int]:
         """Those of ``clients`` whose node is online; the others get no message (unfinished work: dropped)."""
         offline = [c for c in clients if self.nodes[c] not in self.online]
         if offline:
-            self._log(f"round {server_round}: client(s) {format_clients(offline)} on offline node(s) {', '.join(map(str, sorted({self.nodes[c] for c in offline})))}: dropped as unfinished work")
+            self._log(
+                f"round {server_round}: client(s) {format_clients(offline)} on offline node(s) "
+                f"{', '.join(map(str, sorted({self.nodes[c] for c in offline})))}: dropped as unfinished work"
+            )
         return [c for c in clients if c not in offline]
 
-    def _gradient_exchange(self, grid: Grid, rnd: RoundInfo, points: list[torch.Tensor]) -> tuple[RoundInfo, list[torch.Tensor], list[int]]:
+    def _gradient_exchange(
+        self, grid: Grid, rnd: RoundInfo, points: list[torch.Tensor]
+    ) -> tuple[RoundInfo, list[torch.Tensor], list[int]]:
         """FedShuffleMVR's extra exchange: every distinct member returns ∇f_i at each point; rows in cohort order."""
         shared = tensors_record({str(k): p for k, p in enumerate(points)})
         clients = self._reachable(np.unique(rnd.cohort).tolist(), rnd.index + 1)
         messages = [
-            Message(RecordDict({"points": shared, "instructions": ConfigRecord({"run": self.run.index, "round": rnd.index, "client": c})}), self.nodes[c], GRADIENTS, group_id=str(rnd.index + 1), ttl=self._ttl())
+            Message(
+                RecordDict(
+                    {
+                        "points": shared,
+                        "instructions": ConfigRecord({"run": self.run.index, "round": rnd.index, "client": c}),
+                    }
+                ),
+                self.nodes[c],
+                GRADIENTS,
+                group_id=str(rnd.index + 1),
+                ttl=self._ttl(),
+            )
             for c in clients
         ]
         replies = self.exchange(grid, messages, self.round_timeout)
@@ -528,17 +725,30 @@ class FedShuffleStrategy(Strategy):
         for c, reply in self._answers(messages, clients, replies).items():
             try:
                 self._check_sender(reply, c)
-                rows[c] = checked_tensors(_content(reply, "gradients"), [str(k) for k in range(len(points))], (self.half.params.numel(),), self.half.dtype, "gradients")
+                rows[c] = checked_tensors(
+                    _content(reply, "gradients"),
+                    [str(k) for k in range(len(points))],
+                    (self.half.params.numel(),),
+                    self.half.dtype,
+                    "gradients",
+                )
             except InvalidReply as exc:
                 self._reject(rnd.index + 1, c, exc)
         rows = {c: {k: v.to(self.half.device) for k, v in got.items()} for c, got in rows.items()}
         keep = np.array([int(i) in rows for i in rnd.cohort], dtype=bool)
         dropped = sorted({int(i) for i in rnd.cohort[~keep]})
         rnd = keep_members(rnd, keep)
-        gradients = [torch.stack([rows[int(i)][str(k)] for i in rnd.cohort]) if len(rnd.cohort) else points[k].new_zeros((0, points[k].numel())) for k in range(len(points))]
+        gradients = [
+            torch.stack([rows[int(i)][str(k)] for i in rnd.cohort])
+            if len(rnd.cohort)
+            else points[k].new_zeros((0, points[k].numel()))
+            for k in range(len(points))
+        ]
         return rnd, gradients, dropped
 
-    def _answers(self, messages: Sequence[Message], clients: Sequence[int], replies: Iterable[Message]) -> dict[int, Message]:
+    def _answers(
+        self, messages: Sequence[Message], clients: Sequence[int], replies: Iterable[Message]
+    ) -> dict[int, Message]:
         """The replies without error, keyed by the client each message was sent to; an error reply goes
         through :meth:`_check_error` (an unanswered member is left out, any other error stops the run)."""
         sent = {m.metadata.message_id: c for m, c in zip(messages, clients) if m.metadata.message_id}
@@ -569,7 +779,8 @@ class FedShuffleStrategy(Strategy):
             raise InvalidReply(f"sent by node {reply.metadata.src_node_id}, the message went to node {node}")
 
     def _read_train_reply(self, reply: Message, client: int, plans: Sequence[ClientPlan], round_index: int) -> _Reply:
-        """A member's reply checked against what the server sent it (see the module docstring); :class:`InvalidReply` if it is not."""
+        """A member's reply checked against what the server sent it (see the module docstring);
+        :class:`InvalidReply` if it is not."""
         self._check_sender(reply, client)
         info = _content(reply, "result")
         if not isinstance(info, ConfigRecord):
@@ -577,50 +788,83 @@ class FedShuffleStrategy(Strategy):
         members = len(plans)
         for key, wanted in (("client", client), ("round", round_index), ("members", members)):
             checked_int(info, key, wanted, wanted, "result")
-        work = checked_int(info, "sample-gradients", 0, work_bound(self.half.method, plans, int(self.half.data.sizes[client])), "result")
-        unknown = sorted(k for k in info if k not in ("client", "round", "members", "sample-gradients") and not k.startswith("extra."))
+        work = checked_int(
+            info,
+            "sample-gradients",
+            0,
+            work_bound(self.half.method, plans, int(self.half.data.sizes[client])),
+            "result",
+        )
+        unknown = sorted(
+            k
+            for k in info
+            if k not in ("client", "round", "members", "sample-gradients") and not k.startswith("extra.")
+        )
         if unknown:
             raise InvalidReply(f"result: unexpected entries {unknown[:5]}")
         extras = {key[6:]: checked_float(info, key, "result") for key in info if key.startswith("extra.")}
-        fields = () if self.secure is not None else self.half.method.payload_fields  # secure: the update stays on the node
-        payload = checked_tensors(_content(reply, "payload"), fields, (members, self.half.params.numel()), self.half.dtype, "payload")
+        fields = (
+            () if self.secure is not None else self.half.method.payload_fields
+        )  # secure: the update stays on the node
+        payload = checked_tensors(
+            _content(reply, "payload"), fields, (members, self.half.params.numel()), self.half.dtype, "payload"
+        )
         return _Reply({name: value.to(self.half.device) for name, value in payload.items()}, work, extras, members)
 
     def _reject(self, server_round: int, client: int, error: InvalidReply) -> None:
         """An invalid reply: stop the run (``invalid_reply="stop"``) or log why its member is dropped."""
-        where = f"client {client} (node {self.nodes.get(client)}) sent an invalid reply in round {server_round}: {error}"
+        where = (
+            f"client {client} (node {self.nodes.get(client)}) sent an invalid reply in round {server_round}: {error}"
+        )
         if self.invalid_reply == "stop":
-            raise FederationError(f"{where} (run-config invalid-reply = \"stop\")")
+            raise FederationError(f'{where} (run-config invalid-reply = "stop")')
         self.rejected += 1
         self._rejected_now.append(client)
         self._log(f"{where}; dropped from the round, the model is not changed by it")
 
-    def _secure_result(self, server_round: int, state: _OpenRound, keep: np.ndarray, decoded: dict[int, _Reply]) -> tuple[np.ndarray, ClientResult | None, dict[str, float]]:
-        """The round's aggregate through SecAgg+ (:func:`~.secagg.secure_sum`) over the nodes of the members that answered (``keep``),
+    def _secure_result(
+        self, server_round: int, state: _OpenRound, keep: np.ndarray, decoded: dict[int, _Reply]
+    ) -> tuple[np.ndarray, ClientResult | None, dict[str, float]]:
+        """The round's aggregate through SecAgg+ (:func:`~.secagg.secure_sum`) over the nodes of the members that
+        answered (``keep``),
         with a node without members where only one node has any: the members whose node's input is in the sum stay, and
-        their aggregate is d = ρ·Σ_k s_k (ρ: their weights ν_i over the ν_i they were sent, :func:`~.secagg.rescaling`)."""
+        their aggregate is d = ρ·Σ_k s_k (ρ: their weights ν_i over the ν_i they were sent,
+        :func:`~.secagg.rescaling`)."""
         rnd, half = state.rnd, self.half
         inputs: dict[int, list[int]] = {}
         for client in sorted({int(i) for i in rnd.cohort[keep]}):
             inputs.setdefault(self.nodes[client], []).append(client)
-        for node in sorted(self._run_nodes() - set(inputs))[:max(0, 2 - len(inputs))]:
+        for node in sorted(self._run_nodes() - set(inputs))[: max(0, 2 - len(inputs))]:
             inputs[node] = []
         summed = secure_sum(state.grid, self.secure, inputs, self.run.index, rnd.index, self.round_timeout)
         for node, error in summed.errors:
             if int(error.code) not in UNANSWERED:
-                raise FederationError(f"node {node} failed the secure aggregation of round {server_round}: {error.reason}")
+                raise FederationError(
+                    f"node {node} failed the secure aggregation of round {server_round}: {error.reason}"
+                )
         extras = sum_metrics(summed)
         if summed.total is None:
-            self._log(f"round {server_round}: SecAgg+ halted (too few nodes answered for reconstruction-threshold): every member dropped, the model is not changed")
+            self._log(
+                f"round {server_round}: SecAgg+ halted (too few nodes answered for reconstruction-threshold): every "
+                "member dropped, the model is not changed"
+            )
             return np.zeros_like(keep), None, extras
         bound = len(summed.nodes) * self.secure.clipping_range + self.secure.tolerance(len(summed.nodes))
-        if not np.all(np.abs(summed.total) <= bound):  # inputs in [−c, c] cannot sum beyond this: a masked input was malformed
-            raise FederationError(f"round {server_round}: the SecAgg+ sum of {len(summed.nodes)} node(s) has entries beyond ±{bound:g}: a node sent a malformed masked input")
+        if not np.all(
+            np.abs(summed.total) <= bound
+        ):  # inputs in [−c, c] cannot sum beyond this: a masked input was malformed
+            raise FederationError(
+                f"round {server_round}: the SecAgg+ sum of {len(summed.nodes)} node(s) has entries beyond "
+                f"±{bound:g}: a node sent a malformed masked input"
+            )
         keep = keep & np.array([self.nodes[int(i)] in summed.nodes for i in rnd.cohort], dtype=bool)
         kept = keep_members(rnd, keep)
         rho = rescaling(state.weights[keep], half.method.sum_weights(kept))
         if rho is None:
-            raise FederationError(f"round {server_round}: the method's weights of the members that remain are not one multiple of those they were sent; the secure sum cannot be rescaled")
+            raise FederationError(
+                f"round {server_round}: the method's weights of the members that remain are not one multiple of "
+                "those they were sent; the secure sum cannot be rescaled"
+            )
         result = self._result(kept, {c: decoded[c] for c in np.unique(kept.cohort).tolist()})
         result.payload = {"delta_sum": torch.from_numpy(rho * summed.total).to(half.device, half.dtype)}
         return keep, result, extras
@@ -660,7 +904,13 @@ class _FlowerRounds(Callback):
     """The loop's step and scores on Flower: a round is :meth:`~FedShuffleStrategy.configure_train`, the messages'
     exchange and :meth:`~FedShuffleStrategy.aggregate_train`; Flower's :class:`Result` follows the run."""
 
-    def __init__(self, strategy: FedShuffleStrategy, grid: Grid, train_config: ConfigRecord, evaluate: Callable[[int, ArrayRecord], MetricRecord | None]) -> None:
+    def __init__(
+        self,
+        strategy: FedShuffleStrategy,
+        grid: Grid,
+        train_config: ConfigRecord,
+        evaluate: Callable[[int, ArrayRecord], MetricRecord | None],
+    ) -> None:
         self.strategy, self.grid, self.train_config, self.evaluate = strategy, grid, train_config, evaluate
         self.result = Result()
 
@@ -675,8 +925,15 @@ class _FlowerRounds(Callback):
         messages = list(s.configure_train(r, self.result.arrays, self.train_config, self.grid))
         arrays, reported = s.aggregate_train(r, s.exchange(self.grid, messages, s.round_timeout))
         self.result.arrays, self.result.train_metrics_clientapp[r] = arrays, reported
-        secured = f", SecAgg+ sum of {int(reported['secagg_nodes'])} node(s), {int(reported['secagg_bytes_up'])} B up" if "secagg_nodes" in reported else ""
-        s._log(f"round {r}/{s.run.spec.run.rounds}: {int(reported['members'])} member(s), {int(reported['dropped'])} dropped, {reported['seconds']:.2f} s{secured}")
+        secured = (
+            f", SecAgg+ sum of {int(reported['secagg_nodes'])} node(s), {int(reported['secagg_bytes_up'])} B up"
+            if "secagg_nodes" in reported
+            else ""
+        )
+        s._log(
+            f"round {r}/{s.run.spec.run.rounds}: {int(reported['members'])} member(s), {int(reported['dropped'])} "
+            f"dropped, {reported['seconds']:.2f} s{secured}"
+        )
 
     def score(self) -> dict[str, float]:
         r = self.strategy.half.counters.rounds
@@ -686,7 +943,8 @@ class _FlowerRounds(Callback):
 
 def exchange(grid: Grid, messages: Sequence[Message], timeout: float, poll_interval: float = 0.5) -> list[Message]:
     """Push ``messages``, then pull their replies until all came or ``timeout`` s passed, waiting 10 ms after the
-    first pull and doubling up to ``poll_interval`` s (Flower's own ``send_and_receive`` waits 3 s between pulls on a SuperLink)."""
+    first pull and doubling up to ``poll_interval`` s (Flower's own ``send_and_receive`` waits 3 s between pulls on a
+    SuperLink)."""
     messages = list(messages)
     if not messages:
         return []
@@ -703,7 +961,9 @@ def exchange(grid: Grid, messages: Sequence[Message], timeout: float, poll_inter
     return replies
 
 
-def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_timeout: float, poll_interval: float = 0.5) -> dict[int, int]:
+def handshake(
+    grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_timeout: float, poll_interval: float = 0.5
+) -> dict[int, int]:
     """One exchange for all runs of an app: client → node id, every node's clients, sizes and fingerprints checked.
 
     For up to ``connect_timeout`` s, asks every node that connects (once each) for the clients it hosts and,
@@ -732,15 +992,19 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
     while (wanted is None or len(nodes) < wanted) and time.monotonic() < deadline:
         new = [node for node in sorted(grid.get_node_ids()) if node not in asked]
         asked.update(new)
-        messages = [Message(RecordDict({"fedshuffle": ask}), node, HANDSHAKE, ttl=connect_timeout + 60.0) for node in new]
+        messages = [
+            Message(RecordDict({"fedshuffle": ask}), node, HANDSHAKE, ttl=connect_timeout + 60.0) for node in new
+        ]
         if messages:
             waiting.update({i: node for i, node in zip(grid.push_messages(messages), new) if i})
         for reply in grid.pull_messages(list(waiting)) if waiting else []:
             node = waiting.pop(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if reply.has_error() and int(reply.error.code) in UNANSWERED:
                 if node not in unavailable:
-                    strategies[0]._log(f"node {node} is listed but did not answer the handshake "
-                                       f"({UNANSWERED[int(reply.error.code)]}): left out unless it answers later")
+                    strategies[0]._log(
+                        f"node {node} is listed but did not answer the handshake "
+                        f"({UNANSWERED[int(reply.error.code)]}): left out unless it answers later"
+                    )
                 unavailable[node] = UNANSWERED[int(reply.error.code)]
                 asked.discard(node)  # asked again while the handshake waits, if it is still listed
                 continue
@@ -755,12 +1019,16 @@ def handshake(grid: Grid, strategies: Sequence[FedShuffleStrategy], connect_time
     n = wanted if wanted is not None else max(nodes, default=-1) + 1
     missing = sorted(set(range(n)) - set(nodes))
     if missing or not n:
-        dead = "".join(f"; unavailable: node {node} ({why})" if k == 0 else f", node {node} ({why})"
-                       for k, (node, why) in enumerate(sorted(unavailable.items())))
-        raise FederationError(f"no node hosts client(s) {format_clients(missing) if missing else 'at all'} "
-                              f"({len(asked | set(unavailable))} node(s) connected within {connect_timeout:g} s"
-                              f"{dead}); "
-                              f"the run has clients 0..{n - 1}: start nodes with --node-config 'clients=\"…\"' covering them")
+        dead = "".join(
+            f"; unavailable: node {node} ({why})" if k == 0 else f", node {node} ({why})"
+            for k, (node, why) in enumerate(sorted(unavailable.items()))
+        )
+        raise FederationError(
+            f"no node hosts client(s) {format_clients(missing) if missing else 'at all'} "
+            f"({len(asked | set(unavailable))} node(s) connected within {connect_timeout:g} s"
+            f"{dead}); "
+            f"the run has clients 0..{n - 1}: start nodes with --node-config 'clients=\"…\"' covering them"
+        )
     for k, s in enumerate(strategies):
         if s.node_data:
             _adopt(s, n if s.num_clients is None else s.num_clients, nodes, {node: r[k] for node, r in reports.items()})
@@ -783,7 +1051,9 @@ class _NodeReport:
     sample: str | None
 
 
-def _handshake_report(reply: Message, node: int, strategies: Sequence[FedShuffleStrategy], n: int | None) -> tuple[tuple[int, ...], list[_NodeReport]]:
+def _handshake_report(
+    reply: Message, node: int, strategies: Sequence[FedShuffleStrategy], n: int | None
+) -> tuple[tuple[int, ...], list[_NodeReport]]:
     """The clients a node's handshake reply says it hosts, and its report per run (the form checked, not the values).
     A node stating another fedshuffle version than the server's is refused first; one stating none (a version
     before the check), once its reply's form is checked."""
@@ -794,31 +1064,51 @@ def _handshake_report(reply: Message, node: int, strategies: Sequence[FedShuffle
         if (version := info.get("fedshuffle-version")) is not None and version != installed_version():
             raise _other_version(node, version)
         clients = info.get("clients")
-        if not isinstance(clients, list) or not clients or not all(isinstance(c, int) and not isinstance(c, bool) for c in clients):
+        if (
+            not isinstance(clients, list)
+            or not clients
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in clients)
+        ):
             raise InvalidReply(f"node.clients: expected a list of client ids, got {clients!r}"[:300])
-        parts = checked_int(info, "num-partitions", -2**63, 2**63 - 1, "node")
+        parts = checked_int(info, "num-partitions", -(2**63), 2**63 - 1, "node")
         digests = info.get("digests")
         reports = []
         for k, s in enumerate(strategies):
-            sizes, rows, sample = info.get(f"sizes.{s.run.index}"), info.get(f"rows.{s.run.index}"), info.get(f"sample.{s.run.index}")
+            sizes = info.get(f"sizes.{s.run.index}")
+            rows = info.get(f"rows.{s.run.index}")
+            sample = info.get(f"sample.{s.run.index}")
             dim = checked_int(info, f"dim.{s.run.index}", -1, 2**63 - 1, "node")
-            if not isinstance(digests, list) or len(digests) != len(strategies) or not all(isinstance(v, list) and len(v) == len(clients) for v in (sizes, rows)):
-                raise InvalidReply(f"node: expected 'digests' with one entry per run ({len(strategies)}) and per run 'sizes.<run>' and 'rows.<run>' with one entry per client")
-            reports.append(_NodeReport(clients, sizes, rows, dim, str(digests[k]), sample if isinstance(sample, str) else None))
+            if (
+                not isinstance(digests, list)
+                or len(digests) != len(strategies)
+                or not all(isinstance(v, list) and len(v) == len(clients) for v in (sizes, rows))
+            ):
+                raise InvalidReply(
+                    f"node: expected 'digests' with one entry per run ({len(strategies)}) and per run 'sizes.<run>' "
+                    "and 'rows.<run>' with one entry per client"
+                )
+            reports.append(
+                _NodeReport(clients, sizes, rows, dim, str(digests[k]), sample if isinstance(sample, str) else None)
+            )
     except (InvalidReply, AttributeError) as exc:
         raise FederationError(f"node {node} sent a malformed handshake reply: {exc}") from None
     if version is None:
         raise _other_version(node, "unknown (its reply does not say)")
     outside = [c for c in clients if c < 0 or (n is not None and c >= n)]
     if (n is not None and parts not in (-1, n)) or outside:
-        raise FederationError(f"node {node} hosts clients {format_clients(clients) if all(c >= 0 for c in clients) else clients} (num-partitions={parts}); "
-                              f"the federation has {n} clients (ids 0..{n - 1}, num-partitions={n})")
+        raise FederationError(
+            f"node {node} hosts clients {format_clients(clients) if all(c >= 0 for c in clients) else clients} "
+            f"(num-partitions={parts}); "
+            f"the federation has {n} clients (ids 0..{n - 1}, num-partitions={n})"
+        )
     return tuple(clients), reports
 
 
 def _other_version(node: int, version: object) -> FederationError:
-    return FederationError(f"node {node} runs fedshuffle {version}, the server fedshuffle {installed_version()}: "
-                           f"every node must run the server's version (pip install fedshuffle=={installed_version()}, or the app's wheel)")
+    return FederationError(
+        f"node {node} runs fedshuffle {version}, the server fedshuffle {installed_version()}: "
+        f"every node must run the server's version (pip install fedshuffle=={installed_version()}, or the app's wheel)"
+    )
 
 
 def _adopt(s: FedShuffleStrategy, n: int, nodes: dict[int, int], reports: dict[int, _NodeReport]) -> None:
@@ -827,17 +1117,26 @@ def _adopt(s: FedShuffleStrategy, n: int, nodes: dict[int, int], reports: dict[i
     kinds: dict[str, int] = {}
     for node, report in reports.items():
         if report.sample is None:
-            raise FederationError(f"node {node} brings no data of its own (no data-path in its node config); with run-config node-data = true every node must")
+            raise FederationError(
+                f"node {node} brings no data of its own (no data-path in its node config); with run-config node-data "
+                "= true every node must"
+            )
         kinds.setdefault(report.sample, node)
         for client, size in zip(report.clients, report.sizes):
             if client < n:
                 sizes[client] = size
     if len(kinds) > 1:
         (a, first), (b, second) = list(kinds.items())[:2]
-        raise FederationError(f"nodes {first} and {second} hold different kinds of samples ({a} and {b}): every node's data must have one sample shape, classes and dtype")
+        raise FederationError(
+            f"nodes {first} and {second} hold different kinds of samples ({a} and {b}): every node's data must have "
+            "one sample shape, classes and dtype"
+        )
     empty = np.flatnonzero(sizes < 1)
     if empty.size:
-        raise FederationError(f"node {nodes.get(int(empty[0]))} reports {int(sizes[empty[0]])} samples for client {int(empty[0])}; every client needs at least one")
+        raise FederationError(
+            f"node {nodes.get(int(empty[0]))} reports {int(sizes[empty[0]])} samples for client {int(empty[0])}; "
+            "every client needs at least one"
+        )
     raw = json.loads(next(iter(kinds)))
     s.adopt_population(sizes, SampleKind(tuple(raw["shape"]), int(raw["classes"]), str(raw["dtype"])))
 
@@ -849,17 +1148,32 @@ def _check_report(s: FedShuffleStrategy, node: int, report: _NodeReport) -> None
         return
     clients = format_clients(report.clients)
     if report.digest != s.run.digest:
-        raise FederationError(f"node {node} (clients {clients}) would run other settings for {s.run.label or 'the run'!r} (fingerprint {report.digest}, "
-                              f"the server's {s.run.digest}): start every node from the same app and run config")
+        raise FederationError(
+            f"node {node} (clients {clients}) would run other settings for {s.run.label or 'the run'!r} (fingerprint "
+            f"{report.digest}, "
+            f"the server's {s.run.digest}): start every node from the same app and run config"
+        )
     if report.dim != s.half.params.numel():
-        raise FederationError(f"node {node} (clients {clients}) builds a model of {report.dim} parameters, the server's has {s.half.params.numel()} "
-                              "(its data has another sample shape or number of classes: give each client file 'classes')")
+        raise FederationError(
+            f"node {node} (clients {clients}) builds a model of {report.dim} parameters, the server's has "
+            f"{s.half.params.numel()} "
+            "(its data has another sample shape or number of classes: give each client file 'classes')"
+        )
     for client, size, held in ours:
         if size != int(s.half.data.sizes[client]):
-            raise FederationError(f"node {node} holds {size!r} samples for client {client}, the config's client {client} has {int(s.half.data.sizes[client])}")
+            raise FederationError(
+                f"node {node} holds {size!r} samples for client {client}, the config's client {client} has "
+                f"{int(s.half.data.sizes[client])}"
+            )
         expected = s.rows_digest(client)
         if expected is not None and held != expected:
-            raise FederationError(f"node {node} holds other samples for client {client} than the server's data (digest {str(held)[:16]!r}, the server's {expected!r})")
+            raise FederationError(
+                f"node {node} holds other samples for client {client} than the server's data (digest "
+                f"{str(held)[:16]!r}, the server's {expected!r})"
+            )
         first = s.held.setdefault(client, str(held))
         if first != held:
-            raise FederationError(f"node {node} holds other samples for client {client} than its node at the start (digest {str(held)[:16]!r}, then {first[:16]!r})")
+            raise FederationError(
+                f"node {node} holds other samples for client {client} than its node at the start (digest "
+                f"{str(held)[:16]!r}, then {first[:16]!r})"
+            )

@@ -64,7 +64,9 @@ class ClientApps:
     def get(self, fab_id: str, fab_version: str, fab_hash: str, fab_content: bytes) -> ClientApp:
         if fab_hash not in self.apps:
             install_from_fab(fab_content, skip_prompt=True)
-            reference = get_project_config(get_project_dir(fab_id, fab_version, fab_hash))["tool"]["flwr"]["app"]["components"]["clientapp"]
+            reference = get_project_config(get_project_dir(fab_id, fab_version, fab_hash))["tool"]["flwr"]["app"][
+                "components"
+            ]["clientapp"]
             sys.modules.pop(reference.partition(":")[0], None)
             self.apps[fab_hash] = self._load(fab_id, fab_version, fab_hash)
         return self.apps[fab_hash]
@@ -72,9 +74,15 @@ class ClientApps:
 
 def _task_client(address: str, token: str, insecure: bool, certificates: bytes | None) -> RuntimeHttpClient:
     return RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=insecure, root_certificates=certificates,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), RuntimeTokenHttpInterceptor(token)],
-        retry_invoker=make_simple_http_retry_invoker())
+        server_address=address,
+        insecure=insecure,
+        root_certificates=certificates,
+        interceptors=[
+            RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+            RuntimeTokenHttpInterceptor(token),
+        ],
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
 
 
 def run_task(client: RuntimeHttpClient, apps: ClientApps) -> bool:
@@ -101,7 +109,11 @@ def run_task(client: RuntimeHttpClient, apps: ClientApps) -> bool:
         status, details = SubStatus.COMPLETED, ""
     except Exception as exc:  # pylint: disable=broad-exception-caught
         log(ERROR, "ClientApp raised an exception", exc_info=exc)
-        code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION if isinstance(exc, LoadClientAppError) else ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+        code = (
+            ErrorCode.LOAD_CLIENT_APP_EXCEPTION
+            if isinstance(exc, LoadClientAppError)
+            else ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+        )
         details = f"{type(exc)}:<'{exc}'>"
         if message is not None:
             reply = Message(Error(code=code, reason=details), reply_to=message)
@@ -119,8 +131,12 @@ def serve(address: str, insecure: bool, certificates: bytes | None, max_tasks: i
     """Ask the SuperNode's Runtime API at ``address`` for ClientApp tasks and run them, until stopped (or ``max_tasks``
     were run); returns the number of tasks run."""
     acquirer = RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=insecure, root_certificates=certificates,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")], retry_invoker=make_simple_http_retry_invoker())
+        server_address=address,
+        insecure=insecure,
+        root_certificates=certificates,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
     apps, done = ClientApps(), 0
     log(INFO, "fedshuffle worker: running the ClientApp tasks of the SuperNode at %s in this process", address)
     while max_tasks is None or done < max_tasks:
@@ -134,15 +150,27 @@ def serve(address: str, insecure: bool, certificates: bytes | None, max_tasks: i
         finally:
             client.close()
         done += 1
-        log(INFO, "fedshuffle worker: task %d %s in %.3f s", done, "answered" if completed else "failed", time.monotonic() - started)
+        log(
+            INFO,
+            "fedshuffle worker: task %d %s in %.3f s",
+            done,
+            "answered" if completed else "failed",
+            time.monotonic() - started,
+        )
     return done
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedshuffle.integrations.flower.worker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (its --port), e.g. 127.0.0.1:9094")
+    parser = argparse.ArgumentParser(
+        prog="python -m fedshuffle.integrations.flower.worker", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--runtime-api-address", required=True, help="the SuperNode's Runtime API (its --port), e.g. 127.0.0.1:9094"
+    )
     security = parser.add_mutually_exclusive_group(required=True)
-    security.add_argument("--insecure", action="store_true", help="connect without TLS (the SuperNode was started with the same)")
+    security.add_argument(
+        "--insecure", action="store_true", help="connect without TLS (the SuperNode was started with the same)"
+    )
     security.add_argument("--root-certificates", help="CA certificate (PEM) of the Runtime API's TLS certificate")
     parser.add_argument("--supernode-pid", type=int, help="exit when this process (the SuperNode) ends")
     args = parser.parse_args(argv)
