@@ -58,3 +58,27 @@ def test_the_run_command_refuses_them_before_writing_anything(tmp_path):
     result = CliRunner().invoke(app, ["run", str(config), "--out", str(tmp_path / "out"), "--quiet"])
     assert result.exit_code == 2 and "local.drop_last_steps: 5 drops every planned step" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "method,aggregation",
+    [("fedavg_min", {}), ("fedshuffle", {}), ("fednova", {"normalization": "sum_one"})],
+)
+def test_fednovas_tau_eff_is_refused_where_the_aggregation_does_not_use_it(method, aggregation):
+    """τ_eff enters only FedNova's unbiased normalized weighting (with sum-one normalization it cancels)."""
+    with pytest.raises(ConfigError) as err:
+        build_simulation(spec(method={"name": method}, aggregation={**aggregation, "tau_eff": "cohort"}), 0)
+    assert err.value.field == "aggregation.tau_eff" and "only weighting = 'normalized'" in err.value.message
+    sim, _ = build_simulation(spec(method={"name": "fednova"}, aggregation={"tau_eff": "cohort"}), 0)
+    assert sim.algorithm.aggregator.tau_eff == "cohort"
+
+
+def test_more_minibatches_per_epoch_than_the_smallest_client_has_samples_is_refused_before_the_first_round():
+    """Sizes 2 and 3: K = 3 minibatches per epoch cannot split client 0's 2 samples (found at build, not when client 0
+    is first sampled)."""
+    with pytest.raises(ConfigError) as err:
+        build_simulation(spec(local={"epoch_batches": 3}, sampler={"name": "uniform", "cohort": 1}), 0)
+    assert err.value.field == "local.epoch_batches" and "client 0 has 2 (accepted: 1..2" in err.value.message
+    sim, _ = build_simulation(spec(local={"epoch_batches": 2}), 0)
+    sim.step()
+    assert sim.counters.sample_gradients == 2 + 3  # K = 2 minibatches per client are one pass over its samples

@@ -78,6 +78,13 @@ class Aggregator:
             raise ConfigError("normalization", f"unknown {self.normalization!r}; accepted: {', '.join(NORMALIZATIONS)}")
         if self.tau_eff not in TAU_EFF:
             raise ConfigError("tau_eff", f"unknown {self.tau_eff!r}; accepted: {', '.join(TAU_EFF)}")
+        if self.tau_eff != "planned" and not (self.weighting == "normalized" and self.normalization == "unbiased"):
+            raise ConfigError(
+                "tau_eff",
+                f"{self.tau_eff!r} chooses FedNova's τ_eff, which only weighting = 'normalized' with normalization = "
+                f"'unbiased' uses (here weighting = {self.weighting!r}, normalization = {self.normalization!r}): "
+                "leave tau_eff out",
+            )
         if self.direction not in DIRECTIONS:
             raise ConfigError("direction", f"unknown {self.direction!r}; accepted: {', '.join(DIRECTIONS)}")
 

@@ -152,8 +152,18 @@ def check_against_data(spec: RunSpec, num_clients: int) -> None:
 
 
 def check_local_work(spec: RunSpec, planner: LocalPlanner, sizes: np.ndarray) -> None:
-    """``local.drop_last_steps`` leaves some client more than the one step every client keeps: dropping as many steps
-    as the most any client plans (τ_max) leaves each client one step whatever the value, which says nothing."""
+    """``local.epoch_batches`` = K splits every client's epoch into K minibatches, so K ≤ the smallest client's size
+    (found here, before the first round, not when that client first takes part); ``local.drop_last_steps`` leaves
+    some client more than the one step every client keeps: dropping as many steps as the most any client plans
+    (τ_max) leaves each client one step whatever the value, which says nothing."""
+    batches = spec.local.epoch_batches
+    if batches is not None and len(sizes) and batches > int(np.min(sizes)):
+        smallest = int(np.argmin(sizes))
+        why = (
+            f"{batches} minibatches per epoch need at least as many samples; client {smallest} has "
+            f"{int(sizes[smallest])} (accepted: 1..{int(np.min(sizes))}, or batch_size instead)"
+        )
+        raise ConfigError("local.epoch_batches", why)
     drop = spec.local.drop_last_steps
     if drop:
         most = planner.max_planned_steps(np.asarray(sizes))
