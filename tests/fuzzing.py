@@ -1610,6 +1610,10 @@ def run_case(kind: str, seed: int, work: Path, template: Path | None) -> Result:
     try:
         if kind in INPUT_KINDS:
             return run_input_case(kind, seed, work)
+        if kind in TRUST_KINDS:
+            from fuzzing_trust import run_trust_case
+
+            return run_trust_case(kind, seed, work)
         if kind == "configs":
             return run_config_case(seed, work)
         if kind == "cli":
@@ -1643,7 +1647,9 @@ import threading
 import time
 
 INPUT_KINDS = ("downloads", "bombs", "special", "values")
-KINDS = (*KINDS, *INPUT_KINDS)
+#: what a run must not trust (tests/fuzzing_trust.py)
+TRUST_KINDS = ("plugins", "nodedata", "checkpoints", "privacy", "signals", "tmpdir")
+KINDS = (*KINDS, *INPUT_KINDS, *TRUST_KINDS)
 #: wall-clock seconds an input case may take (downloads run under DOWNLOAD_LIMITS: a 1.5 s deadline)
 INPUT_CASE_SECONDS = 30.0
 

@@ -280,3 +280,13 @@ def test_fuzzed_corrupt_results_folders_fail_cleanly(seed, fuzz_env):
     """A finished results folder with truncated or corrupt checkpoint, metrics, summary or config files:
     --resume, plot and table end in a clean error or a correct result."""
     check_case("results", seed, fuzz_env)
+
+
+@settings(FUZZ, max_examples=4)
+@given(seed=st.integers(0, 2**31 - 1))
+@pytest.mark.parametrize("kind", ["plugins", "nodedata", "checkpoints", "privacy"])
+def test_fuzzed_plugins_node_files_checkpoints_and_privacy_end_cleanly(kind, seed, fuzz_env):
+    """A plugin never imported without consent; a node's bad client file refused naming it; a checkpoint that
+    decodes but is not the run's state refused, never resumed to other numbers; privacy at the accountant's
+    edges refused or reported with an ε ≥ 0 (tests/fuzzing_trust.py; signals and TMPDIR: scripts/fuzz.py)."""
+    check_case(kind, seed, fuzz_env)
