@@ -171,9 +171,16 @@ def test_the_command_line_page_is_current_and_lists_every_command_and_option():
 
 
 def test_generated_pages_render():
-    for name in docs_hooks.registries():
-        table = docs_hooks.render_registry(name)
-        assert table.count("\n") >= 2
+    """Every registry's table: a header, then one row per entry naming it, with each declared setting in its row."""
+    for name, registry in docs_hooks.registries().items():
+        header, rule, *rows = docs_hooks.render_registry(name).split("\n")
+        entries = registry.entries()
+        assert header.startswith(f"| `{registry.kind}` |") and set(rule) <= set("|- ")
+        assert len(rows) == len(entries), (name, len(rows), len(entries))
+        for row, entry in zip(rows, entries):
+            assert row.startswith(f"| `{entry.name}` |"), (name, row)
+            for setting in entry.describe_settings() if registry.configured else ():
+                assert f"`{setting['name']}` = " in row, (name, entry.name, setting["name"])
     with pytest.raises(docs_hooks.DocsError, match="no registry"):
         docs_hooks.render_registry("nope")
 
