@@ -24,12 +24,16 @@ gradient at the center, when FedShuffleMVR's correction asks for it):
 then y ← y − η_i·g (plain SGD on the quadratic and logistic problems, whose chain is empty, updates y in one pass
 per minibatch row without forming g). The backend is used when numba is installed (``pip install 'fedshuffle[fast]'``),
 the run is on the CPU (float64; the MLP float32 too, its arrays kept in the run's dtype) and every
-transform is one of these; otherwise the torch loop runs. It gives the torch loop's trajectory up to
+transform is one of these (:data:`COMPILED_TRANSFORMS`); otherwise the torch loop runs, and a step chain with a
+transform this backend does not know is named once in a warning (:func:`torch_reason` says why for any run).
+It gives the torch loop's trajectory up to
 floating-point rounding: sums in another order, and in float32 runs some intermediate products in float64
 (``tests/test_executors.py``). A diverging run gives inf or NaN here too.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -67,25 +71,45 @@ def problem_code(problem) -> tuple[int, float, np.ndarray] | None:
     return None
 
 
+#: every transform of :mod:`fedshuffle.local.steps` and its compiled formula; a transform not here keeps a run on the
+#: torch loop, and :func:`torch_reason` names it (tests/test_executors.py walks the module)
+COMPILED_TRANSFORMS: dict[type, str] = {
+    Clip: "clip",
+    WeightDecay: "weight decay",
+    Drift: "drift",
+    Prox: "prox",
+    Offset: "offset",
+    Momentum: "momentum",
+}
+#: transforms of :mod:`fedshuffle.local.steps` that run on the torch loop only, on purpose
+TORCH_ONLY: tuple[type, ...] = ()
+
+
 def chain_code(chain: StepChain, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(ops, values, drift momentum m) of a chain the backend computes, or None."""
     ops, values, momentum = [], [], np.zeros(dim)
     for t in chain.transforms:
         if isinstance(t, Clip):
-            ops.append(CLIP), values.append(t.norm)
+            ops.append(CLIP)
+            values.append(t.norm)
         elif isinstance(t, WeightDecay):
-            ops.append(DECAY), values.append(t.rate)
+            ops.append(DECAY)
+            values.append(t.rate)
         elif isinstance(t, Drift):
             if t.momentum.shape != (dim,):
                 return None
-            ops.append(DRIFT_CORRECTED if t.correction else DRIFT), values.append(t.a)
+            ops.append(DRIFT_CORRECTED if t.correction else DRIFT)
+            values.append(t.a)
             momentum = t.momentum.detach().cpu().numpy()
         elif isinstance(t, Prox):
-            ops.append(PROX), values.append(t.mu)
+            ops.append(PROX)
+            values.append(t.mu)
         elif isinstance(t, Offset):
-            ops.append(OFFSET), values.append(0.0)
+            ops.append(OFFSET)
+            values.append(0.0)
         elif isinstance(t, Momentum):
-            ops.append(MOMENTUM), values.append(t.rho)
+            ops.append(MOMENTUM)
+            values.append(t.rho)
         else:
             return None
     return (
@@ -95,24 +119,44 @@ def chain_code(chain: StepChain, dim: int) -> tuple[np.ndarray, np.ndarray, np.n
     )
 
 
-def usable(problem, features: torch.Tensor, work) -> bool:
-    """Whether this backend can run ``work``: numba installed, the CPU, a known problem and chain, float64 (a small MLP:
-    float32 too, one step at most :data:`MLP_STEP_LIMIT` parameters × rows)."""
+class Fallback(NamedTuple):
+    """Why a run's local work stays on the torch loop: the ``part`` that keeps it there (``"numba"``, ``"device"``,
+    ``"problem"``, ``"dtype"`` or ``"transform"``) and the reason in words."""
+
+    part: str
+    why: str
+
+
+def torch_reason(problem, features: torch.Tensor, work) -> Fallback | None:
+    """Why this backend cannot run ``work`` (None: it can): numba missing, another device than the CPU, a problem
+    without a compiled gradient, the dtype (linear problems: float64; a small MLP: float32 too, one step at most
+    :data:`MLP_STEP_LIMIT` parameters × rows), or a transform of the step chain without a compiled formula."""
     start, code = work.start, problem_code(problem)
-    if (
-        numba is None
-        or code is None
-        or start.device.type != "cpu"
-        or features.dtype != start.dtype
-        or problem.stochastic
-    ):
-        return False
+    if numba is None:
+        return Fallback("numba", "numba is not installed (pip install 'fedshuffle[fast]')")
+    if start.device.type != "cpu":
+        return Fallback("device", f"the run is on {start.device.type}")
+    if code is None or problem.stochastic:
+        return Fallback("problem", f"{type(problem).__name__} has no compiled gradient")
+    if features.dtype != start.dtype:
+        return Fallback("dtype", f"the features are {features.dtype}, the model {start.dtype}")
     if code[0] == MULTILAYER:
         batch = int(CohortPlan.of(work.plans).widths.max())
-        fits = start.dtype in (torch.float32, torch.float64) and start.shape[-1] * batch <= MLP_STEP_LIMIT
-    else:
-        fits = start.dtype == torch.float64 and features.dim() == 2
-    return fits and chain_code(work.chain, start.shape[-1]) is not None
+        if start.dtype not in (torch.float32, torch.float64) or start.shape[-1] * batch > MLP_STEP_LIMIT:
+            return Fallback("problem", f"an MLP step of {start.shape[-1]} parameters × {batch} rows in {start.dtype}")
+    elif start.dtype != torch.float64 or features.dim() != 2:
+        return Fallback("dtype", f"{type(problem).__name__} runs compiled in float64 on flat features only")
+    unknown = next((type(t).__name__ for t in work.chain.transforms if type(t) not in COMPILED_TRANSFORMS), None)
+    if unknown is not None:
+        return Fallback("transform", f"the local step transform {unknown} has no compiled formula")
+    if chain_code(work.chain, start.shape[-1]) is None:
+        return Fallback("transform", "the drift's momentum is not of the model's size")
+    return None
+
+
+def usable(problem, features: torch.Tensor, work) -> bool:
+    """Whether this backend can run ``work`` (:func:`torch_reason` says why not)."""
+    return torch_reason(problem, features, work) is None
 
 
 def run(problem, features: torch.Tensor, labels: torch.Tensor, work) -> torch.Tensor:

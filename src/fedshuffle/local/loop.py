@@ -13,6 +13,7 @@ function, so they all do the same arithmetic.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -24,6 +25,10 @@ from fedshuffle.local import fused
 from fedshuffle.local.plan import ClientPlan, CohortPlan
 from fedshuffle.local.steps import Step, StepChain
 from fedshuffle.problems import Problem
+
+LOGGER = logging.getLogger("fedshuffle")
+#: the fallbacks already reported by this process (each once)
+_SAID: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,13 @@ def run_local(
     plans = work.plans
     if not plans:
         return work.start.new_zeros((0, work.start.shape[-1]))
-    if compiled and fused.usable(problem, features, work):
-        return fused.run(problem, features, labels, work)
+    if compiled:
+        fallback = fused.torch_reason(problem, features, work)
+        if fallback is None:
+            return fused.run(problem, features, labels, work)
+        if fallback.part == "transform" and fallback.why not in _SAID:  # a step the compiled loop would otherwise run
+            _SAID.add(fallback.why)
+            LOGGER.warning("the local loop runs on PyTorch operators, not compiled: %s", fallback.why)
     order = np.argsort(-CohortPlan.of(plans).steps, kind="stable")
     if np.array_equal(order, np.arange(len(plans))):
         return _run_sorted(problem, features, labels, work)
