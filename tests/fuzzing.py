@@ -79,7 +79,7 @@ def environment(root: Path) -> dict[str, str]:
     """Environment of a fuzzing process: small memory cap, private cache, no downloads, no GUI."""
     return {
         "FEDSHUFFLE_MAX_MEMORY": "1G",
-        "FEDSHUFFLE_CACHE": str(root / "cache"),
+        "FEDSHUFFLE_CACHE": str(root / f"cache-{os.getpid()}"),  # one per process: a download case checks its own
         "FEDSHUFFLE_LIBSVM_URL": "http://127.0.0.1:1/",
         "MPLBACKEND": "Agg",
         "OMP_NUM_THREADS": "1",
@@ -1816,7 +1816,7 @@ def run_download_case(seed: int, work: Path) -> Result:
     except Hang as exc:
         return Result("hang", str(exc), label)
     except ConfigError as exc:
-        leftovers = list((work.parent / "cache").rglob("*.part")) if (work.parent / "cache").exists() else []
+        leftovers = list(fetch.cache_dir().rglob("*.part")) if fetch.cache_dir().exists() else []
         if "\n" in str(exc) or leftovers:
             return Result(
                 "nonsense", f"not one line, or a partial file left: {str(exc)[:120]!r} {leftovers[:1]}", label
