@@ -13,7 +13,7 @@ import fedshuffle as fs
 from fedshuffle.cli import app
 from fedshuffle.core.checkpoint import read_checkpoint, save_checkpoint
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.experiments.loop import check_state, load_checkpoint
+from fedshuffle.experiments.loop import COLUMNS, check_state, load_checkpoint
 from fedshuffle.experiments.results import write_metrics
 
 OWNER = {"config_hash": "h", "label": "", "seed": 0}
@@ -36,7 +36,8 @@ def saved(tmp_path):
     sim = simulation()
     sim.step()
     sim.step()
-    rows = [{"round": 0, "loss": 0.5, "dropped": None}, {"round": 2, "loss": 0.25, "dropped": None}]
+    blank = dict.fromkeys(COLUMNS)  # a recorded row holds every column (None where not measured)
+    rows = [{**blank, "round": 0, "loss": 0.5}, {**blank, "round": 2, "loss": 0.25}]
     write_metrics(tmp_path / "metrics.csv", rows)
     state = {"simulation": sim.state_dict(), "rows": rows}
     return state, tmp_path / "checkpoint.pt"
@@ -104,7 +105,11 @@ def _rows_out_of_order(s):
 
 
 def _rows_past_the_checkpoint(s):
-    s["rows"] = [*s["rows"], {"round": 4, "loss": 0.1}]
+    s["rows"] = [*s["rows"], {**s["rows"][-1], "round": 4}]
+
+
+def _row_without_a_column(s):
+    del s["rows"][1]["compute_seconds"]
 
 
 def _extra_top_key(s):
@@ -136,6 +141,7 @@ def _extras_a_string(s):
         (_rows_a_dict, "rows is a dict, expected a list of records"),
         (_rows_out_of_order, "rows[1] is of round 0, after round 2"),
         (_rows_past_the_checkpoint, "rows[2] is of round 4, after round 2 and up to the checkpoint's 2"),
+        (_row_without_a_column, "rows[1] lacks the column compute_seconds"),
         (_extra_top_key, "checkpoint has other keys than the run's (extra 'more')"),
         (_client_rows_of_other_dtype, "state.client_store.arrays.control is a ndarray (3, 9) of float32"),
         (_extras_a_string, "state.last_extras is not a dict of numbers"),

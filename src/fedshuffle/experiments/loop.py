@@ -227,9 +227,14 @@ def _store_mismatch(saved: Any, store: Any) -> str | None:
     return why
 
 
+#: the columns every recorded row holds (None where a metric is not measured): the metric and timing tables'
+COLUMNS = tuple(dict.fromkeys((*METRIC_COLUMNS, *TIMING_COLUMNS)))
+
+
 def _rows_mismatch(rows: Any, rounds: int, metrics_csv: Path) -> str | None:
-    """How ``rows`` is not the metric records up to round ``rounds`` (dicts of numbers, rounds increasing), or differs
-    from the rows ``metrics_csv`` holds up to that round (it may lack the last ones: it is not synced as it grows)."""
+    """How ``rows`` is not the metric records up to round ``rounds`` (dicts of numbers with every column of
+    :data:`COLUMNS`, rounds increasing), or differs from the rows ``metrics_csv`` holds up to that round (it may lack
+    the last ones: it is not synced as it grows)."""
     if not isinstance(rows, list):
         return f"rows is a {type(rows).__name__}, expected a list of records"
     previous = -1
@@ -237,6 +242,9 @@ def _rows_mismatch(rows: Any, rounds: int, metrics_csv: Path) -> str | None:
         values = row.items() if isinstance(row, dict) else [(None, None)]
         if not all(isinstance(c, str) and (v is None or _number(v)) for c, v in values):
             return f"rows[{k}] is not a record of numbers"
+        missing = sorted(set(COLUMNS).difference(row))
+        if missing:
+            return f"rows[{k}] lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing[:3])}"
         at = row.get("round")
         if type(at) is not int or not previous < at <= rounds:
             return f"rows[{k}] is of round {at!r}, after round {previous} and up to the checkpoint's {rounds}"
