@@ -159,7 +159,9 @@ def inspect(
 
 
 def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, samples: int = 1000) -> dict[str, dict]:
-    """Per variant of a preset or TOML file: its step sizes (resolved where the config asks for 'theory'),
+    """Per variant of a preset or TOML file: its step sizes (every setting whose role is a step size,
+    ``RunSpec.step_sizes``, resolved where the config asks for 'theory'; and the local, server and meta-epoch steps the
+    built algorithm takes),
     the smoothness constants of convex problems, and the objective it minimizes (:func:`inspect_objective`
     on its own clients, sampler and weights), or why that cannot be inspected (methods with client state)."""
     from fedshuffle.analysis.objective import inspect_objective
@@ -191,6 +193,7 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
             "local_lr": alg.local.lr,
             "server_lr": alg.server.lr,
             "global_lr": getattr(server, "global_lr", None),
+            "step_sizes": {setting: spec.value(setting) for setting in spec.step_sizes()},
             "local_steps": alg.local.max_planned_steps(data.sizes),
             "from_theory": sorted(info.get("used", {})),
             "constants": info.get("constants")
@@ -230,10 +233,11 @@ def _inspect_config(
     first = next(iter(rows.values()))["constants"]
     if first:
         console.print("constants: " + ", ".join(f"{k} = {v:.6g}" for k, v in first.items()))
+    steps = list(dict.fromkeys(setting for r in rows.values() for setting in r["step_sizes"]))
     summary = []
     for label, r in rows.items():
         obj = r["objective"]
-        theta = f"{r['global_lr']:.6g}" if r["global_lr"] is not None else "—"
+        values = [r["step_sizes"].get(setting) for setting in steps]
         minimizes = (
             "—"
             if obj is None
@@ -245,9 +249,7 @@ def _inspect_config(
             (
                 label,
                 r["method"],
-                f"{r['local_lr']:.6g}",
-                f"{r['server_lr']:.6g}",
-                theta,
+                *(f"{v:.6g}" if isinstance(v, (int, float)) else "—" for v in values),
                 str(r["local_steps"]),
                 ", ".join(r["from_theory"]) or "—",
                 minimizes,
@@ -255,9 +257,9 @@ def _inspect_config(
         )
     print_table(
         f"{config}: step sizes and the objective each variant minimizes",
-        ("variant", "method", "local γ", "server η", "global θ", "local steps", "from theory", "minimizes"),
+        ("variant", "method", *steps, "local steps", "from theory", "minimizes"),
         summary,
-        right=("local γ", "server η", "global θ", "local steps"),
+        right=(*steps, "local steps"),
     )
     # ŵ per client, one table per population (variants with the same clients and weights share one)
     groups: dict[str, list[str]] = {}

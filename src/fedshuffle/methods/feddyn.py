@@ -8,6 +8,7 @@ import torch
 from pydantic import Field
 
 from fedshuffle.aggregation import Aggregator
+from fedshuffle.core.registry import StepSize
 from fedshuffle.methods.base import METHODS, ClientResult, Method, last_occurrence, sample_gradients
 
 
@@ -37,7 +38,9 @@ class FedDyn(Method):
     sets_own_prox = True
 
     def __init__(
-        self, aggregator: Aggregator, alpha: Annotated[float, Field(gt=0, description="regularization α > 0")] = 0.01
+        self,
+        aggregator: Aggregator,
+        alpha: Annotated[float, Field(gt=0, description="regularization α > 0"), StepSize()] = 0.01,
     ) -> None:
         super().__init__(aggregator)
         self.alpha = alpha
