@@ -148,6 +148,9 @@ class Method:
     #: methods whose local objective holds its own proximal term (FedCDR's prox, FedDyn's α): ``local.prox_mu`` is
     #: refused
     sets_own_prox: bool = False
+    #: whether every local step is the local settings' own y ← y − η_i·chain(∇f_batch(y)), with no term of the
+    #: method's (a drift, an offset, a proximal term), as :mod:`fedshuffle.analysis.objective`'s closed forms assume
+    plain_local_steps: bool = True
 
     def __init__(self, aggregator: Aggregator) -> None:
         self.aggregator = aggregator

@@ -70,6 +70,7 @@ class FedCDR(Method):
     local_model_field = "x"  # scored by fedshuffle.metrics.local_model_scores
     needs_cycles = True
     sets_own_prox = True
+    plain_local_steps = False
 
     def __init__(
         self,

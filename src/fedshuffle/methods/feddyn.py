@@ -36,6 +36,7 @@ class FedDyn(Method):
     state_fields = ("gradient", "model")
     local_model_field = "model"  # θ_i, scored by fedshuffle.metrics.local_model_scores
     sets_own_prox = True
+    plain_local_steps = False
 
     def __init__(
         self,
