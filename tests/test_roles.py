@@ -7,16 +7,20 @@ from __future__ import annotations
 import importlib
 import sys
 
+from typing import Annotated
+
 import pytest
+from pydantic import Field
 from typer.testing import CliRunner
 
 from fedshuffle.analysis.theory import THEOREMS, smoothness, theoretical_step_sizes
 from fedshuffle.cli import app
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import StepScale, StepSize
+from fedshuffle.core.registry import ModelSize, StepScale, StepSize
 from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
 from fedshuffle.experiments.schema import RunSpec, validate
 from fedshuffle.methods import METHODS
+from fedshuffle.problems import PROBLEMS, Problem
 from fedshuffle.testing import check_method
 
 PLUGIN = '''
@@ -216,3 +220,38 @@ def test_theorems_are_registry_entries_that_declare_what_they_read_and_give():
     assert METHODS["nastya"].theorems == ("rr_cli_c2", "rr_cli_c1") and METHODS["fedshuffle"].theorems == ()
     assert validate(RunSpec, {"method": {"name": "nastya"}}).server.theory_rule == "rr_cli_c2"
     assert validate(RunSpec, {"method": {"name": "fedshuffle"}}).server.theory_rule is None
+
+
+class Wide(Problem):
+    """A problem of ``width`` parameters (never trained: it is refused before)."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+
+    @property
+    def dim(self) -> int:
+        return self.width
+
+    def losses(self, params, features, labels):
+        return ((params[: features.shape[1]] - features) ** 2).sum(-1)
+
+
+def wide(samples, width: Annotated[int, Field(ge=1, description="parameters"), ModelSize()] = 4) -> Wide:
+    return Wide(width)
+
+
+def test_a_model_too_large_to_fit_is_refused_naming_the_setting_declared_to_size_it():
+    """The role ModelSize: the MLP's widths and the synthetic source's class count are declared so, and a plugin
+    problem's own width is named like them."""
+    PROBLEMS.add("wide", wide, "a problem as wide as asked")
+    try:
+        raw = {"data": {"source": "targets", "client_sizes": [2, 3]}, "local": {"lr": 0.1}}
+        spec = validate(RunSpec, {**raw, "problem": {"name": "wide", "width": 10**13}})
+        assert spec.roles()["problem.width"] == ModelSize()
+        with pytest.raises(ConfigError, match="needs about") as err:
+            build_problem_and_data(spec)
+        assert err.value.field == "problem.width"
+    finally:
+        PROBLEMS.remove("wide")
+    mlp = validate(RunSpec, {"problem": {"name": "mlp"}, "data": {"source": "synthetic"}}).roles()
+    assert mlp["problem.hidden"] == mlp["data.classes"] == ModelSize()

@@ -196,9 +196,11 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
             "step_sizes": {setting: spec.value(setting) for setting in spec.step_sizes()},
             "local_steps": alg.local.max_planned_steps(data.sizes),
             "from_theory": sorted(info.get("used", {})),
-            "constants": info.get("constants")
-            or (smoothness(problem, data).to_dict() if problem.name in ("logistic", "quadratic") else None),
         }
+        try:  # the constants of a problem that has known ones
+            row["constants"] = info.get("constants") or smoothness(problem, data).to_dict()
+        except ConfigError:
+            row["constants"] = None
         try:
             row["objective"] = inspect_objective(
                 alg,

@@ -56,7 +56,13 @@ class StepScale:
     replicas of one simulation, as for a step size; it is a number, never ``'theory'``."""
 
 
-Role = StepSize | StepScale
+@dataclass(frozen=True)
+class ModelSize:
+    """The role of a setting that sets how large the model is (an MLP's widths, a source's number of classes): a model
+    whose copies cannot fit in memory is refused naming it."""
+
+
+Role = StepSize | StepScale | ModelSize
 
 
 def roles(fields: Mapping[str, FieldInfo]) -> dict[str, Role]:
@@ -67,7 +73,7 @@ def roles(fields: Mapping[str, FieldInfo]) -> dict[str, Role]:
         for marker in info.metadata:
             if isinstance(marker, StepSize):
                 out[name] = marker if marker.quantity else StepSize(name)
-            elif isinstance(marker, StepScale):
+            elif isinstance(marker, (StepScale, ModelSize)):
                 out[name] = marker
     return out
 

@@ -11,6 +11,7 @@ import numpy as np
 from fedshuffle.analysis import theory
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError, section
+from fedshuffle.core.registry import ModelSize
 from fedshuffle.data import FederatedDataset
 from fedshuffle.data.catalog import Samples, federate, load_samples
 from fedshuffle.executors import Executor, make_executor
@@ -33,14 +34,9 @@ def build_problem_and_data(spec: RunSpec, load: Loader = load_samples) -> tuple[
         samples, rng = load(data_settings, spec.run.seed)
     with section("problem"):
         problem = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=samples)
-    # a model whose copies cannot fit: an MLP's widths, or a class count from huge labels
-    setting = (
-        "problem.hidden"
-        if spec.problem.name == "mlp"
-        else "data.classes"
-        if spec.data.source == "synthetic"
-        else "data.path"
-    )
+    # a model whose copies cannot fit: named by the setting that sizes it (an MLP's widths, a synthetic class count),
+    # else by the file whose labels gave the class count
+    setting = next((k for k, role in spec.roles().items() if isinstance(role, ModelSize)), "data.path")
     limits.check_model(problem.dim, setting, f"the {spec.problem.name} model")
     with section("data"):
         return problem, federate(samples, data_settings, rng, problem.encode_labels)
