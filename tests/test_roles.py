@@ -255,3 +255,15 @@ def test_a_model_too_large_to_fit_is_refused_naming_the_setting_declared_to_size
         PROBLEMS.remove("wide")
     mlp = validate(RunSpec, {"problem": {"name": "mlp"}, "data": {"source": "synthetic"}}).roles()
     assert mlp["problem.hidden"] == mlp["data.classes"] == ModelSize()
+
+
+def test_inspect_shows_every_step_size_of_a_run_the_plugin_s_included(plugin):
+    import json
+
+    path = str(plugin / "scaled.toml")
+    result = CliRunner().invoke(app, ["inspect", "--config", path, "--json", "--plugins", "rolesplugin"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["run"]
+    assert row["step_sizes"] == {"method.gamma": 1.0, "local.lr": 0.05, "server.global_lr": None, "server.lr": 1.0}
+    table = CliRunner().invoke(app, ["inspect", "--config", path, "--plugins", "rolesplugin"])
+    assert table.exit_code == 0 and "method.gamma" in table.stdout and "method.eta" not in table.stdout, table.output

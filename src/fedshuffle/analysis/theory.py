@@ -132,7 +132,13 @@ class TheoremRegistry(Registry):
     """Theorems by name (``server.theory_rule``): each a formula from :data:`INPUTS` to the step sizes it gives."""
 
     def add(
-        self, name: str, factory: Callable[..., dict[str, float]], summary: str, citation: str = "", *, gives=()
+        self,
+        name: str,
+        factory: Callable[..., dict[str, float]],
+        summary: str,
+        citation: str = "",
+        *,
+        gives: Sequence[str] = (),
     ) -> Theorem:
         """Register theorem ``name``: ``factory`` its formula, ``gives`` the quantities it returns (the ``quantity``
         of the :class:`~fedshuffle.core.registry.StepSize` settings it sets)."""
@@ -151,7 +157,10 @@ THEOREMS = TheoremRegistry("server.theory_rule", noun="theorem")
 #: equalities from the step clients really take (γ × ``local.lr_multiplier``); ``fixed`` keeps them at ×1
 THEORY_FOLLOWS = ("local", "fixed")
 
-_RR_CLI = "Malinovsky, Horváth, Burlachenko & Richtárik, Federated Learning with Regularized Client Participation, 2023"
+_RR_CLI = (
+    "Malinovsky, Horváth, Burlachenko & Richtárik, Federated Learning with Regularized Client Participation, 2023, "
+    "arXiv:2302.03662"
+)
 
 
 def rr_cli_c1(L_sample_max: float, N: int, local_lr: float | None) -> dict[str, float]:
@@ -194,14 +203,15 @@ THEOREMS.add(
     "karimireddy_i",
     karimireddy_i,
     "η_l = 1/(16·L·K), η_g = 1",
-    "Karimireddy et al., SCAFFOLD, ICML 2020, Theorem I",
+    "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, arXiv:1910.06378, Theorem I",
     gives=("lr", "server_lr"),
 )
 THEOREMS.add(
     "yang_1",
     yang_1,
     "η_L = 1/(8LK), η = 1/(η_L·K·L) = 8",
-    "Yang, Fang & Liu, ICLR 2021, Theorem 1",
+    "Yang, Fang & Liu, Achieving Linear Speedup with Partial Worker Participation in Non-IID Federated Learning, "
+    "ICLR 2021, Theorem 1",
     gives=("lr", "server_lr"),
 )
 

@@ -218,6 +218,42 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
     return rows
 
 
+def _print_step_sizes(config: str, rows: dict[str, dict]) -> None:
+    """One row per variant: its method, the value of each step size (the settings with that role, one column each,
+    resolved where 'theory'), its local steps, which came from theory, and the objective it minimizes."""
+    steps = list(dict.fromkeys(setting for r in rows.values() for setting in r["step_sizes"]))
+    summary = []
+    for label, r in rows.items():
+        obj = r["objective"]
+        minimizes = (
+            "—"
+            if obj is None
+            else f"Σ ŵ_i f_i (ŵ ≠ w by up to {obj['max_deviation']:.3g})"
+            if obj["biased"]
+            else "f = Σ w_i f_i"
+        )
+        summary.append(
+            (
+                label,
+                r["method"],
+                *(_number(r["step_sizes"].get(setting)) for setting in steps),
+                str(r["local_steps"]),
+                ", ".join(r["from_theory"]) or "—",
+                minimizes,
+            )
+        )
+    print_table(
+        f"{config}: step sizes and the objective each variant minimizes",
+        ("variant", "method", *steps, "local steps", "from theory", "minimizes"),
+        summary,
+        right=(*steps, "local steps"),
+    )
+
+
+def _number(value: object) -> str:
+    return f"{value:.6g}" if isinstance(value, (int, float)) else "—"
+
+
 def _inspect_config(
     config: str, set_: list[str] | None, monte_carlo: bool, samples: int, clients: int, as_json: bool
 ) -> None:
@@ -235,34 +271,7 @@ def _inspect_config(
     first = next(iter(rows.values()))["constants"]
     if first:
         console.print("constants: " + ", ".join(f"{k} = {v:.6g}" for k, v in first.items()))
-    steps = list(dict.fromkeys(setting for r in rows.values() for setting in r["step_sizes"]))
-    summary = []
-    for label, r in rows.items():
-        obj = r["objective"]
-        values = [r["step_sizes"].get(setting) for setting in steps]
-        minimizes = (
-            "—"
-            if obj is None
-            else f"Σ ŵ_i f_i (ŵ ≠ w by up to {obj['max_deviation']:.3g})"
-            if obj["biased"]
-            else "f = Σ w_i f_i"
-        )
-        summary.append(
-            (
-                label,
-                r["method"],
-                *(f"{v:.6g}" if isinstance(v, (int, float)) else "—" for v in values),
-                str(r["local_steps"]),
-                ", ".join(r["from_theory"]) or "—",
-                minimizes,
-            )
-        )
-    print_table(
-        f"{config}: step sizes and the objective each variant minimizes",
-        ("variant", "method", *steps, "local steps", "from theory", "minimizes"),
-        summary,
-        right=(*steps, "local steps"),
-    )
+    _print_step_sizes(config, rows)
     # ŵ per client, one table per population (variants with the same clients and weights share one)
     groups: dict[str, list[str]] = {}
     for label, r in rows.items():
