@@ -78,11 +78,6 @@ def roles(fields: Mapping[str, FieldInfo]) -> dict[str, Role]:
     return out
 
 
-def step_sizes(fields: Mapping[str, FieldInfo]) -> dict[str, str]:
-    """The settings of ``fields`` whose role is a step size, each with its ``quantity``."""
-    return {name: role.quantity for name, role in roles(fields).items() if isinstance(role, StepSize)}
-
-
 class Settings(BaseModel):
     """A part's settings: unknown keys refused, no inf/nan, defaults filled in."""
 
