@@ -267,3 +267,24 @@ def test_inspect_shows_every_step_size_of_a_run_the_plugin_s_included(plugin):
     assert row["step_sizes"] == {"method.gamma": 1.0, "local.lr": 0.05, "server.global_lr": None, "server.lr": 1.0}
     table = CliRunner().invoke(app, ["inspect", "--config", path, "--plugins", "rolesplugin"])
     assert table.exit_code == 0 and "method.gamma" in table.stdout and "method.eta" not in table.stdout, table.output
+
+
+def test_replicas_differ_only_in_step_sizes_and_their_multipliers_not_in_other_roles(tmp_path):
+    from fedshuffle.replicas import replica_key
+
+    def key(**sections) -> str:
+        raw = {"problem": {"name": "mlp", "hidden": [8]}, "data": {"source": "synthetic", "classes": 3, "seed": 0}}
+        raw.update({"local": {"lr": 0.1}, "run": {"executor": "vectorized"}})
+        for name, values in sections.items():
+            raw[name] = {**raw.get(name, {}), **values}
+        return replica_key(validate(RunSpec, raw))
+
+    same = {
+        key(),
+        key(local={"lr": 0.3}),
+        key(local={"lr_multiplier": 2}),
+        key(server={"lr": 0.5}),
+        key(run={"seed": 4}),
+    }
+    assert len(same) == 1
+    assert key(problem={"hidden": [16]}) not in same and key(data={"classes": 4}) not in same  # ModelSize: other data

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from fedshuffle.core.registry import StepScale, StepSize
 from fedshuffle.data import FederatedDataset
 from fedshuffle.executors.choice import run_threads
 from fedshuffle.executors.local import LocalExecutor, ThreadedExecutor
@@ -469,7 +470,8 @@ def replica_key(spec: Any) -> str | None:
     if spec.run.executor not in BATCHED_EXECUTORS:
         return None
     dumped = spec.model_dump()
-    varying = [tuple(setting.split(".", 1)) for setting in spec.roles()]
+    steps = (StepSize, StepScale)
+    varying = [tuple(setting.split(".", 1)) for setting, role in spec.roles().items() if isinstance(role, steps)]
     if dumped["data"]["seed"] is not None:  # else another run seed splits other data
         varying.append(RUN_SEED)
     for section, name in varying:
