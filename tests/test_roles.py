@@ -19,7 +19,7 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import ModelSize, StepScale, StepSize
 from fedshuffle.experiments.build import build_algorithm_from, build_problem_and_data, build_sampler, resolve_step_sizes
 from fedshuffle.experiments.schema import RunSpec, validate
-from fedshuffle.methods import METHODS
+from fedshuffle.methods import METHODS, Method
 from fedshuffle.problems import PROBLEMS, Problem
 from fedshuffle.testing import check_method
 
@@ -288,3 +288,30 @@ def test_replicas_differ_only_in_step_sizes_and_their_multipliers_not_in_other_r
     }
     assert len(same) == 1
     assert key(problem={"hidden": [16]}) not in same and key(data={"classes": 4}) not in same  # ModelSize: other data
+
+
+class RequiredStep(Method):
+    """FedAvg whose server direction is scaled by a step size that has no default."""
+
+    def __init__(self, aggregator, gamma: Annotated[float, Field(gt=0, description="the server step γ"), StepSize()]):
+        super().__init__(aggregator)
+        self.gamma = gamma
+
+
+def test_a_required_step_size_may_be_theory_and_is_still_required(plugin):
+    METHODS.add("required_step", RequiredStep, "a step size without a default", theorems=("half_inverse",))
+    try:
+        given = spec_of_method("required_step", gamma="theory")
+        assert given.method.gamma == "theory"
+        problem, data = build_problem_and_data(given)
+        resolved, _ = resolve_step_sizes(given, problem, data, build_sampler(given.sampler, data))
+        assert resolved.method.gamma == 0.5 / smoothness(problem, data).client_max
+        with pytest.raises(ConfigError, match="method 'required_step' needs it") as err:
+            spec_of_method("required_step")
+        assert err.value.field == "method.gamma"
+    finally:
+        METHODS.remove("required_step")
+
+
+def spec_of_method(name: str, **settings) -> RunSpec:
+    return validate(RunSpec, {**RAW, "method": {"name": name, **settings}})

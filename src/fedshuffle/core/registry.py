@@ -27,9 +27,10 @@ shows them.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,12 @@ def roles(fields: Mapping[str, FieldInfo]) -> dict[str, Role]:
             elif isinstance(marker, (StepScale, ModelSize)):
                 out[name] = marker
     return out
+
+
+@functools.cache
+def _optional(model: type[Settings], names: tuple[str, ...]) -> type[Settings]:
+    """``model`` with the settings ``names`` optional (their values come later)."""
+    return create_model(model.__name__, __base__=model, **{n: (Any, None) for n in names}) if names else model
 
 
 class Settings(BaseModel):
@@ -152,9 +159,11 @@ class Entry:
             )
         return out
 
-    def check(self, given: Mapping[str, Any]) -> dict[str, Any]:
+    def check(self, given: Mapping[str, Any], pending: Collection[str] = ()) -> dict[str, Any]:
         """``given`` validated by this part's settings model, defaults filled in; errors name the setting
-        (``ConfigError("alpha", ...)``; the section is added by the caller) and say what the part takes."""
+        (``ConfigError("alpha", ...)``; the section is added by the caller) and say what the part takes.
+        ``pending``: settings whose value comes later (a step size given as ``'theory'``), neither required nor
+        returned."""
         assert self.settings is not None, f"{self.noun} entries have no settings"
         unknown = [k for k in given if k not in self.settings.model_fields]
         if unknown:
@@ -164,7 +173,8 @@ class Entry:
                 unknown[0], f"not a setting of {self.noun} {self.name!r}{did_you_mean(unknown[0], takes)}; {what}"
             )
         try:
-            return self.settings.model_validate(dict(given)).model_dump()
+            checked = _optional(self.settings, tuple(k for k in pending if k in self.settings.model_fields))
+            return {k: v for k, v in checked.model_validate(dict(given)).model_dump().items() if k not in pending}
         except ValidationError as exc:
             error = exc.errors()[0]
             key = ".".join(str(p) for p in error["loc"][:1]) or "settings"

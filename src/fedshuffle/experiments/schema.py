@@ -126,7 +126,7 @@ class _PartSection(_Section):
         theory = {k: given.pop(k) for k in steps if given.get(k) == "theory"}  # a step size: resolved before building
         settings: dict[str, Any] = {}
         for entry in entries:
-            settings.update(entry.check({k: v for k, v in given.items() if k in entry.setting_names()}))
+            settings.update(entry.check({k: v for k, v in given.items() if k in entry.setting_names()}, theory))
         unknown = [k for k in given if k not in settings]
         owners = [
             f"{e.noun} {e.name!r}"
