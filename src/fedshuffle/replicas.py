@@ -1,9 +1,10 @@
 """Replicas: runs that differ only in step sizes or seed, advanced together as one simulation.
 
-A grid of step sizes (local η_l and its multiplier, server η_g, RR-CLI's global step θ, FedCDR's η and α) and a set
-of seeds on the same data, model and sampler law are R runs whose rounds have the same shape. Each replica keeps its
-own :class:`~fedshuffle.simulation.Simulation` (model, server, method and client state, counters), and one step of
-the replicas is::
+A grid of step sizes (every setting declared with the role :class:`~fedshuffle.core.registry.StepSize` or
+:class:`~fedshuffle.core.registry.StepScale`: local η_l and its multiplier, server η_g, RR-CLI's global step θ, FedCDR's
+η and α, FedDyn's α, a plugin's own) and a set of seeds on the same data, model and sampler law are R runs whose
+rounds have the same shape. Each replica keeps its own :class:`~fedshuffle.simulation.Simulation` (model, server,
+method and client state, counters), and one step of the replicas is::
 
     per replica r, at once:  its own round (cohort S_r, plans with η_{l,r}, broadcast, its client half, its state rows);
                              replicas of one seed share the round's minibatch rows, drawn once
@@ -46,6 +47,7 @@ from typing import Any
 
 import torch
 
+from fedshuffle.core.registry import StepScale, StepSize
 from fedshuffle.data import FederatedDataset
 from fedshuffle.executors.choice import run_threads
 from fedshuffle.executors.local import LocalExecutor, ThreadedExecutor
@@ -56,17 +58,9 @@ from fedshuffle.local.steps import StepChain
 from fedshuffle.problems import Problem
 from fedshuffle.simulation import RoundRecord, Simulation
 
-#: the settings in which replicas of one group may differ: (section, field)
-STEP_SIZE_FIELDS = (
-    ("local", "lr"),
-    ("local", "lr_multiplier"),
-    ("server", "lr"),
-    ("server", "global_lr"),
-    ("method", "eta"),
-    ("method", "alpha"),
-    ("run", "seed"),
-    ("data", "seed"),
-)
+#: the seed in which replicas of one group may differ besides their step sizes, where the split has its own
+#: (``data.seed``): (section, field)
+RUN_SEED = ("run", "seed")
 
 
 def _executor_settings(sim: Simulation) -> tuple[Any, ...] | None:
@@ -467,16 +461,20 @@ BATCHED_EXECUTORS = ("vectorized", "threaded", "auto")
 
 
 def replica_key(spec: Any) -> str | None:
-    """What runs of one group share: the resolved spec without its step sizes (:data:`STEP_SIZE_FIELDS`) and, where
-    the data split has its own seed (``data.seed``), without the run's seed. None for a run that cannot be a replica
+    """What runs of one group share: the resolved spec without its step sizes and their multipliers (the settings
+    whose declared role is :class:`~fedshuffle.core.registry.StepSize` or
+    :class:`~fedshuffle.core.registry.StepScale`, ``spec.roles()``) and, where the data split has its own seed
+    (``data.seed``), without the run's seed. None for a run that cannot be a replica
     (an executor not in :data:`BATCHED_EXECUTORS`); methods with their own halves and client state are replicas too,
     their executor calls gathered (:class:`Gathering`)."""
     if spec.run.executor not in BATCHED_EXECUTORS:
         return None
     dumped = spec.model_dump()
-    for section, name in STEP_SIZE_FIELDS:
-        if section == "data" or (section == "run" and dumped["data"]["seed"] is None):
-            continue  # another split seed is other data
+    steps = (StepSize, StepScale)
+    varying = [tuple(setting.split(".", 1)) for setting, role in spec.roles().items() if isinstance(role, steps)]
+    if dumped["data"]["seed"] is not None:  # else another run seed splits other data
+        varying.append(RUN_SEED)
+    for section, name in varying:
         dumped[section].pop(name, None)
     return json.dumps(dumped, sort_keys=True, default=str)
 

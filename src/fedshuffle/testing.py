@@ -194,9 +194,8 @@ def check_problem(name: str, data: Mapping[str, Any] | None = None, settings: Ma
     from fedshuffle.experiments.build import build_problem_and_data
     from fedshuffle.problems import PROBLEMS
 
-    raw = {**_BASE, "problem": {"name": name, **(settings or {})}, "data": dict(data or {**_DATA, "classes": 3})}
-    if name == "logistic" and data is None:
-        raw["data"]["classes"] = 2
+    classes = PROBLEMS[name].defaults.get("classes", 3)  # a problem that takes one class count declares it
+    raw = {**_BASE, "problem": {"name": name, **(settings or {})}, "data": dict(data or {**_DATA, "classes": classes})}
     check_settings(PROBLEMS, name, raw, "problem", "name")
     spec = _spec(raw)
     problem, dataset = build_problem_and_data(spec)

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from fedshuffle.methods.algorithm import Algorithm
-from fedshuffle.methods.momentum import GlobalMomentum
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.local.plan import ClientPlan
@@ -328,7 +327,8 @@ def unit_quadratic_fixed_point(
     For full participation and FedAvg (ω = w, η_i = η, τ_i = E|D_i|) this is
     x̂ = Σ w_i[1−(1−η)^{E|D_i|}]c_i / Σ w_i[1−(1−η)^{E|D_i|}], which tends to
     Σ|D_i|²c_i/Σ|D_i|² as η → 0 (FedShuffle §4.1). Valid without local momentum, prox, weight decay,
-    clipping or global momentum.
+    clipping, or a term of the method's own in the local steps (global momentum's drift, SCAFFOLD's offset:
+    ``Method.plain_local_steps``).
     """
     local = algorithm.local
     if (
@@ -336,7 +336,7 @@ def unit_quadratic_fixed_point(
         or local.prox_mu
         or local.weight_decay
         or local.clip_norm is not None
-        or isinstance(algorithm.method, GlobalMomentum)
+        or not algorithm.method.plain_local_steps
     ):
         raise ValueError("the closed form holds for plain local SGD only")
     client_means = np.asarray(client_means, dtype=np.float64)

@@ -24,8 +24,9 @@ both "≈ 10⁴"; on the unit-norm file one needs λ = 5e-4/30 for the same κ. 
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ import torch
 
 from fedshuffle.data import FederatedDataset
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.registry import Entry, Registry, call_with
 from fedshuffle.core.threads import operator_threads
 from fedshuffle.problems import LogisticRegression, Problem, Quadratic
 
@@ -107,36 +109,127 @@ def smoothness(problem: Problem, data: FederatedDataset) -> Smoothness:
 # ----------------------------------------------------------------------------------------------
 # Step sizes from the papers' theorems
 
-#: the theorems whose step sizes ``"theory"`` can mean, by name, with the methods each covers (a method
-#: declares its own among its registered defaults, ``server.theory_rule``: :data:`fedshuffle.methods.METHODS`)
-THEORY_RULES = {
-    "rr_cli_c1": ("rr_cli", "nastya"),
-    "rr_cli_c2": ("rr_cli", "nastya"),
-    "karimireddy_i": ("fedavg", "fedavg_rr"),
-    "yang_1": ("generalized_fedavg",),
-}
+
+@dataclass(frozen=True)
+class Theorem(Entry):
+    """A registered theorem: ``factory`` is its formula, whose parameters name what it reads (:data:`INPUTS`) and
+    which returns the step sizes ``gives`` names, at their upper limits."""
+
+    gives: tuple[str, ...] = ()
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The constants and counts the formula reads (its parameters)."""
+        return tuple(inspect.signature(self.factory).parameters)
+
+
+#: what a theorem's formula may read, by parameter name: the smoothness constants (:class:`Smoothness`), N the
+#: local steps of one pass (or K), R the rounds of a meta-epoch, and the step clients really take
+INPUTS = ("L_sample_max", "L_client_max", "L_global", "mu", "kappa", "N", "R", "local_lr")
+
+
+class TheoremRegistry(Registry):
+    """Theorems by name (``server.theory_rule``): each a formula from :data:`INPUTS` to the step sizes it gives."""
+
+    def add(
+        self,
+        name: str,
+        factory: Callable[..., dict[str, float]],
+        summary: str,
+        citation: str = "",
+        *,
+        gives: Sequence[str] = (),
+    ) -> Theorem:
+        """Register theorem ``name``: ``factory`` its formula, ``gives`` the quantities it returns (the ``quantity``
+        of the :class:`~fedshuffle.core.registry.StepSize` settings it sets)."""
+        unknown = [k for k in inspect.signature(factory).parameters if k not in INPUTS]
+        if unknown or not gives:
+            raise ValueError(
+                f"theorem {name!r}: {f'reads {unknown[0]!r}, not one of {INPUTS}' if unknown else 'gives no step size'}"
+            )
+        return self._store(Theorem(name, factory, summary, citation, {}, None, self.noun, tuple(gives)))
+
+
+#: the theorems ``'theory'`` step sizes can come from; a method names those that cover it, its own first
+#: (``theorems`` of :data:`fedshuffle.methods.METHODS`), and ``server.theory_rule`` picks one of them
+THEOREMS = TheoremRegistry("server.theory_rule", noun="theorem")
 #: how the server steps relate to the local step γ: ``local`` recomputes the relations a theorem states as
 #: equalities from the step clients really take (γ × ``local.lr_multiplier``); ``fixed`` keeps them at ×1
 THEORY_FOLLOWS = ("local", "fixed")
 
+_RR_CLI = (
+    "Malinovsky, Horváth, Burlachenko & Richtárik, Federated Learning with Regularized Client Participation, 2023, "
+    "arXiv:2302.03662"
+)
 
-def theory_rule(method: str, rule: str | None) -> str:
-    """The rule ``"theory"`` means for ``method``: ``server.theory_rule`` (a method with a theorem declares its
-    own among its registered defaults), checked against the methods the theorem covers."""
+
+def rr_cli_c1(L_sample_max: float, N: int, local_lr: float | None) -> dict[str, float]:
+    """Malinovsky, Horváth, Burlachenko & Richtárik (2023, arXiv:2302.03662), Theorem C.1 (each f_m^j μ-strongly
+    convex): γ ≤ 1/L_max, η = γN. For RR-CLI, η = γN makes the server step the plain average of the cohort's models
+    (§3); η = γN is an equality, so it follows the step clients take (``local_lr``) when given."""
+    gamma = 1.0 / L_sample_max
+    return {"lr": gamma, "server_lr": (gamma if local_lr is None else local_lr) * N}
+
+
+def rr_cli_c2(L_sample_max: float, N: int, kappa: float) -> dict[str, float]:
+    """The same paper's Theorem C.2 (f_m strongly convex, f_m^j convex): η ≤ 1/(4L_max), γ ≤ 1/(8N·L_max·√κ),
+    κ = L_max/μ (bounds: they do not follow γ). Nastya's own theorems (Malinovsky, Mishchenko & Richtárik 2022) lack
+    their formulas in the text we have, so this analysis of the same rounds by the same authors stands in for them."""
+    return {"lr": 1.0 / (8 * N * L_sample_max * math.sqrt(kappa)), "server_lr": 1.0 / (4 * L_sample_max)}
+
+
+def karimireddy_i(L_client_max: float, N: int) -> dict[str, float]:
+    """Karimireddy et al. (SCAFFOLD, ICML 2020, arXiv:1910.06378), Theorem I (strongly convex) with η_g = 1 and the
+    smallest dissimilarity constant B = 1: η_l = 1/(8(1+B²)·L·K) = 1/(16·L·K), L the largest client smoothness
+    (RR-CLI §4.3 uses this FedAvg step)."""
+    return {"lr": 1.0 / (16 * L_client_max * N), "server_lr": 1.0}
+
+
+def yang_1(L_client_max: float, N: int) -> dict[str, float]:
+    """Yang, Fang & Liu (ICLR 2021, arXiv:2101.11203), Theorem 1: η_L = 1/(8LK) and η·η_L = 1/(KL), so η = 8."""
+    eta_l = 1.0 / (8 * L_client_max * N)
+    return {"lr": eta_l, "server_lr": 1.0 / (eta_l * N * L_client_max)}
+
+
+THEOREMS.add("rr_cli_c1", rr_cli_c1, "γ = 1/L_max, η = γN", f"{_RR_CLI}, Theorem C.1", gives=("lr", "server_lr"))
+THEOREMS.add(
+    "rr_cli_c2",
+    rr_cli_c2,
+    "η = 1/(4L_max), γ = 1/(8N·L_max·√κ)",
+    f"{_RR_CLI}, Theorem C.2",
+    gives=("lr", "server_lr"),
+)
+THEOREMS.add(
+    "karimireddy_i",
+    karimireddy_i,
+    "η_l = 1/(16·L·K), η_g = 1",
+    "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, arXiv:1910.06378, Theorem I",
+    gives=("lr", "server_lr"),
+)
+THEOREMS.add(
+    "yang_1",
+    yang_1,
+    "η_L = 1/(8LK), η = 1/(η_L·K·L) = 8",
+    "Yang, Fang & Liu, Achieving Linear Speedup with Partial Worker Participation in Non-IID Federated Learning, "
+    "ICLR 2021, Theorem 1",
+    gives=("lr", "server_lr"),
+)
+
+
+def theory_rule(method: str, covering: Sequence[str], rule: str | None, setting: str) -> str:
+    """The theorem ``'theory'`` means for ``method``: ``server.theory_rule`` (default: the method's own), one of those
+    that cover it (``covering``, the method's ``theorems``); ``setting`` asked for ``'theory'``."""
     if rule is None:
-        covered = sorted({m for methods in THEORY_RULES.values() for m in methods})
         raise ConfigError(
-            "local.lr",
-            f"no theoretical step size for {method!r} (it declares no server.theory_rule); methods with one: "
-            f"{', '.join(covered)} (give a number instead)",
+            setting,
+            f"no theoretical step size for {method!r} (it names no theorem, server.theory_rule); theorems: "
+            f"{', '.join(THEOREMS)} (give a number instead)",
         )
-    if rule not in THEORY_RULES:
-        raise ConfigError("server.theory_rule", f"unknown rule {rule!r}; accepted: {', '.join(THEORY_RULES)}")
-    if method not in THEORY_RULES[rule]:
-        covered = [r for r, methods in THEORY_RULES.items() if method in methods]
+    THEOREMS[rule]  # raises, naming server.theory_rule and the theorems
+    if rule not in covering:
         raise ConfigError(
             "server.theory_rule",
-            f"{rule} gives no step sizes for {method}; accepted for {method}: {', '.join(covered)}",
+            f"{rule} gives no step sizes for {method}; accepted for {method}: {', '.join(covering) or 'none'}",
         )
     return rule
 
@@ -149,45 +242,24 @@ def theoretical_step_sizes(
     local_lr: float | None = None,
     meta_epoch: bool = False,
 ) -> dict[str, float]:
-    """Step sizes {lr, server_lr, global_lr} that a theorem allows, at their upper limits.
+    """The step sizes theorem ``rule`` (:data:`THEOREMS`) allows, at their upper limits, by quantity
+    (``lr``: γ, ``server_lr``: η, ``global_lr``: θ, or a plugin's own).
 
-    ``local_steps`` is N (steps of one local pass) or K, R = ``rounds_per_meta_epoch``; L below is the
-    smoothness of the functions one local step samples (L_max of individual samples; a minibatch mean is
-    no less smooth). ``rule`` picks the theorem (:func:`theory_rule`); ``meta_epoch`` (RR-CLI's meta-epoch step)
-    adds θ = ηR:
-
-    * ``rr_cli_c1`` — Malinovsky, Horváth, Burlachenko & Richtárik (2023, arXiv:2302.03662), Theorem C.1
-      (each f_m^j μ-strongly convex): γ ≤ 1/L_max, η = γN, θ = ηR. For RR-CLI, η = γN makes the server
-      step the plain average of the cohort's models (§3) and θ = ηR makes the meta-epoch step take the
-      last round's model; for Nastya (no meta-epoch) it gives γ and η only.
-    * ``rr_cli_c2`` — the same paper's Theorem C.2 (f_m strongly convex, f_m^j convex): η ≤ 1/(4L_max),
-      γ ≤ 1/(8N·L_max·√κ), κ = L_max/μ; θ = ηR (the theorem does not use θ; Theorem C.3 asks
-      γNR ≤ ηR ≤ θ). Nastya's own theorems (Malinovsky, Mishchenko & Richtárik 2022) lack their formulas
-      in the text we have, so this analysis of the same rounds by the same authors stands in for them.
-    * ``karimireddy_i`` — Karimireddy et al. (ICML 2020), Theorem I (strongly convex) with η_g = 1 and the
-      smallest dissimilarity constant B = 1: η_l = 1/(8(1+B²)·L·K) = 1/(16·L·K), L the largest client
-      smoothness (RR-CLI §4.3 uses this FedAvg step).
-    * ``yang_1`` — Yang, Fang & Liu (ICLR 2021), Theorem 1: η_L = 1/(8LK) and η·η_L = 1/(KL), so η = 8.
+    ``local_steps`` is N (steps of one local pass) or K, R = ``rounds_per_meta_epoch``; L is the smoothness of the
+    functions one local step samples (L_max of individual samples; a minibatch mean is no less smooth). With
+    ``meta_epoch`` (RR-CLI's meta-epoch step, Algorithm 1, line 18) θ = ηR is added for every theorem that gives η:
+    the step without extrapolation, which Theorem C.1 states and Theorem C.3 bounds (γNR ≤ ηR ≤ θ).
 
     ``local_lr`` is the step clients really take (a number, or the theory's γ times ``local.lr_multiplier``):
-    given, the relations a theorem states as *equalities* are computed from it — C.1's η = γN and θ = ηR,
-    C.2's θ = ηR — so that tuning γ moves the steps tied to it, as the RR-CLI paper's multiplier grids
-    (§4.4–4.5, Figs. 7–10) do. A theorem's *bounds* (C.2's η ≤ 1/(4L), Theorem I's η_g = 1, Theorem 1's
-    η·η_L ≤ 1/(KL)) do not follow γ: they stay at their limits.
+    given, the relations a theorem states as *equalities* are computed from it — C.1's η = γN, and θ = ηR — so
+    that tuning γ moves the steps tied to it, as the RR-CLI paper's multiplier grids (§4.4–4.5, Figs. 7–10) do. A
+    theorem's *bounds* (C.2's η ≤ 1/(4L), Theorem I's η_g = 1, Theorem 1's η·η_L ≤ 1/(KL)) do not follow γ.
     """
-    n = max(int(local_steps), 1)
-    if rule == "rr_cli_c1":
-        gamma = 1.0 / constants.sample_max
-        eta = (gamma if local_lr is None else local_lr) * n
-        values = {"lr": gamma, "server_lr": eta}
-    elif rule == "rr_cli_c2":
-        L = constants.sample_max
-        values = {"lr": 1.0 / (8 * n * L * math.sqrt(constants.kappa)), "server_lr": 1.0 / (4 * L)}
-    elif rule == "yang_1":
-        eta_l = 1.0 / (8 * constants.client_max * n)
-        values = {"lr": eta_l, "server_lr": 1.0 / (eta_l * n * constants.client_max)}
-    else:
-        values = {"lr": 1.0 / (16 * constants.client_max * n), "server_lr": 1.0}
-    if meta_epoch:
+    theorem = THEOREMS[rule]
+    offered = {**constants.to_dict(), "N": max(int(local_steps), 1), "R": rounds_per_meta_epoch, "local_lr": local_lr}
+    values = dict(call_with(theorem.factory, **offered))
+    if set(values) != set(theorem.gives):
+        raise ValueError(f"theorem {rule!r} gave {', '.join(values)}; it declares {', '.join(theorem.gives)}")
+    if meta_epoch and "server_lr" in values:
         values["global_lr"] = values["server_lr"] * rounds_per_meta_epoch
     return values

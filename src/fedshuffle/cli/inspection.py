@@ -159,7 +159,9 @@ def inspect(
 
 
 def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, samples: int = 1000) -> dict[str, dict]:
-    """Per variant of a preset or TOML file: its step sizes (resolved where the config asks for 'theory'),
+    """Per variant of a preset or TOML file: its step sizes (every setting whose role is a step size,
+    ``RunSpec.step_sizes``, resolved where the config asks for 'theory'; and the local, server and meta-epoch steps the
+    built algorithm takes),
     the smoothness constants of convex problems, and the objective it minimizes (:func:`inspect_objective`
     on its own clients, sampler and weights), or why that cannot be inspected (methods with client state)."""
     from fedshuffle.analysis.objective import inspect_objective
@@ -191,11 +193,14 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
             "local_lr": alg.local.lr,
             "server_lr": alg.server.lr,
             "global_lr": getattr(server, "global_lr", None),
+            "step_sizes": {setting: spec.value(setting) for setting in spec.step_sizes()},
             "local_steps": alg.local.max_planned_steps(data.sizes),
             "from_theory": sorted(info.get("used", {})),
-            "constants": info.get("constants")
-            or (smoothness(problem, data).to_dict() if problem.name in ("logistic", "quadratic") else None),
         }
+        try:  # the constants of a problem that has known ones
+            row["constants"] = info.get("constants") or smoothness(problem, data).to_dict()
+        except ConfigError:
+            row["constants"] = None
         try:
             row["objective"] = inspect_objective(
                 alg,
@@ -211,6 +216,42 @@ def config_report(config: str, overrides: dict, *, monte_carlo: bool = False, sa
             row["not_inspected"] = exc.message
         rows[label or "run"] = row
     return rows
+
+
+def _print_step_sizes(config: str, rows: dict[str, dict]) -> None:
+    """One row per variant: its method, the value of each step size (the settings with that role, one column each,
+    resolved where 'theory'), its local steps, which came from theory, and the objective it minimizes."""
+    steps = list(dict.fromkeys(setting for r in rows.values() for setting in r["step_sizes"]))
+    summary = []
+    for label, r in rows.items():
+        obj = r["objective"]
+        minimizes = (
+            "—"
+            if obj is None
+            else f"Σ ŵ_i f_i (ŵ ≠ w by up to {obj['max_deviation']:.3g})"
+            if obj["biased"]
+            else "f = Σ w_i f_i"
+        )
+        summary.append(
+            (
+                label,
+                r["method"],
+                *(_number(r["step_sizes"].get(setting)) for setting in steps),
+                str(r["local_steps"]),
+                ", ".join(r["from_theory"]) or "—",
+                minimizes,
+            )
+        )
+    print_table(
+        f"{config}: step sizes and the objective each variant minimizes",
+        ("variant", "method", *steps, "local steps", "from theory", "minimizes"),
+        summary,
+        right=(*steps, "local steps"),
+    )
+
+
+def _number(value: object) -> str:
+    return f"{value:.6g}" if isinstance(value, (int, float)) else "—"
 
 
 def _inspect_config(
@@ -230,35 +271,7 @@ def _inspect_config(
     first = next(iter(rows.values()))["constants"]
     if first:
         console.print("constants: " + ", ".join(f"{k} = {v:.6g}" for k, v in first.items()))
-    summary = []
-    for label, r in rows.items():
-        obj = r["objective"]
-        theta = f"{r['global_lr']:.6g}" if r["global_lr"] is not None else "—"
-        minimizes = (
-            "—"
-            if obj is None
-            else f"Σ ŵ_i f_i (ŵ ≠ w by up to {obj['max_deviation']:.3g})"
-            if obj["biased"]
-            else "f = Σ w_i f_i"
-        )
-        summary.append(
-            (
-                label,
-                r["method"],
-                f"{r['local_lr']:.6g}",
-                f"{r['server_lr']:.6g}",
-                theta,
-                str(r["local_steps"]),
-                ", ".join(r["from_theory"]) or "—",
-                minimizes,
-            )
-        )
-    print_table(
-        f"{config}: step sizes and the objective each variant minimizes",
-        ("variant", "method", "local γ", "server η", "global θ", "local steps", "from theory", "minimizes"),
-        summary,
-        right=("local γ", "server η", "global θ", "local steps"),
-    )
+    _print_step_sizes(config, rows)
     # ŵ per client, one table per population (variants with the same clients and weights share one)
     groups: dict[str, list[str]] = {}
     for label, r in rows.items():

@@ -16,19 +16,73 @@ not take is an error naming the part and what it takes, never dropped. Parameter
 at build time (the registry's ``runtime`` names: a random stream, the samples, the aggregator) are not
 settings. ``fedshuffle presets``/``show``/``parts``, the CLI help and the docs' settings tables read the
 same declarations, so a part registered from user code is known everywhere, exactly like a built-in one.
+
+A setting's **role** is a marker in the same metadata, beside its constraints (as optax's ``inject_hyperparams`` and
+pfl-research's hyperparameter objects mark what may be changed from outside): ``Annotated[float, Field(gt=0),
+StepSize()]`` says that the setting is a step size, wherever it is declared (the local planner, a server optimizer,
+a method, a plugin's part). Everything that treats step sizes apart reads the role (:func:`roles`): ``'theory'`` is
+accepted for exactly these settings, runs that differ only in them are replicas of one simulation, ``inspect``
+shows them.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 from fedshuffle.core.errors import ConfigError, did_you_mean
+
+
+@dataclass(frozen=True)
+class StepSize:
+    """The role of a setting that is a step size (a marker in its ``Annotated`` metadata).
+
+    ``quantity`` names it among the step sizes a theorem gives (:data:`fedshuffle.analysis.theory.THEOREMS`):
+    ``'theory'`` as its value takes the theorem's ``quantity``; default: the setting's own name.
+    """
+
+    quantity: str | None = None
+
+
+@dataclass(frozen=True)
+class StepScale:
+    """The role of a setting that multiplies a step size (``local.lr_multiplier``): runs that differ only in it are
+    replicas of one simulation, as for a step size; it is a number, never ``'theory'``."""
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The role of a setting that sets how large the model is (an MLP's widths, a source's number of classes): a model
+    whose copies cannot fit in memory is refused naming it."""
+
+
+Role = StepSize | StepScale | ModelSize
+
+
+def roles(fields: Mapping[str, FieldInfo]) -> dict[str, Role]:
+    """The role of each setting of ``fields`` (a settings model's ``model_fields``) that declares one, by name; a
+    step size's ``quantity`` filled in with the setting's name where it gives none."""
+    out: dict[str, Role] = {}
+    for name, info in fields.items():
+        for marker in info.metadata:
+            if isinstance(marker, StepSize):
+                out[name] = marker if marker.quantity else StepSize(name)
+            elif isinstance(marker, (StepScale, ModelSize)):
+                out[name] = marker
+    return out
+
+
+@functools.cache
+def _optional(model: type[Settings], names: tuple[str, ...]) -> type[Settings]:
+    """``model`` with the settings ``names`` optional (their values come later)."""
+    return create_model(model.__name__, __base__=model, **{n: (Any, None) for n in names}) if names else model
 
 
 class Settings(BaseModel):
@@ -82,6 +136,10 @@ class Entry:
     def setting_names(self) -> tuple[str, ...]:
         return tuple(self.settings.model_fields) if self.settings is not None else ()
 
+    def roles(self) -> dict[str, Role]:
+        """The declared role of each of its settings that has one (:func:`roles`)."""
+        return roles(self.settings.model_fields) if self.settings is not None else {}
+
     def describe_settings(self) -> list[dict[str, Any]]:
         """Each setting's name, type, default and one-line help, as ``show``, the CLI help and the docs print them."""
         if self.settings is None:
@@ -101,9 +159,11 @@ class Entry:
             )
         return out
 
-    def check(self, given: Mapping[str, Any]) -> dict[str, Any]:
+    def check(self, given: Mapping[str, Any], pending: Collection[str] = ()) -> dict[str, Any]:
         """``given`` validated by this part's settings model, defaults filled in; errors name the setting
-        (``ConfigError("alpha", ...)``; the section is added by the caller) and say what the part takes."""
+        (``ConfigError("alpha", ...)``; the section is added by the caller) and say what the part takes.
+        ``pending``: settings whose value comes later (a step size given as ``'theory'``), neither required nor
+        returned."""
         assert self.settings is not None, f"{self.noun} entries have no settings"
         unknown = [k for k in given if k not in self.settings.model_fields]
         if unknown:
@@ -113,7 +173,8 @@ class Entry:
                 unknown[0], f"not a setting of {self.noun} {self.name!r}{did_you_mean(unknown[0], takes)}; {what}"
             )
         try:
-            return self.settings.model_validate(dict(given)).model_dump()
+            checked = _optional(self.settings, tuple(k for k in pending if k in self.settings.model_fields))
+            return {k: v for k, v in checked.model_validate(dict(given)).model_dump().items() if k not in pending}
         except ValidationError as exc:
             error = exc.errors()[0]
             key = ".".join(str(p) for p in error["loc"][:1]) or "settings"
@@ -151,11 +212,16 @@ class Registry:
         return self.runtime is not None
 
     def add(self, name: str, factory: Callable[..., Any], summary: str, citation: str = "", **defaults: Any) -> Entry:
-        if name in self._entries:
-            raise ValueError(f"{self.kind} {name!r} is registered twice")
-        settings = settings_model(name, factory, self.runtime) if self.runtime is not None else None
-        entry = Entry(name, factory, summary, citation, defaults, settings, self.noun)
-        self._entries[name] = entry
+        return self._store(Entry(name, factory, summary, citation, defaults, self._settings(name, factory), self.noun))
+
+    def _settings(self, name: str, factory: Callable[..., Any]) -> type[Settings] | None:
+        return settings_model(name, factory, self.runtime) if self.runtime is not None else None
+
+    def _store(self, entry: Entry) -> Entry:
+        """Keep ``entry`` (a registry of richer entries builds its own and stores it here)."""
+        if entry.name in self._entries:
+            raise ValueError(f"{self.kind} {entry.name!r} is registered twice")
+        self._entries[entry.name] = entry
         return entry
 
     def remove(self, name: str) -> None:

@@ -21,7 +21,7 @@ from pydantic import AfterValidator, Field, PositiveInt
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.inputs import DataPath
-from fedshuffle.core.registry import Registry
+from fedshuffle.core.registry import ModelSize, Registry
 from fedshuffle.core.streams import Stream, generator
 from fedshuffle.data import partitions
 from fedshuffle.data.federated import FederatedDataset, objective_weights
@@ -105,7 +105,7 @@ def synthetic_source(
     rng: np.random.Generator,
     samples: Annotated[int, Field(ge=1, description="number of samples")] = 1000,
     features: Annotated[int, Field(ge=1, description="features per sample")] = 10,
-    classes: Annotated[int, Field(ge=2, description="number of classes")] = 2,
+    classes: Annotated[int, Field(ge=2, description="number of classes"), ModelSize()] = 2,
     separation: Annotated[float, Field(ge=0, description="distance between the class means")] = 1.0,
 ) -> Samples:
     """Gaussian class clusters (:func:`fedshuffle.data.sources.arrays.synthetic_classification`)."""

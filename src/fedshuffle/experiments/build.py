@@ -11,11 +11,13 @@ import numpy as np
 from fedshuffle.analysis import theory
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError, section
+from fedshuffle.core.registry import ModelSize
 from fedshuffle.data import FederatedDataset
 from fedshuffle.data.catalog import Samples, federate, load_samples
 from fedshuffle.executors import Executor, make_executor
 from fedshuffle.experiments.schema import RunConfig, RunSpec, SamplerConfig
-from fedshuffle.methods.algorithm import Algorithm, build_algorithm
+from fedshuffle.methods import METHODS
+from fedshuffle.methods.algorithm import Algorithm, build_algorithm, build_planner
 from fedshuffle.problems import PROBLEMS, Problem
 from fedshuffle.samplers import SAMPLERS, Sampler
 
@@ -32,14 +34,9 @@ def build_problem_and_data(spec: RunSpec, load: Loader = load_samples) -> tuple[
         samples, rng = load(data_settings, spec.run.seed)
     with section("problem"):
         problem = PROBLEMS[spec.problem.name].build(spec.problem.own_settings(), samples=samples)
-    # a model whose copies cannot fit: an MLP's widths, or a class count from huge labels
-    setting = (
-        "problem.hidden"
-        if spec.problem.name == "mlp"
-        else "data.classes"
-        if spec.data.source == "synthetic"
-        else "data.path"
-    )
+    # a model whose copies cannot fit: named by the setting that sizes it (an MLP's widths, a synthetic class count),
+    # else by the file whose labels gave the class count
+    setting = next((k for k, role in spec.roles().items() if isinstance(role, ModelSize)), "data.path")
     limits.check_model(problem.dim, setting, f"the {spec.problem.name} model")
     with section("data"):
         return problem, federate(samples, data_settings, rng, problem.encode_labels)
@@ -54,9 +51,11 @@ def build_sampler(spec: SamplerConfig, dataset: FederatedDataset) -> Sampler:
 def resolve_step_sizes(
     spec: RunSpec, problem: Problem, data: FederatedDataset, sampler: Sampler
 ) -> tuple[RunSpec, dict[str, Any]]:
-    """Replace ``'theory'`` step sizes (``local.lr``, ``server.lr``, ``server.global_lr``) by the values of
-    :func:`fedshuffle.analysis.theory.theoretical_step_sizes` under ``server.theory_rule`` (a method with a
-    theorem declares its own among its registered defaults).
+    """Replace the ``'theory'`` step sizes (the settings with the role
+    :class:`~fedshuffle.core.registry.StepSize`: ``local.lr``, ``server.lr``, ``server.global_lr``, a method's own)
+    by the values of the theorem ``server.theory_rule`` names (default: the method's own,
+    :func:`fedshuffle.analysis.theory.theoretical_step_sizes`), each setting taking the theorem's value of its
+    ``quantity``.
 
     ``local.lr_multiplier`` scales the local step γ. With ``server.theory_follows = "local"`` (the
     default) the server steps a theorem ties to γ by an equality (RR-CLI Theorem C.1: η = γN, θ = ηR) are
@@ -66,37 +65,28 @@ def resolve_step_sizes(
     Returns the resolved spec and what was used (rule, constants, N, R, the theory's values), for display
     and for ``config.json``.
     """
-    places = {"lr": ("local", "lr"), "server_lr": ("server", "lr"), "global_lr": ("server", "global_lr")}
-    wanted = [k for k, (part, key) in places.items() if getattr(getattr(spec, part), key) == "theory"]
+    wanted = {k: quantity for k, quantity in spec.step_sizes().items() if spec.value(k) == "theory"}
     if not wanted:
         return spec, {}
-    rule = theory.theory_rule(spec.method.name, spec.server.theory_rule)
-    probe_settings = spec.algorithm_settings()
-    probe_settings["local"] = {**probe_settings["local"], "lr": 1.0, "lr_multiplier": 1.0}
-    probe_settings["server"] = {**probe_settings["server"], "lr": 1.0, "global_lr": None}
-    probe = build_algorithm(spec.method.name, probe_settings)
-    local_steps = probe.local.max_planned_steps(data.sizes)
+    first = next(iter(wanted))
+    rule = theory.theory_rule(spec.method.name, METHODS[spec.method.name].theorems, spec.server.theory_rule, first)
+    local_steps = build_planner({**spec.local.model_dump(), "lr": 1.0, "lr_multiplier": 1.0}).max_planned_steps(
+        data.sizes
+    )
     rounds = getattr(sampler, "rounds_per_meta_epoch", 1)
     try:
         constants = _smoothness(problem, data)
     except ConfigError as exc:  # named by the setting that asked for 'theory'
-        raise ConfigError(".".join(places[wanted[0]]), f"{exc.message}; give a number") from None
-    at_one = theory.theoretical_step_sizes(rule, constants, local_steps, rounds, meta_epoch=spec.server.meta_epoch_step)
-    local_lr = None
-    if spec.server.theory_follows == "local":
-        local_lr = (at_one["lr"] if spec.local.lr == "theory" else spec.local.lr) * spec.local.lr_multiplier
-    values = theory.theoretical_step_sizes(
-        rule, constants, local_steps, rounds, local_lr, meta_epoch=spec.server.meta_epoch_step
-    )
-    missing = [k for k in wanted if k not in values]
+        raise ConfigError(first, f"{exc.message}; give a number") from None
+    meta_epoch = spec.server.meta_epoch_step
+    at_one = theory.theoretical_step_sizes(rule, constants, local_steps, rounds, meta_epoch=meta_epoch)
+    missing = [k for k, quantity in wanted.items() if quantity not in at_one]
     if missing:
-        part, key = places[missing[0]]
-        raise ConfigError(f"{part}.{key}", f"{spec.method.name} has no theoretical {key}; give a number")
-    updates: dict[str, dict[str, float]] = {}
-    for k in wanted:
-        part, key = places[k]
-        updates.setdefault(part, {})[key] = values[k]
-    resolved = spec.model_copy(update={part: getattr(spec, part).model_copy(update=u) for part, u in updates.items()})
+        raise ConfigError(missing[0], f"{rule} gives no {wanted[missing[0]]} for {spec.method.name}; give a number")
+    local_lr = None
+    if spec.server.theory_follows == "local" and spec.local.lr is not None:
+        local_lr = (at_one["lr"] if spec.local.lr == "theory" else spec.local.lr) * spec.local.lr_multiplier
+    values = theory.theoretical_step_sizes(rule, constants, local_steps, rounds, local_lr, meta_epoch=meta_epoch)
     info = {
         "rule": rule,
         "follows": spec.server.theory_follows,
@@ -104,9 +94,9 @@ def resolve_step_sizes(
         "local_steps": local_steps,
         "rounds_per_meta_epoch": rounds,
         "theory": at_one,
-        "used": {k: values[k] for k in wanted},
+        "used": {quantity: values[quantity] for quantity in wanted.values()},
     }
-    return resolved, info
+    return spec.with_values({k: values[quantity] for k, quantity in wanted.items()}), info
 
 
 _SMOOTHNESS: tuple[weakref.ref, weakref.ref, theory.Smoothness] | None = None

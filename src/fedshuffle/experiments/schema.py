@@ -19,15 +19,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from fedshuffle import metrics, plugins
 from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTINGS
-from fedshuffle.analysis.theory import THEORY_FOLLOWS, THEORY_RULES
+from fedshuffle.analysis.theory import THEOREMS, THEORY_FOLLOWS
 from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.core.inputs import Summable, read_regular_file, usable_path_name
-from fedshuffle.core.registry import Registry
+from fedshuffle.core.registry import Registry, Role, StepScale, StepSize, roles
 from fedshuffle.core.validation import validate
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.experiments.claims import parse_claims
@@ -36,7 +36,7 @@ from fedshuffle.local.plan import local_settings
 from fedshuffle.methods.momentum import ESTIMATORS
 from fedshuffle.samplers import SAMPLERS
 from fedshuffle.schedules import SCHEDULES
-from fedshuffle.server import SERVER_OPTIMIZERS
+from fedshuffle.server import SERVER_OPTIMIZERS, GlobalStep, chosen_optimizer
 from fedshuffle.methods import METHODS
 from fedshuffle.methods.algorithm import method_defaults
 from fedshuffle.privacy import PrivacySettings
@@ -55,8 +55,26 @@ MAX_CONFIG_BYTES = 1 << 20
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+    def roles(self) -> dict[str, Role]:
+        """The declared role of each of the section's settings that has one (:func:`fedshuffle.core.registry.roles`)."""
+        return roles(type(self).model_fields)
+
 
 Theory = Literal["theory"]
+
+
+def _theory_or(info: FieldInfo) -> tuple[Any, FieldInfo]:
+    """A declared setting as a field of its section: a step size (the role :class:`StepSize`) also takes ``'theory'``
+    (resolved from the problem and data before building) and, where its part has no default, defaults to None (the
+    part asks for it when it is built); its constraints bind the number."""
+    role = [m for m in info.metadata if isinstance(m, (StepSize, StepScale))]
+    if not any(isinstance(m, StepSize) for m in role):
+        return info.annotation, info
+    constraints = [m for m in info.metadata if m not in role]
+    number = Annotated[(info.annotation, *constraints)] if constraints else info.annotation
+    default = None if info.is_required() else info.default
+    described = f"{info.description}, or 'theory' (fedshuffle.analysis.theory)"
+    return Annotated[(number | Theory | None, *role)], Field(default, description=described)
 
 
 def _registered(registry: Registry, value: Any, noun: str) -> str:
@@ -78,12 +96,6 @@ def _fits_file_system(v: str) -> bool:
         return False
 
 
-def _positive_or_theory(v: Any) -> Any:
-    if isinstance(v, float) and not (v > 0 and np.isfinite(v)):
-        raise ValueError("must be a positive number or 'theory'")
-    return v
-
-
 class _PartSection(_Section):
     """A section whose chooser (``name``, ``source``, ...) names a registered part: its other keys are that
     part's own settings, validated by the part's declared model (:mod:`fedshuffle.core.registry`) with
@@ -92,8 +104,6 @@ class _PartSection(_Section):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
     _choosers: ClassVar[dict[str, Registry]] = {}
-    #: settings that may be 'theory' (a step size resolved from the problem and data before building)
-    _theory: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -111,11 +121,12 @@ class _PartSection(_Section):
     @model_validator(mode="after")
     def _chosen_parts_settings(self) -> Any:
         given = {k: v for k, v in (self.__pydantic_extra__ or {}).items() if v is not None}  # None: the part's default
-        theory = {k: given.pop(k) for k in self._theory if given.get(k) == "theory"}
         entries = [registry[getattr(self, chooser)] for chooser, registry in self._choosers.items()]
+        steps = {k for e in entries for k, role in e.roles().items() if isinstance(role, StepSize)}
+        theory = {k: given.pop(k) for k in steps if given.get(k) == "theory"}  # a step size: resolved before building
         settings: dict[str, Any] = {}
         for entry in entries:
-            settings.update(entry.check({k: v for k, v in given.items() if k in entry.setting_names()}))
+            settings.update(entry.check({k: v for k, v in given.items() if k in entry.setting_names()}, theory))
         unknown = [k for k in given if k not in settings]
         owners = [
             f"{e.noun} {e.name!r}"
@@ -154,6 +165,11 @@ class _PartSection(_Section):
         """The chosen parts' own settings (defaults filled in)."""
         return dict(self.__pydantic_extra__ or {})
 
+    def roles(self) -> dict[str, Role]:
+        """The declared roles of the section's own settings and of the chosen parts' settings."""
+        chosen = [registry[getattr(self, chooser)].roles() for chooser, registry in self._choosers.items()]
+        return {k: v for part in (super().roles(), *chosen) for k, v in part.items()}
+
 
 class MethodConfig(_PartSection):
     """The method (:data:`fedshuffle.methods.METHODS`) and its own settings (its constructor's keyword parameters)."""
@@ -162,28 +178,17 @@ class MethodConfig(_PartSection):
     name: str = "fedshuffle"
 
 
-class _LocalStepSize(_Section):
-    """The step-size settings of ``[local]`` that are the configuration's, not the planner's: ``'theory'`` and
-    the multiplier (resolved into the planner's ``lr`` before building)."""
-
-    lr: float | Theory | None = Field(None, description="local step size η_l, or 'theory' (fedshuffle.analysis.theory)")
-    lr_multiplier: float = Field(
-        1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)"
-    )
-
-    @field_validator("lr")
-    @classmethod
-    def _positive_step(cls, v: Any) -> Any:
-        return _positive_or_theory(v)
-
-
 #: What a client does: the settings of :class:`fedshuffle.local.plan.LocalPlanner`, declared once on its fields
-#: (constraints and help), plus ``lr = 'theory'`` and ``lr_multiplier``.
+#: (constraints, help, the step size's role), plus ``lr_multiplier``, which scales the planner's ``lr`` when built.
 LocalConfig = create_model(
     "LocalConfig",
-    __base__=_LocalStepSize,
+    __base__=_Section,
     __doc__="What a client does: :class:`fedshuffle.local.plan.LocalPlanner`'s settings (declared on its fields).",
-    **{name: (info.annotation, info) for name, info in local_settings().settings.model_fields.items() if name != "lr"},
+    **{name: _theory_or(info) for name, info in local_settings().settings.model_fields.items()},
+    lr_multiplier=(
+        Annotated[float, StepScale()],
+        Field(1.0, gt=0, description="multiplies the local step size (RR-CLI §4.4 tunes ×1..15 of the theory)"),
+    ),
 )
 
 
@@ -196,20 +201,21 @@ class AggregationConfig(_Section):
     direction: Literal[DIRECTIONS] = "model_delta"
 
 
+#: RR-CLI's meta-epoch step θ, declared with the meta-epoch step (:data:`fedshuffle.server.GlobalStep`)
+_GLOBAL_LR = _theory_or(FieldInfo.from_annotation(GlobalStep))
+
+
 class ServerConfig(_PartSection):
     """x ← x − step(d): the server optimizer (:data:`fedshuffle.server.SERVER_OPTIMIZERS`) and its own settings
     (its step size ``lr``, which may be ``'theory'``, and constants), RR-CLI's meta-epoch step, global momentum."""
 
     _choosers: ClassVar[dict[str, Registry]] = {"optimizer": SERVER_OPTIMIZERS}
-    _theory: ClassVar[tuple[str, ...]] = ("lr",)
     optimizer: str = Field("sgd", description="the server optimizer; default sgd, or heavy_ball when momentum is given")
     meta_epoch_step: bool = Field(False, description="RR-CLI's extrapolation after each meta-epoch")
-    global_lr: float | Theory | None = Field(
-        None, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)"
-    )
-    theory_rule: Literal[tuple(THEORY_RULES)] | None = Field(
+    global_lr: _GLOBAL_LR[0] = _GLOBAL_LR[1]
+    theory_rule: str | None = Field(
         None,
-        description="the theorem 'theory' step sizes come from (a method with one declares it; rr_cli_c1 puts nastya "
+        description="the theorem 'theory' step sizes come from (default: the method's own; rr_cli_c1 puts nastya "
         "on RR-CLI's Theorem C.1)",
     )
     theory_follows: Literal[THEORY_FOLLOWS] = Field(
@@ -226,13 +232,13 @@ class ServerConfig(_PartSection):
     @classmethod
     def _default_optimizer(cls, raw: Any) -> Any:
         if isinstance(raw, Mapping) and raw.get("optimizer") is None:
-            return {**raw, "optimizer": "heavy_ball" if raw.get("momentum") is not None else "sgd"}
+            return {**raw, "optimizer": chosen_optimizer(raw)}
         return raw
 
-    @field_validator("global_lr")
+    @field_validator("theory_rule")
     @classmethod
-    def _positive_step(cls, v: Any) -> Any:
-        return _positive_or_theory(v)
+    def _theorem(cls, v: str | None) -> str | None:
+        return None if v is None else _registered(THEOREMS, v, "theorem")
 
 
 class ScheduleConfig(_PartSection):
@@ -479,6 +485,34 @@ class RunSpec(_Section):
         """Every section starts from the method's registered defaults."""
         return _with_method_defaults(raw) if isinstance(raw, Mapping) else raw
 
+    def roles(self) -> dict[str, Role]:
+        """The declared role of every setting of the run that has one, as ``"section.setting"``: the sections' own and
+        the chosen parts' (the method's, the server optimizer's, ...), found in their declarations."""
+        out: dict[str, Role] = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            found = section.roles() if isinstance(section, _Section) else roles(type(section).model_fields)
+            out.update({f"{name}.{k}": role for k, role in found.items()})
+        return out
+
+    def step_sizes(self) -> dict[str, str]:
+        """The run's step sizes (settings with the role :class:`StepSize`), ``"section.setting"`` → the quantity a
+        theorem gives for it: the settings that may be ``'theory'``."""
+        return {k: role.quantity for k, role in self.roles().items() if isinstance(role, StepSize)}
+
+    def value(self, setting: str) -> Any:
+        """The value of ``"section.setting"``."""
+        section, _, name = setting.partition(".")
+        return getattr(getattr(self, section), name)
+
+    def with_values(self, values: Mapping[str, Any]) -> RunSpec:
+        """A copy with ``"section.setting"`` → value set (not validated: the values come from a theorem)."""
+        updates: dict[str, dict[str, Any]] = {}
+        for key, value in values.items():
+            section, _, name = key.partition(".")
+            updates.setdefault(section, {})[name] = value
+        return self.model_copy(update={k: getattr(self, k).model_copy(update=u) for k, u in updates.items()})
+
     def algorithm_settings(self) -> dict[str, dict[str, Any]]:
         """The settings of the algorithm's parts, as :func:`fedshuffle.methods.algorithm.build_algorithm` takes them."""
         parts = {"method": self.method.model_dump(exclude={"name"})}
@@ -487,23 +521,22 @@ class RunSpec(_Section):
         return parts
 
 
+#: the sections of a run, in the order of the experiment file
 SECTIONS = tuple(RunSpec.model_fields)
+#: the sections whose chooser names a registered part, and their choosers (``{"data": {"source": SOURCES, ...}}``)
+_CHOOSERS = {
+    name: info.annotation._choosers
+    for name, info in RunSpec.model_fields.items()
+    if issubclass(info.annotation, _PartSection)
+}
 
-
-class _PartialSections(_Section):
-    """Raw (not yet merged) sections; validated as a :class:`RunSpec` once merged."""
-
-    method: dict[str, Any] = Field(default_factory=dict)
-    local: dict[str, Any] = Field(default_factory=dict)
-    aggregation: dict[str, Any] = Field(default_factory=dict)
-    server: dict[str, Any] = Field(default_factory=dict)
-    schedule: dict[str, Any] = Field(default_factory=dict)
-    privacy: dict[str, Any] = Field(default_factory=dict)
-    sampler: dict[str, Any] = Field(default_factory=dict)
-    problem: dict[str, Any] = Field(default_factory=dict)
-    data: dict[str, Any] = Field(default_factory=dict)
-    run: dict[str, Any] = Field(default_factory=dict)
-    plot: dict[str, Any] = Field(default_factory=dict)
+#: Raw (not yet merged) sections; validated as a :class:`RunSpec` once merged.
+_PartialSections = create_model(
+    "_PartialSections",
+    __base__=_Section,
+    __doc__="Raw (not yet merged) sections; validated as a :class:`RunSpec` once merged.",
+    **{name: (dict[str, Any], Field(default_factory=dict)) for name in SECTIONS},
+)
 
 
 #: grid points one variant's tuning may have at most
@@ -713,17 +746,6 @@ def _with_method_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
     return _deep_merge(method_defaults(name), raw)
 
 
-#: the sections whose chooser names a registered part, and their choosers
-_CHOOSERS = {
-    "method": {"name": METHODS},
-    "problem": {"name": PROBLEMS},
-    "data": {"source": SOURCES, "partition": PARTITIONS},
-    "sampler": {"name": SAMPLERS},
-    "server": {"optimizer": SERVER_OPTIMIZERS},
-    "schedule": {"name": SCHEDULES},
-}
-
-
 def _merge_parts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` ← ``update`` by section, where an update that chooses another part drops the base's settings of
     the part it replaces (those the new part does not take); everything else is merged as it is and validated."""
@@ -735,8 +757,8 @@ def _merge_parts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str
         kept = dict(old)
         for chooser, registry in choosers.items():
             default = RunSpec.model_fields[section].annotation.model_fields[chooser].default
-            if section == "server" and "momentum" in old:
-                default = "heavy_ball"
+            if section == "server":
+                default = chosen_optimizer(old)
             before, after = old.get(chooser, default), new.get(chooser)
             if after is None or before == after or before not in registry or after not in registry:
                 continue

@@ -25,7 +25,7 @@ from pydantic import AfterValidator, Field, PositiveFloat, PositiveInt
 
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import Entry, settings_model
+from fedshuffle.core.registry import Entry, StepSize, settings_model
 from fedshuffle.local.steps import StepChain, standard_chain
 from fedshuffle.core.streams import Stream, generator, generators, permutations
 
@@ -321,7 +321,7 @@ class LocalPlanner:
         With this probability a client completes only U{1..τ_i} of its steps (random drop-off, §4.3).
     """
 
-    lr: Annotated[float, Field(gt=0, description="local step size η_l")]
+    lr: Annotated[float, Field(gt=0, description="local step size η_l"), StepSize("lr")]
     epochs: Annotated[
         PositiveInt | Annotated[Sequence[PositiveInt], Field(min_length=2, max_length=2)],
         AfterValidator(_epoch_range),

@@ -4,8 +4,9 @@ Most methods are one setting of FedShuffleGen (Horváth et al., TMLR 2022, Algor
 :class:`Method` with local-planner, aggregation and server defaults, registered here. A stateful method is
 one file, its class and its registration (:mod:`.scaffold`, :mod:`.fedcdr`, :mod:`.feddyn`), imported here
 by discovery; global momentum wraps any of them (:mod:`.momentum`). A defaults entry is keyed by configuration section;
-a method with a theorem for its step
-sizes names it there (``server.theory_rule``, :data:`fedshuffle.analysis.theory.THEORY_RULES`).
+a method with theorems for its step sizes names them, its own first (``theorems``,
+:data:`fedshuffle.analysis.theory.THEOREMS`); a setting of its own that is a step size says so in its declaration
+(:class:`~fedshuffle.core.registry.StepSize`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ METHODS.add(
     "local SGD with replacement, sum-one aggregation",
     f"{_FEDSHUFFLE}, Algorithm 2 / Table 4",
     local={"order": "with_replacement"},
-    server={"theory_rule": "karimireddy_i"},
+    theorems=("karimireddy_i",),
     **_SUM_ONE,
 )
 METHODS.add(
@@ -36,7 +37,7 @@ METHODS.add(
     "local epochs with random reshuffling, sum-one aggregation",
     f"{_FEDSHUFFLE}, Algorithm 2",
     local={"order": "reshuffle"},
-    server={"theory_rule": "karimireddy_i"},
+    theorems=("karimireddy_i",),
     **_SUM_ONE,
 )
 METHODS.add(
@@ -107,7 +108,7 @@ METHODS.add(
     "Federated Optimization, 2022, Algorithm 1",
     local={"order": "reshuffle"},
     aggregation={"weighting": "uniform", "normalization": "unbiased", "direction": "mean_gradient"},
-    server={"theory_rule": "rr_cli_c2"},
+    theorems=("rr_cli_c2", "rr_cli_c1"),
 )
 METHODS.add(
     "rr_cli",
@@ -117,7 +118,8 @@ METHODS.add(
     "Algorithm 1",
     local={"order": "shuffle_once"},
     aggregation={"normalization": "unbiased", "direction": "mean_gradient"},
-    server={"meta_epoch_step": True, "theory_rule": "rr_cli_c1"},
+    server={"meta_epoch_step": True},
+    theorems=("rr_cli_c1", "rr_cli_c2"),
 )
 METHODS.add(
     "fedprox",
@@ -135,7 +137,7 @@ METHODS.add(
     "ICLR 2021, Algorithm 1",
     local={"order": "with_replacement"},
     aggregation={"weighting": "uniform", "normalization": "unbiased"},
-    server={"theory_rule": "yang_1"},
+    theorems=("yang_1",),
 )
 
 # Every other module of the package registers its own method(s) (a stateful method is one file: its class and

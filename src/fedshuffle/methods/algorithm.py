@@ -25,7 +25,7 @@ from fedshuffle.methods.private import private_method
 from fedshuffle.privacy import PrivacySettings
 from fedshuffle.samplers import Sampler
 from fedshuffle.schedules import SCHEDULES, Schedule
-from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, ServerOptimizer
+from fedshuffle.server import SERVER_OPTIMIZERS, MetaEpochExtrapolation, ServerOptimizer, chosen_optimizer
 
 PARTS = ("method", "local", "aggregation", "server", "schedule", "privacy")
 
@@ -97,15 +97,10 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
     if unknown:
         raise ConfigError(sorted(unknown)[0], f"not a part of an algorithm; accepted: {', '.join(PARTS)}")
     merged = {part: {**entry.defaults.get(part, {}), **_given(settings.get(part))} for part in PARTS}
-    local_settings = dict(merged["local"])
-    multiplier = local_settings.pop("lr_multiplier", 1.0)
-    if "lr" not in local_settings:
-        raise ConfigError("local.lr", "a local step size is required (e.g. lr = 0.01, or lr = 'theory')")
-    if local_settings["lr"] == "theory":
-        raise ConfigError("local.lr", "'theory' needs the problem and data; resolve it with resolve_step_sizes first")
-    local_settings["lr"] = local_settings["lr"] * multiplier
-    with section("local"):
-        local = LocalPlanner(**local_settings)
+    theory = [f"{part}.{k}" for part, values in merged.items() for k, v in values.items() if _is_theory(v)]
+    if theory:  # only a step size may be 'theory' (fedshuffle.experiments.schema)
+        raise ConfigError(theory[0], "'theory' needs the problem and data; resolve it with resolve_step_sizes first")
+    local = build_planner(merged["local"])
     with section("aggregation"):
         aggregator = Aggregator(**merged["aggregation"])
     with section("method"):
@@ -120,13 +115,10 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
     estimator = server_settings.pop("momentum_estimator", "exact")
     meta = bool(server_settings.pop("meta_epoch_step", False))
     global_lr = server_settings.pop("global_lr", None)
-    kind = server_settings.pop("optimizer", None) or (
-        "heavy_ball" if server_settings.get("momentum") is not None else "sgd"
-    )
+    kind = chosen_optimizer(server_settings)
+    server_settings.pop("optimizer", None)
     if global_lr is not None and not meta:
         raise ConfigError("server.global_lr", f"a global (meta-epoch) step size applies to rr_cli only, not to {name}")
-    if "theory" in (server_settings.get("lr"), global_lr):
-        raise ConfigError("server.lr", "'theory' needs the problem and data; resolve it with resolve_step_sizes first")
     with section("server"):
         server = SERVER_OPTIMIZERS[kind].build(server_settings)
         if beta:
@@ -142,6 +134,20 @@ def build_algorithm(name: str, settings: Mapping[str, Mapping[str, Any]] | None 
     with section("privacy"):
         privacy = validate(PrivacySettings, merged["privacy"])
     return Algorithm(private_method(method, privacy), local, server, schedule, meta, global_lr, privacy)
+
+
+def _is_theory(value: Any) -> bool:
+    return isinstance(value, str) and value == "theory"
+
+
+def build_planner(settings: Mapping[str, Any]) -> LocalPlanner:
+    """The local planner of the ``[local]`` settings: η_l = ``lr`` × ``lr_multiplier`` (errors name ``local.*``)."""
+    settings = _given(settings)
+    multiplier = settings.pop("lr_multiplier", 1.0)
+    if "lr" not in settings:
+        raise ConfigError("local.lr", "a local step size is required (e.g. lr = 0.01, or lr = 'theory')")
+    with section("local"):
+        return LocalPlanner(**{**settings, "lr": settings["lr"] * multiplier})
 
 
 def _method(entry: Entry, aggregator: Aggregator, settings: Mapping[str, Any]) -> Method:

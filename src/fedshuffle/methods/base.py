@@ -16,14 +16,15 @@ does the state-store I/O, the executor call and the accounting once for every me
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.core.registry import Registry
+from fedshuffle.core.registry import Entry, Registry
 from fedshuffle.local.loop import LocalWork
 from fedshuffle.local.plan import ClientPlan, CohortPlan, LocalPlanner
 from fedshuffle.local.steps import Drift, standard_chain
@@ -147,6 +148,9 @@ class Method:
     #: methods whose local objective holds its own proximal term (FedCDR's prox, FedDyn's α): ``local.prox_mu`` is
     #: refused
     sets_own_prox: bool = False
+    #: whether every local step is the local settings' own y ← y − η_i·chain(∇f_batch(y)), with no term of the
+    #: method's (a drift, an offset, a proximal term), as :mod:`fedshuffle.analysis.objective`'s closed forms assume
+    plain_local_steps: bool = True
 
     def __init__(self, aggregator: Aggregator) -> None:
         self.aggregator = aggregator
@@ -237,6 +241,37 @@ def sample_gradients(plans: Sequence[ClientPlan]) -> int:
     return CohortPlan.of(plans).sample_gradients
 
 
+@dataclass(frozen=True)
+class MethodEntry(Entry):
+    """A registered method: ``theorems`` are those whose step sizes ``'theory'`` may mean for it, its own first
+    (:data:`fedshuffle.analysis.theory.THEOREMS`)."""
+
+    theorems: tuple[str, ...] = ()
+
+
+class MethodRegistry(Registry):
+    """Methods by name: each a :class:`Method` factory, its defaults for the other sections and its theorems."""
+
+    def add(
+        self,
+        name: str,
+        factory: Callable[..., Any],
+        summary: str,
+        citation: str = "",
+        *,
+        theorems: Sequence[str] = (),
+        **defaults: Any,
+    ) -> MethodEntry:
+        """Register method ``name``; ``defaults`` by section; ``theorems``: the theorems whose step sizes ``'theory'``
+        may mean for it, its own first (``server.theory_rule`` defaults to it)."""
+        if theorems:
+            defaults["server"] = {"theory_rule": theorems[0], **defaults.get("server", {})}
+        settings = self._settings(name, factory)
+        return self._store(
+            MethodEntry(name, factory, summary, citation, defaults, settings, self.noun, tuple(theorems))
+        )
+
+
 #: Methods by name. A method's own settings are its constructor's keyword parameters after the aggregator
 #: (``[method]`` section); ``defaults`` are its settings of the other sections (``local``, ``aggregation``, ``server``).
-METHODS = Registry("method.name", runtime=("aggregator",), noun="method")
+METHODS = MethodRegistry("method.name", runtime=("aggregator",), noun="method")

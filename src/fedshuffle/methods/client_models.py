@@ -31,6 +31,7 @@ class ClientModels(Method):
         self.inner, self.name = inner, inner.name
         self.payload_fields, self.needs_cycles = inner.payload_fields, inner.needs_cycles
         self.sets_own_prox = inner.sets_own_prox
+        self.plain_local_steps = inner.plain_local_steps
         self.state_fields = (self.local_model_field,)
 
     def init(self, params: torch.Tensor) -> State:

@@ -9,6 +9,7 @@ from pydantic import Field
 import torch
 
 from fedshuffle.aggregation import Aggregator
+from fedshuffle.core.registry import StepSize
 from fedshuffle.local.plan import CohortPlan
 from fedshuffle.local.prox import SOLVERS, ClientObjectives, solve_prox
 from fedshuffle.metrics import metric
@@ -69,12 +70,13 @@ class FedCDR(Method):
     local_model_field = "x"  # scored by fedshuffle.metrics.local_model_scores
     needs_cycles = True
     sets_own_prox = True
+    plain_local_steps = False
 
     def __init__(
         self,
         aggregator: Aggregator,
-        alpha: Annotated[float, Field(gt=0, lt=2, description="relaxation α ∈ (0, 2)")] = 1.0,
-        eta: Annotated[float, Field(gt=0, description="prox step η > 0")] = 1.0,
+        alpha: Annotated[float, Field(gt=0, lt=2, description="relaxation α ∈ (0, 2)"), StepSize()] = 1.0,
+        eta: Annotated[float, Field(gt=0, description="prox step η > 0"), StepSize()] = 1.0,
         form: Annotated[Literal[FORMS], Field(description="y update of Algorithm 1 ('y') or eq. (14) ('x')")] = "y",
         exact_prox: Annotated[bool, Field(description="closed-form prox where the problem has one")] = True,
         warm_start: Annotated[

@@ -8,6 +8,7 @@ import torch
 from pydantic import Field
 
 from fedshuffle.aggregation import Aggregator
+from fedshuffle.core.registry import StepSize
 from fedshuffle.methods.base import METHODS, ClientResult, Method, last_occurrence, sample_gradients
 
 
@@ -35,9 +36,12 @@ class FedDyn(Method):
     state_fields = ("gradient", "model")
     local_model_field = "model"  # θ_i, scored by fedshuffle.metrics.local_model_scores
     sets_own_prox = True
+    plain_local_steps = False
 
     def __init__(
-        self, aggregator: Aggregator, alpha: Annotated[float, Field(gt=0, description="regularization α > 0")] = 0.01
+        self,
+        aggregator: Aggregator,
+        alpha: Annotated[float, Field(gt=0, description="regularization α > 0"), StepSize()] = 0.01,
     ) -> None:
         super().__init__(aggregator)
         self.alpha = alpha

@@ -41,6 +41,7 @@ class GlobalMomentum(Method):
         self.payload_fields = inner.payload_fields
         self.needs_cycles = inner.needs_cycles
         self.sets_own_prox = inner.sets_own_prox
+        self.plain_local_steps = False  # every local step folds the momentum in
 
     @property
     def a(self) -> float:

@@ -30,6 +30,7 @@ class PrivateClients(Method):
         self.payload_fields = inner.payload_fields
         self.needs_cycles = inner.needs_cycles
         self.sets_own_prox = inner.sets_own_prox
+        self.plain_local_steps = inner.plain_local_steps
 
     def init(self, params: torch.Tensor) -> State:
         return {"inner": self.inner.init(params)}

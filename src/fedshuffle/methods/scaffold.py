@@ -27,6 +27,7 @@ class Scaffold(Method):
     name = "scaffold"
     state_fields = ("control",)
     payload_fields = ("delta", "control_delta")
+    plain_local_steps = False
 
     def __init__(
         self,

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, PositiveInt
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import Registry
+from fedshuffle.core.registry import ModelSize, Registry
 from fedshuffle.data.catalog import Samples
 from fedshuffle.problems.base import Problem
 from fedshuffle.problems.convex import LogisticRegression, Quadratic, SoftmaxRegression
@@ -76,7 +76,7 @@ def softmax(samples: Samples, l2: L2 = 0.0) -> SoftmaxRegression:
 
 def mlp(
     samples: Samples,
-    hidden: Annotated[list[PositiveInt], Field(min_length=1, description="hidden layer widths")] = (32,),
+    hidden: Annotated[list[PositiveInt], Field(min_length=1, description="hidden layer widths"), ModelSize()] = (32,),
     l2: L2 = 0.0,
 ) -> MLP:
     return MLP(_width(samples), hidden, _classes(samples, "mlp"), l2)
@@ -158,7 +158,8 @@ def char_lstm(
     )
 
 
-#: Problems by name; a factory takes the source's samples and the problem's settings.
+#: Problems by name; a factory takes the source's samples and the problem's settings. ``classes``: the number of classes
+#: a problem takes where it takes only one (the checks of :mod:`fedshuffle.testing` run it on such data).
 PROBLEMS = Registry("problem.name", runtime=("samples",), noun="problem")
 PROBLEMS.add(
     "quadratic",
@@ -171,6 +172,7 @@ PROBLEMS.add(
     logistic,
     "L2-regularized binary logistic regression, labels ±1",
     "Mishchenko et al., RR-CLI; Malinovsky et al., Nastya",
+    classes=2,
 )
 PROBLEMS.add("softmax", softmax, "multinomial logistic regression (+ L2)", "Yang, Fang & Liu, ICLR 2021")
 PROBLEMS.add("mlp", mlp, "fully connected ReLU network, cross-entropy", "FedCDR (784-128-26 on FEMNIST)")

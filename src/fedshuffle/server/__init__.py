@@ -16,14 +16,15 @@ documentation's "Extending" page writes it out).
 States are dicts of tensors (a chain's: of its parts' states) so that a checkpoint can store them as they are.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 import torch
 from pydantic import Field
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import Registry
+from fedshuffle.core.registry import Registry, StepSize
 from fedshuffle.server.transforms import (
     ScaleByAdagrad,
     ScaleByAdam,
@@ -37,7 +38,14 @@ from fedshuffle.server.transforms import (
     chain,
 )
 
-__all__ = ["SERVER_OPTIMIZERS", "MetaEpochExtrapolation", "Optimizer", "ServerOptimizer"]
+__all__ = [
+    "SERVER_OPTIMIZERS",
+    "GlobalStep",
+    "MetaEpochExtrapolation",
+    "Optimizer",
+    "ServerOptimizer",
+    "chosen_optimizer",
+]
 
 
 class ServerOptimizer(Protocol):
@@ -73,19 +81,29 @@ class Optimizer:
         return self.transform.update(direction, state, StepInputs(params, lr_scale))
 
 
-StepSize = Annotated[float, Field(gt=0, allow_inf_nan=False, description="server step size η_g")]
+#: a server optimizer's step size η (the role :class:`~fedshuffle.core.registry.StepSize`: ``'theory'`` takes a
+#: theorem's ``server_lr``)
+ServerStep = Annotated[
+    float, Field(gt=0, allow_inf_nan=False, description="server step size η_g"), StepSize("server_lr")
+]
+#: RR-CLI's meta-epoch step θ of :class:`MetaEpochExtrapolation` (``server.global_lr``; default ηR: no extrapolation)
+GlobalStep = Annotated[
+    float,
+    Field(gt=0, allow_inf_nan=False, description="RR-CLI's meta-epoch step θ (default ηR: no extrapolation)"),
+    StepSize("global_lr"),
+]
 Momentum = Annotated[float, Field(ge=0, lt=1, description="server heavy-ball momentum β: v ← βv + Δ")]
 Beta1 = Annotated[float, Field(ge=0, lt=1, description="first-moment decay β₁: m ← β₁m + (1−β₁)Δ")]
 Beta2 = Annotated[float, Field(ge=0, lt=1, description="second-moment decay β₂")]
 Eps = Annotated[float, Field(gt=0, allow_inf_nan=False, description="adaptivity degree τ: v₀ = τ², step η·m/(√v + τ)")]
 
 
-def sgd(lr: StepSize = 1.0) -> Optimizer:
+def sgd(lr: ServerStep = 1.0) -> Optimizer:
     """x ← x − η_g·Δ (FedShuffle Algorithm 1, line 14)."""
     return Optimizer(ScaleBySchedule(lr), lr)
 
 
-def heavy_ball(lr: StepSize = 1.0, momentum: Momentum = 0.9) -> Optimizer:
+def heavy_ball(lr: ServerStep = 1.0, momentum: Momentum = 0.9) -> Optimizer:
     """Server heavy-ball momentum: v ← βv + Δ (v = Δ on the first round), x ← x − η_g·v."""
     return Optimizer(chain(Trace(momentum), ScaleBySchedule(lr)), lr)
 
@@ -96,23 +114,27 @@ def heavy_ball(lr: StepSize = 1.0, momentum: Momentum = 0.9) -> Optimizer:
 # aggregated direction in this way.
 
 
-def adagrad(lr: StepSize = 0.01, beta1: Beta1 = 0.9, eps: Eps = 1e-3) -> Optimizer:
+def adagrad(lr: ServerStep = 0.01, beta1: Beta1 = 0.9, eps: Eps = 1e-3) -> Optimizer:
     """FedAdagrad: m ← β₁m + (1−β₁)Δ, v ← v + Δ², x ← x − η·m/(√v + τ)."""
     return Optimizer(chain(ScaleByAdagrad(beta1, eps), ScaleBySchedule(lr)), lr)
 
 
-def adam(lr: StepSize = 0.01, beta1: Beta1 = 0.9, beta2: Beta2 = 0.99, eps: Eps = 1e-3) -> Optimizer:
+def adam(lr: ServerStep = 0.01, beta1: Beta1 = 0.9, beta2: Beta2 = 0.99, eps: Eps = 1e-3) -> Optimizer:
     """FedAdam: m ← β₁m + (1−β₁)Δ, v ← β₂v + (1−β₂)Δ², x ← x − η·m/(√v + τ)."""
     return Optimizer(chain(ScaleByAdam(beta1, beta2, eps), ScaleBySchedule(lr)), lr)
 
 
-def yogi(lr: StepSize = 0.01, beta1: Beta1 = 0.9, beta2: Beta2 = 0.99, eps: Eps = 1e-3) -> Optimizer:
+def yogi(lr: ServerStep = 0.01, beta1: Beta1 = 0.9, beta2: Beta2 = 0.99, eps: Eps = 1e-3) -> Optimizer:
     """FedYogi: m ← β₁m + (1−β₁)Δ, v ← v − (1−β₂)Δ²·sign(v − Δ²), x ← x − η·m/(√v + τ)."""
     return Optimizer(chain(ScaleByYogi(beta1, beta2, eps), ScaleBySchedule(lr)), lr)
 
 
 def adgd(
-    lr: Annotated[float, Field(gt=0, allow_inf_nan=False, description="first server step λ₀; later ones adapt")] = 1e-6,
+    lr: Annotated[
+        float,
+        Field(gt=0, allow_inf_nan=False, description="first server step λ₀; later ones adapt"),
+        StepSize("server_lr"),
+    ] = 1e-6,
 ) -> Optimizer:
     """AdGD on the pseudo-gradient (:class:`~fedshuffle.server.transforms.ScaleByAdGD`)."""
     return Optimizer(ScaleByAdGD(lr), lr)
@@ -156,6 +178,12 @@ class MetaEpochExtrapolation:
         anchor = state["anchor"]
         end = anchor - self.global_lr / (self.inner.lr * self.rounds) * (anchor - (params - step))
         return params - end, {"inner": inner_state, "anchor": end.clone(), "round": torch.tensor(0)}
+
+
+def chosen_optimizer(settings: Mapping[str, Any]) -> str:
+    """The server optimizer ``settings`` (the ``[server]`` section) choose: ``optimizer``, else ``heavy_ball`` when they
+    give a ``momentum``, else ``sgd``."""
+    return settings.get("optimizer") or ("heavy_ball" if settings.get("momentum") is not None else "sgd")
 
 
 _REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2"

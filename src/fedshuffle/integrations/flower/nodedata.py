@@ -61,14 +61,10 @@ def rows_digest(data: Any, client: int) -> str:
 
 
 def refuse_theory(spec: RunSpec, why: str) -> None:
-    """'theory' step sizes need the smoothness of the whole federation's data: refused where ``why`` says it is not
-    there."""
-    for name, value in (
-        ("local.lr", spec.local.lr),
-        ("server.lr", spec.server.lr),
-        ("server.global_lr", spec.server.global_lr),
-    ):
-        if value == "theory":
+    """'theory' step sizes (any of the run's step sizes, :meth:`RunSpec.step_sizes`) need the smoothness of the whole
+    federation's data: refused where ``why`` says it is not there."""
+    for name in spec.step_sizes():
+        if spec.value(name) == "theory":
             raise ConfigError(name, f"'theory' step sizes need the whole federation's data, and {why}; give a number")
 
 
