@@ -41,9 +41,9 @@ from fedshuffle.experiments.reproduce import reproduce as run_all
 from fedshuffle.experiments.results import METRIC_COLUMNS, PLOT_LIMIT, TIMING_COLUMNS, read_metrics
 from fedshuffle.experiments.runner import build_simulation, ensure_writable
 from fedshuffle.experiments.schema import SECTIONS, RunSpec, load_experiment, preset_names, slug, validate
+from fedshuffle.experiments.sweep import merge_overrides
 from fedshuffle.experiments.session import (
     check_out,
-    merge_overrides,
     normalize_overrides,
     only_variants,
     pick_folder,
