@@ -321,3 +321,77 @@ def test_summed_updates_equal_the_stacked_ones(method, monkeypatch):
     for name, (trajectory_, bytes_up) in summed.items():
         assert_close(trajectory_, stacked, 1e-12)
         assert bytes_up == up > 0
+
+
+def test_an_executor_registered_from_user_code_is_configured_and_checked_by_its_declared_settings():
+    """A new executor's settings come from [run] when it is chosen and are refused naming it otherwise; the public
+    check walks its bad values and compares its trajectory with the sequential one, failing for one that is off."""
+    from typing import Annotated
+
+    from pydantic import Field
+
+    from fedshuffle import testing
+    from fedshuffle.executors import EXECUTORS
+    from fedshuffle.experiments.build import build_executor
+    from fedshuffle.experiments.schema import RunSpec, validate
+
+    def lanes_executor(lanes: Annotated[int, Field(ge=1, le=4, description="clients per chunk")] = 2):
+        return VectorizedExecutor(chunk_size=lanes)
+
+    class Off(SequentialExecutor):
+        def run(self, problem, data, work, weights=None):
+            return 1.001 * super().run(problem, data, work, weights)
+
+    EXECUTORS.add("lanes", lanes_executor, "chunks of a fixed number of clients (tests only)")
+    EXECUTORS.add("off", Off, "the sequential updates, 0.1% too long (tests only)")
+    try:
+        testing.check_executor("lanes", {"lanes": 3})
+        assert build_executor(validate(RunSpec, {"run": {"executor": "lanes", "lanes": 3}}).run).chunk_size == 3
+        with pytest.raises(ConfigError) as err:
+            validate(RunSpec, {"run": {"executor": "sequential", "lanes": 3}})
+        assert err.value.field == "run.lanes" and "executor 'lanes'" in err.value.message
+        with pytest.raises(AssertionError, match="the off executor is .* away from the sequential one"):
+            testing.check_executor("off")
+    finally:
+        EXECUTORS.remove("lanes")
+        EXECUTORS.remove("off")
+
+
+def test_the_sequential_executor_refuses_every_other_executors_setting_naming_it(tmp_path):
+    """Exit 2 naming the setting and the executors that take it."""
+    from typer.testing import CliRunner
+
+    from fedshuffle.cli import app
+    from fedshuffle.executors import EXECUTORS
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "quickstart",
+            "--set",
+            "run.executor=sequential",
+            "--set",
+            "run.chunk_size=4",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert result.exit_code == 2 and "run.chunk_size" in result.output and "executor 'vectorized'" in result.output
+    assert not (tmp_path / "out").exists()
+    every = {s for e in EXECUTORS.entries() for s in e.setting_names()}
+    assert every >= {"chunk_size", "memory_budget_mb", "threads", "ray_workers", "ray_address", "ray_retries"}
+
+
+def test_identities_written_with_every_executors_settings_still_match_the_runs_that_take_only_their_own():
+    """A results folder written when every run recorded every executor's settings (at their defaults) continues."""
+    from fedshuffle.experiments.folders import differences, identity
+    from fedshuffle.experiments.schema import RunSpec, validate
+
+    every = {"chunk_size": None, "memory_budget_mb": 1024, "threads": None, "ray_workers": 2, "ray_retries": 3}
+    for run in ({"executor": "sequential"}, {"executor": "vectorized", "chunk_size": 4}):
+        now = identity(validate(RunSpec, {"run": run}).model_dump())
+        before = {**{f"run.{k}": v for k, v in every.items()}, **now}
+        assert differences(before, now) == [] and differences(now, before) == []
+    now = identity(validate(RunSpec, {"run": {"executor": "vectorized", "chunk_size": 4}}).model_dump())
+    assert differences({**now, "run.chunk_size": None}, now) == ["run.chunk_size: null there, 4 now"]

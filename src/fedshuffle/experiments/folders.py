@@ -168,8 +168,21 @@ def config_hash(flat: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _not_taken(flat: Mapping[str, Any]) -> set[str]:
+    """``run.<setting>`` for the executors' settings that the run's executor does not take: identities written before
+    each executor declared its own settings hold them all, at their defaults; they are compared as absent."""
+    from fedshuffle.executors import EXECUTORS
+
+    name = flat.get("run.executor")
+    if not isinstance(name, str) or name not in EXECUTORS:
+        return set()
+    every = {s for e in EXECUTORS.entries() for s in e.setting_names()}
+    return {f"run.{s}" for s in every - set(EXECUTORS[name].setting_names())}
+
+
 def differences(stored: Mapping[str, Any], wanted: Mapping[str, Any], limit: int = 6) -> list[str]:
     """``["local.lr: 0.01 there, 0.02 now", ...]`` for the settings that differ (at most ``limit``, then a count)."""
+    stored, wanted = ({k: v for k, v in flat.items() if k not in _not_taken(flat)} for flat in (stored, wanted))
     keys = sorted(k for k in set(stored) | set(wanted) if stored.get(k, "(unset)") != wanted.get(k, "(unset)"))
 
     def show(value: Any) -> str:
