@@ -97,10 +97,23 @@ def test_vectorized_equals_sequential_for_a_network(method):
     )
 
 
-def test_memory_budget_sets_the_chunk_size():
+@pytest.mark.parametrize(
+    ("budget_mb", "dim", "batch", "steps"), [(1, 10_000, 1, 4), (1, 300, 5, 2), (64, 10_000, 3, 7)]
+)
+def test_the_chunk_is_as_many_clients_as_fit_in_the_memory_budget(budget_mb, dim, batch, steps):
+    """The chosen chunk's clients fit in the budget by the executor's own estimate, and one client more does not; a
+    chunk needs no less per client for a larger model, minibatch or plan."""
+    data, budget = dataset(), budget_mb << 20
+    executor = VectorizedExecutor(memory_budget=budget)
+    size, one = executor.chunk_for(data, dim, batch, steps), executor.client_bytes(data, dim, batch, steps)
+    assert size >= 1 and size * one <= budget < (size + 1) * one
+    for larger in ((2 * dim, batch, steps), (dim, 2 * batch, steps), (dim, batch, 2 * steps)):
+        assert executor.client_bytes(data, *larger) > one and executor.chunk_for(data, *larger) <= size
+
+
+def test_a_client_larger_than_the_budget_is_a_chunk_of_its_own_and_a_given_chunk_size_is_kept():
     data = dataset()
-    small = VectorizedExecutor(memory_budget=1 << 20)
-    assert small.chunk_for(data, dim=10_000, batch=1, steps=4) == (1 << 20) // ((6 * 10_000 + 3 * 5 + 3 * 4) * 8)
+    assert VectorizedExecutor(memory_budget=1 << 20).chunk_for(data, dim=10**6, batch=1) == 1
     assert VectorizedExecutor(chunk_size=7).chunk_for(data, dim=10_000, batch=1) == 7
     with pytest.raises(ConfigError, match="run.chunk_size"):
         VectorizedExecutor(chunk_size=0)
