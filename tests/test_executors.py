@@ -408,3 +408,31 @@ def test_identities_written_with_every_executors_settings_still_match_the_runs_t
         assert differences(before, now) == [] and differences(now, before) == []
     now = identity(validate(RunSpec, {"run": {"executor": "vectorized", "chunk_size": 4}}).model_dump())
     assert differences({**now, "run.chunk_size": None}, now) == ["run.chunk_size: null there, 4 now"]
+
+
+def test_an_executor_or_sink_defined_in_the_script_is_refused_for_worker_processes():
+    """Worker processes build the run's executor and sinks too: one defined in the script being run is refused."""
+    from fedshuffle import plugins
+    from fedshuffle.executors import EXECUTORS
+    from fedshuffle.experiments.schema import RunSpec, validate
+    from fedshuffle.experiments.sinks import SINKS
+    from fedshuffle.experiments.sweep import _parts
+
+    def scripted(device):
+        return SequentialExecutor()
+
+    def printed(root):
+        return None
+
+    scripted.__module__ = printed.__module__ = "__main__"
+    EXECUTORS.add("scripted", scripted, "the sequential executor, defined in a script (tests only)")
+    SINKS.add("printed", printed, "nothing, defined in a script (tests only)")
+    try:
+        plugins.check_reachable(_parts(validate(RunSpec, {"run": {"sinks": ["tensorboard"]}})))
+        for run, field in (({"executor": "scripted"}, "run.executor"), ({"sinks": ["printed"]}, "run.sinks")):
+            with pytest.raises(ConfigError) as err:
+                plugins.check_reachable(_parts(validate(RunSpec, {"run": run})))
+            assert err.value.field == field and "defined in the script being run" in err.value.message
+    finally:
+        EXECUTORS.remove("scripted")
+        SINKS.remove("printed")

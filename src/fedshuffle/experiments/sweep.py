@@ -34,9 +34,11 @@ import numpy as np
 from fedshuffle import plugins
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
+from fedshuffle.executors import EXECUTORS
 from fedshuffle.experiments.folders import folder_name, unique_folders
 from fedshuffle.experiments.runner import run_single, sharing_builds
 from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, parse_overrides
+from fedshuffle.experiments.sinks import SINKS
 from fedshuffle.methods import METHODS
 from fedshuffle.problems import PROBLEMS
 from fedshuffle.samplers import SAMPLERS
@@ -462,6 +464,8 @@ def _parts(spec: RunSpec) -> list[tuple[str, str, object]]:
         ("data.partition", PARTITIONS, spec.data.partition),
         ("sampler.name", SAMPLERS, spec.sampler.name),
         ("server.optimizer", SERVER_OPTIMIZERS, spec.server.optimizer),
+        ("run.executor", EXECUTORS, spec.run.executor),
+        *(("run.sinks", SINKS, name) for name in spec.run.sinks),
     ]
     return [(field, name, registry[name].factory) for field, registry, name in chosen]
 
