@@ -113,3 +113,24 @@ def test_the_sweep_command_refuses_a_20000_point_grid_in_one_line(tmp_path):
         )
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_where_the_metrics_also_go_is_no_part_of_a_runs_identity_for_every_registered_sink():
+    """Adding a sink, or a sink's setting, continues the same results folder: every sink's settings are neutral."""
+    from typing import Annotated
+
+    from pydantic import Field
+
+    from fedshuffle.experiments.folders import config_hash, identity
+    from fedshuffle.experiments.sinks import SINKS
+
+    def board(root, board_url: Annotated[str | None, Field(description="where (tests only)")] = None):
+        return None
+
+    SINKS.add("board", board, "nowhere (tests only)")
+    try:
+        plain = identity(validate(RunSpec, {"run": {}}).model_dump())
+        for run in ({"sinks": ["board"], "board_url": "http://x"}, {"sinks": ["mlflow"], "mlflow_uri": "file:///x"}):
+            assert config_hash(identity(validate(RunSpec, {"run": run}).model_dump())) == config_hash(plain)
+    finally:
+        SINKS.remove("board")

@@ -39,10 +39,7 @@ RESERVED = frozenset({MANIFEST, LOCK, "summary.json", "sweep.json", "plot.png", 
 NEUTRAL: dict[str, set[str] | str] = {
     "plot": "*",
     "run": {
-        "sinks",
-        "mlflow_uri",
-        "wandb_project",
-        "wandb_entity",  # where the metrics also go
+        "sinks",  # where the metrics also go (and each sink's own settings: _neutral)
         "checkpoint_every",
         "checkpoint_seconds",
         "ray_address",
@@ -144,11 +141,22 @@ def data_hashes(spec: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _neutral(section: str) -> set[str] | str:
+    """The settings of ``section`` that do not change a run's numbers: :data:`NEUTRAL`'s and, in ``run``, every metric
+    sink's own settings (:data:`~fedshuffle.experiments.sinks.SINKS`)."""
+    neutral = NEUTRAL.get(section, set())
+    if section != "run" or neutral == "*":
+        return neutral
+    from fedshuffle.experiments.sinks import SINKS
+
+    return {*neutral, *(s for entry in SINKS.entries() for s in entry.setting_names())}
+
+
 def identity(spec: Mapping[str, Any], hashes: Mapping[str, str] | None = None, *, seed: bool = True) -> dict[str, Any]:
     """The settings that decide a run's numbers, flat (``"local.lr": 0.1``), with file contents by hash."""
     flat: dict[str, Any] = {}
     for section, settings in spec.items():
-        neutral = NEUTRAL.get(section, set())
+        neutral = _neutral(section)
         if neutral == "*" or not isinstance(settings, Mapping):
             continue
         for key, value in settings.items():
