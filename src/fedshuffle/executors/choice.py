@@ -79,12 +79,13 @@ def make_executor(
     name: str, problem: Problem | None = None, device: str | torch.device = "cpu", **settings: object
 ) -> Executor:
     """The executor ``name`` (an entry of :data:`EXECUTORS`) with its ``settings`` (``chunk_size=4``, ``threads=2``;
-    a setting it does not take is refused naming it); ``auto`` needs the ``problem`` and records its choice in the
-    executor's ``chosen`` attribute ("auto: <name> — <reason>"). Off the CPU the compiled loop is switched off, and
-    ``chosen`` says so (:data:`COMPILED_OFF`); the random streams that plan a round stay compiled: they run on the CPU
-    whatever the device."""
+    None: the default, as in ``[run]``; a setting it does not take is refused naming it); ``auto`` needs the
+    ``problem`` and records its choice in the executor's ``chosen`` attribute ("auto: <name> — <reason>"). Off the CPU
+    the compiled loop is switched off, and ``chosen`` says so (:data:`COMPILED_OFF`); the random streams that plan a
+    round stay compiled: they run on the CPU whatever the device."""
     try:
-        return EXECUTORS[name].build(settings, problem=problem, device=torch.device(device))
+        given = {k: v for k, v in settings.items() if v is not None}
+        return EXECUTORS[name].build(given, problem=problem, device=torch.device(device))
     except ConfigError as exc:  # a setting's error, as the [run] section names it
         if exc.field.startswith("run."):
             raise
