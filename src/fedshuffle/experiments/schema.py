@@ -27,7 +27,7 @@ from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTIN
 from fedshuffle.analysis.theory import THEORY_FOLLOWS, THEORY_RULES
 from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.core.inputs import Summable, read_regular_file, usable_path_name
-from fedshuffle.core.registry import Registry
+from fedshuffle.core.registry import Entry, Registry
 from fedshuffle.core.validation import validate
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.executors.choice import EXECUTORS
@@ -129,26 +129,9 @@ class _PartSection(_Section):
         for entry in entries:
             settings.update(entry.check({k: v for k, v in given.items() if k in entry.setting_names()}))
         unknown = [k for k in given if k not in settings]
-        owners = [
-            (chooser, e)
-            for chooser, registry in self._choosers.items()
-            for e in registry.entries()
-            if unknown and unknown[0] in e.setting_names()
-        ]
-        if owners:  # another part's setting: say whose, and what the chosen parts take
-            chosen = "; ".join(
-                f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'no settings'}" for e in entries
-            )
-            chooser = owners[0][0]
-            unchosen = (
-                f"which {self._section_name()}.{chooser} does not list"
-                if isinstance(getattr(self, chooser), list)
-                else "not of the chosen one"
-            )
-            named = ", ".join(f"{e.noun} {e.name!r}" for _, e in owners[:3])
-            raise ConfigError(
-                unknown[0], f"a setting of {named}{' ...' if len(owners) > 3 else ''}, {unchosen}; {chosen}"
-            )
+        refusal = self._another_parts_setting(unknown[0], entries) if unknown else None
+        if refusal is not None:
+            raise refusal
         if unknown:
             if len(entries) == 1 and len(self._choosers) == 1:
                 entries[0].check(given)  # raises, naming the part and what it takes
@@ -162,6 +145,29 @@ class _PartSection(_Section):
             )
         object.__setattr__(self, "__pydantic_extra__", {**settings, **theory})
         return self
+
+    def _another_parts_setting(self, key: str, entries: list[Entry]) -> ConfigError | None:
+        """``key`` refused as a setting of parts that are not chosen, naming them and what the chosen ``entries`` take
+        (None where no registered part takes it)."""
+        owners = [
+            (chooser, e)
+            for chooser, registry in self._choosers.items()
+            for e in registry.entries()
+            if key in e.setting_names()
+        ]
+        if not owners:
+            return None
+        chosen = "; ".join(
+            f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'no settings'}" for e in entries
+        )
+        chooser = owners[0][0]
+        unchosen = (
+            f"which {self._section_name()}.{chooser} does not list"
+            if isinstance(getattr(self, chooser), list)
+            else "not of the chosen one"
+        )
+        named = ", ".join(f"{e.noun} {e.name!r}" for _, e in owners[:3])
+        return ConfigError(key, f"a setting of {named}{' ...' if len(owners) > 3 else ''}, {unchosen}; {chosen}")
 
     @classmethod
     def _section_name(cls) -> str:
