@@ -66,7 +66,9 @@ def ours(executor: str, warmup: int, repeats: int, chunk_size: int | None = None
 
     alg = build_algorithm("fedavg_rr", {"local": {"lr": LR, "epochs": 1, "batch_size": BATCH}, "server": {"lr": 1.0}})
     problem, data = CNN(SHAPE, CLASSES, dropout=False), lazy_data()
-    ex = make_executor(executor, problem, chunk_size=chunk_size, ray_workers=workers)
+    ex = make_executor(
+        executor, problem, chunk_size=chunk_size, **({"ray_workers": workers} if executor == "ray" else {})
+    )
     sim = Simulation(
         problem, data, alg, UniformWithoutReplacement(USERS, COHORT), seed=0, dtype=torch.float32, executor=ex
     )

@@ -12,11 +12,25 @@ import pytest
 from fedshuffle import testing
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
+from fedshuffle.executors import EXECUTORS
 from fedshuffle.experiments.schema import RunSpec, validate
+from fedshuffle.experiments.sinks import SINKS
 from fedshuffle.methods import METHODS
 from fedshuffle.problems import PROBLEMS
 from fedshuffle.samplers import SAMPLERS
 from fedshuffle.server import SERVER_OPTIMIZERS
+
+
+@pytest.mark.parametrize("name", EXECUTORS.names())
+def test_every_executor_passes_check_executor(name):
+    if name == "ray":
+        pytest.importorskip("ray")
+    testing.check_executor(name)
+
+
+@pytest.mark.parametrize("name", SINKS.names())
+def test_every_sink_passes_check_sink(name):
+    testing.check_sink(name)
 
 
 @pytest.mark.parametrize("name", METHODS.names())
@@ -293,6 +307,7 @@ def test_settings_the_chosen_part_does_not_take_are_refused_for_every_registered
         "problem": (PROBLEMS, "name"),
         "sampler": (SAMPLERS, "name"),
         "server": (SERVER_OPTIMIZERS, "optimizer"),
+        "run": (EXECUTORS, "executor"),
     }
     for section, (registry, chooser) in sections.items():
         every = {s for e in registry.entries() for s in e.setting_names()}

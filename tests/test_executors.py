@@ -97,10 +97,23 @@ def test_vectorized_equals_sequential_for_a_network(method):
     )
 
 
-def test_memory_budget_sets_the_chunk_size():
+@pytest.mark.parametrize(
+    ("budget_mb", "dim", "batch", "steps"), [(1, 10_000, 1, 4), (1, 300, 5, 2), (64, 10_000, 3, 7)]
+)
+def test_the_chunk_is_as_many_clients_as_fit_in_the_memory_budget(budget_mb, dim, batch, steps):
+    """The chosen chunk's clients fit in the budget by the executor's own estimate, and one client more does not; a
+    chunk needs no less per client for a larger model, minibatch or plan."""
+    data, budget = dataset(), budget_mb << 20
+    executor = VectorizedExecutor(memory_budget=budget)
+    size, one = executor.chunk_for(data, dim, batch, steps), executor.client_bytes(data, dim, batch, steps)
+    assert size >= 1 and size * one <= budget < (size + 1) * one
+    for larger in ((2 * dim, batch, steps), (dim, 2 * batch, steps), (dim, batch, 2 * steps)):
+        assert executor.client_bytes(data, *larger) > one and executor.chunk_for(data, *larger) <= size
+
+
+def test_a_client_larger_than_the_budget_is_a_chunk_of_its_own_and_a_given_chunk_size_is_kept():
     data = dataset()
-    small = VectorizedExecutor(memory_budget=1 << 20)
-    assert small.chunk_for(data, dim=10_000, batch=1, steps=4) == (1 << 20) // ((6 * 10_000 + 3 * 5 + 3 * 4) * 8)
+    assert VectorizedExecutor(memory_budget=1 << 20).chunk_for(data, dim=10**6, batch=1) == 1
     assert VectorizedExecutor(chunk_size=7).chunk_for(data, dim=10_000, batch=1) == 7
     with pytest.raises(ConfigError, match="run.chunk_size"):
         VectorizedExecutor(chunk_size=0)
@@ -321,3 +334,105 @@ def test_summed_updates_equal_the_stacked_ones(method, monkeypatch):
     for name, (trajectory_, bytes_up) in summed.items():
         assert_close(trajectory_, stacked, 1e-12)
         assert bytes_up == up > 0
+
+
+def test_an_executor_registered_from_user_code_is_configured_and_checked_by_its_declared_settings():
+    """A new executor's settings come from [run] when it is chosen and are refused naming it otherwise; the public
+    check walks its bad values and compares its trajectory with the sequential one, failing for one that is off."""
+    from typing import Annotated
+
+    from pydantic import Field
+
+    from fedshuffle import testing
+    from fedshuffle.executors import EXECUTORS
+    from fedshuffle.experiments.build import build_executor
+    from fedshuffle.experiments.schema import RunSpec, validate
+
+    def lanes_executor(lanes: Annotated[int, Field(ge=1, le=4, description="clients per chunk")] = 2):
+        return VectorizedExecutor(chunk_size=lanes)
+
+    class Off(SequentialExecutor):
+        def run(self, problem, data, work, weights=None):
+            return 1.001 * super().run(problem, data, work, weights)
+
+    EXECUTORS.add("lanes", lanes_executor, "chunks of a fixed number of clients (tests only)")
+    EXECUTORS.add("off", Off, "the sequential updates, 0.1% too long (tests only)")
+    try:
+        testing.check_executor("lanes", {"lanes": 3})
+        assert build_executor(validate(RunSpec, {"run": {"executor": "lanes", "lanes": 3}}).run).chunk_size == 3
+        with pytest.raises(ConfigError) as err:
+            validate(RunSpec, {"run": {"executor": "sequential", "lanes": 3}})
+        assert err.value.field == "run.lanes" and "executor 'lanes'" in err.value.message
+        with pytest.raises(AssertionError, match="the off executor is .* away from the sequential one"):
+            testing.check_executor("off")
+    finally:
+        EXECUTORS.remove("lanes")
+        EXECUTORS.remove("off")
+
+
+def test_the_sequential_executor_refuses_every_other_executors_setting_naming_it(tmp_path):
+    """Exit 2 naming the setting and the executors that take it."""
+    from typer.testing import CliRunner
+
+    from fedshuffle.cli import app
+    from fedshuffle.executors import EXECUTORS
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "quickstart",
+            "--set",
+            "run.executor=sequential",
+            "--set",
+            "run.chunk_size=4",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert result.exit_code == 2 and "run.chunk_size" in result.output and "executor 'vectorized'" in result.output
+    assert not (tmp_path / "out").exists()
+    every = {s for e in EXECUTORS.entries() for s in e.setting_names()}
+    assert every >= {"chunk_size", "memory_budget_mb", "threads", "ray_workers", "ray_address", "ray_retries"}
+
+
+def test_identities_written_with_every_executors_settings_still_match_the_runs_that_take_only_their_own():
+    """A results folder written when every run recorded every executor's settings (at their defaults) continues."""
+    from fedshuffle.experiments.folders import differences, identity
+    from fedshuffle.experiments.schema import RunSpec, validate
+
+    every = {"chunk_size": None, "memory_budget_mb": 1024, "threads": None, "ray_workers": 2, "ray_retries": 3}
+    for run in ({"executor": "sequential"}, {"executor": "vectorized", "chunk_size": 4}):
+        now = identity(validate(RunSpec, {"run": run}).model_dump())
+        before = {**{f"run.{k}": v for k, v in every.items()}, **now}
+        assert differences(before, now) == [] and differences(now, before) == []
+    now = identity(validate(RunSpec, {"run": {"executor": "vectorized", "chunk_size": 4}}).model_dump())
+    assert differences({**now, "run.chunk_size": None}, now) == ["run.chunk_size: null there, 4 now"]
+
+
+def test_an_executor_or_sink_defined_in_the_script_is_refused_for_worker_processes():
+    """Worker processes build the run's executor and sinks too: one defined in the script being run is refused."""
+    from fedshuffle import plugins
+    from fedshuffle.executors import EXECUTORS
+    from fedshuffle.experiments.schema import RunSpec, validate
+    from fedshuffle.experiments.sinks import SINKS
+    from fedshuffle.experiments.sweep import _parts
+
+    def scripted(device):
+        return SequentialExecutor()
+
+    def printed(root):
+        return None
+
+    scripted.__module__ = printed.__module__ = "__main__"
+    EXECUTORS.add("scripted", scripted, "the sequential executor, defined in a script (tests only)")
+    SINKS.add("printed", printed, "nothing, defined in a script (tests only)")
+    try:
+        plugins.check_reachable(_parts(validate(RunSpec, {"run": {"sinks": ["tensorboard"]}})))
+        for run, field in (({"executor": "scripted"}, "run.executor"), ({"sinks": ["printed"]}, "run.sinks")):
+            with pytest.raises(ConfigError) as err:
+                plugins.check_reachable(_parts(validate(RunSpec, {"run": run})))
+            assert err.value.field == field and "defined in the script being run" in err.value.message
+    finally:
+        EXECUTORS.remove("scripted")
+        SINKS.remove("printed")

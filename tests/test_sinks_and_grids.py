@@ -3,13 +3,16 @@ any folder is written."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from conftest import toy_config
 from typer.testing import CliRunner
 
 from fedshuffle.cli import app
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.experiments.sinks import check_sink_settings
+from fedshuffle.experiments.schema import RunSpec, validate
+from fedshuffle.experiments.sinks import check_sinks
 from fedshuffle.experiments.sweep import MAX_POINTS, parse_grid
 
 
@@ -20,9 +23,21 @@ def cli(*args: object):
 @pytest.mark.parametrize(
     ("override", "field", "says"),
     [
-        ('run.sinks=["tensorboard", "tensorboard"]', "run.sinks", "'tensorboard' is listed twice; list each sink once"),
-        ('run.mlflow_uri="file:///tmp/mlruns"', "run.mlflow_uri", "run.sinks does not list 'mlflow'"),
-        ('run.wandb_project="p"', "run.wandb_project", "run.sinks does not list 'wandb'"),
+        (
+            'run.sinks=["tensorboard", "tensorboard"]',
+            "--set run.sinks",
+            "'tensorboard' is listed twice; list each sink once",
+        ),
+        (
+            'run.mlflow_uri="file:///tmp/mlruns"',
+            "--set run.mlflow_uri",
+            "a setting of sink 'mlflow', which run.sinks does not list",
+        ),
+        (
+            'run.wandb_project="p"',
+            "--set run.wandb_project",
+            "a setting of sink 'wandb', which run.sinks does not list",
+        ),
     ],
 )
 def test_a_sink_twice_or_a_sinks_setting_without_it_is_one_line_and_nothing_is_written(tmp_path, override, field, says):
@@ -34,11 +49,25 @@ def test_a_sink_twice_or_a_sinks_setting_without_it_is_one_line_and_nothing_is_w
     assert not (tmp_path / "out").exists()
 
 
-def test_sinks_listed_once_with_their_settings_are_accepted():
-    check_sink_settings(["tensorboard", "mlflow"], {"mlflow_uri": "file:///tmp/x", "wandb_project": None})
-    check_sink_settings([], {"mlflow_uri": None, "wandb_project": None, "wandb_entity": None})
-    with pytest.raises(ConfigError, match="run.wandb_entity"):
-        check_sink_settings(["mlflow"], {"wandb_entity": "team"})
+def test_sinks_listed_once_with_their_settings_are_accepted_and_each_takes_only_its_own():
+    run = validate(RunSpec, {"run": {"sinks": ["tensorboard", "mlflow"], "mlflow_uri": "file:///tmp/x"}}).run
+    assert run.own_settings() == {"mlflow_uri": "file:///tmp/x"}
+    assert validate(RunSpec, {"run": {"sinks": []}}).run.own_settings() == {}
+    with pytest.raises(ConfigError) as err:
+        validate(RunSpec, {"run": {"sinks": ["mlflow"], "wandb_entity": "team"}})
+    assert err.value.field == "run.wandb_entity" and "sink 'wandb'" in err.value.message
+    assert "sink 'mlflow' takes mlflow_uri" in err.value.message
+
+
+def test_a_sinks_check_runs_with_its_own_settings_before_any_run(monkeypatch):
+    """The mlflow sink's declared check reaches its tracking server with run.mlflow_uri, naming it when it cannot."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(ConfigError) as err:
+        check_sinks(["tensorboard", "mlflow"], {"mlflow_uri": f"http://127.0.0.1:{port}"})
+    assert err.value.field == "run.mlflow_uri" and "cannot reach the MLflow tracking server" in err.value.message
+    check_sinks(["tensorboard", "mlflow"], {"mlflow_uri": "file:///tmp/x"})  # a file store: left to MLflow
 
 
 def test_a_grid_of_more_points_than_a_sweep_takes_is_refused_before_making_them():
@@ -84,3 +113,24 @@ def test_the_sweep_command_refuses_a_20000_point_grid_in_one_line(tmp_path):
         )
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_where_the_metrics_also_go_is_no_part_of_a_runs_identity_for_every_registered_sink():
+    """Adding a sink, or a sink's setting, continues the same results folder: every sink's settings are neutral."""
+    from typing import Annotated
+
+    from pydantic import Field
+
+    from fedshuffle.experiments.folders import config_hash, identity
+    from fedshuffle.experiments.sinks import SINKS
+
+    def board(root, board_url: Annotated[str | None, Field(description="where (tests only)")] = None):
+        return None
+
+    SINKS.add("board", board, "nowhere (tests only)")
+    try:
+        plain = identity(validate(RunSpec, {"run": {}}).model_dump())
+        for run in ({"sinks": ["board"], "board_url": "http://x"}, {"sinks": ["mlflow"], "mlflow_uri": "file:///x"}):
+            assert config_hash(identity(validate(RunSpec, {"run": run}).model_dump())) == config_hash(plain)
+    finally:
+        SINKS.remove("board")

@@ -34,6 +34,8 @@ class DocsError(Exception):
 
 def registries() -> dict[str, Any]:
     from fedshuffle.data.catalog import PARTITIONS, SOURCES
+    from fedshuffle.executors import EXECUTORS
+    from fedshuffle.experiments.sinks import SINKS
     from fedshuffle.methods import METHODS
     from fedshuffle.metrics import METRICS
     from fedshuffle.problems import PROBLEMS
@@ -47,6 +49,8 @@ def registries() -> dict[str, Any]:
         "partitions": PARTITIONS,
         "samplers": SAMPLERS,
         "server_optimizers": SERVER_OPTIMIZERS,
+        "executors": EXECUTORS,
+        "sinks": SINKS,
         "metrics": METRICS,
     }
 

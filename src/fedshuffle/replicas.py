@@ -21,10 +21,10 @@ round where new clients start) batch as the FedAvg family does.
 Every replica gives the numbers of the same run made alone. A member's update does not depend on the other rows of
 its chunk (the compiled backend runs each member on its own; the torch loop's batched operations compute each row on
 its own where the problem says so, :attr:`~fedshuffle.problems.Problem.independent_rows`, and otherwise wherever no
-step is one member's alone, :func:`same_rows_in_any_chunk`), and where the single run adds ω_iΔ_i as the executor
-produces them (a ``weights`` call), each replica's sum is formed from its own rows in the single run's order — the
-executor's chunks of that replica's work alone (``add_up``) — so the sums are the same floating-point numbers
-(``tests/test_replicas.py`` compares the results folders byte for byte).
+step is one member's alone, the executor's ``same_rows_in_any_chunk``), and where the single run adds ω_iΔ_i as
+the executor produces them (a ``weights`` call), each replica's sum is formed from its own rows in the single run's
+order — the executor's chunks of that replica's work alone (``add_up``) — so the sums are the same floating-point
+numbers (``tests/test_replicas.py`` compares the results folders byte for byte).
 
 Replicas run in lockstep through :class:`ReplicaGroup`: each replica's run
 (:func:`~fedshuffle.experiments.runner.run_single`,
@@ -49,9 +49,8 @@ import torch
 
 from fedshuffle.core.registry import StepScale, StepSize
 from fedshuffle.data import FederatedDataset
-from fedshuffle.executors.choice import run_threads
+from fedshuffle.executors.choice import batches_replicas, run_threads
 from fedshuffle.executors.local import LocalExecutor, ThreadedExecutor
-from fedshuffle.local import fused
 from fedshuffle.local.loop import LocalWork
 from fedshuffle.local.plan import CohortPlan, SharedDraws
 from fedshuffle.local.steps import StepChain
@@ -65,11 +64,7 @@ RUN_SEED = ("run", "seed")
 
 def _executor_settings(sim: Simulation) -> tuple[Any, ...] | None:
     executor = sim.executor
-    if not isinstance(executor, (LocalExecutor, ThreadedExecutor)):
-        return None
-    return type(executor), *(
-        getattr(executor, name, None) for name in ("chunk_size", "memory_budget", "compiled", "threads")
-    )
+    return executor.batching() if isinstance(executor, (LocalExecutor, ThreadedExecutor)) else None
 
 
 def _same_data(a: Any, b: Any) -> bool:
@@ -97,27 +92,6 @@ def batches(sims: Sequence[Simulation]) -> bool:
         and _executor_settings(sim) == _executor_settings(first)
         for sim in sims
     )
-
-
-def same_rows_in_any_chunk(executor: Any, problem: Problem, data: Any, work: LocalWork) -> bool:
-    """Whether each member's update is the same number in a chunk of any other members (so the work can be
-    batched): one member per loop (sequential, threaded), the compiled backend (member after member) and problems
-    whose batched gradient computes each row on its own (:attr:`~fedshuffle.problems.Problem.independent_rows`) always;
-    else the torch loop where, in each chunk, no step is taken by one member alone (its top two step counts are equal).
-
-    The torch loop computes a step of k working members as (k, B, d) tensors, whose reductions are one
-    floating-point order for k ≥ 2 and may be another for k = 1 (measured: sequential and vectorized differ
-    by ~1 ulp on a3a); so a step that is one member's alone in one run and shared in the other may differ."""
-    if isinstance(executor, ThreadedExecutor) or executor.chunk_size == 1 or problem.independent_rows:
-        return True
-    if executor.compiled and fused.usable(problem, data.features, work):
-        return True
-    planned = CohortPlan.of(work.plans).steps
-    for members in executor.chunks(data, work):
-        steps = sorted(planned[members].tolist(), reverse=True)
-        if len(steps) < 2 or steps[0] != steps[1]:
-            return False
-    return True
 
 
 def _chain_key(chain: StepChain) -> tuple[Any, ...] | None:
@@ -182,8 +156,9 @@ class Gathering:
     the same presence of centers and offsets) as ONE call of the first one's executor on all their members (up to
     :data:`SHARED_ELEMENTS` stacked model elements a call), each
     replica's ``weights`` sum added up afterwards in its own run's order; a call that cannot share (a chain with its
-    own tensors, a member who would step alone, :func:`same_rows_in_any_chunk`) runs as alone. Calls run one at a
-    time, in the order they arrived within each gathering, so a replica's numbers never depend on the others."""
+    own tensors, a member who would step alone, the executor's ``same_rows_in_any_chunk``) runs as alone. Calls run
+    one at a time, in the order they arrived within each gathering, so a replica's numbers never depend on the
+    others."""
 
     def __init__(self, stepping: int) -> None:
         self._ready = threading.Condition()
@@ -243,7 +218,7 @@ class Gathering:
                 None if first.work.offset is None else torch.cat([work.rows("offset") for work in works]),
             )
             if not all(
-                same_rows_in_any_chunk(c.executor, c.problem, c.data, work)
+                c.executor.same_rows_in_any_chunk(c.problem, c.data, work)
                 for c, work in [*((c, c.work) for c in group), (first, combined)]
             ):
                 combined = None
@@ -455,19 +430,15 @@ def run_together(
 
 # -- which runs are replicas of one another -------------------------------------------------------------
 
-#: executors whose replicas a sweep batches: in this process, and more than one member per loop or thread pool (with
-#: ``sequential`` every member is its own loop either way, so a group would only give up the parallel workers)
-BATCHED_EXECUTORS = ("vectorized", "threaded", "auto")
-
 
 def replica_key(spec: Any) -> str | None:
     """What runs of one group share: the resolved spec without its step sizes and their multipliers (the settings
     whose declared role is :class:`~fedshuffle.core.registry.StepSize` or
     :class:`~fedshuffle.core.registry.StepScale`, ``spec.roles()``) and, where the data split has its own seed
-    (``data.seed``), without the run's seed. None for a run that cannot be a replica
-    (an executor not in :data:`BATCHED_EXECUTORS`); methods with their own halves and client state are replicas too,
-    their executor calls gathered (:class:`Gathering`)."""
-    if spec.run.executor not in BATCHED_EXECUTORS:
+    (``data.seed``), without the run's seed. None for a run that cannot be a replica (an executor not declared
+    ``batches_replicas`` in :data:`fedshuffle.executors.EXECUTORS`); methods with their own halves and client state
+    are replicas too, their executor calls gathered (:class:`Gathering`)."""
+    if not batches_replicas(spec.run.executor):
         return None
     dumped = spec.model_dump()
     steps = (StepSize, StepScale)
@@ -498,7 +469,7 @@ def unbatched_note(specs: Sequence[Any], groups: Sequence[Sequence[int]]) -> str
         return None
     if os.environ.get(SWITCH) == "0":
         return f"{len(alone)} runs on their own: {SWITCH}=0 is set (unset it to run replicas as one simulation)"
-    executors = sorted({specs[k].run.executor for k in alone if specs[k].run.executor not in BATCHED_EXECUTORS})
+    executors = sorted({specs[k].run.executor for k in alone if not batches_replicas(specs[k].run.executor)})
     if executors:
         on_auto = [_on_auto(specs[k]) for k in alone]
         batched = sum(len(g) for g in replica_groups(on_auto) if len(g) > 1)

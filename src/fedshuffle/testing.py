@@ -21,6 +21,7 @@ A user's plugin runs the same checks in its own test suite as the package runs o
   — settings, and what the part builds is well formed (samples and labels; a partition of every
   training sample at most once; inclusion probabilities in [0, 1] and cohorts of real clients; a
   finite step and a byte-identical resume).
+* :func:`check_executor` — settings; the sequential trajectory. :func:`check_sink` — settings.
 
 Each check raises :class:`AssertionError` naming the part and the invariant that failed.
 """
@@ -78,13 +79,16 @@ def _flat_args(annotation: Any) -> list[Any]:
     return [a for arg in args for a in _flat_args(arg)]
 
 
-def check_settings(registry: Registry, name: str, raw: Mapping[str, Any], section: str, chooser: str) -> None:
+def check_settings(
+    registry: Registry, name: str, raw: Mapping[str, Any], section: str, chooser: str, choice: Any = None
+) -> None:
     """Each generated bad value of each setting of ``registry[name]``, set in ``raw[section]``, is refused
-    by the configuration naming ``section.setting``; an unknown setting is refused naming the part."""
+    by the configuration naming ``section.setting``; an unknown setting is refused naming the part. ``choice``: what
+    the chooser is set to where that is not the name itself (``[name]`` for a list, such as ``run.sinks``)."""
     from fedshuffle.experiments.schema import RunSpec, validate
 
     entry = registry[name]
-    base = {**raw, section: {**raw.get(section, {}), chooser: name}}
+    base = {**raw, section: {**raw.get(section, {}), chooser: name if choice is None else choice}}
     validate(RunSpec, base)  # the defaults are valid
     for setting, values in bad_values(entry).items():
         for value in values:
@@ -116,7 +120,8 @@ def _spec(raw: Mapping[str, Any]) -> Any:
 def _trajectory(spec: Any, executor: str, rounds: int) -> torch.Tensor:
     from fedshuffle.experiments.runner import build_simulation
 
-    spec = spec.model_copy(update={"run": spec.run.model_copy(update={"executor": executor, "threads": 2})})
+    threads = spec.run.own_settings().get("threads") or 2  # the threaded executor with threads to share clients
+    spec = spec.model_copy(update={"run": spec.run.model_copy(update={"executor": executor, "threads": threads})})
     sim, _ = build_simulation(spec, seed=3)
     out = []
     for _ in range(rounds):
@@ -125,19 +130,40 @@ def _trajectory(spec: Any, executor: str, rounds: int) -> torch.Tensor:
     return torch.stack(out)
 
 
-def check_executors(spec: Any, what: str, rounds: int = 3, rtol: float = 1e-10) -> None:
-    """The vectorized and threaded executors give the sequential trajectory (max |Δ| ≤ rtol·max |x|)."""
+def check_executors(
+    spec: Any, what: str, rounds: int = 3, rtol: float = 1e-10, executors: tuple[str, ...] = ("vectorized", "threaded")
+) -> None:
+    """The ``executors`` give the sequential trajectory (max |Δ| ≤ rtol·max |x|)."""
     reference = _trajectory(spec, "sequential", rounds)
     assert torch.isfinite(reference).all(), f"{what}: the model is not finite after {rounds} rounds"
     assert not torch.equal(reference[-1], torch.zeros_like(reference[-1])) or reference.abs().max() > 0, (
         f"{what}: the model did not move"
     )
-    for executor in ("vectorized", "threaded"):
+    for executor in executors:
         other = _trajectory(spec, executor, rounds)
         gap = float((other - reference).abs().max())
         assert gap <= rtol * max(float(reference.abs().max()), 1e-300), (
             f"{what}: the {executor} executor is {gap:.3g} away from the sequential one"
         )
+
+
+def check_executor(name: str, settings: Mapping[str, Any] | None = None) -> None:
+    """The invariants of executor ``name`` with ``settings`` (its ``[run]`` settings): settings; with FedAvg's clients
+    on the small logistic problem, the sequential trajectory (fp64, 1e-10)."""
+    from fedshuffle.executors import EXECUTORS
+    from fedshuffle.experiments.schema import _deep_merge
+
+    raw = _deep_merge(_BASE, {"method": {"name": "fedavg"}, "sampler": {"name": "uniform", "cohort": 3}})
+    check_settings(EXECUTORS, name, raw, "run", "executor")
+    spec = _spec(_deep_merge(raw, {"run": {"executor": name, **(settings or {})}}))
+    check_executors(spec, f"executor {name!r}", executors=(name,))
+
+
+def check_sink(name: str) -> None:
+    """The invariants of metric sink ``name`` that need none of its packages: settings (listed in ``run.sinks``)."""
+    from fedshuffle.experiments.sinks import SINKS
+
+    check_settings(SINKS, name, _BASE, "run", "sinks", [name])
 
 
 def check_resume(spec: Any, what: str) -> None:

@@ -112,6 +112,8 @@ def presets() -> None:
 def _registries() -> dict:
     """Every registry of parts, by the name ``fedshuffle show KIND`` takes."""
     from fedshuffle.data.catalog import PARTITIONS, SOURCES
+    from fedshuffle.executors import EXECUTORS
+    from fedshuffle.experiments.sinks import SINKS
     from fedshuffle.methods import METHODS
     from fedshuffle.metrics import METRICS
     from fedshuffle.problems import PROBLEMS
@@ -125,6 +127,8 @@ def _registries() -> dict:
         "partitions": PARTITIONS,
         "samplers": SAMPLERS,
         "server-optimizers": SERVER_OPTIMIZERS,
+        "executors": EXECUTORS,
+        "sinks": SINKS,
         "metrics": METRICS,
     }
 
@@ -166,7 +170,7 @@ def show(
         Optional[str],
         typer.Argument(
             help="preset name or TOML file; or a kind of part (methods, problems, sources, partitions, samplers, "
-            "server-optimizers, metrics); none: every part"
+            "server-optimizers, executors, sinks, metrics); none: every part"
         ),
     ] = None,
     set_: Annotated[

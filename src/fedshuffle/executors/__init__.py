@@ -1,6 +1,6 @@
 """Executors run a cohort's planned local work; every executor gives the same numbers."""
 
-from fedshuffle.executors.choice import EXECUTORS, choose, make_executor
+from fedshuffle.executors.choice import EXECUTORS, batches_replicas, choose, make_executor
 from fedshuffle.executors.local import Executor, SequentialExecutor, ThreadedExecutor, VectorizedExecutor
 
 
@@ -15,6 +15,7 @@ def __getattr__(name: str):
 __all__ = [
     "EXECUTORS",
     "Executor",
+    "batches_replicas",
     "choose",
     "make_executor",
     "RayExecutor",

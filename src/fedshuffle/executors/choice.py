@@ -18,14 +18,32 @@ by what ``benchmarks/`` measured:
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
+from pydantic import Field
 
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.registry import Registry
 from fedshuffle.executors.local import Executor, LocalExecutor, SequentialExecutor, ThreadedExecutor, VectorizedExecutor
 from fedshuffle.problems import Problem
 from fedshuffle.problems.modules import ModuleProblem
 
-EXECUTORS = ("auto", "sequential", "vectorized", "threaded", "ray")
+#: executors by the name ``[run] executor`` takes; an entry's keyword parameters other than ``problem`` and ``device``
+#: are its settings, given in ``[run]`` (``chunk_size``, ``threads``, ...). An entry declared with
+#: ``batches_replicas=True`` runs in this process with more than one member per loop or thread pool, so a sweep runs
+#: its replicas as one simulation (:mod:`fedshuffle.replicas`).
+EXECUTORS = Registry("run.executor", runtime=("problem", "device"), noun="executor")
+
+ChunkSize = Annotated[
+    int | None,
+    Field(ge=1, description="clients per batched chunk (default: as many as fit in memory_budget_mb)"),
+]
+MemoryBudget = Annotated[int, Field(ge=1, description="memory one batched chunk may use, in MiB")]
+Threads = Annotated[
+    int | None,
+    Field(ge=1, description="clients run in parallel, one CPU thread each (default: PyTorch's thread count)"),
+]
 
 
 def choose(problem: Problem, device: str | torch.device = "cpu", threads: int | None = None) -> tuple[str, str]:
@@ -58,44 +76,102 @@ def choose(problem: Problem, device: str | torch.device = "cpu", threads: int | 
 
 
 def make_executor(
-    name: str,
-    problem: Problem | None = None,
-    device: str | torch.device = "cpu",
-    chunk_size: int | None = None,
-    memory_budget: int = 1 << 30,
-    ray_workers: int = 2,
-    ray_address: str | None = None,
-    threads: int | None = None,
-    ray_retries: int = 3,
+    name: str, problem: Problem | None = None, device: str | torch.device = "cpu", **settings: object
 ) -> Executor:
-    """The executor ``name`` (one of :data:`EXECUTORS`); ``auto`` needs the ``problem`` and records its choice
-    in the executor's ``chosen`` attribute ("auto: <name> — <reason>"). Off the CPU the compiled loop is switched off,
-    and ``chosen`` says so (:data:`COMPILED_OFF`); the random streams that plan a round stay compiled: they run on the
-    CPU whatever the device."""
-    if name not in EXECUTORS:
-        raise ConfigError("run.executor", f"unknown executor {name!r}; accepted: {', '.join(EXECUTORS)}")
-    chosen = None
-    if name == "auto":
-        if problem is None:
-            raise ConfigError("run.executor", "'auto' chooses by the problem; give the problem")
-        name, reason = choose(problem, device, threads)
-        chosen = f"auto: {name} — {reason}"
-    if name == "ray":
-        from fedshuffle.executors.ray import RayExecutor
+    """The executor ``name`` (an entry of :data:`EXECUTORS`) with its ``settings`` (``chunk_size=4``, ``threads=2``;
+    None: the default, as in ``[run]``; a setting it does not take is refused naming it); ``auto`` needs the
+    ``problem`` and records its choice in the executor's ``chosen`` attribute ("auto: <name> — <reason>"). Off the CPU
+    the compiled loop is switched off, and ``chosen`` says so (:data:`COMPILED_OFF`); the random streams that plan a
+    round stay compiled: they run on the CPU whatever the device."""
+    try:
+        given = {k: v for k, v in settings.items() if v is not None}
+        return EXECUTORS[name].build(given, problem=problem, device=torch.device(device))
+    except ConfigError as exc:  # a setting's error, as the [run] section names it
+        if exc.field.startswith("run."):
+            raise
+        raise ConfigError(f"run.{exc.field}", exc.message) from None
 
-        return RayExecutor(ray_workers, ray_address, chunk_size, memory_budget, max_retries=ray_retries)
-    if name == "threaded":
-        threaded = ThreadedExecutor(threads)
-        threaded.chosen = chosen
-        return threaded
-    executor: LocalExecutor = (
-        VectorizedExecutor(chunk_size, memory_budget) if name == "vectorized" else SequentialExecutor()
-    )
-    if executor.compiled and torch.device(device).type != "cpu":
+
+def _on_device(executor: LocalExecutor, device: torch.device) -> LocalExecutor:
+    """``executor`` with its compiled loop off on a device other than the CPU (:data:`COMPILED_OFF` in ``chosen``)."""
+    if executor.compiled and device.type != "cpu":
         executor.compiled = False
-        chosen = f"{chosen + '; ' if chosen else ''}{COMPILED_OFF.format(device=torch.device(device).type)}"
-    executor.chosen = chosen
+        executor.chosen = COMPILED_OFF.format(device=device.type)
     return executor
+
+
+def sequential_executor(device: torch.device) -> SequentialExecutor:
+    return _on_device(SequentialExecutor(), device)
+
+
+def vectorized_executor(
+    device: torch.device, chunk_size: ChunkSize = None, memory_budget_mb: MemoryBudget = 1024
+) -> VectorizedExecutor:
+    return _on_device(VectorizedExecutor(chunk_size, memory_budget_mb << 20), device)
+
+
+def threaded_executor(threads: Threads = None) -> ThreadedExecutor:
+    return ThreadedExecutor(threads)
+
+
+def ray_executor(
+    chunk_size: ChunkSize = None,
+    memory_budget_mb: MemoryBudget = 1024,
+    ray_workers: Annotated[int, Field(ge=1, description="shares the cohort is split into (one Ray task each)")] = 2,
+    ray_address: Annotated[
+        str | None, Field(description="a running cluster ('auto' or HEAD:6379); default starts a local Ray")
+    ] = None,
+    ray_retries: Annotated[
+        int, Field(ge=0, description="times a task whose worker or node dies is run again (0: such a loss fails)")
+    ] = 3,
+) -> Executor:
+    from fedshuffle.executors.ray import RayExecutor
+
+    return RayExecutor(ray_workers, ray_address, chunk_size, memory_budget_mb << 20, max_retries=ray_retries)
+
+
+def auto_executor(
+    problem: Problem | None,
+    device: torch.device,
+    chunk_size: ChunkSize = None,
+    memory_budget_mb: MemoryBudget = 1024,
+    threads: Threads = None,
+) -> Executor:
+    if problem is None:
+        raise ConfigError("run.executor", "'auto' chooses by the problem; give the problem")
+    name, reason = choose(problem, device, threads)
+    taken = {"chunk_size": chunk_size, "memory_budget_mb": memory_budget_mb, "threads": threads}
+    entry = EXECUTORS[name]
+    executor = entry.build({k: v for k, v in taken.items() if k in entry.setting_names()}, device=device)
+    executor.chosen = f"auto: {name} — {reason}" + (f"; {executor.chosen}" if executor.chosen else "")
+    return executor
+
+
+EXECUTORS.add(
+    "auto",
+    auto_executor,
+    "the fastest executor for the problem and device: vectorized, threaded or sequential (choice.choose)",
+    batches_replicas=True,
+)
+EXECUTORS.add("sequential", sequential_executor, "the reference: one client after another, parameters updated in place")
+EXECUTORS.add(
+    "vectorized",
+    vectorized_executor,
+    "the cohort as masked batched loops, in chunks that fit a memory budget",
+    batches_replicas=True,
+)
+EXECUTORS.add(
+    "threaded",
+    threaded_executor,
+    "clients in threads of this process, each one as the sequential reference",
+    batches_replicas=True,
+)
+EXECUTORS.add("ray", ray_executor, "the cohort split into shares run by the vectorized executor in Ray tasks")
+
+
+def batches_replicas(name: str) -> bool:
+    """Whether executor ``name`` declares that a sweep runs replicas on it as one simulation."""
+    return name in EXECUTORS and bool(EXECUTORS[name].defaults.get("batches_replicas"))
 
 
 #: what a run on another device than the CPU is told about the compiled loop (:mod:`fedshuffle.local.fused`)

@@ -23,6 +23,7 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.threads import operator_threads
 from fedshuffle.data import FederatedDataset, LazyFederatedDataset
 from fedshuffle.data.federated import client_rows, localized
+from fedshuffle.local import fused
 from fedshuffle.local.loop import LocalWork, run_local
 from fedshuffle.local.plan import ClientPlan, CohortPlan
 from fedshuffle.problems import Problem
@@ -168,6 +169,32 @@ class LocalExecutor:
         """Write the members' updates into their rows of ``deltas``."""
         deltas[torch.from_numpy(members).to(deltas.device)] = self.chunk_deltas(problem, data, work, members)
 
+    def batching(self) -> tuple[object, ...]:
+        """What decides how this executor cuts and adds up a cohort: replicas whose executors agree on it may share
+        its calls (:mod:`fedshuffle.replicas`)."""
+        return type(self), self.chunk_size, self.memory_budget, self.compiled
+
+    def same_rows_in_any_chunk(self, problem: Problem, data: Data, work: LocalWork) -> bool:
+        """Whether each member's update is the same number in a chunk of any other members (so the work of several
+        replicas can be batched): one member per loop (``chunk_size = 1``), the compiled backend (member after
+        member) and problems whose batched gradient computes each row on its own
+        (:attr:`~fedshuffle.problems.Problem.independent_rows`) always; else the torch loop where, in each chunk, no
+        step is taken by one member alone (its top two step counts are equal).
+
+        The torch loop computes a step of k working members as (k, B, d) tensors, whose reductions are one
+        floating-point order for k ≥ 2 and may be another for k = 1 (measured: sequential and vectorized differ
+        by ~1 ulp on a3a); so a step that is one member's alone in one run and shared in the other may differ."""
+        if self.chunk_size == 1 or problem.independent_rows:
+            return True
+        if self.compiled and fused.usable(problem, data.features, work):
+            return True
+        planned = CohortPlan.of(work.plans).steps
+        for members in self.chunks(data, work):
+            steps = sorted(planned[members].tolist(), reverse=True)
+            if len(steps) < 2 or steps[0] != steps[1]:
+                return False
+        return True
+
     def client_gradients(self, problem, data, params, clients):
         if len(clients) == 0:
             return params.new_zeros((0, params.shape[-1]))
@@ -276,6 +303,14 @@ class ThreadedExecutor:
                 for k in range(min(self.threads, len(chunks)))
             ]
         )
+
+    def batching(self) -> tuple[object, ...]:
+        """What decides how this executor cuts and adds up a cohort (:meth:`LocalExecutor.batching`)."""
+        return type(self), self.threads
+
+    def same_rows_in_any_chunk(self, problem: Problem, data: Data, work: LocalWork) -> bool:
+        """Always: each client runs on its own (:meth:`LocalExecutor.same_rows_in_any_chunk`)."""
+        return True
 
     def client_gradients(self, problem: Problem, data: Data, params: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         return self.sequential.client_gradients(problem, data, params, clients)

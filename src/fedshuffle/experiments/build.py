@@ -14,7 +14,7 @@ from fedshuffle.core.errors import ConfigError, section
 from fedshuffle.core.registry import ModelSize
 from fedshuffle.data import FederatedDataset
 from fedshuffle.data.catalog import Samples, federate, load_samples
-from fedshuffle.executors import Executor, make_executor
+from fedshuffle.executors import EXECUTORS, Executor, make_executor
 from fedshuffle.experiments.schema import RunConfig, RunSpec, SamplerConfig
 from fedshuffle.methods import METHODS
 from fedshuffle.methods.algorithm import Algorithm, build_algorithm, build_planner
@@ -116,17 +116,9 @@ def _smoothness(problem: Problem, data: FederatedDataset) -> theory.Smoothness:
 def build_executor(run: RunConfig, problem: Problem | None = None) -> Executor:
     """The executor a run asks for; ``auto`` picks by the problem and ``run.device``
     (:mod:`fedshuffle.executors.choice`)."""
-    return make_executor(
-        run.executor,
-        problem,
-        run.device,
-        run.chunk_size,
-        run.memory_budget_mb << 20,
-        run.ray_workers,
-        run.ray_address,
-        run.threads,
-        run.ray_retries,
-    )
+    own = run.own_settings()
+    taken = {k: own[k] for k in EXECUTORS[run.executor].setting_names() if k in own}
+    return make_executor(run.executor, problem, run.device, **taken)
 
 
 def build_algorithm_from(spec: RunSpec) -> Algorithm:

@@ -39,10 +39,7 @@ RESERVED = frozenset({MANIFEST, LOCK, "summary.json", "sweep.json", "plot.png", 
 NEUTRAL: dict[str, set[str] | str] = {
     "plot": "*",
     "run": {
-        "sinks",
-        "mlflow_uri",
-        "wandb_project",
-        "wandb_entity",  # where the metrics also go
+        "sinks",  # where the metrics also go (and each sink's own settings: _neutral)
         "checkpoint_every",
         "checkpoint_seconds",
         "ray_address",
@@ -144,11 +141,22 @@ def data_hashes(spec: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _neutral(section: str) -> set[str] | str:
+    """The settings of ``section`` that do not change a run's numbers: :data:`NEUTRAL`'s and, in ``run``, every metric
+    sink's own settings (:data:`~fedshuffle.experiments.sinks.SINKS`)."""
+    neutral = NEUTRAL.get(section, set())
+    if section != "run" or neutral == "*":
+        return neutral
+    from fedshuffle.experiments.sinks import SINKS
+
+    return {*neutral, *(s for entry in SINKS.entries() for s in entry.setting_names())}
+
+
 def identity(spec: Mapping[str, Any], hashes: Mapping[str, str] | None = None, *, seed: bool = True) -> dict[str, Any]:
     """The settings that decide a run's numbers, flat (``"local.lr": 0.1``), with file contents by hash."""
     flat: dict[str, Any] = {}
     for section, settings in spec.items():
-        neutral = NEUTRAL.get(section, set())
+        neutral = _neutral(section)
         if neutral == "*" or not isinstance(settings, Mapping):
             continue
         for key, value in settings.items():
@@ -168,8 +176,21 @@ def config_hash(flat: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _not_taken(flat: Mapping[str, Any]) -> set[str]:
+    """``run.<setting>`` for the executors' settings that the run's executor does not take: identities written before
+    each executor declared its own settings hold them all, at their defaults; they are compared as absent."""
+    from fedshuffle.executors import EXECUTORS
+
+    name = flat.get("run.executor")
+    if not isinstance(name, str) or name not in EXECUTORS:
+        return set()
+    every = {s for e in EXECUTORS.entries() for s in e.setting_names()}
+    return {f"run.{s}" for s in every - set(EXECUTORS[name].setting_names())}
+
+
 def differences(stored: Mapping[str, Any], wanted: Mapping[str, Any], limit: int = 6) -> list[str]:
     """``["local.lr: 0.01 there, 0.02 now", ...]`` for the settings that differ (at most ``limit``, then a count)."""
+    stored, wanted = ({k: v for k, v in flat.items() if k not in _not_taken(flat)} for flat in (stored, wanted))
     keys = sorted(k for k in set(stored) | set(wanted) if stored.get(k, "(unset)") != wanted.get(k, "(unset)"))
 
     def show(value: Any) -> str:

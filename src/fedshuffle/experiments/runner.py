@@ -73,7 +73,7 @@ from fedshuffle.experiments.folders import (
 from fedshuffle.experiments.loop import Callback, Driver, Progress, RoundLoop, folder_callbacks, load_checkpoint
 from fedshuffle.experiments.results import METRIC_COLUMNS
 from fedshuffle.experiments.schema import RunSpec
-from fedshuffle.experiments.sinks import check_sink_settings, check_tracking_server, flatten, open_sinks, require_wandb
+from fedshuffle.experiments.sinks import check_sinks, flatten, open_sinks
 from fedshuffle.local.plan import LocalPlanner
 from fedshuffle.methods.client_models import keep_client_models
 from fedshuffle.simulation import Simulation
@@ -291,11 +291,7 @@ def preflight(jobs: Sequence[Any], plot_metrics: Sequence[str] = ()) -> None:
             key = json.dumps(job.spec.model_dump(exclude={"run": {"seed"}}), sort_keys=True, default=str)
             if key not in seen:
                 seen.add(key)
-                check_sink_settings(job.spec.run.sinks, job.spec.run.model_dump())
-                if "mlflow" in job.spec.run.sinks and job.spec.run.mlflow_uri:
-                    check_tracking_server(job.spec.run.mlflow_uri)
-                if "wandb" in job.spec.run.sinks:
-                    require_wandb()
+                check_sinks(job.spec.run.sinks, job.spec.run.own_settings())
                 sim, _ = build_simulation(job.spec, job.seed, str(Path(scratch) / str(k)))
                 sim.round_info()
                 if unrecorded:
@@ -449,14 +445,12 @@ def _train(
     sinks = open_sinks(
         spec.run.sinks,
         run_dir,
-        uri=spec.run.mlflow_uri,
+        settings=spec.run.own_settings(),
         experiment=experiment,
         label=meta["label"],
         point=meta["point"],
         seed=meta["seed"],
         params=flatten(spec.model_dump()),
-        wandb_project=spec.run.wandb_project,
-        wandb_entity=spec.run.wandb_entity,
     )
     loop = RoundLoop(
         driver,

@@ -27,11 +27,13 @@ from fedshuffle.aggregation import DIRECTIONS, NORMALIZATIONS, TAU_EFF, WEIGHTIN
 from fedshuffle.analysis.theory import THEOREMS, THEORY_FOLLOWS
 from fedshuffle.core.errors import ConfigError, did_you_mean
 from fedshuffle.core.inputs import Summable, read_regular_file, usable_path_name
-from fedshuffle.core.registry import Registry, Role, StepScale, StepSize, roles
+from fedshuffle.core.registry import Entry, Registry, Role, StepScale, StepSize, roles
 from fedshuffle.core.validation import validate
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
+from fedshuffle.executors.choice import EXECUTORS
 from fedshuffle.experiments.claims import parse_claims
 from fedshuffle.experiments.readings import valid_at, valid_metric
+from fedshuffle.experiments.sinks import SINKS
 from fedshuffle.local.plan import local_settings
 from fedshuffle.methods.momentum import ESTIMATORS
 from fedshuffle.samplers import SAMPLERS
@@ -96,11 +98,17 @@ def _fits_file_system(v: str) -> bool:
         return False
 
 
+def _chosen_names(value: Any) -> list[Any]:
+    """The parts a chooser names: one, or a list (``run.sinks``)."""
+    return list(value) if isinstance(value, list) else [value]
+
+
 class _PartSection(_Section):
     """A section whose chooser (``name``, ``source``, ...) names a registered part: its other keys are that
     part's own settings, validated by the part's declared model (:mod:`fedshuffle.core.registry`) with
     its defaults filled in. A key the chosen part does not take is an error naming the part and what it
-    takes. ``_choosers`` maps each chooser field to its registry; ``_common`` keys belong to the section."""
+    takes. ``_choosers`` maps each chooser field (a name, or a list of names) to its registry; the section's other
+    fields belong to the section."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
     _choosers: ClassVar[dict[str, Registry]] = {}
@@ -111,9 +119,9 @@ class _PartSection(_Section):
         """Each chooser names a part registered now (parts registered after import included)."""
         if isinstance(raw, Mapping):
             for chooser, registry in cls._choosers.items():
-                if chooser in raw:
+                for name in _chosen_names(raw.get(chooser)) if chooser in raw else ():
                     try:
-                        _registered(registry, raw[chooser], registry.noun)
+                        _registered(registry, name, registry.noun)
                     except ValueError as exc:
                         raise ConfigError(chooser, str(exc)) from None
         return raw
@@ -121,30 +129,18 @@ class _PartSection(_Section):
     @model_validator(mode="after")
     def _chosen_parts_settings(self) -> Any:
         given = {k: v for k, v in (self.__pydantic_extra__ or {}).items() if v is not None}  # None: the part's default
-        entries = [registry[getattr(self, chooser)] for chooser, registry in self._choosers.items()]
+        entries = self._chosen_entries()
         steps = {k for e in entries for k, role in e.roles().items() if isinstance(role, StepSize)}
         theory = {k: given.pop(k) for k in steps if given.get(k) == "theory"}  # a step size: resolved before building
         settings: dict[str, Any] = {}
         for entry in entries:
             settings.update(entry.check({k: v for k, v in given.items() if k in entry.setting_names()}, theory))
         unknown = [k for k in given if k not in settings]
-        owners = [
-            f"{e.noun} {e.name!r}"
-            for registry in self._choosers.values()
-            for e in registry.entries()
-            if unknown and unknown[0] in e.setting_names()
-        ]
-        if owners:  # another part's setting: say whose, and what the chosen parts take
-            chosen = "; ".join(
-                f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'no settings'}" for e in entries
-            )
-            raise ConfigError(
-                unknown[0],
-                f"a setting of {', '.join(owners[:3])}{' ...' if len(owners) > 3 else ''}, not of the chosen one; "
-                f"{chosen}",
-            )
+        refusal = self._another_parts_setting(unknown[0], entries) if unknown else None
+        if refusal is not None:
+            raise refusal
         if unknown:
-            if len(entries) == 1:
+            if len(entries) == 1 and len(self._choosers) == 1:
                 entries[0].check(given)  # raises, naming the part and what it takes
             takes = "; ".join(f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'none'}" for e in entries)
             common = [k for k in type(self).model_fields if k not in self._choosers]
@@ -157,6 +153,29 @@ class _PartSection(_Section):
         object.__setattr__(self, "__pydantic_extra__", {**settings, **theory})
         return self
 
+    def _another_parts_setting(self, key: str, entries: list[Entry]) -> ConfigError | None:
+        """``key`` refused as a setting of parts that are not chosen, naming them and what the chosen ``entries`` take
+        (None where no registered part takes it)."""
+        owners = [
+            (chooser, e)
+            for chooser, registry in self._choosers.items()
+            for e in registry.entries()
+            if key in e.setting_names()
+        ]
+        if not owners:
+            return None
+        chosen = "; ".join(
+            f"{e.noun} {e.name!r} takes {', '.join(e.setting_names()) or 'no settings'}" for e in entries
+        )
+        chooser = owners[0][0]
+        unchosen = (
+            f"which {self._section_name()}.{chooser} does not list"
+            if isinstance(getattr(self, chooser), list)
+            else "not of the chosen one"
+        )
+        named = ", ".join(f"{e.noun} {e.name!r}" for _, e in owners[:3])
+        return ConfigError(key, f"a setting of {named}{' ...' if len(owners) > 3 else ''}, {unchosen}; {chosen}")
+
     @classmethod
     def _section_name(cls) -> str:
         return next(iter(cls._choosers.values())).kind.split(".")[0]
@@ -167,8 +186,16 @@ class _PartSection(_Section):
 
     def roles(self) -> dict[str, Role]:
         """The declared roles of the section's own settings and of the chosen parts' settings."""
-        chosen = [registry[getattr(self, chooser)].roles() for chooser, registry in self._choosers.items()]
+        chosen = [entry.roles() for entry in self._chosen_entries()]
         return {k: v for part in (super().roles(), *chosen) for k, v in part.items()}
+
+    def _chosen_entries(self) -> list[Entry]:
+        """The registered parts the choosers name (one per chooser, or a list of them: ``run.sinks``)."""
+        return [
+            registry[name]
+            for chooser, registry in self._choosers.items()
+            for name in _chosen_names(getattr(self, chooser))
+        ]
 
 
 class MethodConfig(_PartSection):
@@ -297,7 +324,13 @@ class SamplerConfig(_PartSection):
     name: str = "full"
 
 
-class RunConfig(_Section):
+class RunConfig(_PartSection):
+    """How a run is carried out: rounds, seed, evaluation, checkpoints; the executor
+    (:data:`fedshuffle.executors.EXECUTORS`) and the metric sinks (:data:`fedshuffle.experiments.sinks.SINKS`) with
+    their own settings, each declared by its entry (``chunk_size``, ``threads``, ``mlflow_uri``, ...): a setting of
+    an executor or sink that is not chosen is refused naming the one that takes it."""
+
+    _choosers: ClassVar[dict[str, Registry]] = {"executor": EXECUTORS, "sinks": SINKS}
     rounds: int = Field(1000, ge=1)
     seed: int = Field(0, ge=0)
     dtype: Literal["float64", "float32"] = "float64"
@@ -307,37 +340,15 @@ class RunConfig(_Section):
         description="score ‖∇f(x)‖² over the whole training set at each evaluation (a backward pass; about twice the "
         "forward's work); false leaves grad_norm_sq empty",
     )
-    executor: Literal["sequential", "vectorized", "threaded", "ray", "auto"] = Field(
+    executor: str = Field(
         "sequential",
         description="how a cohort's local work runs; every executor gives the same numbers; 'auto' picks the fastest "
         "for the problem and device",
     )
     device: Literal["cpu", "cuda"] = "cpu"
-    chunk_size: int | None = Field(
-        None, ge=1, description="vectorized: clients per batched chunk (default: as many as fit in memory_budget_mb)"
-    )
-    memory_budget_mb: int = Field(1024, ge=1, description="vectorized: memory one chunk may use")
-    threads: int | None = Field(
-        None,
-        ge=1,
-        description="threaded (and auto): clients run in parallel, one CPU thread each (default: PyTorch's thread "
-        "count, one per core)",
-    )
-    ray_workers: int = Field(2, ge=1, description="ray: shares the cohort is split into (one Ray task each)")
-    ray_address: str | None = Field(
-        None, description="ray: a running cluster ('auto' or HEAD:6379); default starts a local Ray"
-    )
-    ray_retries: int = Field(
-        3, ge=0, description=("ray: times a task whose worker or node dies is run again (0: such a loss fails the run)")
-    )
-    sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+    sinks: list[str] = Field(
         default_factory=list, description="also send metrics to TensorBoard, MLflow and/or Weights & Biases"
     )
-    mlflow_uri: str | None = Field(
-        None, description="mlflow: tracking URI (default: a local file store, mlruns beside the seed folders)"
-    )
-    wandb_project: str | None = Field(None, description="wandb: the W&B project (default: the experiment's name)")
-    wandb_entity: str | None = Field(None, description="wandb: the W&B entity, a user or team (default: W&B's default)")
     state_memory_mb: int = Field(
         1024,
         ge=1,
@@ -369,16 +380,13 @@ class RunConfig(_Section):
         ),
     )
 
-    @model_validator(mode="after")
-    def _chunks_need_chunking(self) -> RunConfig:
-        """``chunk_size`` sizes the vectorized executor's chunks (also inside ray, and auto's choice of it)."""
-        if self.chunk_size is not None and self.executor in ("sequential", "threaded"):
-            why = (
-                f"sizes the chunks of the vectorized executor; executor = {self.executor!r} runs no chunks, so it "
-                "would do nothing: give executor = 'vectorized', 'ray' or 'auto', or leave chunk_size out"
-            )
-            raise ConfigError("chunk_size", why)
-        return self
+    @field_validator("sinks")
+    @classmethod
+    def _each_sink_once(cls, v: list[str]) -> list[str]:
+        twice = sorted({name for name in v if v.count(name) > 1})
+        if twice:
+            raise ValueError(f"{twice[0]!r} is listed twice; list each sink once")
+        return v
 
 
 Metric = Literal[metrics.of_kind("model", "method")]
@@ -760,7 +768,9 @@ def _merge_parts(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str
             if section == "server":
                 default = chosen_optimizer(old)
             before, after = old.get(chooser, default), new.get(chooser)
-            if after is None or before == after or before not in registry or after not in registry:
+            if not isinstance(before, str) or not isinstance(after, str):
+                continue  # no part replaced (unchanged, or a list of parts such as run.sinks: merged as a value)
+            if before == after or before not in registry or after not in registry:
                 continue
             replaced = set(registry[before].setting_names()) - set(registry[after].setting_names())
             for key in replaced - set(new):

@@ -34,12 +34,14 @@ import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
+
+from pydantic import Field
 
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.registry import Registry, call_with
 from fedshuffle.experiments.folders import MANIFEST
 
-SINKS = ("tensorboard", "mlflow", "wandb")
 MAX_PARAMS = 100  # MLflow's limit per log_batch call
 #: seconds to reach an http(s) tracking server before the run stops with an error
 MLFLOW_CONNECT_SECONDS = 5.0
@@ -231,59 +233,100 @@ class WandbSink:
         self.run.finish()
 
 
-def check_sink_settings(sinks: Sequence[str], settings: Mapping[str, Any]) -> None:
-    """Refuse a sink listed twice (its metrics would be sent twice) and a sink's setting (``run.mlflow_uri``,
-    ``run.wandb_project``, ``run.wandb_entity`` in ``settings``) given without its sink, which would do nothing."""
-    twice = sorted({name for name in sinks if list(sinks).count(name) > 1})
-    if twice:
-        raise ConfigError("run.sinks", f"{twice[0]!r} is listed twice; list each sink once")
-    for setting, sink in (("mlflow_uri", "mlflow"), ("wandb_project", "wandb"), ("wandb_entity", "wandb")):
-        if settings.get(setting) is not None and sink not in sinks:
-            raise ConfigError(
-                f"run.{setting}",
-                f"is set but run.sinks does not list {sink!r}, so nothing would use "
-                f"it: add {sink!r} to run.sinks, or remove run.{setting}",
-            )
+def tensorboard_sink(root: Path, run_dir: Path) -> TensorBoardSink:
+    return TensorBoardSink(root, run_dir)
+
+
+def mlflow_sink(
+    root: Path,
+    experiment: str,
+    label: str,
+    point: str,
+    seed: int,
+    params: Mapping[str, Any],
+    mlflow_uri: Annotated[
+        str | None, Field(description="tracking URI (default: a local file store, mlruns beside the seed folders)")
+    ] = None,
+) -> MLflowSink:
+    return MLflowSink(root, mlflow_uri, experiment, label, point, seed, params)
+
+
+def wandb_sink(
+    root: Path,
+    run_dir: Path,
+    experiment: str,
+    label: str,
+    point: str,
+    seed: int,
+    params: Mapping[str, Any],
+    wandb_project: Annotated[str | None, Field(description="the W&B project (default: the experiment's name)")] = None,
+    wandb_entity: Annotated[
+        str | None, Field(description="the W&B entity, a user or team (default: W&B's default)")
+    ] = None,
+) -> WandbSink:
+    return WandbSink(
+        root,
+        run_dir,
+        project=wandb_project or experiment,
+        entity=wandb_entity,
+        label=label,
+        point=point,
+        seed=seed,
+        params=params,
+    )
+
+
+def _reachable(mlflow_uri: str | None = None) -> None:
+    if mlflow_uri:
+        check_tracking_server(mlflow_uri)
+
+
+#: metric sinks by the name ``[run] sinks`` lists; an entry's keyword parameters other than the runtime ones are its
+#: settings, given in ``[run]`` (``mlflow_uri``, ...). ``check``, where declared, is called with the sink's settings
+#: before any run starts, to find a missing package or an unreachable server in one line.
+SINKS = Registry(
+    "run.sinks", runtime=("root", "run_dir", "experiment", "label", "point", "seed", "params"), noun="sink"
+)
+SINKS.add("tensorboard", tensorboard_sink, "scalars under `<results>/tensorboard`, a folder per run")
+SINKS.add(
+    "mlflow",
+    mlflow_sink,
+    "an MLflow experiment per experiment, a parent run per variant, a run per seed",
+    check=_reachable,
+)
+SINKS.add("wandb", wandb_sink, "a W&B project per experiment, a group per variant, a run per seed", check=require_wandb)
+
+
+def _taken(name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Those of ``settings`` (a run's executor and sink settings) that sink ``name`` takes."""
+    return {k: v for k, v in settings.items() if k in SINKS[name].setting_names()}
+
+
+def check_sinks(names: Sequence[str], settings: Mapping[str, Any]) -> None:
+    """Each sink's declared ``check`` with its ``settings``: a missing package or an unreachable server, one line."""
+    for name in names:
+        check = SINKS[name].defaults.get("check")
+        if check is not None:
+            call_with(check, **_taken(name, settings))
 
 
 def open_sinks(
-    names: list[str],
+    names: Sequence[str],
     run_dir: Path,
     *,
-    uri: str | None,
+    settings: Mapping[str, Any],
     experiment: str,
     label: str,
     point: Mapping[str, Mapping[str, Any]],
     seed: int,
     params: Mapping[str, Any],
-    wandb_project: str | None = None,
-    wandb_entity: str | None = None,
 ) -> list[MetricSink]:
-    """The sinks a run asks for (``point``: a sweep's grid point by section, empty outside sweeps)."""
-    sinks: list[MetricSink] = []
+    """The sinks a run lists, each with its own of ``settings`` (``point``: a sweep's grid point by section, empty
+    outside sweeps)."""
     root = experiment_root(run_dir)
     text = ", ".join(f"{section}.{key}={value}" for section, chosen in point.items() for key, value in chosen.items())
-    for name in names:
-        if name == "tensorboard":
-            sinks.append(TensorBoardSink(root, run_dir))
-        elif name == "mlflow":
-            sinks.append(MLflowSink(root, uri, experiment, label, text, seed, params))
-        elif name == "wandb":
-            sinks.append(
-                WandbSink(
-                    root,
-                    run_dir,
-                    project=wandb_project or experiment,
-                    entity=wandb_entity,
-                    label=label,
-                    point=text,
-                    seed=seed,
-                    params=params,
-                )
-            )
-        else:
-            raise ConfigError("run.sinks", f"unknown sink {name!r}; accepted: {', '.join(SINKS)}")
-    return sinks
+    runtime = {"root": root, "run_dir": run_dir, "experiment": experiment, "label": label, "point": text}
+    return [SINKS[name].build(_taken(name, settings), **runtime, seed=seed, params=params) for name in names]
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

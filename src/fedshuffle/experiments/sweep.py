@@ -34,9 +34,11 @@ import numpy as np
 from fedshuffle import plugins
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
+from fedshuffle.executors import EXECUTORS
 from fedshuffle.experiments.folders import folder_name, unique_folders
 from fedshuffle.experiments.runner import run_single, sharing_builds
 from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, parse_overrides
+from fedshuffle.experiments.sinks import SINKS
 from fedshuffle.methods import METHODS
 from fedshuffle.problems import PROBLEMS
 from fedshuffle.samplers import SAMPLERS
@@ -462,6 +464,8 @@ def _parts(spec: RunSpec) -> list[tuple[str, str, object]]:
         ("data.partition", PARTITIONS, spec.data.partition),
         ("sampler.name", SAMPLERS, spec.sampler.name),
         ("server.optimizer", SERVER_OPTIMIZERS, spec.server.optimizer),
+        ("run.executor", EXECUTORS, spec.run.executor),
+        *(("run.sinks", SINKS, name) for name in spec.run.sinks),
     ]
     return [(field, name, registry[name].factory) for field, registry, name in chosen]
 
@@ -496,6 +500,57 @@ def _worker(
     return outcomes
 
 
+class _Outcomes:
+    """The sweep's outcomes as they come, from this process or from worker processes alike: each kept in its job's
+    place with the progress bar brought to its rounds, a run that did not complete reported in one line, and the
+    first outcome whose folder could not be written kept (it stops the sweep, :meth:`raise_unwritable`)."""
+
+    def __init__(self, jobs: Sequence[Job], progress: Any, task: Any, console: Any) -> None:
+        self.jobs, self.progress, self.task, self.console = jobs, progress, task, console
+        self.outcomes: list[Outcome | None] = [None] * len(jobs)
+        self.done_rounds = [0] * len(jobs)
+        self.unwritable: Outcome | None = None
+
+    def advance(self, index: int, rounds: int) -> None:
+        """``rounds`` more rounds of job ``index`` done."""
+        self.done_rounds[index] += rounds
+        self.progress.advance(self.task, rounds)
+
+    def finished(self, index: int, outcome: Outcome) -> bool:
+        """Record job ``index``'s outcome; True when it is the first one whose folder could not be written."""
+        rounds = self.jobs[index].spec.run.rounds
+        self.advance(index, rounds - self.done_rounds[index])
+        self.outcomes[index] = outcome
+        job = outcome.job
+        if outcome.status not in ("complete", UNWRITABLE):
+            self.console.print(
+                f"[yellow]{job.label or 'run'} seed {job.seed}{' ' + point_name(job.point) if job.point else ''}: "
+                f"{outcome.status}: {outcome.message}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        first = outcome.status == UNWRITABLE and self.unwritable is None
+        if first:
+            self.unwritable = outcome
+        return first
+
+    def drain(self, ticks: Any) -> None:
+        """The rounds the workers reported done so far."""
+        while True:
+            try:
+                index, k = ticks.get_nowait()
+            except queue_mod.Empty:
+                return
+            self.advance(index, k)
+
+    def raise_unwritable(self) -> None:
+        if self.unwritable is not None:
+            raise ResultsError(self.unwritable.message)
+
+    def results(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o is not None]
+
+
 def run_jobs(
     jobs: Sequence[Job],
     *,
@@ -516,6 +571,28 @@ def run_jobs(
     way everything written is kept and the jobs resume from their checkpoints.
     """
     from rich.console import Console
+
+    check_workers(workers)
+    grouped = replica_groups([job.spec for job in jobs])
+    groups = spread(grouped, workers)  # runs that differ only in step sizes or seed: one simulation per worker
+    lines = [describe_groups(groups), unbatched_note([job.spec for job in jobs], grouped)]
+    workers = pool_workers(jobs, workers)
+    console = Console(stderr=True)
+    with _progress_bar(console, show_progress) as progress:
+        task = progress.add_task(title or experiment, total=sum(job.spec.run.rounds for job in jobs))
+        board = _Outcomes(jobs, progress, task, console)
+        for line in lines:
+            if line:
+                console.print(line, highlight=False, soft_wrap=True)
+        if workers:
+            _run_in_pool(board, groups, workers, resume, extend, experiment)
+        else:
+            _run_in_process(board, groups, resume, extend, experiment, title or experiment)
+    board.raise_unwritable()
+    return board.results()
+
+
+def _progress_bar(console: Any, show: bool) -> Any:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -525,110 +602,77 @@ def run_jobs(
         TimeRemainingColumn,
     )
 
-    check_workers(workers)
-    grouped = replica_groups([job.spec for job in jobs])
-    groups = spread(grouped, workers)  # runs that differ only in step sizes or seed: one simulation per worker
-    note = describe_groups(groups)
-    unbatched = unbatched_note([job.spec for job in jobs], grouped)
-    workers = pool_workers(jobs, workers)
-    console = Console(stderr=True)
-    outcomes: list[Outcome | None] = [None] * len(jobs)
-    total = sum(job.spec.run.rounds for job in jobs)
-    with Progress(
+    return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=console,
-        disable=not show_progress,
+        disable=not show,
         transient=False,
-    ) as progress:
-        task = progress.add_task(title or experiment, total=total)
+    )
 
-        def finished(outcome: Outcome) -> None:
-            job = outcome.job
-            if outcome.status not in ("complete", UNWRITABLE):
-                console.print(
-                    f"[yellow]{job.label or 'run'} seed "
-                    f"{job.seed}{' ' + point_name(job.point) if job.point else ''}: {outcome.status}: "
-                    f"{outcome.message}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
 
-        for line in (note, unbatched):
-            if line:
-                console.print(line, highlight=False, soft_wrap=True)
-        if not workers:
-            for group in groups:
-                job = jobs[group[0]]
-                progress.update(
-                    task,
-                    description=f"{title or experiment}: {job.label or 'run'} (seed "
-                    f"{job.seed}{f', {len(group)} replicas' if len(group) > 1 else ''})",
-                )
-                before = progress.tasks[0].completed
-                done = _execute_group(
-                    [jobs[k] for k in group],
-                    resume,
-                    extend,
-                    experiment,
-                    [lambda n: progress.advance(task, n)] * len(group),
-                )
-                progress.update(task, completed=before + sum(jobs[k].spec.run.rounds for k in group))
-                for k, outcome in zip(group, done):
-                    outcomes[k] = outcome
-                    finished(outcome)
-                unwritable = next((o for o in done if o.status == UNWRITABLE), None)
-                if unwritable is not None:
-                    raise ResultsError(unwritable.message)
-            return [o for o in outcomes if o is not None]
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        for job in jobs:
-            plugins.check_reachable(_parts(job.spec))
-        context = worker_context()
-        _start_fork_server(context)
-        with _helpers_stopped_on_interrupt(), _script_not_rerun(), context.Manager() as manager:
-            pool = ProcessPoolExecutor(
-                max_workers=workers,
-                mp_context=context,
-                initializer=_start_worker,
-                initargs=(plugins.imported(), dict(os.environ)),
-            )
-            try:
-                ticks = manager.Queue()
-                futures: dict[Future, list[int]] = {
-                    pool.submit(
-                        _worker, [jobs[k] for k in group], resume, extend, experiment, ticks, group, threads
-                    ): group
-                    for group in groups
-                }
-                done_rounds = [0] * len(jobs)
-                pending = set(futures)
-                unwritable: Outcome | None = None
-                while pending:
-                    finished_now, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                    _drain(ticks, done_rounds, progress, task)
-                    for future in finished_now:
-                        if future.cancelled():
-                            continue
-                        for k, outcome in zip(futures[future], future.result()):
-                            progress.advance(task, jobs[k].spec.run.rounds - done_rounds[k])
-                            done_rounds[k] = jobs[k].spec.run.rounds
-                            outcomes[k] = outcome
-                            finished(outcome)
-                            if outcome.status == UNWRITABLE and unwritable is None:
-                                unwritable = outcome
-                                for other in pending:
-                                    other.cancel()  # those not started yet; running ones finish
-            except BaseException:
-                _stop(pool)
-                raise
-            pool.shutdown(wait=True)
-    if unwritable is not None:
-        raise ResultsError(unwritable.message)
-    return [o for o in outcomes if o is not None]
+def _run_in_process(
+    board: _Outcomes, groups: Sequence[Sequence[int]], resume: bool, extend: bool, experiment: str, title: str
+) -> None:
+    """Each group in turn in this process; a folder that cannot be written stops before the next group."""
+    jobs = board.jobs
+    for group in groups:
+        job = jobs[group[0]]
+        replicas = f", {len(group)} replicas" if len(group) > 1 else ""
+        board.progress.update(board.task, description=f"{title}: {job.label or 'run'} (seed {job.seed}{replicas})")
+        ticks = [lambda n, k=k: board.advance(k, n) for k in group]
+        for k, outcome in zip(group, _execute_group([jobs[k] for k in group], resume, extend, experiment, ticks)):
+            board.finished(k, outcome)
+        if board.unwritable is not None:
+            return
+
+
+def _run_in_pool(
+    board: _Outcomes, groups: Sequence[Sequence[int]], workers: int, resume: bool, extend: bool, experiment: str
+) -> None:
+    """The groups on ``workers`` worker processes; a folder that cannot be written cancels the groups not started."""
+    jobs = board.jobs
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    for job in jobs:
+        plugins.check_reachable(_parts(job.spec))
+    context = worker_context()
+    _start_fork_server(context)
+    with _helpers_stopped_on_interrupt(), _script_not_rerun(), context.Manager() as manager:
+        pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(plugins.imported(), dict(os.environ)),
+        )
+        try:
+            ticks = manager.Queue()
+            futures: dict[Future, Sequence[int]] = {
+                pool.submit(_worker, [jobs[k] for k in group], resume, extend, experiment, ticks, group, threads): group
+                for group in groups
+            }
+            _collect(board, futures, ticks)
+        except BaseException:
+            _stop(pool)
+            raise
+        pool.shutdown(wait=True)
+
+
+def _collect(board: _Outcomes, futures: Mapping[Future, Sequence[int]], ticks: Any) -> None:
+    """The workers' outcomes and rounds as they come, until every group has answered or was cancelled."""
+    pending = set(futures)
+    while pending:
+        finished_now, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+        board.drain(ticks)
+        for future in finished_now:
+            if future.cancelled():
+                continue
+            for k, outcome in zip(futures[future], future.result()):
+                if board.finished(k, outcome):
+                    for other in pending:
+                        other.cancel()  # those not started yet; running ones finish
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
@@ -643,16 +687,6 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=10)
-
-
-def _drain(ticks: Any, done_rounds: list[int], progress: Any, task: Any) -> None:
-    while True:
-        try:
-            index, k = ticks.get_nowait()
-        except queue_mod.Empty:
-            return
-        done_rounds[index] += k
-        progress.advance(task, k)
 
 
 # -- choosing -------------------------------------------------------------------------------------------
