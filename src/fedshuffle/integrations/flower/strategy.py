@@ -97,7 +97,6 @@ from fedshuffle.integrations.flower.secagg import (
 )
 from fedshuffle.local.plan import ClientPlan, CohortPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo, sample_gradients
-from fedshuffle.methods.fedcdr import FedCDR
 from fedshuffle.simulation import RoundRecord, Server
 
 
@@ -110,20 +109,16 @@ class FederationError(RuntimeError):
     reply under ``invalid_reply="stop"``."""
 
 
-#: trial steps per L-BFGS iteration of FedCDR's prox (:func:`fedshuffle.local.prox.solve_prox`'s halvings)
-_PROX_TRIALS = 40
-
-
 def work_bound(method: Method, plans: Sequence[ClientPlan], size: int) -> int:
     """The most per-sample gradients a reply for ``plans`` (one client of ``size`` samples) may report.
 
     Four times the planned steps' minibatch gradients (FedShuffleMVR takes a second minibatch gradient per
     step; FedCDR's SGD prox solves a new client's first prox with as many again), plus per member one pass
-    over the client's data (SCAFFOLD option I's control variate) and, for FedCDR's L-BFGS prox, two solves
-    of at most 1 + 40·``prox_max_iter`` evaluations each. A bound for plausibility, not the exact cost.
+    over the client's data (SCAFFOLD option I's control variate) and the method's own extra passes
+    (:meth:`~fedshuffle.methods.base.Method.extra_passes`: FedCDR's L-BFGS prox). A bound for plausibility, not the
+    exact cost.
     """
-    inner = getattr(method, "inner", method)
-    passes = 1 + (2 * (1 + _PROX_TRIALS * inner.prox_max_iter) if isinstance(inner, FedCDR) else 0)
+    passes = 1 + getattr(method, "inner", method).extra_passes()
     return 4 * sample_gradients(plans) + len(plans) * passes * size
 
 
