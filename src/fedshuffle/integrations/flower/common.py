@@ -160,6 +160,15 @@ class AppSettings:
         return parse_overrides([part.strip() for part in self.overrides.split(";") if part.strip()])
 
 
+class FederationError(RuntimeError):
+    """The federation cannot go on: wrong or missing nodes, a failing ClientApp, lost client state, an invalid
+    reply under ``invalid_reply="stop"``."""
+
+
+class ClientStateLost(FederationError):
+    """A client's state (SCAFFOLD's c_i, FedCDR's y_i, …) is not on its node any more: never silently reset."""
+
+
 @dataclass(frozen=True)
 class FederatedRun:
     """One variant at one seed, as the federation runs it; ``index`` is its position in the app's run list,
