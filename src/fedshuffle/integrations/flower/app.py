@@ -16,6 +16,7 @@ as one line naming the setting or node (:class:`OneLineErrors`), not as a traceb
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -31,6 +32,8 @@ from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.experiments.schema import Experiment
 from fedshuffle.integrations.flower.client import NodeRuntime, RuntimeCache, hosted_clients, make_client_app
 from fedshuffle.integrations.flower.common import AppSettings, FederatedRun, federated_runs, read_experiment
+from fedshuffle.integrations.flower.replies import UpdateBound
+from fedshuffle.integrations.flower.robust import RobustAggregation
 from fedshuffle.integrations.flower.secagg import SecureAggregation
 from fedshuffle.integrations.flower.strategy import FederationError, FedShuffleStrategy, handshake
 
@@ -39,7 +42,7 @@ LOGGER = logging.getLogger("flwr")
 
 #: per process: the runs of an experiment under a run config, and the node runtimes built (Ray actors and
 #: :mod:`.worker`'s long-lived ClientApp process keep them between messages)
-_RUNS: dict[tuple[str, tuple], list[FederatedRun]] = {}
+_RUNS: dict[tuple[str, str], list[FederatedRun]] = {}
 _RUNTIMES = RuntimeCache()
 
 
@@ -74,7 +77,7 @@ def runs_for(source: Source, run_config: Mapping[str, Any]) -> list[FederatedRun
     """The runs a run configuration selects from ``source`` (cached per process)."""
     key = (
         source.model_dump_json() if isinstance(source, Experiment) else str(source),
-        tuple(sorted(run_config.items())),
+        json.dumps(dict(run_config), sort_keys=True, default=str),
     )
     if key not in _RUNS:
         _RUNS[key] = federated_runs(_experiment(source), AppSettings.from_run_config(run_config))
@@ -112,6 +115,8 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
                 node_data=settings.node_data,
                 secure=SecureAggregation.from_settings(settings),
                 evaluation=settings.evaluation,
+                bound=UpdateBound.from_settings(settings),
+                robust=RobustAggregation.from_settings(settings),
             )
             for run in runs
         ]

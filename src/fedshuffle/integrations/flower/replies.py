@@ -5,6 +5,11 @@ in the run's dtype and the model's size, finite, with the counts the server sent
 plausible work count (:func:`work_bound`); nothing is cast. A reply that is not is *invalid*: with
 ``invalid_reply="drop"`` (the default) its member is dropped from the round as unfinished work, with the reason logged
 and counted (``rejected``); with ``"stop"`` the run stops with :class:`FederationError` naming the client and the entry.
+
+A finite reply may still move the model by any amount (a node sending Δ_i ≈ 1e308 passes the checks above): with
+run-config ``update-bound = c`` > 0, each member's Δ_i must satisfy ‖Δ_i‖ ≤ c·max(‖x‖, floor) (:class:`UpdateBound`);
+one beyond it is rejected as invalid or, with ``update-bound-action = "clip"``, scaled to the bound and counted
+(``clipped``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from fedshuffle.integrations.flower.messages import (  # isort: skip
 )
 from flwr.app import ConfigRecord, Message
 
-from fedshuffle.integrations.flower.common import ClientStateLost, FederationError
+from fedshuffle.core.errors import ConfigError
+from fedshuffle.integrations.flower.common import AppSettings, ClientStateLost, FederationError
 from fedshuffle.integrations.flower.protocol import content
 from fedshuffle.local.plan import ClientPlan
 from fedshuffle.methods.base import ClientResult, Method, RoundInfo, sample_gradients
@@ -52,14 +58,76 @@ class Reply:
     sample_gradients: int
     extras: dict[str, float]
     members: int
+    clipped: int = 0  # rows of ``delta`` scaled to the update bound
+
+
+@dataclass(frozen=True)
+class UpdateBound:
+    """‖Δ_i‖ ≤ c·max(‖x‖, floor) for each member's model update Δ_i (payload ``delta``; SCAFFOLD's ``control_delta``,
+    a gradient, is not bounded), x the model the round started from.
+
+    A bound relative to the model holds whatever its scale; the floor keeps a model at or near 0 (a zero-initialised
+    linear model) from refusing every update: 1 by default, the scale SecAgg+'s resolution check takes for a model
+    at 0, so that with c = 1 the first steps may move such a model by up to 1 in norm. ``action`` ``"reject"``: a
+    reply beyond the bound is invalid (dropped, or the run stopped, by run-config ``invalid-reply``); ``"clip"``:
+    Δ_i ← Δ_i·bound/‖Δ_i‖, counted in the round's ``clipped``.
+    """
+
+    factor: float
+    floor: float = 1.0
+    action: str = "reject"
+
+    @classmethod
+    def from_settings(cls, settings: AppSettings) -> UpdateBound | None:
+        """Run-config ``update-bound`` (c; 0: none), ``update-bound-floor`` and ``update-bound-action``."""
+        if settings.update_bound == 0:
+            return None
+        return cls(settings.update_bound, settings.update_bound_floor, settings.update_bound_action)
+
+    def check(self, secure: bool) -> None:
+        """Refuse, in one line, a bound with secure aggregation (the server never sees a member's Δ_i)."""
+        if secure:
+            raise ConfigError(
+                "run-config.update-bound",
+                "needs each member's Δ_i, and with secure-aggregation = true the server sees only their sum (bound a "
+                "node's input with secagg-clipping-range): set update-bound = 0 or secure-aggregation = false",
+            )
+
+    def apply(self, deltas: torch.Tensor, model: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The rows ``deltas`` (members, d) within the bound, and how many were clipped; :class:`InvalidReply` naming
+        the norm and the bound for a row beyond it under ``"reject"``. Norms are taken as s·‖Δ/s‖ with s = max|Δ|,
+        so a finite row of entries near 1e308 has its finite norm."""
+        size = _norms(model[None])[0].item()
+        limit = self.factor * max(size, self.floor)
+        norms = _norms(deltas)
+        over = norms > limit
+        if not bool(over.any()):
+            return deltas, 0
+        if self.action == "reject":
+            row = int(over.nonzero()[0, 0])
+            raise InvalidReply(
+                f"payload.delta: ‖Δ‖ = {norms[row].item():.4g} (row {row}) beyond the update bound "
+                f"c·max(‖x‖, floor) = {self.factor:g}·max({size:.4g}, {self.floor:g}) = "
+                f"{limit:.4g} (run-config update-bound)"
+            )
+        scale = torch.where(over, limit / norms, torch.ones_like(norms))
+        return deltas * scale[:, None], int(over.sum())
+
+
+def _norms(rows: torch.Tensor) -> torch.Tensor:
+    """The Euclidean norm of each row, without overflow for finite entries: s·‖row/s‖ with s = max|row| (0 for 0)."""
+    largest = rows.abs().amax(dim=1)
+    safe = torch.where(largest > 0, largest, torch.ones_like(largest))
+    return largest * (rows / safe[:, None]).norm(dim=1)
 
 
 class ReplyChecks:
-    """The strategy's reply checks and rejection policy: ``invalid_reply`` (``"drop"`` or ``"stop"``), the count of
-    members dropped for an invalid reply (``rejected``; ``_rejected_now`` in the open round), against the strategy's
-    server half (``half``), ``nodes`` and ``secure``."""
+    """The strategy's reply checks and rejection policy: ``invalid_reply`` (``"drop"`` or ``"stop"``), the update
+    ``bound`` (or None), the count of members dropped for an invalid reply (``rejected``; ``_rejected_now`` in the
+    open round), against the strategy's server half (``half``), ``nodes`` and ``secure``."""
 
     invalid_reply: str
+    bound: UpdateBound | None
     rejected: int
     _rejected_now: list[int]
     _log: Callable[[str], None]
@@ -127,7 +195,13 @@ class ReplyChecks:
         payload = checked_tensors(
             content(reply, "payload"), fields, (members, self.half.params.numel()), self.half.dtype, "payload"
         )
-        return Reply({name: value.to(self.half.device) for name, value in payload.items()}, work, extras, members)
+        payload = {name: value.to(self.half.device) for name, value in payload.items()}
+        clipped = 0
+        if self.bound is not None and "delta" in payload:
+            payload["delta"], clipped = self.bound.apply(payload["delta"], self.half.params)
+        if clipped:
+            self._log(f"client {client}: {clipped} update(s) clipped to the update bound (run-config update-bound)")
+        return Reply(payload, work, extras, members, clipped)
 
     def _reject(self, server_round: int, client: int, error: InvalidReply) -> None:
         """An invalid reply: stop the run (``invalid_reply="stop"``) or log why its member is dropped."""
@@ -156,5 +230,3 @@ class ReplyChecks:
             for key, value in reply.extras.items():
                 extras[key] = extras.get(key, 0.0) + reply.members * value
         return ClientResult(payload, sample_gradients=work, extras={k: v / members for k, v in extras.items()})
-
-    # -- bookkeeping -------------------------------------------------------------------------------

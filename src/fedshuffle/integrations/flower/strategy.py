@@ -64,18 +64,18 @@ from fedshuffle.experiments.loop import Callback, Driver, RoundLoop
 from fedshuffle.experiments.runner import DTYPES, RunFolder, build_simulation, check_against_data, check_local_work
 from fedshuffle.experiments.schema import slug
 from fedshuffle.integrations.flower.common import (
-    INVALID_REPLY_POLICIES,
+    AppSettings,
     ClientStateLost,
     FederatedRun,
     FederationError,
     Population,
-    check_evaluation,
 )
 from fedshuffle.integrations.flower.evaluation import FEDERATED_SCORES, FederatedEvaluation
 from fedshuffle.integrations.flower.half import ServerHalf, keep_members
 from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, rows_digest
 from fedshuffle.integrations.flower.protocol import NodeProtocol, content, exchange, handshake
-from fedshuffle.integrations.flower.replies import Reply, ReplyChecks, work_bound
+from fedshuffle.integrations.flower.replies import Reply, ReplyChecks, UpdateBound, work_bound
+from fedshuffle.integrations.flower.robust import RobustAggregation
 from fedshuffle.integrations.flower.secagg import (
     SecureAggregation,
     refuse_individual_updates,
@@ -142,13 +142,11 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
         node_data: bool = False,
         secure: SecureAggregation | None = None,
         evaluation: str = "auto",
+        bound: UpdateBound | None = None,
+        robust: RobustAggregation | None = None,
     ) -> None:
-        if invalid_reply not in INVALID_REPLY_POLICIES:
-            raise ConfigError(
-                "run-config.invalid-reply",
-                f"unknown policy {invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}",
-            )
-        check_evaluation(evaluation, node_data)
+        AppSettings.from_run_config({"invalid-reply": invalid_reply, "evaluation": evaluation, "node-data": node_data})
+        self.bound, self.robust = bound, robust
         self.federated = evaluation == "federated" or node_data  # who scores the model: the nodes, or the server
         self.both = evaluation == "both"  # the server scores it, and the nodes' federated scores are recorded beside
         self.invalid_reply = invalid_reply
@@ -173,8 +171,13 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
             self.data, self.num_clients = sim.data, sim.data.num_clients
             self.evaluator = metrics.ModelScores(sim.problem, sim.data)
             method = self.half.method
+        label = run.label or run.spec.method.name
         if secure is not None:  # refused before any message
-            refuse_individual_updates(method, run.label or run.spec.method.name)
+            refuse_individual_updates(method, label)
+        if bound is not None:
+            bound.check(secure is not None)
+        if robust is not None:
+            robust.check(method, label, secure is not None)
         self._grid: Grid | None = None
         self.round_timeout, self.connect_timeout, self.poll_interval = round_timeout, connect_timeout, poll_interval
         self.resume = resume
@@ -310,6 +313,12 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
         rnd = keep_members(rnd, keep)
         if self.secure is None and len(rnd.cohort):
             result = self._result(rnd, decoded)
+            if self.robust is not None:  # d from a robust estimate of the members' Δ_i (the FedAvg family only)
+                deltas = result.payload["delta"]
+                omega = torch.as_tensor(
+                    self.half.method.aggregation_weights(rnd), dtype=deltas.dtype, device=deltas.device
+                )
+                result.payload = {"delta_sum": self.robust.aggregate(deltas, omega)}
         seconds = time.monotonic() - state.started  # the members worked in parallel: each for at most the round's time
         record = self.half.close_round(
             rnd, state.points, state.broadcast, result, compute_seconds=len(rnd.cohort) * seconds, dropped=len(dropped)
@@ -318,6 +327,7 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
             "members": len(rnd.cohort),
             "dropped": len(dropped),
             "rejected": len(self._rejected_now),
+            **({"clipped": sum(decoded[int(i)].clipped for i in np.unique(rnd.cohort))} if self.bound else {}),
             "seconds": seconds,
             "sample_gradients": record.sample_gradients,
             "bytes_up": record.bytes_up,
