@@ -48,7 +48,7 @@ NOT_INSTALLED = "unknown (not installed)"
 
 def app_module(version: str, plugin_modules: Sequence[str] = ()) -> str:
     """The app's module: the version check, the consent to the experiment's plugins (given when the app was written),
-    then the ServerApp and the ClientApp of the experiment."""
+    then the ServerApp and the ClientApp of the experiment, with a place for Flower mods (``MODS``)."""
     return f'''"""A fedshuffle experiment as a Flower App (written by ``fedshuffle flower-app`` with fedshuffle
 {version}; the experiment is {EXPERIMENT_FILE})."""
 
@@ -64,8 +64,14 @@ allow({json.dumps(list(plugin_modules))}, "the Flower App (consented when it was
 
 EXPERIMENT = Path(__file__).with_name("{EXPERIMENT_FILE}")
 
+# Flower mods around every message this ClientApp answers, in order: your own `mod(message, context, call_next)`,
+# or flwr.clientapp.mod's message_size_mod and arrays_size_mod (logging). fixedclipping_mod, adaptiveclipping_mod and
+# LocalDpMod expect Flower's own training message (one array record) and answer fedshuffle's with an error:
+# differential privacy is the experiment's [privacy] section.
+MODS = []
+
 server = server_app(EXPERIMENT)
-client = client_app(EXPERIMENT)
+client = client_app(EXPERIMENT, mods=MODS)
 '''
 
 
