@@ -58,6 +58,13 @@ class NodeProtocol:
     connect_timeout: float
     poll_interval: float
 
+    def _start_protocol(self) -> None:
+        """No node known yet."""
+        self.nodes = {}
+        self.asked, self.online = set(), set()
+        self.held = {}
+        self._joining = {}  # handshake message id → node id, for nodes that joined and have not answered
+
     def exchange(self, grid: Grid, messages: Sequence[Message], timeout: float) -> list[Message]:
         return exchange(grid, messages, timeout, self.poll_interval)
 

@@ -132,6 +132,12 @@ class ReplyChecks:
     _rejected_now: list[int]
     _log: Callable[[str], None]
 
+    def _start_checks(self, invalid_reply: str, bound: UpdateBound | None) -> None:
+        """No reply rejected yet."""
+        self.invalid_reply, self.bound = invalid_reply, bound
+        self.rejected = 0  # members dropped from a round for an invalid reply
+        self._rejected_now = []  # … in the open round
+
     def _answers(
         self, messages: Sequence[Message], clients: Sequence[int], replies: Iterable[Message]
     ) -> dict[int, Message]:

@@ -84,7 +84,7 @@ from fedshuffle.integrations.flower.secagg import (
     sum_metrics,
 )
 from fedshuffle.local.plan import CohortPlan
-from fedshuffle.methods.base import ClientResult, RoundInfo
+from fedshuffle.methods.base import ClientResult, Method, RoundInfo
 
 __all__ = [
     "FEDERATED_SCORES",
@@ -146,31 +146,12 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
         robust: RobustAggregation | None = None,
     ) -> None:
         AppSettings.from_run_config({"invalid-reply": invalid_reply, "evaluation": evaluation, "node-data": node_data})
-        self.bound, self.robust = bound, robust
         self.federated = evaluation == "federated" or node_data  # who scores the model: the nodes, or the server
         self.both = evaluation == "both"  # the server scores it, and the nodes' federated scores are recorded beside
-        self.invalid_reply = invalid_reply
-        self.run, self.node_data, self.secure = run, node_data, secure
+        self.run, self.node_data, self.secure, self.robust = run, node_data, secure, robust
         self.half: ServerHalf | None = None
         self.data, self.evaluator, self.step_sizes = None, None, {}
-        if node_data:  # the population comes with the handshake (:meth:`adopt_population`)
-            refuse_theory(run.spec, "the server builds no data (run-config node-data = true)")
-            method = build_algorithm_from(run.spec).method  # its settings are checked before any message
-            self.num_clients = run.spec.data.model_dump().get("clients")
-        else:
-            sim, self.step_sizes = build_simulation(run.spec, run.seed)
-            self.half = ServerHalf(
-                sim.problem,
-                Population(sim.data.sizes, sim.data.weights),
-                sim.algorithm,
-                sim.sampler,
-                seed=run.seed,
-                dtype=sim.dtype,
-                device=sim.device,
-            )
-            self.data, self.num_clients = sim.data, sim.data.num_clients
-            self.evaluator = metrics.ModelScores(sim.problem, sim.data)
-            method = self.half.method
+        method = self._build_method() if node_data else self._build_half()
         label = run.label or run.spec.method.name
         if secure is not None:  # refused before any message
             refuse_individual_updates(method, label)
@@ -181,24 +162,29 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
         self._grid: Grid | None = None
         self.round_timeout, self.connect_timeout, self.poll_interval = round_timeout, connect_timeout, poll_interval
         self.resume = resume
-        self.folder = None
-        if out:
-            run_dir = Path(out) / (slug(run.label) if run.label else "") / f"seed-{run.seed}"
-            self.folder = RunFolder(
-                run_dir, run.spec, label=run.label, out_option="run-config.out", resume_option="run-config resume=true"
-            )
-            self.folder.check(resume=resume, extend=False)  # refused before any message
-        self.nodes: dict[int, int] = {}  # client → node id
-        self.asked: set[int] = set()  # node ids asked for their clients
-        self.online: set[int] = set()  # node ids the SuperLink listed at the last re-join
-        self.held: dict[int, str] = {}  # client → its rows' digest, as its first node reported it
-        self._joining: dict[
-            str, int
-        ] = {}  # handshake message id → node id, for nodes that joined and have not answered
-        self.rejected = 0  # clients dropped from a round for an invalid reply
-        self._rejected_now: list[int] = []  # … in the open round
+        self.folder = _results_folder(run, out, resume) if out else None
+        self._start_protocol()
+        self._start_checks(invalid_reply, bound)
         self._open: _OpenRound | None = None
         self._log = log or (lambda text: None)
+
+    def _build_method(self) -> Method:
+        """A run whose data only the nodes hold: its method's settings checked (the server half comes with the
+        handshake, :meth:`adopt_population`)."""
+        refuse_theory(self.run.spec, "the server builds no data (run-config node-data = true)")
+        self.num_clients = self.run.spec.data.model_dump().get("clients")
+        return build_algorithm_from(self.run.spec).method
+
+    def _build_half(self) -> Method:
+        """The server half on the run's data, as ``fedshuffle run`` builds it, and the central evaluation."""
+        sim, self.step_sizes = build_simulation(self.run.spec, self.run.seed)
+        population = Population(sim.data.sizes, sim.data.weights)
+        self.half = ServerHalf(
+            sim.problem, population, sim.algorithm, sim.sampler, seed=self.run.seed, dtype=sim.dtype, device=sim.device
+        )
+        self.data, self.num_clients = sim.data, sim.data.num_clients
+        self.evaluator = metrics.ModelScores(sim.problem, sim.data)
+        return self.half.method
 
     # -- Flower's strategy interface --------------------------------------------------------------
 
@@ -296,14 +282,7 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
             raise FederationError("aggregate_train without configure_train")
         state, self._open = self._open, None
         rnd = state.rnd
-        decoded, plans = {}, CohortPlan.of(rnd.plans)
-        for client, reply in self._answers(state.messages, state.clients, replies).items():
-            try:
-                decoded[client] = self._read_train_reply(
-                    reply, client, plans.take(np.flatnonzero(plans.clients == client)), rnd.index
-                )
-            except InvalidReply as exc:
-                self._reject(server_round, client, exc)
+        decoded = self._decoded(server_round, state, replies)
         keep = np.array([int(i) in decoded for i in rnd.cohort], dtype=bool)
         unanswered = sorted({int(i) for i in rnd.cohort[~keep]} - set(self._rejected_now))
         result, secured = None, sum_metrics(None) if self.secure is not None else {}
@@ -312,13 +291,7 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
         dropped = state.dropped + sorted({int(i) for i in rnd.cohort[~keep]})
         rnd = keep_members(rnd, keep)
         if self.secure is None and len(rnd.cohort):
-            result = self._result(rnd, decoded)
-            if self.robust is not None:  # d from a robust estimate of the members' Δ_i (the FedAvg family only)
-                deltas = result.payload["delta"]
-                omega = torch.as_tensor(
-                    self.half.method.aggregation_weights(rnd), dtype=deltas.dtype, device=deltas.device
-                )
-                result.payload = {"delta_sum": self.robust.aggregate(deltas, omega)}
+            result = self._members_result(rnd, decoded)
         seconds = time.monotonic() - state.started  # the members worked in parallel: each for at most the round's time
         record = self.half.close_round(
             rnd, state.points, state.broadcast, result, compute_seconds=len(rnd.cohort) * seconds, dropped=len(dropped)
@@ -341,6 +314,27 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
                 "unfinished work"
             )
         return tensors_record({"model": self.half.params}), MetricRecord({k: float(v) for k, v in reported.items()})
+
+    def _decoded(self, server_round: int, state: _OpenRound, replies: Iterable[Message]) -> dict[int, Reply]:
+        """The round's valid replies by client (an invalid one goes through the rejection policy)."""
+        decoded, plans = {}, CohortPlan.of(state.rnd.plans)
+        for client, reply in self._answers(state.messages, state.clients, replies).items():
+            try:
+                own = plans.take(np.flatnonzero(plans.clients == client))
+                decoded[client] = self._read_train_reply(reply, client, own, state.rnd.index)
+            except InvalidReply as exc:
+                self._reject(server_round, client, exc)
+        return decoded
+
+    def _members_result(self, rnd: RoundInfo, decoded: dict[int, Reply]) -> ClientResult:
+        """The members' payload in cohort order; with a robust aggregation, d from a robust estimate of their Δ_i
+        (:mod:`~fedshuffle.integrations.flower.robust`), which the method's aggregation takes as the sum."""
+        result = self._result(rnd, decoded)
+        if self.robust is not None:
+            deltas = result.payload["delta"]
+            omega = torch.as_tensor(self.half.method.aggregation_weights(rnd), dtype=deltas.dtype, device=deltas.device)
+            result.payload = {"delta_sum": self.robust.aggregate(deltas, omega)}
+        return result
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -521,6 +515,16 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
 
     def _model_of(self, arrays: ArrayRecord) -> torch.Tensor:
         return record_tensors(arrays, self.half.dtype, self.half.device)["model"]
+
+
+def _results_folder(run: FederatedRun, out: str | Path, resume: bool) -> RunFolder:
+    """``out/<variant>/seed-<s>``, written by the loop of ``fedshuffle run``; checked before any message."""
+    run_dir = Path(out) / (slug(run.label) if run.label else "") / f"seed-{run.seed}"
+    folder = RunFolder(
+        run_dir, run.spec, label=run.label, out_option="run-config.out", resume_option="run-config resume=true"
+    )
+    folder.check(resume=resume, extend=False)
+    return folder
 
 
 class _FlowerRounds(Callback):
