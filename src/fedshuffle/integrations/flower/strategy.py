@@ -22,8 +22,9 @@ and counted in the round's metrics.
 The strategy's other jobs are each their own module: the node protocol (handshake, re-join, node reports:
 :mod:`~fedshuffle.integrations.flower.protocol`), reply validation and the rejection policy
 (:mod:`~fedshuffle.integrations.flower.replies`), federated evaluation
-(:mod:`~fedshuffle.integrations.flower.evaluation`) and the server half on the clients' sizes
-(:mod:`~fedshuffle.integrations.flower.half`).
+(:mod:`~fedshuffle.integrations.flower.evaluation`), the server half on the clients' sizes
+(:mod:`~fedshuffle.integrations.flower.half`) and the rounds under the loop of ``fedshuffle run``
+(:mod:`~fedshuffle.integrations.flower.rounds`).
 
 With ``secure`` (run-config ``secure-aggregation = true``), a method whose server half needs only Σ_S ν_iΔ_i gets that
 sum through Flower's SecAgg+ instead of the members' payloads: training replies carry counts only, and the server never
@@ -60,9 +61,7 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.data import FederatedDataset
 from fedshuffle.data.federated import objective_weights
 from fedshuffle.experiments.build import build_algorithm_from, build_sampler
-from fedshuffle.experiments.loop import Callback, Driver, RoundLoop
-from fedshuffle.experiments.runner import DTYPES, RunFolder, build_simulation, check_against_data, check_local_work
-from fedshuffle.experiments.schema import slug
+from fedshuffle.experiments.runner import DTYPES, build_simulation, check_against_data, check_local_work
 from fedshuffle.integrations.flower.common import (
     AppSettings,
     ClientStateLost,
@@ -76,6 +75,7 @@ from fedshuffle.integrations.flower.nodedata import SampleKind, refuse_theory, r
 from fedshuffle.integrations.flower.protocol import NodeProtocol, content, exchange, handshake
 from fedshuffle.integrations.flower.replies import Reply, ReplyChecks, UpdateBound, work_bound
 from fedshuffle.integrations.flower.robust import RobustAggregation
+from fedshuffle.integrations.flower.rounds import results_folder, run_rounds
 from fedshuffle.integrations.flower.secagg import (
     SecureAggregation,
     refuse_individual_updates,
@@ -162,7 +162,7 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
         self._grid: Grid | None = None
         self.round_timeout, self.connect_timeout, self.poll_interval = round_timeout, connect_timeout, poll_interval
         self.resume = resume
-        self.folder = _results_folder(run, out, resume) if out else None
+        self.folder = results_folder(run, out, resume) if out else None
         self._start_protocol()
         self._start_checks(invalid_reply, bound)
         self._open: _OpenRound | None = None
@@ -381,28 +381,9 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
             self.secure.check_resolution(self.half.params)
         self._grid = grid
         self.summary()
-        rounds = _FlowerRounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate)
-        executor = {
-            "name": "flower",
-            "digest": self.run.digest,
-            "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
-            "evaluation": "both" if self.both else "federated" if self.federated else "central",
-        }
-        driver = Driver(self.half, rounds.step, rounds.score, executor, self.step_sizes)
-        if self.folder is None:
-            status, message = RoundLoop(
-                driver, rounds=spec.rounds, eval_every=spec.eval_every, bandwidth_mib_s=spec.bandwidth_mib_s
-            ).run([rounds], num_rounds)
-        else:
-            outcome = self.folder.run(
-                lambda: driver, resume=self.resume, experiment=self.run.experiment, callbacks=[rounds], until=num_rounds
-            )
-            status, message = outcome.status, outcome.message
-            if not rounds.result.arrays:  # finished before, and not run again: its final model
-                final = torch.from_numpy(np.load(self.folder.run_dir / "final_params.npy")).to(self.half.dtype)
-                rounds.result.arrays = tensors_record({"model": final})
-        self._log(f"{self.run.label or self.run.spec.method.name!r} (seed {self.run.seed}): {message or status}")
-        return rounds.result
+        result = run_rounds(self, grid, train_config or ConfigRecord(), evaluate_fn or self.evaluate, num_rounds)
+        self._log(f"{self.run.label or self.run.spec.method.name!r} (seed {self.run.seed}): {result.status}")
+        return result.result
 
     def rows_digest(self, client: int) -> str | None:
         """:func:`~.nodedata.rows_digest` of ``client``'s rows in the server's data (None for data generated on
@@ -515,54 +496,3 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
 
     def _model_of(self, arrays: ArrayRecord) -> torch.Tensor:
         return record_tensors(arrays, self.half.dtype, self.half.device)["model"]
-
-
-def _results_folder(run: FederatedRun, out: str | Path, resume: bool) -> RunFolder:
-    """``out/<variant>/seed-<s>``, written by the loop of ``fedshuffle run``; checked before any message."""
-    run_dir = Path(out) / (slug(run.label) if run.label else "") / f"seed-{run.seed}"
-    folder = RunFolder(
-        run_dir, run.spec, label=run.label, out_option="run-config.out", resume_option="run-config resume=true"
-    )
-    folder.check(resume=resume, extend=False)
-    return folder
-
-
-class _FlowerRounds(Callback):
-    """The loop's step and scores on Flower: a round is :meth:`~FedShuffleStrategy.configure_train`, the messages'
-    exchange and :meth:`~FedShuffleStrategy.aggregate_train`; Flower's :class:`Result` follows the run."""
-
-    def __init__(
-        self,
-        strategy: FedShuffleStrategy,
-        grid: Grid,
-        train_config: ConfigRecord,
-        evaluate: Callable[[int, ArrayRecord], MetricRecord | None],
-    ) -> None:
-        self.strategy, self.grid, self.train_config, self.evaluate = strategy, grid, train_config, evaluate
-        self.result = Result()
-
-    def on_start(self, loop: RoundLoop) -> None:
-        s = self.strategy
-        self.result.arrays = s.initial_arrays()  # a resumed run's model
-        if loop.sim.counters.rounds:
-            s._log(f"resumed {s.run.label or s.run.spec.method.name!r} at round {loop.sim.counters.rounds}")
-
-    def step(self) -> None:
-        s, r = self.strategy, self.strategy.half.counters.rounds + 1
-        messages = list(s.configure_train(r, self.result.arrays, self.train_config, self.grid))
-        arrays, reported = s.aggregate_train(r, s.exchange(self.grid, messages, s.round_timeout))
-        self.result.arrays, self.result.train_metrics_clientapp[r] = arrays, reported
-        secured = (
-            f", SecAgg+ sum of {int(reported['secagg_nodes'])} node(s), {int(reported['secagg_bytes_up'])} B up"
-            if "secagg_nodes" in reported
-            else ""
-        )
-        s._log(
-            f"round {r}/{s.run.spec.run.rounds}: {int(reported['members'])} member(s), {int(reported['dropped'])} "
-            f"dropped, {reported['seconds']:.2f} s{secured}"
-        )
-
-    def score(self) -> dict[str, float]:
-        r = self.strategy.half.counters.rounds
-        evaluated = self.result.evaluate_metrics_serverapp[r] = self.evaluate(r, self.result.arrays)
-        return dict(evaluated or {})
