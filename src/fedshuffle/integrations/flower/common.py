@@ -41,12 +41,8 @@ UPDATE_BOUND_ACTIONS = ("reject", "clip")
 ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean")
 
 
-def check_evaluation(evaluation: str, node_data: bool) -> None:
-    """``evaluation`` is one of :data:`EVALUATIONS`, and the server scores the model only where it has the data."""
-    if evaluation not in EVALUATIONS:
-        raise ConfigError(
-            "run-config.evaluation", f"unknown evaluation {evaluation!r}; accepted: {', '.join(EVALUATIONS)}"
-        )
+def _check_evaluation(evaluation: str, node_data: bool) -> None:
+    """The server scores the model only where it has the data."""
     if evaluation in ("central", "both") and node_data:
         raise ConfigError(
             "run-config.evaluation",
@@ -141,7 +137,7 @@ class AppSettings(BaseModel):
             settings = cls.model_validate({**own, "experiment": experiment})
         except ValidationError as exc:
             raise _one_line(exc, own) from None
-        check_evaluation(settings.evaluation, settings.node_data)
+        _check_evaluation(settings.evaluation, settings.node_data)
         return settings
 
     def override_sections(self) -> dict[str, Any]:

@@ -114,6 +114,10 @@ class _OpenRound:
     weights: np.ndarray | None = None  # ν_i of the cohort's members, sent with their plans (secure aggregation)
 
 
+#: the run config's defaults (:class:`~fedshuffle.integrations.flower.common.AppSettings`)
+DEFAULTS = AppSettings()
+
+
 class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strategy):
     """Any registered fedshuffle method (with its sampler, local solver, aggregation and server optimizer) as a Flower
     strategy.
@@ -132,20 +136,28 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
         self,
         run: FederatedRun,
         *,
-        round_timeout: float = 600.0,
-        connect_timeout: float = 120.0,
+        round_timeout: float = DEFAULTS.round_timeout,
+        connect_timeout: float = DEFAULTS.connect_timeout,
         out: str | Path | None = None,
-        resume: bool = False,
+        resume: bool = DEFAULTS.resume,
         poll_interval: float = 0.5,
         log: Callable[[str], None] | None = None,
-        invalid_reply: str = "drop",
-        node_data: bool = False,
+        invalid_reply: str = DEFAULTS.invalid_reply,
+        node_data: bool = DEFAULTS.node_data,
         secure: SecureAggregation | None = None,
-        evaluation: str = "auto",
+        evaluation: str = DEFAULTS.evaluation,
         bound: UpdateBound | None = None,
         robust: RobustAggregation | None = None,
     ) -> None:
-        AppSettings.from_run_config({"invalid-reply": invalid_reply, "evaluation": evaluation, "node-data": node_data})
+        AppSettings.from_run_config(  # the run config's checks: a ConfigError naming the key
+            {
+                "round-timeout": round_timeout,
+                "connect-timeout": connect_timeout,
+                "invalid-reply": invalid_reply,
+                "node-data": node_data,
+                "evaluation": evaluation,
+            }
+        )
         self.federated = evaluation == "federated" or node_data  # who scores the model: the nodes, or the server
         self.both = evaluation == "both"  # the server scores it, and the nodes' federated scores are recorded beside
         self.run, self.node_data, self.secure, self.robust = run, node_data, secure, robust
