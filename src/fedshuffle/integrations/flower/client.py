@@ -20,7 +20,8 @@ The slots live in ``context.state`` (the SuperNode keeps it for the run), or in 
 node-config directory ``state-dir`` (they outlive the SuperNode process).
 
 With ``data-path=FOLDER`` in its node config, a node reads its clients from its own files
-(:mod:`.nodedata`) instead of building the federation's data.
+(:mod:`.nodedata`, or partitions written by ``flwr-datasets``: :mod:`.partitions`, by its ``label-column`` and
+``feature-columns``) instead of building the federation's data.
 """
 
 from __future__ import annotations
