@@ -45,7 +45,6 @@ import torch
 from fedshuffle.integrations.flower.messages import (  # isort: skip
     GRADIENTS,
     TRAIN,
-    UNANSWERED,
     InvalidReply,
     checked_tensors,
     plans_records,
@@ -77,10 +76,9 @@ from fedshuffle.integrations.flower.replies import Reply, ReplyChecks, UpdateBou
 from fedshuffle.integrations.flower.robust import RobustAggregation
 from fedshuffle.integrations.flower.rounds import results_folder, run_rounds
 from fedshuffle.integrations.flower.secagg import (
+    SecureRounds,
     SecureAggregation,
     refuse_individual_updates,
-    rescaling,
-    secure_sum,
     sum_metrics,
 )
 from fedshuffle.local.plan import CohortPlan
@@ -118,7 +116,7 @@ class _OpenRound:
 DEFAULTS = AppSettings()
 
 
-class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strategy):
+class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, SecureRounds, Strategy):
     """Any registered fedshuffle method (with its sampler, local solver, aggregation and server optimizer) as a Flower
     strategy.
 
@@ -450,57 +448,6 @@ class FedShuffleStrategy(NodeProtocol, ReplyChecks, FederatedEvaluation, Strateg
             for k in range(len(points))
         ]
         return rnd, gradients, dropped
-
-    def _secure_result(
-        self, server_round: int, state: _OpenRound, keep: np.ndarray, decoded: dict[int, Reply]
-    ) -> tuple[np.ndarray, ClientResult | None, dict[str, float]]:
-        """The round's aggregate through SecAgg+ (:func:`~.secagg.secure_sum`) over the nodes of the members that
-        answered (``keep``),
-        with a node without members where only one node has any: the members whose node's input is in the sum stay, and
-        their aggregate is d = ρ·Σ_k s_k (ρ: their weights ν_i over the ν_i they were sent,
-        :func:`~.secagg.rescaling`)."""
-        rnd, half = state.rnd, self.half
-        inputs: dict[int, list[int]] = {}
-        for client in sorted({int(i) for i in rnd.cohort[keep]}):
-            inputs.setdefault(self.nodes[client], []).append(client)
-        for node in sorted(self._run_nodes() - set(inputs))[: max(0, 2 - len(inputs))]:
-            inputs[node] = []
-        summed = secure_sum(state.grid, self.secure, inputs, self.run.index, rnd.index, self.round_timeout)
-        for node, error in summed.errors:
-            if int(error.code) not in UNANSWERED:
-                raise FederationError(
-                    f"node {node} failed the secure aggregation of round {server_round}: {error.reason}"
-                )
-        extras = sum_metrics(summed)
-        if summed.total is None:
-            self._log(
-                f"round {server_round}: SecAgg+ halted (too few nodes answered for reconstruction-threshold): every "
-                "member dropped, the model is not changed"
-            )
-            return np.zeros_like(keep), None, extras
-        bound = len(summed.nodes) * self.secure.clipping_range + self.secure.tolerance(len(summed.nodes))
-        if not np.all(
-            np.abs(summed.total) <= bound
-        ):  # inputs in [−c, c] cannot sum beyond this: a masked input was malformed
-            raise FederationError(
-                f"round {server_round}: the SecAgg+ sum of {len(summed.nodes)} node(s) has entries beyond "
-                f"±{bound:g}: a node sent a malformed masked input"
-            )
-        keep = keep & np.array([self.nodes[int(i)] in summed.nodes for i in rnd.cohort], dtype=bool)
-        kept = keep_members(rnd, keep)
-        rho = rescaling(state.weights[keep], half.method.sum_weights(kept))
-        if rho is None:
-            raise FederationError(
-                f"round {server_round}: the method's weights of the members that remain are not one multiple of "
-                "those they were sent; the secure sum cannot be rescaled"
-            )
-        result = self._result(kept, {c: decoded[c] for c in np.unique(kept.cohort).tolist()})
-        result.payload = {"delta_sum": torch.from_numpy(rho * summed.total).to(half.device, half.dtype)}
-        return keep, result, extras
-
-    def _run_nodes(self) -> set[int]:
-        """The nodes hosting clients of this run (a node of the app may host only clients of a larger run)."""
-        return {node for client, node in self.nodes.items() if client < self.half.data.num_clients}
 
     def _ttl(self) -> float:
         """Messages outlive their round by a minute, then expire (a node that comes back does not run stale rounds)."""
