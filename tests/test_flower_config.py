@@ -74,10 +74,10 @@ def test_dotted_run_config_keys_override_the_experiment_as_fedshuffle_run_set_do
 @pytest.mark.parametrize(
     "run_config, text",
     [
-        ({"local.lrr": 0.05}, "local.lrr"),
-        ({"local.lr": -1.0}, "local.lr"),
+        ({"local.lrr": 0.05}, "run-config local.lrr"),
+        ({"local.lr": -1.0}, "run-config local.lr"),
         ({"local.prox_mu": 0.1}, "local.prox_mu"),  # a variant sets it to another value
-        ({"nope.lr": 1}, "section.setting with section one of"),
+        ({"nope.lr": 1}, "run-config.nope.lr: unknown setting; an experiment's is section.setting, section one of"),
     ],
 )
 def test_a_bad_experiment_key_is_one_line_naming_it(run_config, text):

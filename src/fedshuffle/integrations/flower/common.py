@@ -26,7 +26,7 @@ from pydantic.fields import FieldInfo
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.data.federated import PopulationCounts
 from fedshuffle.experiments.runner import seeded
-from fedshuffle.experiments.schema import Experiment, RunSpec, load_experiment, parse_overrides, validate
+from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, load_experiment, parse_overrides, validate
 
 #: the experiment inside a written app (JSON: paths already resolved)
 EXPERIMENT_FILE = "experiment.json"
@@ -133,6 +133,12 @@ class AppSettings(BaseModel):
         experiment = {key: value for key, value in config.items() if "." in key and value != ""}
         if "experiment" in own:
             raise ConfigError("run-config.experiment", f"unknown setting; accepted: {', '.join(_keys())}")
+        for key in experiment:
+            if key.split(".")[0] not in SECTIONS or key.count(".") != 1:
+                raise ConfigError(
+                    f"run-config.{key}",
+                    f"unknown setting; an experiment's is section.setting, section one of {', '.join(SECTIONS)}",
+                )
         try:
             settings = cls.model_validate({**own, "experiment": experiment})
         except ValidationError as exc:
@@ -248,7 +254,8 @@ def read_experiment(path: str | Path) -> Experiment:
 
 def federated_runs(experiment: Experiment, settings: AppSettings) -> list[FederatedRun]:
     """The runs the app's settings select: every variant (or the one named), at one seed each."""
-    runs = experiment.runs(settings.override_sections())
+    given_as = "run-config" if settings.experiment and not settings.overrides else "--set"
+    runs = experiment.runs(settings.override_sections(), given_as)
     if settings.variant:
         labels = [label for label, _ in runs]
         if settings.variant not in labels:
