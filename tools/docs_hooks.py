@@ -5,7 +5,9 @@ A page asks for generated content with an HTML comment on a line of its own:
 * ``<!-- fedshuffle:presets PAPER -->`` — the presets whose ``[experiment] paper`` contains ``PAPER``
   (title, figure, variants, seeds, rounds), from the preset files;
 * ``<!-- fedshuffle:registry NAME -->`` — the entries of a registry (``methods``, ``problems``,
-  ``sources``, ``partitions``, ``samplers``, ``server_optimizers``, ``metrics``): name, summary, source.
+  ``sources``, ``partitions``, ``samplers``, ``server_optimizers``, ``metrics``): name, summary, source;
+* ``<!-- fedshuffle:flower_settings -->`` — the Flower app's run-config keys (key, default, description), from
+  :class:`fedshuffle.integrations.flower.common.AppSettings`.
 
 The docstrings' Sphinx roles (``:class:`~fedshuffle.x.Y```) are shown as code (``Y``).
 
@@ -212,6 +214,10 @@ def expand(markdown: str) -> str:
             return render_presets(argument)
         if kind == "registry":
             return render_registry(argument)
+        if kind == "flower_settings":
+            from fedshuffle.integrations.flower.common import settings_table
+
+            return settings_table()
         raise DocsError(f"unknown marker fedshuffle:{kind}")
 
     return MARKER.sub(fill, markdown)

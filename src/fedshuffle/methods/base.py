@@ -232,6 +232,11 @@ class Method:
         weights ω_i."""
         return self.aggregation_weights(rnd)
 
+    def extra_passes(self) -> int:
+        """Full passes over a member's data its client half may take beyond the planned steps' minibatch gradients
+        (the most work a reply may report, :func:`fedshuffle.integrations.flower.replies.work_bound`): none."""
+        return 0
+
     def describe(self) -> str:
         return self.name
 

@@ -169,6 +169,11 @@ class FedCDR(Method):
             return payload["delta_sum"], state, {}
         return rnd.member_weights(params) @ payload["delta"], state, {}
 
+    def extra_passes(self) -> int:
+        """The L-BFGS prox's: two solves (a new client's first prox and the round's), each of at most
+        1 + 40·``prox_max_iter`` evaluations (:func:`~fedshuffle.local.prox.solve_prox`'s 40 halvings per iteration)."""
+        return 2 * (1 + 40 * self.prox_max_iter)
+
     def describe(self):
         return f"fedcdr (α = {self.alpha}, η = {self.eta}, init {self.initialization}, prox {self.prox_solver})"
 

@@ -16,21 +16,26 @@ as one line naming the setting or node (:class:`OneLineErrors`), not as a traceb
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedshuffle.integrations.flower import messages  # noqa: F401  isort: skip  (first: refuses an unsupported Flower)
 from flwr.app import Context
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
 from flwr.serverapp import Grid, ServerApp
 
 from fedshuffle.core.errors import ConfigError, ResultsError
 from fedshuffle.experiments.schema import Experiment
 from fedshuffle.integrations.flower.client import NodeRuntime, RuntimeCache, hosted_clients, make_client_app
 from fedshuffle.integrations.flower.common import AppSettings, FederatedRun, federated_runs, read_experiment
+from fedshuffle.integrations.flower.partitions import Columns
+from fedshuffle.integrations.flower.replies import UpdateBound
+from fedshuffle.integrations.flower.robust import RobustAggregation
 from fedshuffle.integrations.flower.secagg import SecureAggregation
 from fedshuffle.integrations.flower.strategy import FederationError, FedShuffleStrategy, handshake
 
@@ -39,7 +44,7 @@ LOGGER = logging.getLogger("flwr")
 
 #: per process: the runs of an experiment under a run config, and the node runtimes built (Ray actors and
 #: :mod:`.worker`'s long-lived ClientApp process keep them between messages)
-_RUNS: dict[tuple[str, tuple], list[FederatedRun]] = {}
+_RUNS: dict[tuple[str, str], list[FederatedRun]] = {}
 _RUNTIMES = RuntimeCache()
 
 
@@ -74,7 +79,7 @@ def runs_for(source: Source, run_config: Mapping[str, Any]) -> list[FederatedRun
     """The runs a run configuration selects from ``source`` (cached per process)."""
     key = (
         source.model_dump_json() if isinstance(source, Experiment) else str(source),
-        tuple(sorted(run_config.items())),
+        json.dumps(dict(run_config), sort_keys=True, default=str),
     )
     if key not in _RUNS:
         _RUNS[key] = federated_runs(_experiment(source), AppSettings.from_run_config(run_config))
@@ -112,6 +117,8 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
                 node_data=settings.node_data,
                 secure=SecureAggregation.from_settings(settings),
                 evaluation=settings.evaluation,
+                bound=UpdateBound.from_settings(settings),
+                robust=RobustAggregation.from_settings(settings),
             )
             for run in runs
         ]
@@ -123,10 +130,16 @@ def server_app(source: Source, run_config: Mapping[str, Any] | None = None) -> S
     return app
 
 
-def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> ClientApp:
+def client_app(source: Source, run_config: Mapping[str, Any] | None = None, mods: Sequence[Mod] = ()) -> ClientApp:
     """The ClientApp: this node's clients (``clients``, or ``partition-id``) of whichever run a message names, built
-    from the
-    node's own files where its node config has a ``data-path`` (``run_config`` as for :func:`server_app`)."""
+    from the node's own files where its node config has a ``data-path`` (``run_config`` as for :func:`server_app`).
+
+    ``mods``: Flower mods (``mod(message, context, call_next) -> Message``) around every message, in order: a
+    written app's ``MODS`` (:func:`~fedshuffle.integrations.flower.bundle.app_module`). Flower's
+    ``message_size_mod`` and ``arrays_size_mod`` (logging) fit any message; ``fixedclipping_mod``,
+    ``adaptiveclipping_mod`` and ``LocalDpMod`` expect Flower's own training message (one array record: the model)
+    and answer fedshuffle's (the broadcast and the plans) with an error reply, which stops the run: differential
+    privacy is the experiment's ``privacy`` section."""
 
     _one_line_errors()
 
@@ -135,13 +148,18 @@ def client_app(source: Source, run_config: Mapping[str, Any] | None = None) -> C
         if not 0 <= index < len(runs):
             raise IndexError(f"run {index} asked for; this app's run config selects {len(runs)} run(s)")
         run, clients, folder = runs[index], hosted_clients(context), context.node_config.get("data-path")
-        key = (context.run_id, run.digest, clients, str(folder or ""))
+        columns = Columns.from_node_config(context.node_config)
+        key = (context.run_id, run.digest, clients, str(folder or ""), columns)
         return _RUNTIMES.get(
             key,
-            lambda: NodeRuntime.from_folder(run, clients, str(folder)) if folder else NodeRuntime.build(run, clients),
+            lambda: (
+                NodeRuntime.from_folder(run, clients, str(folder), columns)
+                if folder
+                else NodeRuntime.build(run, clients)
+            ),
         )
 
-    return make_client_app(runtime)
+    return make_client_app(runtime, mods)
 
 
 def simulate(

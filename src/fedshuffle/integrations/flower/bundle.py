@@ -29,8 +29,15 @@ from typing import Any
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import write_atomic
-from fedshuffle.experiments.schema import Experiment, slug
-from fedshuffle.integrations.flower.common import EXPERIMENT_FILE, AppSettings, federated_runs, read_experiment
+from fedshuffle.experiments.schema import SECTIONS, Experiment, slug
+from fedshuffle.integrations.flower.common import (
+    EXPERIMENT_FILE,
+    AppSettings,
+    FederatedRun,
+    federated_runs,
+    pyproject_lines,
+    read_experiment,
+)
 
 MODULE = "fedshuffle_app"
 #: the folder of the app that holds the bundled wheel
@@ -41,7 +48,7 @@ NOT_INSTALLED = "unknown (not installed)"
 
 def app_module(version: str, plugin_modules: Sequence[str] = ()) -> str:
     """The app's module: the version check, the consent to the experiment's plugins (given when the app was written),
-    then the ServerApp and the ClientApp of the experiment."""
+    then the ServerApp and the ClientApp of the experiment, with a place for Flower mods (``MODS``)."""
     return f'''"""A fedshuffle experiment as a Flower App (written by ``fedshuffle flower-app`` with fedshuffle
 {version}; the experiment is {EXPERIMENT_FILE})."""
 
@@ -57,8 +64,14 @@ allow({json.dumps(list(plugin_modules))}, "the Flower App (consented when it was
 
 EXPERIMENT = Path(__file__).with_name("{EXPERIMENT_FILE}")
 
+# Flower mods around every message this ClientApp answers, in order: your own `mod(message, context, call_next)`,
+# or flwr.clientapp.mod's message_size_mod and arrays_size_mod (logging). fixedclipping_mod, adaptiveclipping_mod and
+# LocalDpMod expect Flower's own training message (one array record) and answer fedshuffle's with an error:
+# differential privacy is the experiment's [privacy] section.
+MODS = []
+
 server = server_app(EXPERIMENT)
-client = client_app(EXPERIMENT)
+client = client_app(EXPERIMENT, mods=MODS)
 '''
 
 
@@ -101,18 +114,36 @@ def _dependency(version: str, wheel: Path | None) -> str:
     )
 
 
-def _run_config(settings: AppSettings) -> str:
-    """The ``[tool.flwr.app.config]`` lines: every key of :attr:`AppSettings.KEYS` with its value and its help."""
-    lines = []
-    for key, (name, kind) in AppSettings.KEYS.items():
-        value = getattr(settings, name)
-        text = _toml_string(value) if kind is str else str(value).lower() if kind is bool else repr(value)
-        lines.append(f"{key} = {text}   # {AppSettings.HELP[key]}")
-    return "\n".join(lines) + "\n"
+def experiment_keys(runs: Sequence[FederatedRun]) -> list[str]:
+    """The experiment's settings as run-config keys ``section.setting`` (those of a scalar value in any selected run):
+    Flower refuses a ``--run-config`` key the app does not declare, so the app declares each one, as "" (the
+    experiment's own value)."""
+    keys: set[str] = set()
+    for run in runs:
+        for section, settings in run.spec.model_dump(mode="json").items():
+            if section in SECTIONS and isinstance(settings, dict):
+                keys.update(f"{section}.{k}" for k, v in settings.items() if isinstance(v, (bool, int, float, str)))
+    return sorted(keys)
+
+
+def _run_config(settings: AppSettings, runs: Sequence[FederatedRun]) -> str:
+    """The ``[tool.flwr.app.config]`` lines: every key of :class:`AppSettings` with its value and its description,
+    then the experiment's settings (:func:`experiment_keys`)."""
+    experiment = "".join(f'{key} = ""\n' for key in experiment_keys(runs))
+    return (
+        pyproject_lines(settings)
+        + "\n# the experiment's settings, as `fedshuffle run --set` takes them (\"\" = the experiment's own value)\n"
+        + experiment
+    )
 
 
 def pyproject(
-    name: str, description: str, settings: AppSettings, version: str | None = None, wheel: Path | None = None
+    name: str,
+    description: str,
+    settings: AppSettings,
+    version: str | None = None,
+    wheel: Path | None = None,
+    runs: Sequence[FederatedRun] = (),
 ) -> str:
     """The app's pyproject.toml: components, the run configuration :class:`AppSettings` reads, and the dependency
     on fedshuffle ``version`` (default: the installed one), from the bundled ``wheel`` where one is given."""
@@ -140,7 +171,7 @@ serverapp = "{MODULE}:server"
 clientapp = "{MODULE}:client"
 
 [tool.flwr.app.config]
-{_run_config(settings)}"""
+{_run_config(settings, runs)}"""
 
 
 def _absolute(sections: Mapping[str, Any], base: Path, data_paths: bool = True) -> dict[str, Any]:
@@ -273,7 +304,7 @@ def write_app(
             shutil.copy2(bundled, target)
         write_atomic(
             directory / "pyproject.toml",
-            pyproject(f"fedshuffle-{slug(name)}".replace("_", "-"), description, settings, version, target),
+            pyproject(f"fedshuffle-{slug(name)}".replace("_", "-"), description, settings, version, target, runs),
         )
     write_atomic(directory / EXPERIMENT_FILE, json.dumps(raw, indent=2, sort_keys=True) + "\n")
     write_atomic(directory / f"{MODULE}.py", app_module(version, experiment.experiment.plugins))

@@ -20,7 +20,8 @@ The slots live in ``context.state`` (the SuperNode keeps it for the run), or in 
 node-config directory ``state-dir`` (they outlive the SuperNode process).
 
 With ``data-path=FOLDER`` in its node config, a node reads its clients from its own files
-(:mod:`.nodedata`) instead of building the federation's data.
+(:mod:`.nodedata`, or partitions written by ``flwr-datasets``: :mod:`.partitions`, by its ``label-column`` and
+``feature-columns``) instead of building the federation's data.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch
 from fedshuffle.integrations.flower.messages import STATE_LOST, WRONG_RUN, record_tensors, records_plans, tensors_record
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.io import write_atomic
@@ -50,6 +52,7 @@ from fedshuffle.experiments.build import build_algorithm_from
 from fedshuffle.experiments.runner import DTYPES, build_simulation
 from fedshuffle.integrations.flower.bundle import installed_version
 from fedshuffle.integrations.flower.common import FederatedRun, NodeData, format_clients, parse_clients
+from fedshuffle.integrations.flower.partitions import Columns
 from fedshuffle.integrations.flower.nodedata import OwnClients, SampleKind, folder_clients, refuse_theory, rows_digest
 from fedshuffle.integrations.flower.secagg import keep_weighted_update, node_mod
 from fedshuffle.local.plan import ClientPlan
@@ -96,12 +99,15 @@ class NodeRuntime:
         )
 
     @classmethod
-    def from_folder(cls, run: FederatedRun, clients: Sequence[int], folder: str | Path) -> NodeRuntime:
+    def from_folder(
+        cls, run: FederatedRun, clients: Sequence[int], folder: str | Path, columns: Columns = Columns()
+    ) -> NodeRuntime:
         """The run's problem and client half, and ``clients``' rows from the node's own ``folder``
-        (:mod:`.nodedata`), without building the federation's data."""
+        (:mod:`.nodedata`; partitions written by ``flwr-datasets`` read by ``columns``), without building the
+        federation's data."""
         spec = run.spec
         refuse_theory(spec, "this node brings only its own (data-path)")
-        own = OwnClients.read(folder, clients, spec)
+        own = OwnClients.read(folder, clients, spec, columns)
         sizes = np.zeros(max(own.clients) + 1, dtype=np.int64)
         sizes[list(own.clients)] = [own.sizes[c] for c in own.clients]
         dtype, device = DTYPES[spec.run.dtype], spec.run.device
@@ -368,10 +374,10 @@ def evaluate_reply(message: Message, context: Context, runtime: Callable[[Contex
     return Message(RecordDict({"scores": info, "gradient": tensors_record({"gradient": gradient})}), reply_to=message)
 
 
-def make_client_app(runtime: Callable[[Context, int], NodeRuntime]) -> ClientApp:
+def make_client_app(runtime: Callable[[Context, int], NodeRuntime], mods: Sequence[Mod] = ()) -> ClientApp:
     """A ClientApp answering fedshuffle's four message types with the node runtimes ``runtime(context, run index)``
-    gives."""
-    app = ClientApp()
+    gives; Flower's ``mods`` (``mod(message, context, call_next) -> Message``) wrap every message, in order."""
+    app = ClientApp(mods=list(mods))
     app.query("fedshuffle")(lambda message, context: handshake_reply(message, context, runtime))
     app.query("evaluate")(lambda message, context: evaluate_reply(message, context, runtime))
     app.train("gradients")(lambda message, context: gradients_reply(message, context, runtime))
@@ -403,7 +409,9 @@ def hosted_clients(context: Context) -> tuple[int, ...]:
     if config.get("partition-id") is None and config.get("data-path"):
         clients = folder_clients(Path(str(config["data-path"])))
         if not clients:
-            raise ConfigError("node-config.data-path", f"{config['data-path']} holds no client-<id>.npz file")
+            raise ConfigError(
+                "node-config.data-path", f"{config['data-path']} holds no client-<id>.npz file (nor partition)"
+            )
         return clients
     if config.get("partition-id") is None:
         raise ConfigError(

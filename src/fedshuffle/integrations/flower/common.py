@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.data.federated import PopulationCounts
 from fedshuffle.experiments.runner import seeded
-from fedshuffle.experiments.schema import Experiment, RunSpec, load_experiment, parse_overrides, validate
+from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, load_experiment, parse_overrides, validate
 
 #: the experiment inside a written app (JSON: paths already resolved)
 EXPERIMENT_FILE = "experiment.json"
@@ -34,14 +35,14 @@ INVALID_REPLY_POLICIES = ("drop", "stop")
 #: who scores the model: the server on its data (central), each node its own clients (federated), or auto: central
 #: where the server has the data, federated where only the nodes have it (node-data = true)
 EVALUATIONS = ("auto", "central", "federated", "both")
+#: what the server does with an update beyond the bound: drop its member (an invalid reply), or scale it to the bound
+UPDATE_BOUND_ACTIONS = ("reject", "clip")
+#: the server's aggregation of the members' Δ_i: the method's own, or a robust one (the FedAvg family only)
+ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean")
 
 
-def check_evaluation(evaluation: str, node_data: bool) -> None:
-    """``evaluation`` is one of :data:`EVALUATIONS`, and the server scores the model only where it has the data."""
-    if evaluation not in EVALUATIONS:
-        raise ConfigError(
-            "run-config.evaluation", f"unknown evaluation {evaluation!r}; accepted: {', '.join(EVALUATIONS)}"
-        )
+def _check_evaluation(evaluation: str, node_data: bool) -> None:
+    """The server scores the model only where it has the data."""
     if evaluation in ("central", "both") and node_data:
         raise ConfigError(
             "run-config.evaluation",
@@ -50,114 +51,171 @@ def check_evaluation(evaluation: str, node_data: bool) -> None:
         )
 
 
-@dataclass(frozen=True)
-class AppSettings:
-    """The app's run configuration (``[tool.flwr.app.config]``, overridden by ``flwr run -c``).
+def _key(default: Any, description: str, **constraints: Any) -> Any:
+    """A run-config key: its default, its one-line description (the app's pyproject.toml, the docs) and its
+    constraints (``title``: the noun of a choice's error); the field's alias (the key) is its name, ``-`` for ``_``."""
+    return Field(default, description=description, **constraints)
 
-    ``variant``: one variant's label, or "" for every variant in turn; ``seed``: −1 for the
-    experiment's first seed; ``set``: overrides as in ``fedshuffle run --set``, separated by ";"
-    (e.g. "run.rounds=5; local.lr=0.1"); ``out``: a results folder on the server's machine ("" = none);
-    ``round-timeout``: seconds a round waits for its members (later ones are dropped as unfinished work);
-    ``connect-timeout``: seconds the server waits for nodes hosting every client to connect; ``resume``:
-    continue each run from the checkpoint in ``out`` (stateful methods need nodes with a ``state-dir``);
-    ``invalid-reply``: what an invalid reply (wrong dtype, shape, non-finite entries, implausible counts)
-    does: ``"drop"`` its member from the round, with the reason logged, or ``"stop"`` the run; ``node-data``: the
-    nodes bring their own data (node config ``data-path``) and the server builds none: it plans on the clients'
-    sizes and kind of samples the handshake reports, and evaluates federatedly (each node scores its clients);
-    ``secure-aggregation``: the server sees only the round's weighted sum, through Flower's SecAgg+, with its settings
-    ``secagg-num-shares``, ``secagg-reconstruction-threshold``, ``secagg-clipping-range``, ``secagg-quantization-range``
-    (:mod:`~fedshuffle.integrations.flower.secagg`).
-    ``evaluation``: ``"central"`` (the server scores the model on its data), ``"federated"`` (each node scores its own
-    clients, the server adds their shares), ``"both"`` (central, and the federated scores beside it as
-    ``federated_loss``,
-    ``federated_grad_norm_sq``, ``federated_train_accuracy``) or ``"auto"``: federated with ``node-data``, central
-    otherwise.
+
+class AppSettings(BaseModel):
+    """The app's run configuration (``[tool.flwr.app.config]``, overridden by ``flwr run --run-config``): one field per
+    key, the key its alias. Each key's type, constraint, default and description are declared here once; the app's
+    pyproject.toml lines (:func:`pyproject_lines`), the docs' table (:func:`settings_table`) and the errors (one line
+    naming the key and the accepted values, :meth:`from_run_config`) come from them.
+
+    Keys with a dot (``local.lr``, ``run.rounds``) are not settings of the app but the experiment's: they override
+    its sections as ``fedshuffle run --set`` does (``experiment``), validated by the same schema.
     """
 
-    variant: str = ""
-    seed: int = -1
-    overrides: str = ""
-    out: str = ""
-    round_timeout: float = 600.0
-    connect_timeout: float = 120.0
-    resume: bool = False
-    invalid_reply: str = "drop"
-    node_data: bool = False
-    secure_aggregation: bool = False
-    secagg_num_shares: float = 3.0
-    secagg_reconstruction_threshold: float = 2.0
-    secagg_clipping_range: float = 8.0
-    secagg_quantization_range: int = 1 << 22
-    evaluation: str = "auto"
+    model_config = ConfigDict(
+        strict=True,
+        frozen=True,
+        extra="forbid",
+        populate_by_name=True,
+        alias_generator=lambda name: name.replace("_", "-"),
+    )
 
-    KEYS = {
-        "variant": ("variant", str),
-        "seed": ("seed", int),
-        "set": ("overrides", str),
-        "out": ("out", str),
-        "round-timeout": ("round_timeout", float),
-        "connect-timeout": ("connect_timeout", float),
-        "resume": ("resume", bool),
-        "invalid-reply": ("invalid_reply", str),
-        "node-data": ("node_data", bool),
-        "secure-aggregation": ("secure_aggregation", bool),
-        "secagg-num-shares": ("secagg_num_shares", float),
-        "secagg-reconstruction-threshold": ("secagg_reconstruction_threshold", float),
-        "secagg-clipping-range": ("secagg_clipping_range", float),
-        "secagg-quantization-range": ("secagg_quantization_range", int),
-        "evaluation": ("evaluation", str),
-    }
-    #: each key's one line in a written app's ``pyproject.toml`` (:mod:`.bundle`), which lists every key: Flower
-    #: refuses a
-    #: ``--run-config`` key the app does not declare
-    HELP = {
-        "variant": 'one variant\'s label; "" runs every variant in turn',
-        "seed": "-1: the experiment's first seed",
-        "set": 'overrides as in `fedshuffle run --set`, separated by ";"',
-        "out": 'results folder on the server\'s machine ("" = none)',
-        "round-timeout": "seconds a round waits; members later than that are dropped (unfinished work)",
-        "connect-timeout": "seconds to wait for nodes hosting every client",
-        "resume": "continue each run from its checkpoint in `out`",
-        "invalid-reply": 'a reply that fails the server\'s checks: "drop" its member for the round, or "stop" the run',
-        "node-data": "the nodes bring their own data (node config data-path); the server builds none",
-        "secure-aggregation": "the server sees only each round's weighted sum (Flower's SecAgg+)",
-        "secagg-num-shares": "SecAgg+: shares of each node's secrets (> 2, or a fraction of the nodes)",
-        "secagg-reconstruction-threshold": "SecAgg+: shares that rebuild a secret",
-        "secagg-clipping-range": "SecAgg+: a node's input must lie in [-c, c]",
-        "secagg-quantization-range": "SecAgg+: levels of [-c, c]; the sum is within nodes·2c/Q",
-        "evaluation": 'who scores the model: "central" (the server), "federated" (each node its clients), "both", '
-        '"auto"',
-    }
+    variant: str = _key("", 'one variant\'s label; "" runs every variant in turn')
+    seed: int = _key(-1, "-1: the experiment's first seed", ge=-1)
+    overrides: str = Field(
+        "", alias="set", description='overrides as in `fedshuffle run --set`, separated by ";" (or keys `local.lr`, …)'
+    )
+    out: str = _key("", 'results folder on the server\'s machine ("" = none)')
+    round_timeout: float = _key(
+        600.0, "seconds a round waits; members later than that are dropped (unfinished work)", gt=0, allow_inf_nan=False
+    )
+    connect_timeout: float = _key(120.0, "seconds to wait for nodes hosting every client", gt=0, allow_inf_nan=False)
+    resume: bool = _key(False, "continue each run from its checkpoint in `out`")
+    invalid_reply: Literal[INVALID_REPLY_POLICIES] = _key(
+        "drop",
+        'a reply that fails the server\'s checks: "drop" its member for the round, or "stop" the run',
+        title="policy",
+    )
+    node_data: bool = _key(False, "the nodes bring their own data (node config data-path); the server builds none")
+    secure_aggregation: bool = _key(False, "the server sees only each round's weighted sum (Flower's SecAgg+)")
+    secagg_num_shares: float = _key(3.0, "SecAgg+: shares of each node's secrets (> 2, or a fraction of the nodes)")
+    secagg_reconstruction_threshold: float = _key(2.0, "SecAgg+: shares that rebuild a secret")
+    secagg_clipping_range: float = _key(8.0, "SecAgg+: a node's input must lie in [-c, c]")
+    secagg_quantization_range: int = _key(1 << 22, "SecAgg+: levels of [-c, c]; the sum is within nodes·2c/Q")
+    evaluation: Literal[EVALUATIONS] = _key(
+        "auto",
+        'who scores the model: "central" (the server), "federated" (each node its clients), "both", "auto"',
+        title="evaluation",
+    )
+    update_bound: float = _key(
+        0.0,
+        "c: a member's ‖Δ_i‖ may be at most c·max(‖x‖, update-bound-floor); 0 = no bound",
+        ge=0,
+        allow_inf_nan=False,
+    )
+    update_bound_floor: float = _key(
+        1.0, "the model norm the bound uses at least (a model at 0 is not stuck)", gt=0, allow_inf_nan=False
+    )
+    update_bound_action: Literal[UPDATE_BOUND_ACTIONS] = _key(
+        "reject", 'an update beyond the bound: "reject" it (an invalid reply) or "clip" it to the bound', title="action"
+    )
+    robust_aggregation: Literal[ROBUST_AGGREGATIONS] = _key(
+        "none",
+        'the FedAvg family\'s Σ ω_iΔ_i as W·(coordinate-wise) "median" or "trimmed-mean" of the Δ_i',
+        title="robust aggregation",
+    )
+    trim_fraction: float = _key(
+        0.1, "trimmed-mean: the fraction β of members cut at each end of every coordinate", ge=0, lt=0.5
+    )
+    experiment: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:
-        """Settings from a Flower run configuration; unknown keys and wrong types name the key."""
-        values: dict[str, Any] = {}
-        for key, value in config.items():
-            if key not in cls.KEYS:
-                raise ConfigError(f"run-config.{key}", f"unknown setting; accepted: {', '.join(cls.KEYS)}")
-            name, kind = cls.KEYS[key]
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-                raise ConfigError(f"run-config.{key}", f"expected {kind.__name__}, got {value!r}")
-            values[name] = value
-        settings = cls(**values)
-        for key in ("round-timeout", "connect-timeout"):
-            seconds = getattr(settings, cls.KEYS[key][0])
-            if not (seconds > 0 and math.isfinite(seconds)):
-                raise ConfigError(f"run-config.{key}", f"must be a positive number of seconds, got {seconds}")
-        if settings.invalid_reply not in INVALID_REPLY_POLICIES:
-            raise ConfigError(
-                "run-config.invalid-reply",
-                f"unknown policy {settings.invalid_reply!r}; accepted: {', '.join(INVALID_REPLY_POLICIES)}",
-            )
-        check_evaluation(settings.evaluation, settings.node_data)
+        """Settings from a Flower run configuration: the app's keys checked against their fields, the dotted keys
+        kept as the experiment's overrides (a value "" leaves the experiment's own); errors name the key."""
+        config = _flat(config)
+        own = {key: value for key, value in config.items() if "." not in key}
+        experiment = {key: value for key, value in config.items() if "." in key and value != ""}
+        if "experiment" in own:
+            raise ConfigError("run-config.experiment", f"unknown setting; accepted: {', '.join(_keys())}")
+        for key in experiment:
+            if key.split(".")[0] not in SECTIONS or key.count(".") != 1:
+                raise ConfigError(
+                    f"run-config.{key}",
+                    f"unknown setting; an experiment's is section.setting, section one of {', '.join(SECTIONS)}",
+                )
+        try:
+            settings = cls.model_validate({**own, "experiment": experiment})
+        except ValidationError as exc:
+            raise _one_line(exc, own) from None
+        _check_evaluation(settings.evaluation, settings.node_data)
         return settings
 
     def override_sections(self) -> dict[str, Any]:
-        """The ``set`` overrides as sections (:func:`fedshuffle.experiments.schema.parse_overrides`)."""
-        return parse_overrides([part.strip() for part in self.overrides.split(";") if part.strip()])
+        """The experiment's overrides as sections (:func:`fedshuffle.experiments.schema.parse_overrides`): the ``set``
+        string's, then the dotted keys' (``local.lr = 0.05``), each written as ``--set`` reads it."""
+        assignments = [part.strip() for part in self.overrides.split(";") if part.strip()]
+        assignments += [f"{key}={_toml_value(value)}" for key, value in self.experiment.items()]
+        return parse_overrides(assignments)
+
+
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A run configuration with nested tables as dotted keys (``{"local": {"lr": 0.1}}`` → ``local.lr``), as Flower
+    flattens the app's pyproject.toml."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _toml_value(value: Any) -> str:
+    """A run-config value as TOML writes it (the form ``--set`` parses)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _one_line(exc: ValidationError, config: Mapping[str, Any]) -> ConfigError:
+    """A :class:`ConfigError` naming the run-config key of ``exc``'s first error and what it accepts."""
+    error = exc.errors()[0]
+    key = str(error["loc"][0]) if error["loc"] else "run-config"
+    if error["type"] == "extra_forbidden":
+        return ConfigError(f"run-config.{key}", f"unknown setting; accepted: {', '.join(_keys())}, or section.setting")
+    value, info = config.get(key), _keys().get(key)
+    accepted = get_args(info.annotation) if info is not None else ()
+    if error["type"] == "literal_error" and accepted:
+        return ConfigError(f"run-config.{key}", f"unknown {info.title} {value!r}; accepted: {', '.join(accepted)}")
+    if error["type"].endswith("_type") and info is not None:
+        return ConfigError(f"run-config.{key}", f"expected {info.annotation.__name__}, got {value!r}")
+    return ConfigError(f"run-config.{key}", f"{error['msg'][0].lower()}{error['msg'][1:]}, got {value!r}")
+
+
+def _keys() -> dict[str, FieldInfo]:
+    """The run-config keys and their fields."""
+    return {info.alias: info for info in AppSettings.model_fields.values() if not info.exclude}
+
+
+def pyproject_lines(settings: AppSettings) -> str:
+    """The app's ``[tool.flwr.app.config]`` lines: every key with its value in ``settings`` and its description
+    (Flower refuses a ``--run-config`` key the app does not declare)."""
+    values = settings.model_dump(by_alias=True)
+    return "".join(f"{key} = {_toml_value(values[key])}   # {info.description}\n" for key, info in _keys().items())
+
+
+def settings_table() -> str:
+    """The run-config keys as a Markdown table: key, default, description (the docs' table)."""
+    rows = ["| key | default | |", "|---|---|---|"]
+    for key, info in _keys().items():
+        text = info.description.replace("|", "\\|")
+        rows.append(f"| `{key}` | `{_toml_value(info.default)}` | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+class FederationError(RuntimeError):
+    """The federation cannot go on: wrong or missing nodes, a failing ClientApp, lost client state, an invalid
+    reply under ``invalid_reply="stop"``."""
+
+
+class ClientStateLost(FederationError):
+    """A client's state (SCAFFOLD's c_i, FedCDR's y_i, …) is not on its node any more: never silently reset."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +254,8 @@ def read_experiment(path: str | Path) -> Experiment:
 
 def federated_runs(experiment: Experiment, settings: AppSettings) -> list[FederatedRun]:
     """The runs the app's settings select: every variant (or the one named), at one seed each."""
-    runs = experiment.runs(settings.override_sections())
+    given_as = "run-config" if settings.experiment and not settings.overrides else "--set"
+    runs = experiment.runs(settings.override_sections(), given_as)
     if settings.variant:
         labels = [label for label, _ in runs]
         if settings.variant not in labels:

@@ -8,10 +8,12 @@ federation's whole dataset. The format, one NumPy ``.npz`` file per client::
                                classes  (optional, a 0-d integer) the federation's number of classes; default:
                                         the largest label in the node's files + 1
 
-``<id>`` is written in ASCII digits. Each file is checked as the ``npz`` data source checks its file (a regular
-file, its headers before any data is read, real and finite features, labels that are class indices
-0..classes−1; ``classes`` 0 for targets without classes); a file that fails is one error naming it, which the
-node's handshake reply carries.
+``<id>`` is written in ASCII digits. A client's data may instead be a partition written by Flower's
+dataset tooling (``flwr-datasets``: a saved ``Dataset`` folder ``client-<id>/``, ``client-<id>.parquet`` or
+``client-<id>.csv``), its columns named by the node config (:mod:`.partitions`). Each client's data is checked as
+the ``npz`` data source checks its file (a regular file, its headers before any data is read, real and finite
+features, labels that are class indices 0..classes−1; ``classes`` 0 for targets without classes; :func:`check_client`
+for every format); a file that fails is one error naming it, which the node's handshake reply carries.
 
 The rows are in the order the client's minibatch plans number them (0..|D_i|−1). The node builds the
 run's problem from its samples' shape and ``classes``, then each client's rows as ``fedshuffle run``
@@ -44,6 +46,7 @@ from fedshuffle.data.sources import checks
 from fedshuffle.data.sources.arrays import READ_ERRORS
 from fedshuffle.experiments.runner import DTYPES, seeded
 from fedshuffle.experiments.schema import Experiment, RunSpec
+from fedshuffle.integrations.flower.partitions import PARTITION_NAMES, Columns, read_partition
 from fedshuffle.problems import PROBLEMS, Problem
 
 #: a client's file in a node's folder
@@ -69,13 +72,34 @@ def refuse_theory(spec: RunSpec, why: str) -> None:
 
 
 def folder_clients(folder: Path) -> tuple[int, ...]:
-    """The clients whose files a node's folder holds (``client-<id>.npz``)."""
-    clients = []
-    for path in Path(folder).glob("client-*.npz"):
-        tail = path.name[len("client-") : -len(".npz")]
+    """The clients whose data a node's folder holds: ``client-<id>.npz``, or a partition written by ``flwr-datasets``
+    (``client-<id>/``, ``client-<id>.parquet``, ``client-<id>.csv``: :mod:`.partitions`)."""
+    clients = set()
+    for path in Path(folder).glob("client-*"):
+        tail = path.name[len("client-") :]
+        for suffix in (".npz", ".parquet", ".csv"):
+            tail = tail.removesuffix(suffix)
         if tail.isascii() and tail.isdigit():
-            clients.append(int(tail))
+            clients.add(int(tail))
     return tuple(sorted(clients))
+
+
+def client_path(folder: Path, client: int) -> Path:
+    """The one file (or saved dataset's folder) of ``client`` in a node's ``folder``; :class:`ConfigError` naming the
+    folder where there is none or more than one."""
+    found = [folder / name.format(client) for name in (CLIENT_FILE, *PARTITION_NAMES)]
+    found = [path for path in found if path.exists()]
+    if not found:
+        raise ConfigError(
+            "node-config.data-path",
+            f"{folder / CLIENT_FILE.format(client)} not found: the node hosts client {client} but its folder has no "
+            f"file for it (nor a partition client-{client}/, client-{client}.parquet or client-{client}.csv)",
+        )
+    if len(found) > 1:
+        raise ConfigError(
+            "node-config.data-path", f"{folder} holds client {client} twice ({', '.join(p.name for p in found)})"
+        )
+    return found[0]
 
 
 #: the most classes a client file may declare
@@ -124,8 +148,16 @@ def read_client_file(path: Path) -> tuple[np.ndarray, np.ndarray, int | None]:
         raise DataError(where, f"not a readable .npz file ({why})") from None
     if "x" not in arrays or "y" not in arrays:
         raise DataError(where, f"expected arrays 'x' (samples) and 'y' (labels), got {names}")
-    x, y = arrays["x"], arrays["y"]
     classes = _classes(arrays["classes"], where) if "classes" in arrays else None
+    return check_client(arrays["x"], arrays["y"], classes, where)
+
+
+def check_client(
+    x: np.ndarray, y: np.ndarray, classes: int | None, where: str
+) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """A client's samples ``x`` and labels ``y``, whatever file they came from, checked as the ``npz`` data source
+    checks its file: one label per row, labels class indices 0..classes−1, real and finite features; a problem is
+    a :class:`DataError` naming ``where``."""
     if x.ndim < 1 or len(x) == 0 or y.ndim not in (1, 2) or len(y) != len(x):
         raise DataError(
             where,
@@ -174,24 +206,24 @@ class OwnClients:
     sample: SampleKind
 
     @classmethod
-    def read(cls, folder: str | Path, clients: Sequence[int] | None, spec: RunSpec) -> OwnClients:
-        """``clients``' files (None: every client file in ``folder``), built for ``spec``'s problem and dtype."""
+    def read(
+        cls, folder: str | Path, clients: Sequence[int] | None, spec: RunSpec, columns: Columns = Columns()
+    ) -> OwnClients:
+        """``clients``' files (None: every client in ``folder``), built for ``spec``'s problem and dtype; partitions
+        written by ``flwr-datasets`` read by ``columns`` (:mod:`.partitions`)."""
         folder = Path(folder)
         if not folder.is_dir():
             raise ConfigError("node-config.data-path", f"{folder} is not a folder (it must hold client-<id>.npz files)")
         clients = tuple(clients) if clients is not None else folder_clients(folder)
         if not clients:
-            raise ConfigError("node-config.data-path", f"{folder} holds no client-<id>.npz file")
+            raise ConfigError("node-config.data-path", f"{folder} holds no client-<id>.npz file (nor partition)")
         xs, ys, classes, paths = [], [], set(), []
         for client in clients:
-            path = folder / CLIENT_FILE.format(client)
-            try:
+            path = client_path(folder, client)
+            if path.suffix == ".npz":
                 x, y, given = read_client_file(path)
-            except FileNotFoundError:
-                raise ConfigError(
-                    "node-config.data-path",
-                    f"{path} not found: the node hosts client {client} but its folder has no file for it",
-                ) from None
+            else:
+                x, y, given = check_client(*read_partition(path, columns), str(path))
             if given is not None:
                 classes.add(given)
             if xs and x.shape[1:] != xs[0].shape[1:]:

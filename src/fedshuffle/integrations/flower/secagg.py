@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -55,8 +56,14 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.integrations.flower.common import AppSettings
-from fedshuffle.methods.base import Method
+from fedshuffle.integrations.flower.common import AppSettings, FederationError
+from fedshuffle.integrations.flower.half import keep_members
+from fedshuffle.integrations.flower.messages import UNANSWERED
+from fedshuffle.methods.base import ClientResult, Method
+
+if TYPE_CHECKING:
+    from fedshuffle.integrations.flower.replies import Reply
+    from fedshuffle.integrations.flower.strategy import _OpenRound
 
 #: SecAgg+'s masks are drawn modulo 2³² (Flower's default ``modulus_range``)
 MODULUS = 1 << 32
@@ -406,3 +413,59 @@ def rescaling(sent: np.ndarray, kept: np.ndarray) -> float | None:
     where no single factor fits (then the secure sum cannot be turned into the method's aggregate)."""
     rho = float(kept.sum() / sent.sum()) if sent.sum() else 1.0
     return rho if np.allclose(kept, rho * sent, rtol=1e-12, atol=0.0) else None
+
+
+# -- the strategy's secure rounds ---------------------------------------------------------------------------
+
+
+class SecureRounds:
+    """The strategy's aggregation through SecAgg+ (``secure``): on its server half (``half``), ``nodes``, ``run``
+    and ``round_timeout``."""
+
+    def _secure_result(
+        self, server_round: int, state: _OpenRound, keep: np.ndarray, decoded: dict[int, Reply]
+    ) -> tuple[np.ndarray, ClientResult | None, dict[str, float]]:
+        """The round's aggregate through SecAgg+ (:func:`secure_sum`) over the nodes of the members that answered
+        (``keep``), with a node without members where only one node has any: the members whose node's input is in the
+        sum stay, and their aggregate is d = ρ·Σ_k s_k (ρ: their weights ν_i over the ν_i they were sent,
+        :func:`rescaling`)."""
+        rnd, half = state.rnd, self.half
+        inputs: dict[int, list[int]] = {}
+        for client in sorted({int(i) for i in rnd.cohort[keep]}):
+            inputs.setdefault(self.nodes[client], []).append(client)
+        for node in sorted(self._run_nodes() - set(inputs))[: max(0, 2 - len(inputs))]:
+            inputs[node] = []
+        summed = secure_sum(state.grid, self.secure, inputs, self.run.index, rnd.index, self.round_timeout)
+        for node, error in summed.errors:
+            if int(error.code) not in UNANSWERED:
+                raise FederationError(
+                    f"node {node} failed the secure aggregation of round {server_round}: {error.reason}"
+                )
+        extras = sum_metrics(summed)
+        if summed.total is None:
+            self._log(
+                f"round {server_round}: SecAgg+ halted (too few nodes answered for reconstruction-threshold): every "
+                "member dropped, the model is not changed"
+            )
+            return np.zeros_like(keep), None, extras
+        limit = len(summed.nodes) * self.secure.clipping_range + self.secure.tolerance(len(summed.nodes))
+        if not np.all(np.abs(summed.total) <= limit):  # inputs in [−c, c] cannot sum beyond: a malformed masked input
+            raise FederationError(
+                f"round {server_round}: the SecAgg+ sum of {len(summed.nodes)} node(s) has entries beyond "
+                f"±{limit:g}: a node sent a malformed masked input"
+            )
+        keep = keep & np.array([self.nodes[int(i)] in summed.nodes for i in rnd.cohort], dtype=bool)
+        kept = keep_members(rnd, keep)
+        rho = rescaling(state.weights[keep], half.method.sum_weights(kept))
+        if rho is None:
+            raise FederationError(
+                f"round {server_round}: the method's weights of the members that remain are not one multiple of "
+                "those they were sent; the secure sum cannot be rescaled"
+            )
+        result = self._result(kept, {c: decoded[c] for c in np.unique(kept.cohort).tolist()})
+        result.payload = {"delta_sum": torch.from_numpy(rho * summed.total).to(half.device, half.dtype)}
+        return keep, result, extras
+
+    def _run_nodes(self) -> set[int]:
+        """The nodes hosting clients of this run (a node of the app may host only clients of a larger run)."""
+        return {node for client, node in self.nodes.items() if client < self.half.data.num_clients}
