@@ -227,3 +227,52 @@ def test_the_resume_line_repeats_the_consent(tmp_path):
     plugins.allow("resumed_plugin_y", "--plugins")
     assert "--plugins " in resume_command("run", "c.toml", None, None, None, tmp_path)
     assert "resumed_plugin_y" in resume_command("run", "c.toml", None, None, None, tmp_path)
+
+
+def test_worker_processes_import_only_the_plugins_consented_now(tmp_path, monkeypatch):
+    """A module imported under one command's --plugins is not imported again by a later command's workers."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "earlier_plugin.py").write_text("")
+    plugins.allow("earlier_plugin", "--plugins")
+    try:
+        plugins.load(["earlier_plugin"])
+        assert ("earlier_plugin", "") in plugins.imported()
+    finally:
+        plugins.withdraw("--plugins")
+    assert "earlier_plugin" not in dict(plugins.imported())
+    sys.modules.pop("earlier_plugin", None)
+
+
+@pytest.mark.parametrize(
+    "failure, code, said",
+    [
+        (
+            "raise RuntimeError('not in a worker')",
+            2,
+            "importing plugin 'fragile' failed (RuntimeError: not in a worker)",
+        ),
+        ("os._exit(1)", 3, "failed: a worker process ended abruptly"),
+    ],
+)
+def test_a_worker_that_cannot_import_a_plugin_or_dies_ends_the_command_in_one_line(tmp_path, failure, code, said):
+    """The plugin imports in the command but not in its worker processes: a failed import is the plugin's one-line
+    error (exit 2), a worker that dies is one line (exit 3) — no traceback from the pool."""
+    body = f"import os\nif os.getpid() != int(os.environ['PLUGIN_PARENT']):\n    {failure}\n"
+    folder = _folder(tmp_path, "fragile", body)
+    argv = ["run", "c.toml", "--plugins", "fragile", "--seeds", "0,1", "--workers", "2", "--out", "out", "--quiet"]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import os, runpy, sys; os.environ['PLUGIN_PARENT'] = str(os.getpid()); "
+            f"sys.argv = ['fedshuffle', *{argv!r}]; runpy.run_module('fedshuffle', run_name='__main__')",
+        ],
+        cwd=folder,
+        env={**{k: v for k, v in os.environ.items() if k != plugins.ENVIRONMENT}, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == code, result.stderr[-3000:]
+    assert said in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -178,9 +178,10 @@ def load_entry_points() -> None:
 
 
 def imported() -> tuple[tuple[str, str], ...]:
-    """The plugin modules this process imported and the folder each came from ("" for sys.path), for worker
-    processes to import the same (:func:`load_imported`)."""
-    return tuple(_imported.items())
+    """The plugin modules this process imported with a consent that still holds (an earlier command's ``--plugins``
+    does not), and the folder each came from ("" for sys.path), for worker processes to import the same
+    (:func:`load_imported`)."""
+    return tuple((name, folder) for name, folder in _imported.items() if _consent(name) is not None)
 
 
 def load_imported(modules: Sequence[tuple[str, str]]) -> None:

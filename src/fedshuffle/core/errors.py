@@ -15,6 +15,10 @@ class ConfigError(ValueError):
         self.message = message
         super().__init__(f"{field}: {message}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        """Pickled as its field and message (a worker process's error reaches the command whole)."""
+        return type(self), (self.field, self.message)
+
 
 def did_you_mean(value: object, accepted: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the accepted name closest to ``value``, or an empty string."""

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedshuffle import plugins
-from fedshuffle.core.errors import ConfigError, ResultsError
+from fedshuffle.core.errors import ClusterError, ConfigError, ResultsError
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.executors import EXECUTORS
 from fedshuffle.experiments.folders import folder_name, unique_folders
@@ -422,14 +423,22 @@ def stop_helper_processes() -> None:
         pass
 
 
+#: why this worker process could not start (a plugin failed to import in it), raised by its tasks
+_START_FAILED: ConfigError | None = None
+
+
 def _start_worker(plugin_modules: Sequence[tuple[str, str]], environment: Mapping[str, str]) -> None:
     """A worker takes the parent's environment (a forked one has the fork server's), imports the plugins the
     parent imported (their parts are registered by import), and leaves Ctrl-C to the parent, which stops it (no
     traceback from every worker)."""
+    global _START_FAILED
     os.environ.clear()
     os.environ.update(environment)
-    plugins.load_imported(plugin_modules)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        plugins.load_imported(plugin_modules)
+    except ConfigError as exc:  # said by the worker's first task (an initializer's error would kill the pool)
+        _START_FAILED = exc
 
 
 @contextlib.contextmanager
@@ -481,6 +490,8 @@ def _worker(
 ) -> list[Outcome]:
     import torch
 
+    if _START_FAILED is not None:
+        raise _START_FAILED
     torch.set_num_threads(threads)
     pending = dict.fromkeys(indices, 0)
 
@@ -654,6 +665,10 @@ def _run_in_pool(
                 for group in groups
             }
             _collect(board, futures, ticks)
+        except BrokenProcessPool as exc:
+            _stop(pool)
+            why = f"a worker process ended abruptly ({exc}); what it wrote stays resumable"
+            raise ClusterError(why) from None
         except BaseException:
             _stop(pool)
             raise
