@@ -256,7 +256,7 @@ def test_the_readme_superlink_recipe_listens_on_loopback_only_and_a_bad_run_conf
     assert status["status"] == "finished:failed" and "run-config.round-timeout" in status["status-details"], status
     (line,) = [text for text in log.splitlines() if "ServerApp raised an exception" in text]
     assert (
-        "ConfigError: run-config.round-timeout: must be a positive number of seconds, got -1.0" in line
+        "ConfigError: run-config.round-timeout: input should be greater than 0, got -1.0" in line
         and "Traceback" not in log
     ), log
 

@@ -141,6 +141,12 @@ def data_hashes(spec: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def experiment_root(run_dir: Path) -> Path:
+    """The results folder a run belongs to: the nearest folder above it with a manifest, else its parent."""
+    run_dir = Path(run_dir).resolve()
+    return next((p for p in run_dir.parents if (p / MANIFEST).is_file()), run_dir.parent)
+
+
 def _neutral(section: str) -> set[str] | str:
     """The settings of ``section`` that do not change a run's numbers: :data:`NEUTRAL`'s and, in ``run``, every metric
     sink's own settings (:data:`~fedshuffle.experiments.sinks.SINKS`)."""

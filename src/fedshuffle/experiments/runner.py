@@ -61,6 +61,7 @@ from fedshuffle.experiments.build import (
     resolve_step_sizes,
 )
 from fedshuffle.experiments.folders import (
+    experiment_root,
     FolderLock,
     check_run_folder,
     config_hash,
@@ -445,6 +446,7 @@ def _train(
     sinks = open_sinks(
         spec.run.sinks,
         run_dir,
+        experiment_root(run_dir),
         settings=spec.run.own_settings(),
         experiment=experiment,
         label=meta["label"],

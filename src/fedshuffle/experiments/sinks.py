@@ -40,7 +40,6 @@ from pydantic import Field
 
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.registry import Registry, call_with
-from fedshuffle.experiments.folders import MANIFEST
 
 MAX_PARAMS = 100  # MLflow's limit per log_batch call
 #: seconds to reach an http(s) tracking server before the run stops with an error
@@ -85,12 +84,6 @@ def _scalars(row: Mapping[str, Any]) -> dict[str, float]:
     return {
         k: float(v) for k, v in row.items() if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool)
     }
-
-
-def experiment_root(run_dir: Path) -> Path:
-    """The results folder a run belongs to: the nearest folder above it with a manifest, else its parent."""
-    run_dir = Path(run_dir).resolve()
-    return next((p for p in run_dir.parents if (p / MANIFEST).is_file()), run_dir.parent)
 
 
 class TensorBoardSink:
@@ -313,6 +306,7 @@ def check_sinks(names: Sequence[str], settings: Mapping[str, Any]) -> None:
 def open_sinks(
     names: Sequence[str],
     run_dir: Path,
+    root: Path,
     *,
     settings: Mapping[str, Any],
     experiment: str,
@@ -321,9 +315,9 @@ def open_sinks(
     seed: int,
     params: Mapping[str, Any],
 ) -> list[MetricSink]:
-    """The sinks a run lists, each with its own of ``settings`` (``point``: a sweep's grid point by section, empty
+    """The sinks a run lists, each with its own of ``settings``; ``root`` is the results folder the run belongs to
+    (:func:`~fedshuffle.experiments.folders.experiment_root`), ``point`` a sweep's grid point by section (empty
     outside sweeps)."""
-    root = experiment_root(run_dir)
     text = ", ".join(f"{section}.{key}={value}" for section, chosen in point.items() for key, value in chosen.items())
     runtime = {"root": root, "run_dir": run_dir, "experiment": experiment, "label": label, "point": text}
     return [SINKS[name].build(_taken(name, settings), **runtime, seed=seed, params=params) for name in names]
