@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import sys
 from pathlib import Path
+from typing import Any
 
 from fedshuffle import plugins
 from fedshuffle.core.errors import ConfigError
@@ -37,6 +38,22 @@ def _fits_file_system(v: str) -> bool:
 
 def load_experiment(path_or_preset: str | Path) -> Experiment:
     """An experiment from a TOML file path or a preset name."""
+    path = _config_path(path_or_preset)
+    raw = _read_toml(path)
+    with plugins.config_folder(path.parent):
+        experiment = validate(Experiment, raw)
+    parse_claims(experiment.claims, [v.label for v in experiment.variants])
+    experiment.check_tuning()
+    if not experiment.experiment.name or experiment.experiment.name == "experiment":
+        experiment.experiment.name = path.stem if name_problem(path.stem) is None else slug(path.stem)
+    for data in (experiment.data, *(v.data for v in experiment.variants)):
+        _rebase_data_paths(data, path.parent)
+    return experiment
+
+
+def _config_path(path_or_preset: str | Path) -> Path:
+    """The file ``path_or_preset`` names: a path (a ``.toml`` one even where it is missing: reading it says so), else
+    a preset's file; neither, or a folder, is an error listing the presets."""
     path = Path(path_or_preset)
     try:
         found = path.exists() or path.suffix == ".toml"
@@ -59,8 +76,14 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
         raise ConfigError(
             "config", f"{path} is a folder; give a TOML file or a preset name (presets: {', '.join(preset_names())})"
         )
+    return path
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The TOML table of the config file ``path`` (at most :data:`MAX_CONFIG_BYTES`); what cannot be read is an
+    error naming the file."""
     try:
-        raw = tomllib.loads(read_regular_file(path, "config", MAX_CONFIG_BYTES, "TOML config file").decode("utf-8"))
+        return tomllib.loads(read_regular_file(path, "config", MAX_CONFIG_BYTES, "TOML config file").decode("utf-8"))
     except ConfigError:
         raise
     except (
@@ -73,31 +96,26 @@ def load_experiment(path_or_preset: str | Path) -> Experiment:
         raise ConfigError("config", f"{path} nests arrays or tables too deeply") from None
     except OSError as exc:
         raise ConfigError("config", f"cannot read {path} ({exc.strerror or exc})") from None
-    with plugins.config_folder(path.parent):
-        experiment = validate(Experiment, raw)
-    parse_claims(experiment.claims, [v.label for v in experiment.variants])
-    experiment.check_tuning()
-    if not experiment.experiment.name or experiment.experiment.name == "experiment":
-        experiment.experiment.name = path.stem if name_problem(path.stem) is None else slug(path.stem)
-    for data in (
-        experiment.data,
-        *(v.data for v in experiment.variants),
-    ):  # relative to the file first, whatever the working directory
-        data_path = data.get("path")
-        if (
-            isinstance(data_path, str)
-            and _fits_file_system(data_path)
-            and not Path(data_path).expanduser().is_absolute()
-            and (path.parent / data_path).exists()
-        ):
-            data["path"] = str(path.parent / data_path)
-        dirs = data.get("data_dirs")
-        if isinstance(dirs, list):
-            data["data_dirs"] = [
-                str((path.parent / d).resolve()) if isinstance(d, str) and not Path(d).expanduser().is_absolute() else d
-                for d in dirs
-            ]
-    return experiment
+
+
+def _rebase_data_paths(data: dict[str, Any], folder: Path) -> None:
+    """``data.path`` and ``data.data_dirs`` of one (base or variant) ``[data]`` section, taken relative to the config
+    file's ``folder`` first, whatever the working directory: a relative ``path`` that exists there, every relative
+    folder of ``data_dirs``."""
+    data_path = data.get("path")
+    if (
+        isinstance(data_path, str)
+        and _fits_file_system(data_path)
+        and not Path(data_path).expanduser().is_absolute()
+        and (folder / data_path).exists()
+    ):
+        data["path"] = str(folder / data_path)
+    dirs = data.get("data_dirs")
+    if isinstance(dirs, list):
+        data["data_dirs"] = [
+            str((folder / d).resolve()) if isinstance(d, str) and not Path(d).expanduser().is_absolute() else d
+            for d in dirs
+        ]
 
 
 def preset_names() -> list[str]:
