@@ -254,9 +254,6 @@ def _run_sweep(
     from fedshuffle.experiments.sweep import parse_grid
 
     target: Path | None = None
-    again = (
-        "run the same sweep command again to continue: finished runs are kept, the others resume from their checkpoints"
-    )
     try:
         if pick is not None:
             check_metrics([pick], "--pick")
@@ -289,12 +286,22 @@ def _run_sweep(
     except ConfigError as exc:
         fail(exc)
     except ResultsError as exc:
-        fail_results(exc, again if target is not None and target.is_dir() else "")
+        fail_results(exc, _again(target))
     except ClusterError as exc:
-        fail_cluster(exc, again if target is not None and target.is_dir() else "")
+        fail_cluster(exc, _again(target))
     except KeyboardInterrupt:
-        interrupted(again if target is not None and target.is_dir() else "nothing was written.")
+        interrupted(_again(target, otherwise="nothing was written."))
     return target, record, outcomes
+
+
+def _again(target: Path | None, otherwise: str = "") -> str:
+    """How to continue a sweep that stopped with its folder ``target`` written (``otherwise`` where nothing was)."""
+    if target is not None and target.is_dir():
+        return (
+            "run the same sweep command again to continue: finished runs are kept, the others resume from their "
+            "checkpoints"
+        )
+    return otherwise
 
 
 def _print_best(record: dict, pick: str) -> None:
