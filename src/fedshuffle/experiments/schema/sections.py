@@ -319,6 +319,8 @@ def _with_method_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` ← ``update``, nested mappings merged key by key, sharing nothing with either (the method's defaults
+    under a run's sections here; base, variant and overrides in :mod:`fedshuffle.experiments.schema.overrides`)."""
     out = copy.deepcopy(dict(base))
     for key, value in update.items():
         out[key] = (
