@@ -76,6 +76,34 @@ def inspect(
         _inspect_config(config, set_, monte_carlo, 1000 if samples is None else samples, clients, as_json)
         return
     samples = 20000 if samples is None else samples
+    alg, smp, size_list, w, report = _objective_of(
+        method, sizes, sampler, cohort, epochs, lr, weights, set_, monte_carlo, samples
+    )
+    convention = alg.local.step_normalization if isinstance(alg.local.step_normalization, str) else "explicit c_i"
+    if as_json:
+        out = report.to_dict()
+        out["step_size_convention"] = STEP_CONVENTIONS.get(convention, convention)
+        out["sampler"] = smp.describe()
+        print(json.dumps(out))
+        return
+    _print_objective(alg, smp, size_list, w, report, convention)
+
+
+def _objective_of(
+    method: str,
+    sizes: str,
+    sampler: str,
+    cohort: float | None,
+    epochs: str,
+    lr: float,
+    weights: str,
+    set_: list[str] | None,
+    monte_carlo: bool,
+    samples: int,
+) -> tuple:
+    """``inspect``'s options as a built algorithm and sampler on clients of ``sizes`` (no samples), and the objective
+    they minimize (:func:`~fedshuffle.analysis.objective.inspect_objective`): (algorithm, sampler, sizes, weights w,
+    report). A bad option fails naming it."""
     import numpy as np
     import torch
 
@@ -115,13 +143,12 @@ def inspect(
         fail(ConfigError(_OPTIONS.get(exc.field, exc.field), exc.message) if exc.field in _OPTIONS else exc)
     except ValueError as exc:
         fail(ConfigError("--epochs/--weights", str(exc)))
-    convention = alg.local.step_normalization if isinstance(alg.local.step_normalization, str) else "explicit c_i"
-    if as_json:
-        out = report.to_dict()
-        out["step_size_convention"] = STEP_CONVENTIONS.get(convention, convention)
-        out["sampler"] = smp.describe()
-        print(json.dumps(out))
-        return
+    return alg, smp, size_list, w, report
+
+
+def _print_objective(alg, smp, size_list: list[int], w, report, convention: str) -> None:
+    """The table of ``inspect``: per client its size, w_i, p_i, E[ω_i·1{i∈S}], ŵ_i, τ_i and η_i; then the step size
+    convention and whether ŵ = w."""
     rows = []
     for i in range(len(size_list)):
         se = f" ±{report.aggregation_stderr[i]:.1e}" if not report.exact else ""

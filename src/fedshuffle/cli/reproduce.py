@@ -76,26 +76,58 @@ def reproduce(
     ] = False,
     plugins_: PluginsOption = None,
 ) -> None:
-    from fedshuffle.experiments.reproduce import as_json, reproduce as run_all
+    from fedshuffle.experiments.reproduce import as_json
+
+    if smoke:
+        _smoke(presets, budget, json_)
+        return
+    target, rows = _judge(
+        presets, all_, budget, out, workers=workers, run=not no_run, show_progress=not (quiet or json_), json_=json_
+    )
+    if json_:
+        print(json.dumps(as_json(rows), indent=1, ensure_ascii=False))
+        return
+    _print_claims(rows)
+    console.print(f"report: {target / 'report.md'}, {target / 'report.html'}")
+
+
+def _smoke(presets: list[str] | None, budget: str | None, json_: bool) -> None:
+    """``reproduce --smoke``: each preset of ``budget`` (default gpu) built and run for two rounds; the results printed
+    (as JSON with ``json_``), exit status 3 naming any that failed."""
+    from fedshuffle.experiments.smoke import smoke as run_smoke, summary
+
+    try:
+        results = run_smoke(presets or [], budget or "gpu", note=None if json_ else note)
+    except ConfigError as exc:
+        fail(exc)
+    print(json.dumps([vars(r) for r in results], indent=1, ensure_ascii=False) if json_ else summary(results))
+    if failed := [r for r in results if r.status != "ok"]:
+        err.print(
+            f"[red]error:[/red] smoke run failed for {', '.join(r.preset for r in failed)}: {failed[0].error}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(3)
+
+
+def _judge(
+    presets: list[str] | None,
+    all_: bool,
+    budget: str | None,
+    out: str | None,
+    *,
+    workers: int,
+    run: bool,
+    show_progress: bool,
+    json_: bool,
+) -> tuple[Path, list]:
+    """The presets (or every one, ``all_``) run where runs are missing and their claims judged
+    (:func:`fedshuffle.experiments.reproduce.reproduce`): (the folder, the verdict rows); an error, or an
+    interruption, ends the command with its exit status."""
+    from fedshuffle.experiments.reproduce import reproduce as run_all
     from fedshuffle.experiments.schema import preset_names
     from fedshuffle.experiments.session import check_out
 
-    if smoke:
-        from fedshuffle.experiments.smoke import smoke as run_smoke, summary
-
-        try:
-            results = run_smoke(presets or [], budget or "gpu", note=None if json_ else note)
-        except ConfigError as exc:
-            fail(exc)
-        print(json.dumps([vars(r) for r in results], indent=1, ensure_ascii=False) if json_ else summary(results))
-        if failed := [r for r in results if r.status != "ok"]:
-            err.print(
-                f"[red]error:[/red] smoke run failed for {', '.join(r.preset for r in failed)}: {failed[0].error}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            raise typer.Exit(3)
-        return
     target = Path("results") / "reproduce"
     try:
         if all_ and presets:
@@ -106,8 +138,8 @@ def reproduce(
             names,
             target,
             budget=budget,
-            run=not no_run,
-            show_progress=not (quiet or json_),
+            run=run,
+            show_progress=show_progress,
             note=None if json_ else note,
             workers=workers,
         )
@@ -119,9 +151,11 @@ def reproduce(
         fail_cluster(exc, "run the same command again to continue: finished runs are kept")
     except KeyboardInterrupt:
         interrupted("run the same command again to continue: finished runs are kept")
-    if json_:
-        print(json.dumps(as_json(rows), indent=1, ensure_ascii=False))
-        return
+    return target, rows
+
+
+def _print_claims(rows: list) -> None:
+    """The verdict of every claim, as a table (a verdict coloured by what it says)."""
     colour = {"holds": "green", "partly": "yellow", "does not hold": "red"}
     print_table(
         "claims",
@@ -138,4 +172,3 @@ def reproduce(
             for r in rows
         ],
     )
-    console.print(f"report: {target / 'report.md'}, {target / 'report.html'}")

@@ -215,14 +215,45 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     plugins_: PluginsOption = None,
 ) -> None:
+    target, record, outcomes = _run_sweep(
+        config,
+        grid,
+        seeds,
+        set_,
+        out,
+        workers=workers,
+        pick=pick,
+        variant=variant,
+        extend_to=extend_to,
+        quiet=quiet,
+    )
+    console.print(f"{record['runs']} runs in {target}/: " + ", ".join(f"{n} {s}" for s, n in record["status"].items()))
+    if pick:
+        _print_best(record, pick)
+    if any(o.status != "complete" for o in outcomes):
+        raise typer.Exit(3)
+
+
+def _run_sweep(
+    config: str,
+    grid: list[str] | None,
+    seeds: str | None,
+    set_: list[str] | None,
+    out: str | None,
+    *,
+    workers: int,
+    pick: str | None,
+    variant: list[str] | None,
+    extend_to: int | None,
+    quiet: bool,
+) -> tuple[Path, dict, list]:
+    """``sweep``'s options run (:func:`~fedshuffle.experiments.session.run_sweep`): (its folder, its record, the runs'
+    outcomes); an error, or an interruption, ends the command with its exit status."""
     from fedshuffle.experiments.results import check_metrics
     from fedshuffle.experiments.session import run_sweep
     from fedshuffle.experiments.sweep import parse_grid
 
     target: Path | None = None
-    again = (
-        "run the same sweep command again to continue: finished runs are kept, the others resume from their checkpoints"
-    )
     try:
         if pick is not None:
             check_metrics([pick], "--pick")
@@ -255,37 +286,49 @@ def sweep(
     except ConfigError as exc:
         fail(exc)
     except ResultsError as exc:
-        fail_results(exc, again if target is not None and target.is_dir() else "")
+        fail_results(exc, _again(target))
     except ClusterError as exc:
-        fail_cluster(exc, again if target is not None and target.is_dir() else "")
+        fail_cluster(exc, _again(target))
     except KeyboardInterrupt:
-        interrupted(again if target is not None and target.is_dir() else "nothing was written.")
-    console.print(f"{record['runs']} runs in {target}/: " + ", ".join(f"{n} {s}" for s, n in record["status"].items()))
-    if pick:
-        rows = [
-            (
-                label,
-                _point(b["point"]),
-                "—" if b["mean"] is None else f"{b['mean']:.4g}",
-                "—" if b["std"] is None else f"{b['std']:.2g}",
-                str(b["candidates"]),
-            )
-            for label, b in record["best"].items()
-        ]
-        print_table(
-            f"best point per variant by final {pick}",
-            ("variant", "point", f"mean {pick}", "std", "points tried"),
-            rows,
-            right=(f"mean {pick}", "std", "points tried"),
+        interrupted(_again(target, otherwise="nothing was written."))
+    return target, record, outcomes
+
+
+def _again(target: Path | None, otherwise: str = "") -> str:
+    """How to continue a sweep that stopped with its folder ``target`` written (``otherwise`` where nothing was)."""
+    if target is not None and target.is_dir():
+        return (
+            "run the same sweep command again to continue: finished runs are kept, the others resume from their "
+            "checkpoints"
         )
-        for label, b in record["best"].items():
-            if b.get("at_edge"):
-                note(
-                    f"{label or 'run'}: the best {', '.join(b['at_edge'])} is at the edge of the grid; the optimum "
-                    "may lie beyond it, widen the grid there"
-                )
-    if any(o.status != "complete" for o in outcomes):
-        raise typer.Exit(3)
+    return otherwise
+
+
+def _print_best(record: dict, pick: str) -> None:
+    """The best point of each variant by the final ``pick`` (a table), and a note for each best point at the edge of
+    its grid."""
+    rows = [
+        (
+            label,
+            _point(b["point"]),
+            "—" if b["mean"] is None else f"{b['mean']:.4g}",
+            "—" if b["std"] is None else f"{b['std']:.2g}",
+            str(b["candidates"]),
+        )
+        for label, b in record["best"].items()
+    ]
+    print_table(
+        f"best point per variant by final {pick}",
+        ("variant", "point", f"mean {pick}", "std", "points tried"),
+        rows,
+        right=(f"mean {pick}", "std", "points tried"),
+    )
+    for label, b in record["best"].items():
+        if b.get("at_edge"):
+            note(
+                f"{label or 'run'}: the best {', '.join(b['at_edge'])} is at the edge of the grid; the optimum "
+                "may lie beyond it, widen the grid there"
+            )
 
 
 def _point(point: dict | None) -> str:

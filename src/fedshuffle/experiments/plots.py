@@ -97,22 +97,7 @@ def comparison_figure(
     if band not in ("std", "minmax"):
         raise ConfigError("--band", f"unknown {band!r}; accepted: std, minmax")
     tables = _tables(curves)
-    if recorded_only:
-        metrics = [
-            name for name in metrics if any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)
-        ] or ["loss"]
-    if require_data:
-        scores = metric_registry.of_kind("model", "method")
-        recorded = [
-            name for name in scores if any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)
-        ] or ["none of " + ", ".join(scores)]
-        for name in metrics:
-            if not any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs):
-                raise ConfigError(
-                    "--metric",
-                    f"no run recorded {name!r} (e.g. f_gap and dist_sq need a problem with a known optimum); the "
-                    f"runs recorded: {', '.join(recorded)}",
-                )
+    metrics = _drawn_metrics(metrics, tables, require_data=require_data, recorded_only=recorded_only)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,39 +110,79 @@ def comparison_figure(
     )
     handles: dict[str, Any] = {}
     for ax, name in zip(axes[0], metrics):
-        plotted = False
-        for k, (label, runs) in enumerate(tables.items()):
-            if not runs:
-                continue
-            xs, ys = _aligned(runs, name, x)
-            ys = np.where(
-                np.isfinite(ys) & (np.abs(ys) < PLOT_LIMIT), ys, np.nan
-            )  # a diverging seed ends its line instead of breaking the axis
-            if not ys.size or np.all(np.isnan(ys)):
-                continue
-            with warnings.catch_warnings():  # columns where every seed has stopped are NaN, on purpose
-                warnings.simplefilter("ignore", RuntimeWarning)
-                mean, spread, lowest = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0), np.nanmin(ys, axis=0)
-                lo, hi = (mean - spread, mean + spread) if band == "std" else (lowest, np.nanmax(ys, axis=0))
-            (line,) = ax.plot(xs, mean, label=label or name, linewidth=1.6, **line_style(k))
-            handles.setdefault(label or name, line)
-            if len(runs) > 1:
-                lo = (
-                    np.maximum(lo, lowest) if log_y else lo
-                )  # a std band must not reach below the lowest seed on a log axis
-                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
-            plotted = True
-        if log_y and plotted:
-            ax.set_yscale("log")
-            _plain_log_labels(ax.yaxis)
-        ax.set_xlabel(METRIC_LABELS.get(x, x))
-        ax.set_ylabel(METRIC_LABELS.get(name, name))
-        ax.grid(alpha=0.3)
+        _draw_panel(ax, name, tables, handles, x=x, log_y=log_y, band=band)
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+def _recorded(name: str, tables: Mapping[str, list[dict[str, np.ndarray]]]) -> bool:
+    """Whether any run of any curve recorded a finite value of the metric ``name``."""
+    return any(np.isfinite(t[name]).any() for runs in tables.values() for t in runs)
+
+
+def _drawn_metrics(
+    metrics: list[str], tables: Mapping[str, list[dict[str, np.ndarray]]], *, require_data: bool, recorded_only: bool
+) -> list[str]:
+    """The metrics given a panel: with ``recorded_only``, those some run recorded (the training loss where none
+    is); with ``require_data``, a metric no run recorded is an error naming those the runs recorded."""
+    if recorded_only:
+        metrics = [name for name in metrics if _recorded(name, tables)] or ["loss"]
+    if require_data:
+        scores = metric_registry.of_kind("model", "method")
+        recorded = [name for name in scores if _recorded(name, tables)] or ["none of " + ", ".join(scores)]
+        for name in metrics:
+            if not _recorded(name, tables):
+                raise ConfigError(
+                    "--metric",
+                    f"no run recorded {name!r} (e.g. f_gap and dist_sq need a problem with a known optimum); the "
+                    f"runs recorded: {', '.join(recorded)}",
+                )
+    return metrics
+
+
+def _draw_panel(
+    ax: Any,
+    name: str,
+    tables: Mapping[str, list[dict[str, np.ndarray]]],
+    handles: dict[str, Any],
+    *,
+    x: str,
+    log_y: bool,
+    band: str,
+) -> None:
+    """The panel of the metric ``name``: per curve the mean over its seeds against ``x``, with a band where it has
+    more than one seed; each curve's first line goes to ``handles`` (label → line) for the legend."""
+    plotted = False
+    for k, (label, runs) in enumerate(tables.items()):
+        if not runs:
+            continue
+        xs, ys = _aligned(runs, name, x)
+        ys = np.where(
+            np.isfinite(ys) & (np.abs(ys) < PLOT_LIMIT), ys, np.nan
+        )  # a diverging seed ends its line instead of breaking the axis
+        if not ys.size or np.all(np.isnan(ys)):
+            continue
+        with warnings.catch_warnings():  # columns where every seed has stopped are NaN, on purpose
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean, spread, lowest = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0), np.nanmin(ys, axis=0)
+            lo, hi = (mean - spread, mean + spread) if band == "std" else (lowest, np.nanmax(ys, axis=0))
+        (line,) = ax.plot(xs, mean, label=label or name, linewidth=1.6, **line_style(k))
+        handles.setdefault(label or name, line)
+        if len(runs) > 1:
+            lo = (
+                np.maximum(lo, lowest) if log_y else lo
+            )  # a std band must not reach below the lowest seed on a log axis
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+        plotted = True
+    if log_y and plotted:
+        ax.set_yscale("log")
+        _plain_log_labels(ax.yaxis)
+    ax.set_xlabel(METRIC_LABELS.get(x, x))
+    ax.set_ylabel(METRIC_LABELS.get(name, name))
+    ax.grid(alpha=0.3)
 
 
 def plot_comparison(
