@@ -468,22 +468,11 @@ def run_privacy_case(seed: int, work: Path) -> Result:
 _references: dict[str, dict[str, np.ndarray]] = {}
 
 
-def _command(config: Path, out: Path, workers: int, *more: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "fedshuffle",
-        "run",
-        str(config),
-        "--out",
-        str(out),
-        "--seeds",
-        "0..2",
-        "--quiet",
-        "--workers",
-        str(workers),
-        *more,
-    ]
+def _command(config: Path, out: Path, workers: int, resume: bool = False) -> list[str]:
+    """``fedshuffle run`` of seeds 0..2 into ``out`` (or resuming it), in a fresh interpreter."""
+    where = ["--resume" if resume else "--out", str(out)]
+    return [sys.executable, "-m", "fedshuffle", "run", str(config), *where, "--seeds", "0..2", "--quiet",
+            "--workers", str(workers)]  # fmt: skip
 
 
 def _reference(root: Path, rounds: int) -> dict[str, np.ndarray]:
@@ -593,17 +582,7 @@ def run_signal_case(seed: int, work: Path) -> Result:
         return Result("nonsense", problem, case) if problem else Result("ran", "finished before the signal", case)
     if not (work / "out").exists():
         return Result("clean_error", f"exit {proc.returncode} before the results folder", case)
-    code, resumed, left = _spawn(
-        [
-            *_command(config, work / "out", workers)[:5],
-            "--resume",
-            str(work / "out"),
-            "--quiet",
-            "--workers",
-            str(workers),
-        ],
-        work,
-    )
+    code, resumed, left = _spawn(_command(config, work / "out", workers, resume=True), work)
     bad = _ended(code, resumed, left, (0,), case + ", then resumed")
     if bad:
         return bad
