@@ -261,30 +261,6 @@ def test_workers_take_the_callers_environment_and_the_fork_servers_preload_start
     assert preload.returncode == 0 and preload.stdout.strip() == "1", preload.stderr[-2000:]
 
 
-def test_settings_the_chosen_part_does_not_take_are_refused_for_every_registered_part():
-    """For every entry of every configured registry: another entry's setting is refused naming the part."""
-    sections = {
-        "method": (METHODS, "name"),
-        "problem": (PROBLEMS, "name"),
-        "sampler": (SAMPLERS, "name"),
-        "server": (SERVER_OPTIMIZERS, "optimizer"),
-        "run": (EXECUTORS, "executor"),
-    }
-    for section, (registry, chooser) in sections.items():
-        every = {s for e in registry.entries() for s in e.setting_names()}
-        for entry in registry.entries():
-            for setting in sorted(every - set(entry.setting_names()))[:3]:
-                with pytest.raises(ConfigError) as err:
-                    validate(RunSpec, {section: {chooser: entry.name, setting: _valid_for_someone(registry, setting)}})
-                assert err.value.field == f"{section}.{setting}" and repr(entry.name) in err.value.message, err.value
-
-
-def _valid_for_someone(registry, setting):
-    entry = next(e for e in registry.entries() if setting in e.setting_names())
-    default = entry.settings.model_fields[setting].default
-    return 1 if default is None else default
-
-
 def test_an_override_of_what_the_variants_set_is_refused_and_a_variant_choosing_another_part_starts_from_its_defaults():
     from fedshuffle.experiments.schema import Experiment, load_experiment
 

@@ -132,7 +132,8 @@ def check_settings(
     registry: Registry, name: str, raw: Mapping[str, Any], section: str, chooser: str, choice: Any = None
 ) -> None:
     """Each generated bad value of each setting of ``registry[name]``, set in ``raw[section]``, is refused
-    by the configuration naming ``section.setting``; an unknown setting is refused naming the part. ``choice``: what
+    by the configuration naming ``section.setting``; an unknown setting, and another part's, are refused naming the
+    part. ``choice``: what
     the chooser is set to where that is not the name itself (``[name]`` for a list, such as ``run.sinks``)."""
     from fedshuffle.experiments.schema import RunSpec, validate
 
@@ -158,6 +159,26 @@ def check_settings(
         )
     else:
         raise AssertionError(f"{registry.noun} {name!r}: an unknown setting was accepted")
+    model = RunSpec.model_fields[section].annotation
+    shared = set(model.model_fields) | {  # what the section itself or another of its choices may take
+        s for other in getattr(model, "_choosers", {}).values() if other is not registry for s in _declared(other)
+    }
+    others = sorted(_declared(registry) - set(entry.setting_names()) - shared)
+    for setting in others[:3]:  # another part's setting, with a value that part takes
+        owner = next(e for e in registry.entries() if setting in e.setting_names())
+        default = owner.settings.model_fields[setting].default
+        try:
+            validate(RunSpec, {**base, section: {**base[section], setting: 1 if default is None else default}})
+        except ConfigError as exc:
+            assert exc.field == f"{section}.{setting}" and repr(name) in exc.message, (
+                f"{registry.noun} {name!r}: {owner.name!r}'s setting {section}.{setting} is refused as {exc}"
+            )
+        else:
+            raise AssertionError(f"{registry.noun} {name!r}: {owner.name!r}'s setting {section}.{setting} was accepted")
+
+
+def _declared(registry: Registry) -> set[str]:
+    return {s for e in registry.entries() for s in e.setting_names()}
 
 
 def _spec(raw: Mapping[str, Any]) -> Any:
