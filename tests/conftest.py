@@ -89,43 +89,35 @@ def shared_data():
     return SHARED_DATA
 
 
-#: the settings of an algorithm's parts, written flat in tests: key → (section, setting)
-FLAT_SETTINGS = {
-    **{
-        k: ("local", k)
-        for k in (
-            "lr",
-            "lr_multiplier",
-            "epochs",
-            "steps",
-            "order",
-            "batch_size",
-            "step_normalization",
-            "weight_decay",
-            "clip_norm",
-            "prox_mu",
-            "drop_last_steps",
-            "straggler_probability",
-        )
-    },
-    "local_momentum": ("local", "momentum"),
-    **{k: ("aggregation", k) for k in ("weighting", "normalization", "tau_eff", "direction")},
-    **{f"server_{k}": ("server", k) for k in ("lr", "optimizer", "momentum", "beta1", "beta2", "eps")},
-    **{k: ("server", k) for k in ("global_lr", "global_momentum", "momentum_estimator", "meta_epoch_step")},
-    "lr_schedule": ("schedule", "name"),
-    "lr_decay_at": ("schedule", "decay_at"),
-    "lr_decay_factor": ("schedule", "decay_factor"),
-    **{
-        k: ("method", k) for entry in METHODS.entries() for k in entry.setting_names()
-    },  # each method's own settings, as it declares them
-}
+#: the sections an algorithm's settings are in; a name two of them declare is the first one's when written bare
+ALGORITHM_SECTIONS = ("local", "aggregation", "method", "server", "schedule")
+
+
+def _flat_settings():
+    """Each setting the algorithm's sections declare (their own and their parts': the methods', the server
+    optimizers', the schedules'), key → (section, setting): as ``<section>_<setting>`` (``server_lr``,
+    ``schedule_name``) and, as the first section declaring it, by its name (``lr`` is ``local.lr``)."""
+    from fedshuffle.experiments.schema import RunSpec
+    from fedshuffle.schedules import SCHEDULES
+    from fedshuffle.server import SERVER_OPTIMIZERS
+
+    parts = {"method": METHODS, "server": SERVER_OPTIMIZERS, "schedule": SCHEDULES}
+    prefixed, bare = {}, {}
+    for section in ALGORITHM_SECTIONS:
+        names = list(RunSpec.model_fields[section].annotation.model_fields)
+        if section in parts:
+            names += [s for entry in parts[section].entries() for s in entry.setting_names()]
+        for name in names:
+            prefixed[f"{section}_{name}"] = (section, name)
+            bare.setdefault(name, (section, name))
+    return {**bare, **prefixed}
 
 
 def nested(flat):
     """``{"lr": 0.1, "server_lr": 2}`` → ``{"local": {"lr": 0.1}, "server": {"lr": 2}}``."""
-    out = {}
+    out, declared = {}, _flat_settings()
     for key, value in flat.items():
-        section, name = FLAT_SETTINGS[key]
+        section, name = declared[key]
         out.setdefault(section, {})[name] = value
     return out
 

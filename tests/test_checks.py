@@ -5,8 +5,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import unittest
 
-import numpy as np
 import pytest
 
 from fedshuffle import testing
@@ -18,109 +18,70 @@ from fedshuffle.experiments.sinks import SINKS
 from fedshuffle.methods import METHODS
 from fedshuffle.problems import PROBLEMS
 from fedshuffle.samplers import SAMPLERS
+from fedshuffle.schedules import SCHEDULES
 from fedshuffle.server import SERVER_OPTIMIZERS
 
-
-@pytest.mark.parametrize("name", EXECUTORS.names())
-def test_every_executor_passes_check_executor(name):
-    if name == "ray":
-        pytest.importorskip("ray")
-    testing.check_executor(name)
+from conftest import SHARED_DATA
 
 
-@pytest.mark.parametrize("name", SINKS.names())
-def test_every_sink_passes_check_sink(name):
-    testing.check_sink(name)
+#: each checked registry and its check (fedshuffle.testing), by the noun its entries go by
+CHECKS = {
+    "executor": (EXECUTORS, testing.check_executor),
+    "sink": (SINKS, testing.check_sink),
+    "method": (METHODS, testing.check_method),
+    "server optimizer": (SERVER_OPTIMIZERS, testing.check_server_optimizer),
+    "sampler": (SAMPLERS, testing.check_sampler),
+    "partition": (PARTITIONS, testing.check_partition),
+    "problem": (PROBLEMS, testing.check_problem),
+    "source": (SOURCES, testing.check_source),
+    "schedule": (SCHEDULES, testing.check_schedule),
+}
 
 
-@pytest.mark.parametrize("name", METHODS.names())
-def test_every_method_passes_check_method(name):
-    testing.check_method(name)
+def registered_by_a_test(entry):
+    """A part whose factory is defined outside the package: in this session, one that a test registered for itself
+    (and checks itself)."""
+    return not getattr(entry.factory, "__module__", "").startswith("fedshuffle.")
 
 
-@pytest.mark.parametrize("name", SERVER_OPTIMIZERS.names())
-def test_every_server_optimizer_passes_its_check(name):
-    testing.check_server_optimizer(name)
-
-
-@pytest.mark.parametrize("name", SAMPLERS.names())
-def test_every_sampler_passes_its_check(name):
-    testing.check_sampler(name)
-
-
-@pytest.mark.parametrize("name", PARTITIONS.names())
-def test_every_partition_passes_its_check(name):
-    settings = {"client_sizes": [10, 20, 30]} if name == "sizes" else {"clients": 4}
-    if name == "pachinko":
-        with pytest.raises(
-            ConfigError, match="coarse labels"
-        ):  # needs a source with coarse labels (cifar100), which it says
-            testing.check_partition(name, settings)
-        return
-    testing.check_partition(name, settings)
-
-
-#: data each problem is checked on (images: an .npz of the shape it takes)
-PROBLEM_DATA = {"quadratic": {"source": "targets", "client_sizes": [1, 2, 3]}, "char_lstm": "tokens"}
-IMAGE_SHAPES = {"cnn": (3, 8, 8), "mnist_cnn": (1, 28, 28), "lenet5": (3, 32, 32), "resnet18": (3, 32, 32)}
-
-
-@pytest.mark.parametrize("name", PROBLEMS.names())
-def test_every_problem_passes_check_problem(name, tmp_path):
-    data = PROBLEM_DATA.get(name)
-    rng = np.random.default_rng(0)
-    if name in IMAGE_SHAPES:
-        np.savez(
-            tmp_path / "x.npz",
-            x=rng.normal(size=(12, *IMAGE_SHAPES[name])).astype(np.float32),
-            y=rng.integers(0, 3, size=12),
-        )
-        data = {"source": "npz", "path": str(tmp_path / "x.npz"), "partition": "iid", "clients": 3}
-    elif data == "tokens":
-        np.savez(tmp_path / "t.npz", x=rng.integers(0, 5, size=(12, 6)), y=rng.integers(0, 5, size=12))
-        data = {"source": "npz", "path": str(tmp_path / "t.npz"), "partition": "iid", "clients": 3}
-    settings = (
-        {"lstm_hidden": 8, "lstm_layers": 1}
-        if name == "char_lstm"
-        else {"resnet_width": 4}
-        if name == "resnet18"
-        else {}
-    )
-    testing.check_problem(name, data, settings)
-
-
-@pytest.mark.parametrize("name", SOURCES.names())
-def test_every_source_passes_check_source(name, tmp_path, shared_data):
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "x.npz", x=rng.normal(size=(12, 3)), y=rng.integers(0, 3, size=12))
-    files = {"data_dirs": [str(shared_data)], "download": False}
-    settings = {
-        "targets": {"client_sizes": [1, 2, 3]},
-        "synthetic": {},
-        "libsvm": {"dataset": "a3a", **files},
-        "npz": {"path": str(tmp_path / "x.npz")},
-        "fedprox_synthetic": {"clients": 3},
-        "leaf": {"path": str(shared_data / "femnist"), "clients": 3},
-        "mnist": files,
-        "cifar10": files,
-        "cifar100": files,
-        "tff_cifar100": {"clients": 3, **files},
-        "shakespeare": {"clients": 3, **files},
-        "shakespeare_leaf": {"clients": 3, **files},
-    }
-    if name not in settings:
+@pytest.mark.parametrize(
+    "kind, name", [(kind, name) for kind, (registry, _) in CHECKS.items() for name in registry.names()]
+)
+def test_every_registered_part_passes_its_check_on_the_example_it_declares(kind, name, monkeypatch):
+    """Every entry of every checked registry, on its declared example; an example that reads data files skips, naming
+    the file, only when the offline datasets beside the repository do not hold it."""
+    registry, check = CHECKS[kind]
+    entry = registry[name]
+    if registered_by_a_test(entry):
         pytest.skip(f"{name} is registered by another test")
-    pooled = (
-        {"partition": "iid", "clients": 3}
-        if name in ("synthetic", "libsvm", "npz", "mnist", "cifar10", "cifar100")
-        else {}
+    assert entry.example is not None, (
+        f"{kind} {name!r} declares no example: give the example its check runs on where it is registered "
+        f"({registry.kind} {name!r}: add(..., example=Example(...)), fedshuffle.core.registry.Example)"
     )
-    try:
-        testing.check_source(name, settings[name], pooled)
-    except ConfigError as exc:  # its files are not on this machine (nothing is downloaded in tests)
-        if "not found" not in exc.message and "download" not in exc.message:
-            raise
-        pytest.skip(f"{name}'s files are not on this machine")
+    if kind in ("method", "problem"):
+        assert entry.citation, f"{kind} {name!r}: give the paper it comes from"
+    if SHARED_DATA.is_dir():
+        monkeypatch.setenv("FEDSHUFFLE_DATA", str(SHARED_DATA))
+    if kind == "executor" and name == "ray":
+        pytest.importorskip("ray")
+    check(name)
+
+
+@pytest.mark.parametrize("section", RunSpec.model_fields)
+def test_every_section_refuses_the_bad_values_generated_for_its_own_settings(section):
+    testing.check_section(section)
+
+
+def test_a_check_skips_only_for_the_files_its_example_reads_naming_them(monkeypatch, tmp_path):
+    """With no data folder, an example that reads files skips naming the first one; one that reads none runs."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(unittest.SkipTest, match="a3a/a3a"):
+        testing.check_source("libsvm")
+    assert testing.missing_file(SOURCES["npz"].example) is None
+    (tmp_path / "a3a").mkdir()
+    (tmp_path / "a3a" / "a3a").write_text("")
+    monkeypatch.setenv("FEDSHUFFLE_DATA", str(tmp_path))
+    assert testing.missing_file(SOURCES["libsvm"].example) is None
 
 
 def test_bad_values_are_generated_from_the_declared_constraints():
@@ -298,30 +259,6 @@ def test_workers_take_the_callers_environment_and_the_fork_servers_preload_start
         timeout=300,
     )
     assert preload.returncode == 0 and preload.stdout.strip() == "1", preload.stderr[-2000:]
-
-
-def test_settings_the_chosen_part_does_not_take_are_refused_for_every_registered_part():
-    """For every entry of every configured registry: another entry's setting is refused naming the part."""
-    sections = {
-        "method": (METHODS, "name"),
-        "problem": (PROBLEMS, "name"),
-        "sampler": (SAMPLERS, "name"),
-        "server": (SERVER_OPTIMIZERS, "optimizer"),
-        "run": (EXECUTORS, "executor"),
-    }
-    for section, (registry, chooser) in sections.items():
-        every = {s for e in registry.entries() for s in e.setting_names()}
-        for entry in registry.entries():
-            for setting in sorted(every - set(entry.setting_names()))[:3]:
-                with pytest.raises(ConfigError) as err:
-                    validate(RunSpec, {section: {chooser: entry.name, setting: _valid_for_someone(registry, setting)}})
-                assert err.value.field == f"{section}.{setting}" and repr(entry.name) in err.value.message, err.value
-
-
-def _valid_for_someone(registry, setting):
-    entry = next(e for e in registry.entries() if setting in e.setting_names())
-    default = entry.settings.model_fields[setting].default
-    return 1 if default is None else default
 
 
 def test_an_override_of_what_the_variants_set_is_refused_and_a_variant_choosing_another_part_starts_from_its_defaults():

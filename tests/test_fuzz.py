@@ -75,7 +75,7 @@ def config_strategy(draw):
                     "local_momentum": st.sampled_from([0.0, 0.5]),
                     "weight_decay": st.sampled_from([0.0, 1e-2]),
                     "straggler_probability": st.sampled_from([0.0, 0.5]),
-                    "lr_schedule": st.sampled_from(["constant", "inverse_epochs"]),
+                    "schedule_name": st.sampled_from(["constant", "inverse_epochs"]),
                 },
             )
         )

@@ -198,7 +198,7 @@ def test_inverse_epoch_schedule_scales_local_and_server_steps():
     sim = Simulation(
         Quadratic(2),
         data,
-        build_flat("fedavg_rr", {"lr": gamma, "server_lr": eta, "lr_schedule": "inverse_epochs"}),
+        build_flat("fedavg_rr", {"lr": gamma, "server_lr": eta, "schedule_name": "inverse_epochs"}),
         FullParticipation(1),
     )
     x, e = np.zeros(2), np.array([1.0, -1.0])

@@ -23,7 +23,7 @@ from pydantic import Field, PositiveFloat
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.inputs import Summable
-from fedshuffle.core.registry import Registry
+from fedshuffle.core.registry import Example, Registry
 from fedshuffle.core.streams import Stream, generator
 
 #: bytes a round keeps per cohort member besides its model update (ids, plan, counts), for the memory check
@@ -344,24 +344,35 @@ def cyclic(
 
 #: Samplers by name; a factory takes the objective weights w (one per client) and the sampler's settings.
 SAMPLERS = Registry("sampler.name", runtime=("weights",), noun="sampler")
-SAMPLERS.add("full", full, "every client every round")
-SAMPLERS.add("uniform", uniform, "b of n uniformly without replacement", "Horváth et al., FedShuffle, TMLR 2022, §4.2")
+SAMPLERS.add("full", full, "every client every round", example=Example())
+SAMPLERS.add(
+    "uniform",
+    uniform,
+    "b of n uniformly without replacement",
+    "Horváth et al., FedShuffle, TMLR 2022, §4.2",
+    example=Example(),
+)
 SAMPLERS.add(
     "with_replacement",
     with_replacement,
     "b draws with replacement, uniform or with given probabilities",
     "Yang, Fang & Liu, ICLR 2021, strategy 1",
+    example=Example(),
 )
 SAMPLERS.add(
     "importance",
     importance,
     "independent sampling with p_i ∝ w_i (water-filling), expected cohort b",
     "Horváth et al., FedShuffle, TMLR 2022, §4.2",
+    example=Example(),
 )
-SAMPLERS.add("independent", independent, "independent Bernoulli sampling, uniform, importance or given p_i")
+SAMPLERS.add(
+    "independent", independent, "independent Bernoulli sampling, uniform, importance or given p_i", example=Example()
+)
 SAMPLERS.add(
     "cyclic",
     cyclic,
     "cyclic cohorts over meta-epochs (client reshuffling, shuffle-once or fixed order)",
     "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI)",
+    example=Example(),
 )

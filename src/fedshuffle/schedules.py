@@ -20,7 +20,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from fedshuffle.core.registry import Registry
+from fedshuffle.core.registry import Example, Registry
 
 
 def _milestones(at: list[float]) -> list[float]:
@@ -70,11 +70,14 @@ def step(
 
 #: Schedules by name; the framework passes the run's length (``total_rounds``).
 SCHEDULES = Registry("schedule.name", runtime=("total_rounds",), noun="schedule")
-SCHEDULES.add("constant", constant, "1 every round")
+SCHEDULES.add("constant", constant, "1 every round", example=Example())
 SCHEDULES.add(
     "inverse_epochs",
     inverse_epochs,
     "1/(1 + completed epochs of computation)",
     "Malinovsky, Horváth, Burlachenko & Richtárik 2023 (RR-CLI), §4.5",
+    example=Example(),
 )
-SCHEDULES.add("step", step, "decay_factor to the power of the milestones passed")
+SCHEDULES.add(
+    "step", step, "decay_factor to the power of the milestones passed", example=Example(settings={"decay_at": [0.5]})
+)

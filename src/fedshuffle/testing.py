@@ -20,26 +20,34 @@ A user's plugin runs the same checks in its own test suite as the package runs o
 * :func:`check_source`, :func:`check_partition`, :func:`check_sampler`, :func:`check_server_optimizer`
   — settings, and what the part builds is well formed (samples and labels; a partition of every
   training sample at most once; inclusion probabilities in [0, 1] and cohorts of real clients; a
-  finite step and a byte-identical resume).
-* :func:`check_executor` — settings; the sequential trajectory. :func:`check_sink` — settings.
+  finite step, a first one that descends, and a byte-identical resume).
+* :func:`check_executor` — settings; the sequential trajectory. :func:`check_sink`, :func:`check_schedule` —
+  settings. :func:`check_section` — a section's own settings (``[local]``, ``[aggregation]``, ...).
 
-Each check raises :class:`AssertionError` naming the part and the invariant that failed.
+Each check runs the part on the example it was registered with (:class:`~fedshuffle.core.registry.Example`: its
+settings, the data it runs on), or on the inputs given to the check, which replace the example's; with neither, on the
+check's defaults. An example that reads data files is skipped (:class:`unittest.SkipTest`, naming the file) when they
+are in no data folder (``data.data_dirs``, ``$FEDSHUFFLE_DATA``); nothing is downloaded. Each check raises
+:class:`AssertionError` naming the part and the invariant that failed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import typing
-from collections.abc import Mapping
+import unittest
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from annotated_types import Ge, Gt, Le, Lt
+from pydantic.fields import FieldInfo
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import Entry, Registry
+from fedshuffle.core.registry import Entry, Example, Registry
 
 #: the small problem every method check runs on: heterogeneous logistic regression, unequal clients
 _DATA = {"source": "synthetic", "samples": 48, "features": 3, "partition": "dirichlet", "clients": 6, "alpha": 0.5}
@@ -51,10 +59,51 @@ _BASE: dict[str, Any] = {
 }
 
 
-def bad_values(entry: Entry) -> dict[str, list[Any]]:
-    """Values each declared setting of ``entry`` must refuse: past each bound, outside a choice, of another type."""
+def example(registry: Registry, name: str) -> Example:
+    """The example ``registry[name]`` was registered with (none declared: the check's defaults)."""
+    return registry[name].example or Example()
+
+
+def missing_file(example: Example, data_dirs: tuple[str, ...] = ()) -> str | None:
+    """The first of ``example``'s files that is in no data folder (``data_dirs``, ``$FEDSHUFFLE_DATA``), or None."""
+    from fedshuffle.data.sources.fetch import find_data_path
+
+    for wanted in example.files:
+        options = (wanted,) if isinstance(wanted, str) else wanted
+        if not any(find_data_path(option, data_dirs) for option in options):
+            return options[0]
+    return None
+
+
+@contextlib.contextmanager
+def example_data(what: str, example: Example, data: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """``data`` (a ``[data]`` section) ready for ``example``: its files found (else :class:`unittest.SkipTest` naming
+    the one missing), its ``.npz`` written for as long as the context lasts (its path the ``path`` setting)."""
+    missing = missing_file(example, tuple(data.get("data_dirs", ())))
+    if missing is not None:
+        raise unittest.SkipTest(f"{what}: its example reads {missing}, in no data folder (data_dirs, $FEDSHUFFLE_DATA)")
+    if not example.arrays:
+        yield dict(data)
+        return
+    rng = np.random.default_rng(0)
+    arrays = {
+        key: rng.normal(size=shape).astype(np.float32) if bound is None else rng.integers(0, bound, size=shape)
+        for key, (shape, bound) in example.arrays.items()
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        np.savez(Path(folder) / "example.npz", **arrays)
+        yield {**data, "path": str(Path(folder) / "example.npz")}
+
+
+def bad_values(entry: Entry | Mapping[str, FieldInfo]) -> dict[str, list[Any]]:
+    """Values each declared setting of ``entry`` (or each field of a section's model, its ``model_fields``) must
+    refuse: past each bound, outside a choice, of another type."""
     out: dict[str, list[Any]] = {}
-    for name, info in entry.settings.model_fields.items() if entry.settings else ():
+    if isinstance(entry, Entry):
+        fields = entry.settings.model_fields if entry.settings else {}
+    else:
+        fields = entry
+    for name, info in fields.items():
         values: list[Any] = [{"not": "a value"}]
         for constraint in info.metadata:
             if isinstance(constraint, Ge):
@@ -83,7 +132,8 @@ def check_settings(
     registry: Registry, name: str, raw: Mapping[str, Any], section: str, chooser: str, choice: Any = None
 ) -> None:
     """Each generated bad value of each setting of ``registry[name]``, set in ``raw[section]``, is refused
-    by the configuration naming ``section.setting``; an unknown setting is refused naming the part. ``choice``: what
+    by the configuration naming ``section.setting``; an unknown setting, and another part's, are refused naming the
+    part. ``choice``: what
     the chooser is set to where that is not the name itself (``[name]`` for a list, such as ``run.sinks``)."""
     from fedshuffle.experiments.schema import RunSpec, validate
 
@@ -109,6 +159,26 @@ def check_settings(
         )
     else:
         raise AssertionError(f"{registry.noun} {name!r}: an unknown setting was accepted")
+    model = RunSpec.model_fields[section].annotation
+    shared = set(model.model_fields) | {  # what the section itself or another of its choices may take
+        s for other in getattr(model, "_choosers", {}).values() if other is not registry for s in _declared(other)
+    }
+    others = sorted(_declared(registry) - set(entry.setting_names()) - shared)
+    for setting in others[:3]:  # another part's setting, with a value that part takes
+        owner = next(e for e in registry.entries() if setting in e.setting_names())
+        default = owner.settings.model_fields[setting].default
+        try:
+            validate(RunSpec, {**base, section: {**base[section], setting: 1 if default is None else default}})
+        except ConfigError as exc:
+            assert exc.field == f"{section}.{setting}" and repr(name) in exc.message, (
+                f"{registry.noun} {name!r}: {owner.name!r}'s setting {section}.{setting} is refused as {exc}"
+            )
+        else:
+            raise AssertionError(f"{registry.noun} {name!r}: {owner.name!r}'s setting {section}.{setting} was accepted")
+
+
+def _declared(registry: Registry) -> set[str]:
+    return {s for e in registry.entries() for s in e.setting_names()}
 
 
 def _spec(raw: Mapping[str, Any]) -> Any:
@@ -123,7 +193,7 @@ def _trajectory(spec: Any, executor: str, rounds: int) -> torch.Tensor:
     threads = spec.run.own_settings().get("threads") or 2  # the threaded executor with threads to share clients
     spec = spec.model_copy(update={"run": spec.run.model_copy(update={"executor": executor, "threads": threads})})
     sim, _ = build_simulation(spec, seed=3)
-    out = []
+    out = [sim.params.clone()]  # the start, then the model after each round
     for _ in range(rounds):
         sim.step()
         out.append(sim.params.clone())
@@ -133,12 +203,11 @@ def _trajectory(spec: Any, executor: str, rounds: int) -> torch.Tensor:
 def check_executors(
     spec: Any, what: str, rounds: int = 3, rtol: float = 1e-10, executors: tuple[str, ...] = ("vectorized", "threaded")
 ) -> None:
-    """The ``executors`` give the sequential trajectory (max |Δ| ≤ rtol·max |x|)."""
+    """The model moves from its start and stays finite; the ``executors`` give the sequential trajectory
+    (max |Δ| ≤ rtol·max |x|)."""
     reference = _trajectory(spec, "sequential", rounds)
     assert torch.isfinite(reference).all(), f"{what}: the model is not finite after {rounds} rounds"
-    assert not torch.equal(reference[-1], torch.zeros_like(reference[-1])) or reference.abs().max() > 0, (
-        f"{what}: the model did not move"
-    )
+    assert not torch.equal(reference[-1], reference[0]), f"{what}: the model did not move in {rounds} rounds"
     for executor in executors:
         other = _trajectory(spec, executor, rounds)
         gap = float((other - reference).abs().max())
@@ -155,7 +224,8 @@ def check_executor(name: str, settings: Mapping[str, Any] | None = None) -> None
 
     raw = _deep_merge(_BASE, {"method": {"name": "fedavg"}, "sampler": {"name": "uniform", "cohort": 3}})
     check_settings(EXECUTORS, name, raw, "run", "executor")
-    spec = _spec(_deep_merge(raw, {"run": {"executor": name, **(settings or {})}}))
+    settings = example(EXECUTORS, name).settings if settings is None else settings
+    spec = _spec(_deep_merge(raw, {"run": {"executor": name, **settings}}))
     check_executors(spec, f"executor {name!r}", executors=(name,))
 
 
@@ -164,6 +234,32 @@ def check_sink(name: str) -> None:
     from fedshuffle.experiments.sinks import SINKS
 
     check_settings(SINKS, name, _BASE, "run", "sinks", [name])
+
+
+def check_schedule(name: str, settings: Mapping[str, Any] | None = None) -> None:
+    """The invariants of step-size schedule ``name`` with ``settings`` (default: its example's) that need no run:
+    settings."""
+    from fedshuffle.schedules import SCHEDULES
+
+    settings = example(SCHEDULES, name).settings if settings is None else settings
+    check_settings(SCHEDULES, name, {**_BASE, "schedule": dict(settings)}, "schedule", "name")
+
+
+def check_section(section: str) -> None:
+    """Each generated bad value of each of the ``[section]`` section's own settings (those of the part it chooses
+    have their part's check) is refused by the configuration naming ``section.setting``."""
+    from fedshuffle.experiments.schema import RunSpec, validate
+
+    model = RunSpec.model_fields[section].annotation
+    for setting, values in bad_values(model.model_fields).items():
+        for value in values:
+            bad = {**_BASE, section: {**_BASE.get(section, {}), setting: value}}
+            try:
+                validate(RunSpec, bad)
+            except ConfigError as exc:
+                assert exc.field == f"{section}.{setting}", f"{section}.{setting} = {value!r} refused as {exc.field!r}"
+            else:
+                raise AssertionError(f"{section}.{setting} = {value!r} was accepted")
 
 
 def check_resume(spec: Any, what: str) -> None:
@@ -190,7 +286,9 @@ def check_method(name: str, settings: Mapping[str, Mapping[str, Any]] | None = N
     """The invariants of method ``name`` (module docstring), on a small heterogeneous logistic problem.
 
     ``settings`` (by section) are added to the check's run: e.g. a method that needs cyclic cohorts
-    gets them by itself, and one that needs another problem or sampler can be given them.
+    gets them by itself, and one that needs another problem or sampler can be given them (default: its example's
+    sections, and its settings in ``[method]``). The run's configuration holds the method's declared defaults of the
+    other sections.
     """
     from fedshuffle.experiments.schema import _deep_merge
     from fedshuffle.methods import METHODS
@@ -200,9 +298,17 @@ def check_method(name: str, settings: Mapping[str, Mapping[str, Any]] | None = N
     raw = _deep_merge(_BASE, {"method": {"name": name}, "sampler": {"name": "uniform", "cohort": 3}})
     if entry.factory(_aggregator()).needs_cycles or entry.defaults.get("server", {}).get("meta_epoch_step"):
         raw["sampler"] = {"name": "cyclic", "cohort": 3}
-    raw = _deep_merge(raw, settings or {})
+    if settings is None:
+        declared = example(METHODS, name)
+        settings = _deep_merge(declared.sections, {"method": dict(declared.settings)})
+    raw = _deep_merge(raw, settings)
     check_settings(METHODS, name, raw, "method", "name")
     spec = _spec(raw)
+    for section, defaults in entry.defaults.items():
+        for key, value in defaults.items():
+            if key not in (raw.get(section) or {}):  # what the check's run sets itself
+                got = getattr(getattr(spec, section), key)
+                assert got == value, f"method {name!r}: {section}.{key} is {got!r}, not its declared default {value!r}"
     check_executors(spec, f"method {name!r}")
     check_resume(spec, f"method {name!r}")
 
@@ -214,14 +320,25 @@ def _aggregator() -> Any:
 
 
 def check_problem(name: str, data: Mapping[str, Any] | None = None, settings: Mapping[str, Any] | None = None) -> None:
-    """The invariants of problem ``name`` on ``data`` (a ``[data]`` section; default: a small synthetic
-    classification set): settings; gradients against central finite differences (fp64, at a random
-    point, 1e-6 relative); the batched gradient against per-client gradients; a byte-identical resume."""
+    """The invariants of problem ``name`` with ``settings`` on ``data`` (a ``[data]`` section; default: its example's,
+    else a small synthetic classification set): settings; gradients against central finite differences (fp64, at a
+    random point, 1e-6 relative); the batched gradient against per-client gradients; a byte-identical resume."""
+    from fedshuffle.problems import PROBLEMS
+
+    declared = example(PROBLEMS, name)
+    settings = declared.settings if settings is None else settings
+    classes = PROBLEMS[name].defaults.get("classes", 3)  # a problem that takes one class count declares it
+    used = declared if data is None else Example()
+    data = declared.sections.get("data", {**_DATA, "classes": classes}) if data is None else data
+    with example_data(f"problem {name!r}", used, data) as ready:
+        _check_problem(name, ready, settings)
+
+
+def _check_problem(name: str, data: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
     from fedshuffle.experiments.build import build_problem_and_data
     from fedshuffle.problems import PROBLEMS
 
-    classes = PROBLEMS[name].defaults.get("classes", 3)  # a problem that takes one class count declares it
-    raw = {**_BASE, "problem": {"name": name, **(settings or {})}, "data": dict(data or {**_DATA, "classes": classes})}
+    raw = {**_BASE, "problem": {"name": name, **settings}, "data": dict(data)}
     check_settings(PROBLEMS, name, raw, "problem", "name")
     spec = _spec(raw)
     problem, dataset = build_problem_and_data(spec)
@@ -258,12 +375,28 @@ def check_problem(name: str, data: Mapping[str, Any] | None = None, settings: Ma
 def check_source(
     name: str, settings: Mapping[str, Any] | None = None, partition: Mapping[str, Any] | None = None
 ) -> None:
-    """The invariants of data source ``name`` with ``settings``: settings; samples and labels of one length,
-    integer labels in [0, classes) (or −1 padding), an official test split of the same feature shape, and
-    client blocks that cover the samples when the source brings its own clients."""
+    """The invariants of data source ``name`` with ``settings`` and ``partition`` (the rest of the ``[data]``
+    section; default: its example's): settings; given nothing but its name, it loads or refuses naming what it needs;
+    samples and labels of one length, integer labels in [0, classes) (or −1 padding), an official test split of the
+    same feature shape, and client blocks that cover the samples when the source brings its own clients."""
+    from fedshuffle.data.catalog import SOURCES
+
+    declared = example(SOURCES, name)
+    used = declared if settings is None else Example()
+    settings = declared.settings if settings is None else settings
+    partition = declared.sections.get("data", {}) if partition is None else partition
+    with example_data(f"source {name!r}", used, {"download": False, **settings}) as ready:
+        _check_source(name, ready, partition)
+
+
+def _check_source(name: str, settings: Mapping[str, Any], partition: Mapping[str, Any]) -> None:
     from fedshuffle.data.catalog import SOURCES, load_samples
 
-    raw = {**_BASE, "problem": {"name": "quadratic"}, "data": {"source": name, **(settings or {}), **(partition or {})}}
+    try:  # nothing but its name
+        load_samples(_spec({**_BASE, "data": {"source": name, "download": False}}).data.model_dump(), seed=0)
+    except ConfigError as exc:
+        assert exc.message, f"source {name!r}: given nothing but its name, refused without saying why"
+    raw = {**_BASE, "problem": {"name": "quadratic"}, "data": {"source": name, **settings, **partition}}
     check_settings(
         SOURCES,
         name,
@@ -293,17 +426,33 @@ def check_source(
 
 
 def check_partition(name: str, settings: Mapping[str, Any] | None = None) -> None:
-    """The invariants of partition ``name``: settings; every client gets samples and no sample is given twice."""
+    """The invariants of partition ``name`` with ``settings`` (default: its example's, on its example's data, else
+    on a small synthetic set): settings; every client gets samples and no sample is given twice; each of the given
+    settings that is needed (declared without a default value) is refused naming it when it is left out."""
     from fedshuffle.data.catalog import PARTITIONS
     from fedshuffle.experiments.build import build_problem_and_data
 
-    data = {"source": "synthetic", "samples": 60, "features": 3, "classes": 3, "partition": name, **(settings or {})}
-    raw = {**_BASE, "problem": {"name": "softmax"}, "data": data}
-    check_settings(PARTITIONS, name, raw, "data", "partition")
-    _, dataset = build_problem_and_data(_spec(raw))
-    owned = np.concatenate(dataset.client_indices)
-    assert len(np.unique(owned)) == len(owned), f"partition {name!r}: a sample is given to two clients"
-    assert all(len(ix) > 0 for ix in dataset.client_indices), f"partition {name!r}: a client without samples"
+    declared = example(PARTITIONS, name)
+    used = declared if settings is None else Example()
+    settings = declared.settings if settings is None else settings
+    source = {"source": "synthetic", "samples": 60, "features": 3, "classes": 3}
+    data = {**(used.sections.get("data") or source), "download": False, "partition": name, **settings}
+    with example_data(f"partition {name!r}", used, data) as ready:
+        raw = {**_BASE, "problem": {"name": "softmax"}, "data": ready}
+        check_settings(PARTITIONS, name, raw, "data", "partition")
+        _, dataset = build_problem_and_data(_spec(raw))
+        owned = np.concatenate(dataset.client_indices)
+        assert len(np.unique(owned)) == len(owned), f"partition {name!r}: a sample is given to two clients"
+        assert all(len(ix) > 0 for ix in dataset.client_indices), f"partition {name!r}: a client without samples"
+        fields = PARTITIONS[name].settings.model_fields
+        for key in [k for k in settings if k in fields and fields[k].default is None]:
+            left_out = {**raw, "data": {k: v for k, v in ready.items() if k != key}}
+            try:
+                build_problem_and_data(_spec(left_out))
+            except ConfigError as exc:
+                assert exc.field == f"data.{key}", f"partition {name!r}: without {key}, refused as {exc.field}"
+            else:
+                raise AssertionError(f"partition {name!r}: built without data.{key}")
 
 
 def check_sampler(name: str, settings: Mapping[str, Any] | None = None, rounds: int = 50) -> None:
@@ -312,8 +461,9 @@ def check_sampler(name: str, settings: Mapping[str, Any] | None = None, rounds: 
     from fedshuffle.experiments.build import build_problem_and_data, build_sampler
     from fedshuffle.samplers import SAMPLERS
 
-    raw = {**_BASE, "sampler": {"name": name, **(settings or {})}}
-    if "cohort" in SAMPLERS[name].setting_names() and "cohort" not in (settings or {}):
+    settings = example(SAMPLERS, name).settings if settings is None else settings
+    raw = {**_BASE, "sampler": {"name": name, **settings}}
+    if "cohort" in SAMPLERS[name].setting_names() and "cohort" not in settings:
         raw["sampler"]["cohort"] = 3
     check_settings(SAMPLERS, name, raw, "sampler", "name")
     spec = _spec(raw)
@@ -341,6 +491,7 @@ def check_server_optimizer(name: str, settings: Mapping[str, Any] | None = None)
     FedAvg's clients, executors agree and a run resumes byte-identically (its state serializes)."""
     from fedshuffle.server import SERVER_OPTIMIZERS
 
+    settings = example(SERVER_OPTIMIZERS, name).settings if settings is None else settings
     raw = {
         **_BASE,
         "method": {"name": "fedavg"},
@@ -356,6 +507,7 @@ def check_server_optimizer(name: str, settings: Mapping[str, Any] | None = None)
         assert step.shape == params.shape and torch.isfinite(step).all(), (
             f"server optimizer {name!r}: a non-finite step"
         )
+        assert k > 0 or torch.all(step > 0), f"server optimizer {name!r}: its first step does not descend along Δ"
         params = params - step
     spec = _spec(raw)
     check_executors(spec, f"server optimizer {name!r}")

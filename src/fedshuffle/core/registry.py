@@ -66,6 +66,26 @@ class ModelSize:
 Role = StepSize | StepScale | ModelSize
 
 
+@dataclass(frozen=True)
+class Example:
+    """What the check of a part (:mod:`fedshuffle.testing`) runs it on, declared where the part is registered
+    (``SOURCES.add(..., example=Example(...))``), so that every registered part is checked as soon as it is added.
+
+    ``settings``: the part's own settings. ``sections``: other sections of the check's run, by section (the
+    ``[data]`` section a problem runs on; for a data source, the rest of its ``[data]`` section: the partition).
+    ``files``: the data files the example reads, each a path relative to a data folder (``data.data_dirs``,
+    ``$FEDSHUFFLE_DATA``) or a tuple of paths any one of which will do; the check is skipped naming the first one that
+    is nowhere, and only then. ``arrays``: an ``.npz`` file written at check time, name → (shape, bound): integers in
+    [0, bound) or, where the bound is None, standard normal floats; its path becomes the ``path`` setting of the
+    ``[data]`` section.
+    """
+
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    files: tuple[str | tuple[str, ...], ...] = ()
+    arrays: Mapping[str, tuple[tuple[int, ...], int | None]] = field(default_factory=dict)
+
+
 def roles(fields: Mapping[str, FieldInfo]) -> dict[str, Role]:
     """The role of each setting of ``fields`` (a settings model's ``model_fields``) that declares one, by name; a
     step size's ``quantity`` filled in with the setting's name where it gives none."""
@@ -132,6 +152,7 @@ class Entry:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     settings: type[Settings] | None = None
     noun: str = "part"
+    example: Example | None = field(default=None, kw_only=True)
 
     def setting_names(self) -> tuple[str, ...]:
         return tuple(self.settings.model_fields) if self.settings is not None else ()
@@ -211,8 +232,19 @@ class Registry:
         """Whether entries declare settings (a section of the experiment file configures them)."""
         return self.runtime is not None
 
-    def add(self, name: str, factory: Callable[..., Any], summary: str, citation: str = "", **defaults: Any) -> Entry:
-        return self._store(Entry(name, factory, summary, citation, defaults, self._settings(name, factory), self.noun))
+    def add(
+        self,
+        name: str,
+        factory: Callable[..., Any],
+        summary: str,
+        citation: str = "",
+        *,
+        example: Example | None = None,
+        **defaults: Any,
+    ) -> Entry:
+        """Register ``name``; ``example``: what its check runs it on (:class:`Example`)."""
+        settings = self._settings(name, factory)
+        return self._store(Entry(name, factory, summary, citation, defaults, settings, self.noun, example=example))
 
     def _settings(self, name: str, factory: Callable[..., Any]) -> type[Settings] | None:
         return settings_model(name, factory, self.runtime) if self.runtime is not None else None

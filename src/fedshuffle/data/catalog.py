@@ -21,7 +21,7 @@ from pydantic import AfterValidator, Field, PositiveInt
 from fedshuffle.core import limits
 from fedshuffle.core.errors import ConfigError
 from fedshuffle.core.inputs import DataPath
-from fedshuffle.core.registry import ModelSize, Registry
+from fedshuffle.core.registry import Example, ModelSize, Registry
 from fedshuffle.core.streams import Stream, generator
 from fedshuffle.data import partitions
 from fedshuffle.data.federated import FederatedDataset, objective_weights
@@ -332,49 +332,101 @@ SOURCES.add(
     targets_source,
     "quadratic targets: e_1..e_N or an .npy file, in client blocks",
     "Horváth et al., TMLR 2022 (FedShuffle), eq. (36)",
+    example=Example(settings={"client_sizes": [1, 2, 3]}),
 )
-SOURCES.add("synthetic", synthetic_source, "Gaussian class clusters")
+SOURCES.add(
+    "synthetic",
+    synthetic_source,
+    "Gaussian class clusters",
+    example=Example(sections={"data": {"partition": "iid", "clients": 3}}),
+)
 SOURCES.add(
     "libsvm",
     libsvm_source,
     "a LIBSVM dataset (phishing, mushrooms, a3a, w3a, a9a) or an svmlight file",
     "Chang & Lin, LIBSVM",
+    example=Example(
+        settings={"dataset": "a3a"}, sections={"data": {"partition": "iid", "clients": 3}}, files=("a3a/a3a",)
+    ),
 )
-SOURCES.add("npz", npz_source, "arrays x and y from an .npz file")
-SOURCES.add("fedprox_synthetic", fedprox_synthetic_source, "Synthetic(α, β) devices", "Li et al., MLSys 2020 (FedProx)")
 SOURCES.add(
-    "leaf", leaf_source, "LEAF users from JSON files (FEMNIST, Shakespeare, ...)", "Caldas et al., arXiv:1812.01097"
+    "npz",
+    npz_source,
+    "arrays x and y from an .npz file",
+    example=Example(
+        sections={"data": {"partition": "iid", "clients": 3}}, arrays={"x": ((12, 3), None), "y": ((12,), 3)}
+    ),
 )
-SOURCES.add("mnist", mnist_source, "MNIST from the official IDX files, official test split", "LeCun et al., 1998")
+SOURCES.add(
+    "fedprox_synthetic",
+    fedprox_synthetic_source,
+    "Synthetic(α, β) devices",
+    "Li et al., MLSys 2020 (FedProx)",
+    example=Example(settings={"clients": 3}),
+)
+SOURCES.add(
+    "leaf",
+    leaf_source,
+    "LEAF users from JSON files (FEMNIST, Shakespeare, ...)",
+    "Caldas et al., arXiv:1812.01097",
+    example=Example(settings={"path": "femnist", "clients": 3}, files=("femnist",)),
+)
+SOURCES.add(
+    "mnist",
+    mnist_source,
+    "MNIST from the official IDX files, official test split",
+    "LeCun et al., 1998",
+    example=Example(
+        sections={"data": {"partition": "iid", "clients": 3}},
+        files=tuple(f"mnist/{name}" for name in mnist.MNIST_FILES),
+    ),
+)
 SOURCES.add(
     "cifar10",
     _cifar_source("cifar10"),
     "CIFAR-10 from the official python archive, official test split",
     "Krizhevsky, 2009",
+    example=Example(sections={"data": {"partition": "iid", "clients": 3}}, files=("cifar10/cifar-10-python.tar.gz",)),
 )
 SOURCES.add(
     "cifar100",
     _cifar_source("cifar100"),
     "CIFAR-100 (fine labels; coarse ones for 'pachinko') from the official archive",
     "Krizhevsky, 2009",
+    example=Example(sections={"data": {"partition": "iid", "clients": 3}}, files=("cifar100/cifar-100-python.tar.gz",)),
 )
 SOURCES.add(
     "tff_cifar100",
     tff_cifar100_source,
     "TFF's federated CIFAR-100: 500 clients of 100 images",
     "Reddi et al., ICLR 2021; TFF",
+    example=Example(
+        settings={"clients": 3}, files=(("cifar100/tff/fed_cifar100_train.h5", "cifar100/tff/fed_cifar100.tar.bz2"),)
+    ),
 )
 SOURCES.add(
     "shakespeare",
     shakespeare_source,
     "TFF's Shakespeare, 715 roles, per-position next characters (vocabulary 90)",
     "Caldas et al., arXiv:1812.01097; TFF",
+    example=Example(
+        settings={"clients": 3},
+        files=(
+            tuple(
+                f"shakespeare/tff/{name}"
+                for name in ("shakespeare_train.h5", "shakespeare_train.h5.gz", "shakespeare.tar.bz2")
+            ),
+        ),
+    ),
 )
 SOURCES.add(
     "shakespeare_leaf",
     shakespeare_leaf_source,
     "LEAF's Shakespeare JSON, next character of 80 (vocabulary 80)",
     "Caldas et al., arXiv:1812.01097",
+    example=Example(
+        settings={"clients": 3}, files=tuple(f"shakespeare/leaf/{name}" for name in shakespeare.LEAF_FILES)
+    ),
 )
 
 
@@ -454,35 +506,50 @@ def pachinko_partition(
 #: Partitions by name; the framework passes the training labels, the partition stream and the coarse labels.
 PARTITIONS = Registry("data.partition", runtime=("labels", "rng", "label_groups"), noun="partition")
 PARTITIONS.add(
-    "sizes", sizes_partition, "contiguous blocks of client_sizes (in the source's order after the train/test shuffle)"
+    "sizes",
+    sizes_partition,
+    "contiguous blocks of client_sizes (in the source's order after the train/test shuffle)",
+    example=Example(settings={"client_sizes": [10, 20, 30]}),
 )
-PARTITIONS.add("iid", iid_partition, "uniform shuffle split into nearly equal parts")
 PARTITIONS.add(
-    "equal", equal_partition, "uniform shuffle, ⌊N/M⌋ each, remainder left out", "Mishchenko et al., RR-CLI §4.2"
+    "iid", iid_partition, "uniform shuffle split into nearly equal parts", example=Example(settings={"clients": 4})
+)
+PARTITIONS.add(
+    "equal",
+    equal_partition,
+    "uniform shuffle, ⌊N/M⌋ each, remainder left out",
+    "Mishchenko et al., RR-CLI §4.2",
+    example=Example(settings={"clients": 4}),
 )
 PARTITIONS.add(
     "dirichlet",
     dirichlet_partition,
     "label Dirichlet (LDA) shares with concentration alpha",
     "Hsu et al., arXiv:1909.06335",
+    example=Example(settings={"clients": 4}),
 )
 PARTITIONS.add(
     "labels",
     labels_partition,
     "exactly labels_per_client labels per client, equal sizes",
     "Yang, Fang & Liu, ICLR 2021, App. B.1",
+    example=Example(settings={"clients": 4}),
 )
 PARTITIONS.add(
     "shards",
     shards_partition,
     "sorted by label, shards_per_client random shards per client",
     "McMahan et al., AISTATS 2017",
+    example=Example(settings={"clients": 4}),
 )
 PARTITIONS.add(
     "pachinko",
     pachinko_partition,
     "coarse ~ Dir(pachinko_alpha), fine ~ Dir(pachinko_beta), N/clients each",
     "Reddi et al., ICLR 2021, App. C.1 (TFF CIFAR-100)",
+    example=Example(
+        settings={"clients": 4}, sections={"data": {"source": "cifar100"}}, files=("cifar100/cifar-100-python.tar.gz",)
+    ),
 )
 
 

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import Registry
+from fedshuffle.core.registry import Example, Registry
 from fedshuffle.executors.local import Executor, LocalExecutor, SequentialExecutor, ThreadedExecutor, VectorizedExecutor
 from fedshuffle.problems import Problem
 from fedshuffle.problems.modules import ModuleProblem
@@ -152,21 +152,31 @@ EXECUTORS.add(
     auto_executor,
     "the fastest executor for the problem and device: vectorized, threaded or sequential (choice.choose)",
     batches_replicas=True,
+    example=Example(),
 )
-EXECUTORS.add("sequential", sequential_executor, "the reference: one client after another, parameters updated in place")
+EXECUTORS.add(
+    "sequential",
+    sequential_executor,
+    "the reference: one client after another, parameters updated in place",
+    example=Example(),
+)
 EXECUTORS.add(
     "vectorized",
     vectorized_executor,
     "the cohort as masked batched loops, in chunks that fit a memory budget",
     batches_replicas=True,
+    example=Example(),
 )
 EXECUTORS.add(
     "threaded",
     threaded_executor,
     "clients in threads of this process, each one as the sequential reference",
     batches_replicas=True,
+    example=Example(),
 )
-EXECUTORS.add("ray", ray_executor, "the cohort split into shares run by the vectorized executor in Ray tasks")
+EXECUTORS.add(
+    "ray", ray_executor, "the cohort split into shares run by the vectorized executor in Ray tasks", example=Example()
+)
 
 
 def batches_replicas(name: str) -> bool:

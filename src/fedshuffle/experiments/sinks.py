@@ -39,7 +39,7 @@ from typing import Annotated, Any, Protocol
 from pydantic import Field
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import Registry, call_with
+from fedshuffle.core.registry import Example, Registry, call_with
 
 MAX_PARAMS = 100  # MLflow's limit per log_batch call
 #: seconds to reach an http(s) tracking server before the run stops with an error
@@ -280,14 +280,21 @@ def _reachable(mlflow_uri: str | None = None) -> None:
 SINKS = Registry(
     "run.sinks", runtime=("root", "run_dir", "experiment", "label", "point", "seed", "params"), noun="sink"
 )
-SINKS.add("tensorboard", tensorboard_sink, "scalars under `<results>/tensorboard`, a folder per run")
+SINKS.add("tensorboard", tensorboard_sink, "scalars under `<results>/tensorboard`, a folder per run", example=Example())
 SINKS.add(
     "mlflow",
     mlflow_sink,
     "an MLflow experiment per experiment, a parent run per variant, a run per seed",
     check=_reachable,
+    example=Example(),
 )
-SINKS.add("wandb", wandb_sink, "a W&B project per experiment, a group per variant, a run per seed", check=require_wandb)
+SINKS.add(
+    "wandb",
+    wandb_sink,
+    "a W&B project per experiment, a group per variant, a run per seed",
+    check=require_wandb,
+    example=Example(),
+)
 
 
 def _taken(name: str, settings: Mapping[str, Any]) -> dict[str, Any]:

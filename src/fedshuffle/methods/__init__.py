@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from fedshuffle.core.registry import Example
 from fedshuffle.methods.base import METHODS, ClientResult, Method, RoundInfo, Trainer
 
 _FEDSHUFFLE = "Horváth, Sanjabi, Xiao, Richtárik & Rabbat, FedShuffle, TMLR 2022"
@@ -30,6 +31,7 @@ METHODS.add(
     local={"order": "with_replacement"},
     theorems=("karimireddy_i",),
     **_SUM_ONE,
+    example=Example(),
 )
 METHODS.add(
     "fedavg_rr",
@@ -39,6 +41,7 @@ METHODS.add(
     local={"order": "reshuffle"},
     theorems=("karimireddy_i",),
     **_SUM_ONE,
+    example=Example(),
 )
 METHODS.add(
     "fedavg_min",
@@ -47,6 +50,7 @@ METHODS.add(
     f"{_FEDSHUFFLE}, §4.1",
     local={"order": "with_replacement", "steps": "min"},
     **_SUM_ONE,
+    example=Example(),
 )
 METHODS.add(
     "fedavg_mean",
@@ -55,6 +59,7 @@ METHODS.add(
     f"{_FEDSHUFFLE}, §4.1",
     local={"order": "with_replacement", "steps": "mean"},
     **_SUM_ONE,
+    example=Example(),
 )
 METHODS.add(
     "fednova",
@@ -63,6 +68,7 @@ METHODS.add(
     f"{_WANG}, eq. (5); normalization = 'sum_one' gives the FedShuffle reference code's",
     local={"order": "with_replacement"},
     **_NOVA,
+    example=Example(),
 )
 METHODS.add(
     "fednova_rr",
@@ -71,6 +77,7 @@ METHODS.add(
     f"{_FEDSHUFFLE}, Appendix E",
     local={"order": "reshuffle"},
     **_NOVA,
+    example=Example(),
 )
 METHODS.add(
     "fedshuffle",
@@ -79,6 +86,7 @@ METHODS.add(
     f"{_FEDSHUFFLE}, Algorithm 1",
     local={"order": "reshuffle", "step_normalization": "max_local_work"},
     aggregation={"normalization": "unbiased"},
+    example=Example(),
 )
 METHODS.add(
     "fedshuffle_gen",
@@ -87,6 +95,7 @@ METHODS.add(
     f"{_FEDSHUFFLE}, Algorithm 4",
     local={"order": "reshuffle", "step_normalization": "max_local_work"},
     aggregation={"weighting": "normalized", "normalization": "unbiased"},
+    example=Example(),
 )
 METHODS.add(
     "fedshuffle_mvr",
@@ -96,6 +105,7 @@ METHODS.add(
     local={"order": "reshuffle", "step_normalization": "max_local_work"},
     aggregation={"normalization": "unbiased"},
     server={"global_momentum": 0.9, "momentum_estimator": "exact"},
+    example=Example(),
 )
 #: Nastya's g = (1/C) Σ_{m∈S} g_m (Algorithm 1; objective (1/M) Σ_m f_m, eq. (1)) for any client sizes: ω_m =
 #: 1/(C·γ_m·N_m)
@@ -109,6 +119,7 @@ METHODS.add(
     local={"order": "reshuffle"},
     aggregation={"weighting": "uniform", "normalization": "unbiased", "direction": "mean_gradient"},
     theorems=("rr_cli_c2", "rr_cli_c1"),
+    example=Example(),
 )
 METHODS.add(
     "rr_cli",
@@ -120,6 +131,7 @@ METHODS.add(
     aggregation={"normalization": "unbiased", "direction": "mean_gradient"},
     server={"meta_epoch_step": True},
     theorems=("rr_cli_c1", "rr_cli_c2"),
+    example=Example(),
 )
 METHODS.add(
     "fedprox",
@@ -128,6 +140,7 @@ METHODS.add(
     "Li, Sahu, Zaheer, Sanjabi, Talwalkar & Smith, FedProx, MLSys 2020",
     local={"order": "reshuffle", "prox_mu": 1.0},
     **_SUM_ONE,
+    example=Example(),
 )
 METHODS.add(
     "generalized_fedavg",
@@ -138,6 +151,7 @@ METHODS.add(
     local={"order": "with_replacement"},
     aggregation={"weighting": "uniform", "normalization": "unbiased"},
     theorems=("yang_1",),
+    example=Example(),
 )
 
 # Every other module of the package registers its own method(s) (a stateful method is one file: its class and

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.core.registry import Entry, Registry
+from fedshuffle.core.registry import Entry, Example, Registry
 from fedshuffle.local.loop import LocalWork
 from fedshuffle.local.plan import ClientPlan, CohortPlan, LocalPlanner
 from fedshuffle.local.steps import Drift, standard_chain
@@ -265,15 +265,19 @@ class MethodRegistry(Registry):
         citation: str = "",
         *,
         theorems: Sequence[str] = (),
+        example: Example | None = None,
         **defaults: Any,
     ) -> MethodEntry:
         """Register method ``name``; ``defaults`` by section; ``theorems``: the theorems whose step sizes ``'theory'``
-        may mean for it, its own first (``server.theory_rule`` defaults to it)."""
+        may mean for it, its own first (``server.theory_rule`` defaults to it); ``example``: what its check runs it on
+        (:class:`~fedshuffle.core.registry.Example`)."""
         if theorems:
             defaults["server"] = {"theory_rule": theorems[0], **defaults.get("server", {})}
         settings = self._settings(name, factory)
         return self._store(
-            MethodEntry(name, factory, summary, citation, defaults, settings, self.noun, tuple(theorems))
+            MethodEntry(
+                name, factory, summary, citation, defaults, settings, self.noun, tuple(theorems), example=example
+            )
         )
 
 

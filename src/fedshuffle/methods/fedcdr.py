@@ -9,7 +9,7 @@ from pydantic import Field
 import torch
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.core.registry import StepSize
+from fedshuffle.core.registry import Example, StepSize
 from fedshuffle.local.plan import CohortPlan
 from fedshuffle.local.prox import SOLVERS, ClientObjectives, solve_prox
 from fedshuffle.metrics import metric
@@ -185,4 +185,5 @@ METHODS.add(
     "Mitigating Data Heterogeneity Effect in Federated Learning with Client Reshuffling (FedCDR; anonymous ICML "
     "submission), Algorithm 1",
     local={"order": "reshuffle", "epochs": 20, "batch_size": 10},
+    example=Example(),
 )

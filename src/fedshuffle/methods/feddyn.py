@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 
 from fedshuffle.aggregation import Aggregator
-from fedshuffle.core.registry import StepSize
+from fedshuffle.core.registry import Example, StepSize
 from fedshuffle.methods.base import METHODS, ClientResult, Method, last_occurrence, sample_gradients
 
 
@@ -79,4 +79,5 @@ METHODS.add(
     "Acar, Zhao, Matas, Mattina, Whatmough & Saligrama, Federated Learning Based on Dynamic Regularization, ICLR "
     "2021, Algorithm 1",
     local={"order": "reshuffle"},
+    example=Example(),
 )

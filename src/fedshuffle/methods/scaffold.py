@@ -8,6 +8,7 @@ import torch
 from pydantic import Field
 
 from fedshuffle.aggregation import Aggregator
+from fedshuffle.core.registry import Example
 from fedshuffle.methods.base import METHODS, ClientResult, Method, last_occurrence, sample_gradients
 
 OPTIONS = ("I", "II")
@@ -77,4 +78,5 @@ METHODS.add(
     "Karimireddy, Kale, Mohri, Reddi, Stich & Suresh, SCAFFOLD, ICML 2020, Algorithm 1",
     local={"order": "with_replacement"},
     aggregation={"normalization": "unbiased"},
+    example=Example(),
 )

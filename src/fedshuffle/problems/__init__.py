@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, PositiveInt
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import ModelSize, Registry
+from fedshuffle.core.registry import Example, ModelSize, Registry
 from fedshuffle.data.catalog import Samples
 from fedshuffle.problems.base import Problem
 from fedshuffle.problems.convex import LogisticRegression, Quadratic, SoftmaxRegression
@@ -166,6 +166,7 @@ PROBLEMS.add(
     quadratic,
     "f_ij(x) = ½‖x − a_ij‖², the samples as targets",
     "Horváth et al., TMLR 2022 (FedShuffle), eq. (36)",
+    example=Example(sections={"data": {"source": "targets", "client_sizes": [1, 2, 3]}}),
 )
 PROBLEMS.add(
     "logistic",
@@ -173,44 +174,72 @@ PROBLEMS.add(
     "L2-regularized binary logistic regression, labels ±1",
     "Mishchenko et al., RR-CLI; Malinovsky et al., Nastya",
     classes=2,
+    example=Example(),
 )
-PROBLEMS.add("softmax", softmax, "multinomial logistic regression (+ L2)", "Yang, Fang & Liu, ICLR 2021")
-PROBLEMS.add("mlp", mlp, "fully connected ReLU network, cross-entropy", "FedCDR (784-128-26 on FEMNIST)")
+PROBLEMS.add(
+    "softmax", softmax, "multinomial logistic regression (+ L2)", "Yang, Fang & Liu, ICLR 2021", example=Example()
+)
+PROBLEMS.add(
+    "mlp", mlp, "fully connected ReLU network, cross-entropy", "FedCDR (784-128-26 on FEMNIST)", example=Example()
+)
 PROBLEMS.add(
     "2nn",
     two_nn,
     "two hidden layers of 200, ReLU (the 2NN)",
     "Yang, Fang & Liu, ICLR 2021; McMahan et al., AISTATS 2017",
+    example=Example(),
 )
 PROBLEMS.add(
     "mnist_cnn",
     mnist_cnn_problem,
     "conv 5×5×32, pool, conv 5×5×64, pool, dense 512 (Table 4)",
     "Yang, Fang & Liu, ICLR 2021, Table 4",
+    example=Example(
+        sections={"data": {"source": "npz", "partition": "iid", "clients": 3}},
+        arrays={"x": ((12, 1, 28, 28), None), "y": ((12,), 3)},
+    ),
 )
 PROBLEMS.add(
     "lenet5",
     lenet5_problem,
     "LeNet-5: conv 5×5 (6), pool, conv 5×5 (16), pool, dense 120, 84",
     "Malinovsky, Mishchenko & Richtárik, Fig. 2 (CIFAR-10)",
+    example=Example(
+        sections={"data": {"source": "npz", "partition": "iid", "clients": 3}},
+        arrays={"x": ((12, 3, 32, 32), None), "y": ((12,), 3)},
+    ),
 )
 PROBLEMS.add(
     "cnn",
     cnn,
     "two-convolution CNN of pfl-research's CIFAR-10 benchmark, with its dropout",
     "Granqvist et al., pfl-research, arXiv:2404.06430",
+    example=Example(
+        sections={"data": {"source": "npz", "partition": "iid", "clients": 3}},
+        arrays={"x": ((12, 3, 8, 8), None), "y": ((12,), 3)},
+    ),
 )
 PROBLEMS.add(
     "char_lstm",
     char_lstm,
     "next-character LSTM: embedding 8, 2×512 LSTM, dense over the vocabulary",
     "Horváth et al., TMLR 2022 (FedShuffle), Shakespeare",
+    example=Example(
+        settings={"lstm_hidden": 8, "lstm_layers": 1},
+        sections={"data": {"source": "npz", "partition": "iid", "clients": 3}},
+        arrays={"x": ((12, 6), 5), "y": ((12,), 5)},
+    ),
 )
 PROBLEMS.add(
     "resnet18",
     resnet18,
     "ResNet-18 with GroupNorm (2 groups)",
     "Horváth et al., TMLR 2022 (FedShuffle), CIFAR-100; Hsieh et al., ICML 2020",
+    example=Example(
+        sections={"data": {"source": "npz", "partition": "iid", "clients": 3}},
+        arrays={"x": ((12, 3, 32, 32), None), "y": ((12,), 3)},
+        settings={"resnet_width": 4},
+    ),
 )
 
 __all__ = [

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 
 from fedshuffle.core.errors import ConfigError
-from fedshuffle.core.registry import Registry, StepSize
+from fedshuffle.core.registry import Example, Registry, StepSize
 from fedshuffle.server.transforms import (
     ScaleByAdagrad,
     ScaleByAdam,
@@ -190,13 +190,23 @@ _REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021, Algorithm 2"
 #: Server optimizers by name; a factory's keyword parameters are the optimizer's settings
 #: (:mod:`fedshuffle.core.registry`).
 SERVER_OPTIMIZERS = Registry("server.optimizer", runtime=(), noun="server optimizer")
-SERVER_OPTIMIZERS.add("sgd", sgd, "x ← x − η_g·Δ", "Horváth et al., FedShuffle, TMLR 2022, Algorithm 1")
 SERVER_OPTIMIZERS.add(
-    "heavy_ball", heavy_ball, "server heavy-ball momentum on Δ", "Hsu, Qi & Brown, arXiv:1909.06335, 2019 (FedAvgM)"
+    "sgd", sgd, "x ← x − η_g·Δ", "Horváth et al., FedShuffle, TMLR 2022, Algorithm 1", example=Example()
 )
-SERVER_OPTIMIZERS.add("adam", adam, "FedAdam on the pseudo-gradient", _REDDI)
-SERVER_OPTIMIZERS.add("adagrad", adagrad, "FedAdagrad on the pseudo-gradient", _REDDI)
-SERVER_OPTIMIZERS.add("yogi", yogi, "FedYogi on the pseudo-gradient", _REDDI)
 SERVER_OPTIMIZERS.add(
-    "adgd", adgd, "adaptive gradient descent without descent on Δ", "Malitsky & Mishchenko, ICML 2020, Algorithm 1"
+    "heavy_ball",
+    heavy_ball,
+    "server heavy-ball momentum on Δ",
+    "Hsu, Qi & Brown, arXiv:1909.06335, 2019 (FedAvgM)",
+    example=Example(),
+)
+SERVER_OPTIMIZERS.add("adam", adam, "FedAdam on the pseudo-gradient", _REDDI, example=Example())
+SERVER_OPTIMIZERS.add("adagrad", adagrad, "FedAdagrad on the pseudo-gradient", _REDDI, example=Example())
+SERVER_OPTIMIZERS.add("yogi", yogi, "FedYogi on the pseudo-gradient", _REDDI, example=Example())
+SERVER_OPTIMIZERS.add(
+    "adgd",
+    adgd,
+    "adaptive gradient descent without descent on Δ",
+    "Malitsky & Mishchenko, ICML 2020, Algorithm 1",
+    example=Example(),
 )
