@@ -108,6 +108,9 @@ def fail_cluster(exc: Exception, hint: str = "") -> None:
 
 #: the signals that stopped this command (SIGTERM raises KeyboardInterrupt like Ctrl-C: :func:`command`)
 _received: list[int] = []
+#: non-empty while the command runs as the ``fedshuffle`` program (not in a notebook or a test): an interrupted one
+#: then ignores further signals until the process has exited (a second marker says it was interrupted)
+_exiting: list[bool] = []
 
 
 def interrupted(hint: str) -> None:
@@ -118,6 +121,10 @@ def interrupted(hint: str) -> None:
         sweep.stop_helper_processes()  # started early for worker processes: it would finish loading before it ends
     which = " (SIGTERM)" if signum == signal.SIGTERM else ""
     err.print(f"interrupted{which}; everything written is kept. {hint}".rstrip(), highlight=False, soft_wrap=True)
+    if _exiting:
+        _exiting.append(True)
+        for ignored in (signal.SIGINT, signal.SIGTERM):  # from here the program only exits: a repeated Ctrl-C or
+            signal.signal(ignored, signal.SIG_IGN)  # SIGTERM is ignored, also while the interpreter shuts down
     raise typer.Exit(128 + signum)
 
 
@@ -146,13 +153,17 @@ def command(callback: Callable[..., None]) -> Callable[..., None]:
         except ValueError:  # not the main thread (an embedding application): its handlers stay
             saved = {}
         _received.clear()
+        _exiting.clear()
+        if getattr(saved.get(signal.SIGINT), "__name__", "") == "_stop_starting":  # fedshuffle.__main__'s: the program
+            _exiting.append(True)
         try:
             callback(*args, **kwargs)
         except KeyboardInterrupt:
             interrupted("")
         finally:
-            for signum, handler in saved.items():
-                signal.signal(signum, handler)
+            if len(_exiting) < 2:  # an interrupted program keeps ignoring signals until it has exited
+                for signum, handler in saved.items():
+                    signal.signal(signum, handler)
 
     return run
 
