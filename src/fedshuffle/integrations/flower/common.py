@@ -27,6 +27,7 @@ from fedshuffle.core.errors import ConfigError
 from fedshuffle.data.federated import PopulationCounts
 from fedshuffle.experiments.runner import seeded
 from fedshuffle.experiments.schema import SECTIONS, Experiment, RunSpec, load_experiment, parse_overrides, validate
+from fedshuffle.experiments.sinks import flatten
 
 #: the experiment inside a written app (JSON: paths already resolved)
 EXPERIMENT_FILE = "experiment.json"
@@ -128,7 +129,7 @@ class AppSettings(BaseModel):
     def from_run_config(cls, config: Mapping[str, Any]) -> AppSettings:
         """Settings from a Flower run configuration: the app's keys checked against their fields, the dotted keys
         kept as the experiment's overrides (a value "" leaves the experiment's own); errors name the key."""
-        config = _flat(config)
+        config = flatten(config)  # as Flower flattens the app's pyproject.toml
         own = {key: value for key, value in config.items() if "." not in key}
         experiment = {key: value for key, value in config.items() if "." in key and value != ""}
         if "experiment" in own:
@@ -152,18 +153,6 @@ class AppSettings(BaseModel):
         assignments = [part.strip() for part in self.overrides.split(";") if part.strip()]
         assignments += [f"{key}={_toml_value(value)}" for key, value in self.experiment.items()]
         return parse_overrides(assignments)
-
-
-def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A run configuration with nested tables as dotted keys (``{"local": {"lr": 0.1}}`` → ``local.lr``), as Flower
-    flattens the app's pyproject.toml."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _toml_value(value: Any) -> str:
