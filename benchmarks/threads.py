@@ -91,7 +91,7 @@ def main() -> None:
     trees = [(label, Path(src).resolve()) for label, src in (t.split("=", 1) for t in args.tree)] or [
         ("this", ROOT / "src")
     ]
-    preset, rounds, repeats = ("smoke", 4, 1) if args.smoke else (args.preset, args.rounds, args.repeats)
+    preset, rounds, repeats = ("smoke", 2, 1) if args.smoke else (args.preset, args.rounds, args.repeats)
     this = next((src for _, src in trees if src == (ROOT / "src").resolve()), trees[-1][1])
     cases = [(f"{label} default threads", src, None) for label, src in trees] + [("one thread", this, 1)]
     spinners = []
