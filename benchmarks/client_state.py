@@ -7,7 +7,8 @@ the client state every 10 rounds. The state — SCAFFOLD's c_i, FedCDR's (y_i, x
 Reports seconds per round and peak resident memory.
 
     python -m benchmarks.client_state      # writes benchmarks/results/client_state.json
-    python -m benchmarks.client_state --smoke   # 200 and 20,000 clients, 10 rounds: prints the JSON, writes nothing
+    # 200 and 20,000 clients, 3 rounds (a checkpoint at the second): prints the JSON, writes nothing
+    python -m benchmarks.client_state --smoke
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ DIM, COHORT = 1000, 100
 METHODS = ("scaffold", "fedcdr")
 POPULATIONS, SMOKE_POPULATIONS = (1_000, 1_000_000), (200, 20_000)
 CASES = [f"{method}-{n}" for method in METHODS for n in (*POPULATIONS, *SMOKE_POPULATIONS)]
+#: rounds between checkpoints of the client state (the smoke case's few rounds include one)
+CHECKPOINT_EVERY, SMOKE_CHECKPOINT_EVERY = 10, 2
+#: the smoke case's in-memory limit of the client state: its larger population's state is memory-mapped, as the full
+#: benchmark's 1,000,000 clients' is beyond the default 1 GiB
+SMOKE_STATE_MEMORY_LIMIT = 16 << 20
 
 
 class SparseClients:
@@ -43,7 +49,9 @@ class SparseClients:
         return x, np.where(x @ self.plane > 0, 1.0, -1.0).astype(np.float32)
 
 
-def case(name: str, warmup: int, repeats: int) -> None:
+def case(
+    name: str, warmup: int, repeats: int, checkpoint_every: int = CHECKPOINT_EVERY, memory_limit: int | None = None
+) -> None:
     torch.set_num_threads(1)
     method, n = name.split("-")
     clients = int(n)
@@ -64,13 +72,18 @@ def case(name: str, warmup: int, repeats: int) -> None:
             dtype=torch.float32,
             executor=VectorizedExecutor(),
             state_dir=folder,
+            **({"state_memory_limit": memory_limit} if memory_limit else {}),
         )
 
+        checkpoints = 0
+
         def round_with_checkpoints():
+            nonlocal checkpoints
             sim.step()
-            if sim.counters.rounds % 10 == 0:
+            if sim.counters.rounds % checkpoint_every == 0:
                 sim.state_dict()
                 sim.commit_checkpoint()
+                checkpoints += 1
 
         timing = time_rounds(round_with_checkpoints, warmup, repeats)
         emit(
@@ -82,6 +95,7 @@ def case(name: str, warmup: int, repeats: int) -> None:
                 "memory_mapped": sim.store.mapped,
                 "state_bytes_full": int(clients * sum(sim.store.fields.values()) * 4),
                 "clients_with_state": int(sim.store.created.sum()),
+                "checkpoints": checkpoints,
             }
         )
 
@@ -90,12 +104,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=CASES)
     parser.add_argument(
-        "--smoke", action="store_true", help="small populations, 10 rounds; prints the JSON, writes nothing"
+        "--smoke",
+        action="store_true",
+        help="small populations, 3 rounds with a checkpoint; prints the JSON, writes nothing",
     )
     args = parser.parse_args()
-    warmup, repeats = (1, 10) if args.smoke else (5, 40)
+    warmup, repeats = (1, 2) if args.smoke else (5, 40)
+    every = SMOKE_CHECKPOINT_EVERY if args.smoke else CHECKPOINT_EVERY
     if args.case:
-        case(args.case, warmup, repeats)
+        case(args.case, warmup, repeats, every, SMOKE_STATE_MEMORY_LIMIT if args.smoke else None)
         return
     small, large = SMOKE_POPULATIONS if args.smoke else POPULATIONS
     results = {
@@ -117,7 +134,8 @@ def main() -> None:
             "cohort": COHORT,
             "dtype": "float32",
             "local": "1 epoch, batch 10",
-            "checkpoint": "client state every 10 rounds",
+            "checkpoint": f"client state every {every} rounds",
+            "state_memory_limit_mib": (SMOKE_STATE_MEMORY_LIMIT if args.smoke else Simulation.state_memory_limit) >> 20,
             "threads": 1,
             "warmup": warmup,
             "rounds": repeats,

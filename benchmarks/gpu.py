@@ -16,8 +16,9 @@
    what it measured.
 
 ``--smoke``: the same steps on this machine's device (the CPU here: the agreement tests skip), the CNN harness at a
-cohort of 2 and two presets (:data:`SMOKE_PRESETS`) at smoke scale (:mod:`fedshuffle.experiments.smoke`); prints the
-JSON, writes nothing. The test suite runs it, so the script cannot rot before a GPU is at hand.
+cohort of 2 (one timed round) and two presets (:data:`SMOKE_PRESETS`) at smoke scale
+(:mod:`fedshuffle.experiments.smoke`, one timed round each); prints the JSON, writes nothing. The test suite runs it,
+so the script cannot rot before a GPU is at hand.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ from benchmarks.common import machine, write
 ROOT = Path(__file__).resolve().parents[1]
 #: the seconds each step may take at most on a GPU (of the default 480): tests, CNN cases, presets
 STEP_SECONDS = {"tests": 150, "cnn": 150, "presets": 180}
-#: timed rounds of a preset after its warm-up round (fewer when a round takes longer than its share of the budget)
-PRESET_ROUNDS = 2
+#: timed rounds of a preset after its warm-up round (fewer when a round takes longer than its share of the budget);
+#: ``--smoke`` times one
+PRESET_ROUNDS, SMOKE_PRESET_ROUNDS = 2, 1
 #: the presets ``--smoke`` times: a closed-form network on real files (cut), a module on random samples of
 #: CIFAR's shapes
 SMOKE_PRESETS = ["yang-fig3-2nn", "nastya-fig2-lenet-cifar10"]
@@ -235,8 +237,9 @@ def time_preset(name: str, smoke: bool, budget: float) -> dict[str, Any]:
     experiment = load_experiment(name)
     runs = experiment.runs({})
     label, spec = runs[0]
+    wanted = SMOKE_PRESET_ROUNDS if smoke else PRESET_ROUNDS
     if smoke:
-        spec = smoke_spec(spec, rounds=1 + PRESET_ROUNDS)
+        spec = smoke_spec(spec, rounds=1 + wanted)
         samples, origin = smoke_samples(spec.data.source, spec.data.model_dump())
     else:
         spec = spec.model_copy(
@@ -255,7 +258,7 @@ def time_preset(name: str, smoke: bool, budget: float) -> dict[str, Any]:
     _sync()
     first = time.perf_counter() - started
     times = []
-    while len(times) < PRESET_ROUNDS and time.perf_counter() - started + first < budget:
+    while len(times) < wanted and time.perf_counter() - started + first < budget:
         start = time.perf_counter()
         sim.step()
         _sync()

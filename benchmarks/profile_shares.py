@@ -66,7 +66,7 @@ name = "fedavg"
 [local]
 lr = 0.05
 [run]
-rounds = 12
+rounds = 3
 eval_every = 1
 """
 

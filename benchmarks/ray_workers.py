@@ -2,7 +2,7 @@
 against the in-process vectorized executor (each worker runs the vectorized executor on its share).
 
     python -m benchmarks.ray_workers       # writes benchmarks/results/ray_workers.json
-    # vectorized and one Ray worker, 3 rounds: prints the JSON, writes nothing
+    # vectorized and one Ray worker, 2 timed rounds: prints the JSON, writes nothing
     python -m benchmarks.ray_workers --smoke
 """
 
@@ -38,10 +38,10 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="the vectorized executor and one Ray worker, 3 rounds; prints the JSON, writes nothing",
+        help="the vectorized executor and one Ray worker, 2 timed rounds; prints the JSON, writes nothing",
     )
     args = parser.parse_args()
-    warmup, repeats = (1, 3) if args.smoke else (3, 30)
+    warmup, repeats = (1, 2) if args.smoke else (3, 30)
     if args.case:
         case(args.case, warmup, repeats)
         return

@@ -64,7 +64,7 @@ def main() -> None:
         "--smoke", action="store_true", help="two small populations, a few rounds; prints the JSON, writes nothing"
     )
     args = parser.parse_args()
-    warmup, repeats = (1, 3) if args.smoke else (3, 40)
+    warmup, repeats = (1, 2) if args.smoke else (3, 40)
     if args.case:
         case(int(args.case), warmup, repeats)
         return

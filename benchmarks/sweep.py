@@ -57,8 +57,8 @@ batch_size = 5
 name = "uniform"
 cohort = 2
 [run]
-rounds = 8
-eval_every = 2
+rounds = 2
+eval_every = 1
 executor = "vectorized"
 """
 

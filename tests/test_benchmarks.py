@@ -44,6 +44,8 @@ def test_population_and_executor_benchmarks_time_every_case(module, cases):
         for method in ("scaffold", "fedcdr"):
             large = result["cases"][f"{method}-20000"]
             assert 0 < large["clients_with_state"] < 20000
+            assert large["memory_mapped"] and not result["cases"][f"{method}-200"]["memory_mapped"]
+        assert all(case["checkpoints"] >= 1 for case in result["cases"].values())  # the state was checkpointed
 
 
 def test_profile_shares_finds_the_writes_and_the_evaluation():
