@@ -55,8 +55,12 @@ PYTHON_PAGES = [
 
 @pytest.fixture
 def clean_registries():
-    """Examples register their own parts; the rest of the test session must not see them."""
-    tables = docs_hooks.registries().values()
+    """Examples register their own parts (theorems and schedules too); the rest of the test session must not see
+    them."""
+    from fedshuffle.analysis.theory import THEOREMS
+    from fedshuffle.schedules import SCHEDULES
+
+    tables = [*docs_hooks.registries().values(), THEOREMS, SCHEDULES]
     saved = [dict(t._entries) for t in tables]
     yield
     for table, entries in zip(tables, saved):

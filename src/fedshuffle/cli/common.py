@@ -108,8 +108,9 @@ def fail_cluster(exc: Exception, hint: str = "") -> None:
 
 #: the signals that stopped this command (SIGTERM raises KeyboardInterrupt like Ctrl-C: :func:`command`)
 _received: list[int] = []
-#: non-empty while the command runs as the ``fedshuffle`` program (not in a notebook or a test): an interrupted one
-#: then ignores further signals until the process has exited (a second marker says it was interrupted)
+#: non-empty while the command runs as the ``fedshuffle`` program (not in a notebook or a test): once the command is
+#: over or interrupted the program only exits, and ignores further signals (the interpreter's shutdown would reset
+#: a Python handler to the default, ending the process by the signal instead of its exit status)
 _exiting: list[bool] = []
 
 
@@ -122,7 +123,6 @@ def interrupted(hint: str) -> None:
     which = " (SIGTERM)" if signum == signal.SIGTERM else ""
     err.print(f"interrupted{which}; everything written is kept. {hint}".rstrip(), highlight=False, soft_wrap=True)
     if _exiting:
-        _exiting.append(True)
         for ignored in (signal.SIGINT, signal.SIGTERM):  # from here the program only exits: a repeated Ctrl-C or
             signal.signal(ignored, signal.SIG_IGN)  # SIGTERM is ignored, also while the interpreter shuts down
     raise typer.Exit(128 + signum)
@@ -161,9 +161,8 @@ def command(callback: Callable[..., None]) -> Callable[..., None]:
         except KeyboardInterrupt:
             interrupted("")
         finally:
-            if len(_exiting) < 2:  # an interrupted program keeps ignoring signals until it has exited
-                for signum, handler in saved.items():
-                    signal.signal(signum, handler)
+            for signum, handler in saved.items():  # the program's command is over: it only exits, and ignores signals
+                signal.signal(signum, signal.SIG_IGN if _exiting else handler)
 
     return run
 
