@@ -378,10 +378,16 @@ def _socket_folder() -> None:
 
 
 def _start_fork_server(context: Any) -> None:
-    """Start the fork server of ``context`` (if it uses one) in a temporary folder its sockets fit in."""
+    """Start the fork server of ``context`` (if it uses one) in a temporary folder its sockets fit in, with Ctrl-C
+    blocked in it from its first instruction: a terminal's Ctrl-C reaches the whole process group, and one landing
+    while the server's interpreter starts printed Python's fatal start-up error (this command stops the server)."""
     _socket_folder()
     if context.get_start_method() == "forkserver":
-        multiprocessing.forkserver.ensure_running()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the child inherits the mask
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 @contextlib.contextmanager
