@@ -18,7 +18,8 @@ from fedshuffle.core.errors import ConfigError
 
 #: the names pydantic gives the members of a union in an error's location (not settings)
 _UNION_TAG = re.compile(
-    r"^(int|float|str|bool|none|constrained-\w+|function-\w+\[.*|literal\[.*|list\[.*|tuple\[.*|dict\[.*|sequence\[.*|json-or-python\[.*)$"
+    r"^(int|float|str|bool|none|constrained-\w+|function-\w+\[.*|literal\[.*|list\[.*|tuple\[.*|dict\[.*"
+    r"|sequence\[.*|json-or-python\[.*)$"
 )
 
 
