@@ -211,13 +211,17 @@ class Method:
         deltas = trainer.train(plans, broadcast["model"])
         return ClientResult({"delta": deltas}, sample_gradients=sample_gradients(plans))
 
+    @classmethod
+    def keeps_default_halves(cls) -> bool:
+        """Whether this method class keeps the default halves (client: Δ_i; server: Σ_S ω_iΔ_i)."""
+        return cls.client_update is Method.client_update and cls.aggregate is Method.aggregate
+
     @property
     def sums_updates(self) -> bool:
         """Whether the round's updates may be summed as they are produced: the method keeps the default halves
-        (client: Δ_i; server: Σ_S ω_iΔ_i). A wrapper that changes each Δ_i (differential privacy's clipping,
+        (:meth:`keeps_default_halves`). A wrapper that changes each Δ_i (differential privacy's clipping,
         :class:`fedshuffle.methods.private.PrivateClients`) overrides the client half, so it is never summed unseen."""
-        cls = type(self)
-        return cls.client_update is Method.client_update and cls.aggregate is Method.aggregate
+        return self.keeps_default_halves()
 
     @property
     def server_needs_only_sum(self) -> bool:

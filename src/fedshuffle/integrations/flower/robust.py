@@ -30,14 +30,14 @@ SETTING = "run-config.robust-aggregation"
 
 
 def averaging_methods() -> list[str]:
-    """The registered methods whose server half is Σ_S ω_iΔ_i of the members' Δ_i (Method's own halves, as
-    :attr:`~fedshuffle.methods.base.Method.sums_updates` says of a built method)."""
+    """The registered methods whose server half is Σ_S ω_iΔ_i of the members' Δ_i (Method's own halves:
+    :meth:`~fedshuffle.methods.base.Method.keeps_default_halves`)."""
     return [
         entry.name
         for entry in METHODS.entries()
         if isinstance(entry.factory, type)
-        and entry.factory.client_update is Method.client_update
-        and entry.factory.aggregate is Method.aggregate
+        and issubclass(entry.factory, Method)
+        and entry.factory.keeps_default_halves()
     ]
 
 
