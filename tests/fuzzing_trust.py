@@ -495,6 +495,14 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _outlived(proc: subprocess.Popen) -> bool:
+    """Whether a process of ``proc``'s group (its own session) is still alive 10 s after ``proc`` ended."""
+    deadline = time.monotonic() + 10
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _group_alive(proc.pid)
+
+
 def _spawn(
     argv: list[str], cwd: Path, env: dict[str, str] | None = None, seconds: float = 300
 ) -> tuple[int, str, bool]:
@@ -511,10 +519,7 @@ def _spawn(
     )
     try:
         output, _ = proc.communicate(timeout=seconds)
-        deadline = time.monotonic() + 10
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return proc.returncode, output.decode(errors="replace"), _group_alive(proc.pid)
+        return proc.returncode, output.decode(errors="replace"), _outlived(proc)
     finally:
         if _group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -559,10 +564,7 @@ def run_signal_case(seed: int, work: Path) -> Result:
             if proc.poll() is None:
                 proc.send_signal(signum)
         output, _ = proc.communicate(timeout=120)
-        deadline = time.monotonic() + 10
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = _group_alive(proc.pid)
+        left = _outlived(proc)
     except subprocess.TimeoutExpired:
         return Result("hang", f"still running 120 s after {signal.Signals(signum).name}", case)
     finally:

@@ -108,10 +108,10 @@ def fail_cluster(exc: Exception, hint: str = "") -> None:
 
 #: the signals that stopped this command (SIGTERM raises KeyboardInterrupt like Ctrl-C: :func:`command`)
 _received: list[int] = []
-#: non-empty while the command runs as the ``fedshuffle`` program (not in a notebook or a test): once the command is
-#: over or interrupted the program only exits, and ignores further signals (the interpreter's shutdown would reset
-#: a Python handler to the default, ending the process by the signal instead of its exit status)
-_exiting: list[bool] = []
+#: whether the command runs as the ``fedshuffle`` program (not in a notebook or a test): once the command is over or
+#: interrupted the program only exits, and ignores further signals (the interpreter's shutdown would reset a Python
+#: handler to the default, ending the process by the signal instead of its exit status)
+_program = False
 
 
 def interrupted(hint: str) -> None:
@@ -122,7 +122,7 @@ def interrupted(hint: str) -> None:
         sweep.stop_helper_processes()  # started early for worker processes: it would finish loading before it ends
     which = " (SIGTERM)" if signum == signal.SIGTERM else ""
     err.print(f"interrupted{which}; everything written is kept. {hint}".rstrip(), highlight=False, soft_wrap=True)
-    if _exiting:
+    if _program:
         for ignored in (signal.SIGINT, signal.SIGTERM):  # from here the program only exits: a repeated Ctrl-C or
             signal.signal(ignored, signal.SIG_IGN)  # SIGTERM is ignored, also while the interpreter shuts down
     raise typer.Exit(128 + signum)
@@ -152,17 +152,16 @@ def command(callback: Callable[..., None]) -> Callable[..., None]:
             }
         except ValueError:  # not the main thread (an embedding application): its handlers stay
             saved = {}
+        global _program
         _received.clear()
-        _exiting.clear()
-        if getattr(saved.get(signal.SIGINT), "__name__", "") == "_stop_starting":  # fedshuffle.__main__'s: the program
-            _exiting.append(True)
+        _program = getattr(saved.get(signal.SIGINT), "__name__", "") == "_stop_starting"  # fedshuffle.__main__'s
         try:
             callback(*args, **kwargs)
         except KeyboardInterrupt:
             interrupted("")
         finally:
             for signum, handler in saved.items():  # the program's command is over: it only exits, and ignores signals
-                signal.signal(signum, signal.SIG_IGN if _exiting else handler)
+                signal.signal(signum, signal.SIG_IGN if _program else handler)
 
     return run
 
