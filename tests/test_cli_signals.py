@@ -122,6 +122,29 @@ def test_a_signal_while_the_command_starts_is_one_line(tmp_path, signum, status,
     _one_line(stderr, "interrupted")
 
 
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_a_library_runs_generated_source_ends_with_the_signals_status(tmp_path, signum, status):
+    """A library making a dataclass or namedtuple ``exec``s source text; CPython records a KeyboardInterrupt that
+    leaves it as unhandled even when the command handles it, and ``python -m`` would end by SIGINT (status -2)."""
+    (tmp_path / "generated_source.py").write_text(
+        f"exec('import os, time\\nos.kill(os.getpid(), {int(signum)})\\nfor _ in range(500): time.sleep(0.01)')\n"
+    )
+    cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=2)
+    cfg.write_text(cfg.read_text().replace("[experiment]\n", '[experiment]\nplugins = ["generated_source"]\n', 1))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedshuffle", "show", cfg, "--plugins", "generated_source"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        start_new_session=True,
+    )
+    assert proc.returncode == status, proc.stderr
+    _one_line(proc.stderr, "interrupted")
+    assert proc.stderr.rstrip().endswith("; everything written is kept."), proc.stderr
+
+
 def test_ctrl_c_while_the_fork_server_loads_is_one_line_and_stops_it(tmp_path):
     proc = _start("run", "quickstart", "--seeds", "0..3", "--workers", "2", "--out", tmp_path / "out", "--quiet")
     try:

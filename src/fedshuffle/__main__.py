@@ -16,6 +16,14 @@ def _stop_starting(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
+def _forget_handled_interrupts() -> None:
+    """CPython (3.8 to 3.13) records a KeyboardInterrupt that left an ``exec``/``eval`` of source text (as a
+    dataclass's or a namedtuple's methods are made while a library loads) as *unhandled*, even when the command then
+    handled it, and ``python -m fedshuffle`` would end by SIGINT (status -2) instead of its own exit status. Running
+    source text resets that record; an interrupt that does go unhandled is recorded again on the way out."""
+    exec("None")
+
+
 def main() -> None:
     """Install :func:`_stop_starting` for Ctrl-C and SIGTERM (unless the signal is ignored, as for a job started in
     the background of a script), then import and run the command line."""
@@ -24,7 +32,10 @@ def main() -> None:
             signal.signal(signum, _stop_starting)
     from fedshuffle.cli import main as run_command
 
-    run_command()
+    try:
+        run_command()
+    finally:
+        _forget_handled_interrupts()
 
 
 if __name__ == "__main__":

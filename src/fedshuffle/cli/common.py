@@ -114,14 +114,16 @@ _received: list[int] = []
 _program = False
 
 
-def interrupted(hint: str) -> None:
-    """One line after Ctrl-C (exit status 130) or SIGTERM (143): what is kept and how to continue."""
+def interrupted(hint: str, written: bool = True) -> None:
+    """One line after Ctrl-C (exit status 130) or SIGTERM (143): what is kept and how to continue (``written``:
+    whether the command had written anything)."""
     signum = _received[-1] if _received else signal.SIGINT
     sweep = sys.modules.get("fedshuffle.experiments.sweep")
     if sweep is not None:
         sweep.stop_helper_processes()  # started early for worker processes: it would finish loading before it ends
     which = " (SIGTERM)" if signum == signal.SIGTERM else ""
-    err.print(f"interrupted{which}; everything written is kept. {hint}".rstrip(), highlight=False, soft_wrap=True)
+    kept = f"everything written is kept. {hint}" if written else "nothing was written."
+    err.print(f"interrupted{which}; {kept}".rstrip(), highlight=False, soft_wrap=True)
     if _program:
         for ignored in (signal.SIGINT, signal.SIGTERM):  # from here the program only exits: a repeated Ctrl-C or
             signal.signal(ignored, signal.SIG_IGN)  # SIGTERM is ignored, also while the interpreter shuts down

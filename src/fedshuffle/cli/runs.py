@@ -164,11 +164,8 @@ def run(
         hint = f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}"
         fail_cluster(exc, hint if target is not None and target.is_dir() else "")
     except KeyboardInterrupt:
-        interrupted(
-            f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}"
-            if target is not None and target.is_dir()
-            else "nothing was written."
-        )
+        written = target is not None and target.is_dir()
+        interrupted(f"continue with: {resume_command('run', config, set_, seeds, extend_to, target)}", written)
     _print_summary(summary, experiment.experiment.title or experiment.experiment.name)
     for chosen in _operator_threads(outcomes):
         console.print(f"operator threads per run: {chosen}", highlight=False, soft_wrap=True)
@@ -290,18 +287,18 @@ def _run_sweep(
     except ClusterError as exc:
         fail_cluster(exc, _again(target))
     except KeyboardInterrupt:
-        interrupted(_again(target, otherwise="nothing was written."))
+        interrupted(_again(target), written=target is not None and target.is_dir())
     return target, record, outcomes
 
 
-def _again(target: Path | None, otherwise: str = "") -> str:
-    """How to continue a sweep that stopped with its folder ``target`` written (``otherwise`` where nothing was)."""
+def _again(target: Path | None) -> str:
+    """How to continue a sweep that stopped with its folder ``target`` written ("" where nothing was)."""
     if target is not None and target.is_dir():
         return (
             "run the same sweep command again to continue: finished runs are kept, the others resume from their "
             "checkpoints"
         )
-    return otherwise
+    return ""
 
 
 def _print_best(record: dict, pick: str) -> None:
