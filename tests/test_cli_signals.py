@@ -145,6 +145,30 @@ def test_a_signal_while_a_library_runs_generated_source_ends_with_the_signals_st
     assert proc.stderr.rstrip().endswith("; everything written is kept."), proc.stderr
 
 
+@pytest.mark.parametrize("ctrl_c_ignored", [False, True])
+def test_a_sigterm_while_a_finished_command_exits_is_ignored(tmp_path, ctrl_c_ignored):
+    """A finished command only exits: a SIGTERM landing then (here from an exit handler) changes neither its status
+    nor its output — also when it started with Ctrl-C ignored, as a script's background job does."""
+    (tmp_path / "late_signal.py").write_text(
+        "import atexit, os, signal, time\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))\n"
+    )
+    cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=2)
+    cfg.write_text(cfg.read_text().replace("[experiment]\n", '[experiment]\nplugins = ["late_signal"]\n', 1))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedshuffle", "show", cfg, "--plugins", "late_signal"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        start_new_session=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ctrl_c_ignored else None,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "interrupted" not in proc.stderr, proc.stderr
+
+
 def test_ctrl_c_while_the_fork_server_loads_is_one_line_and_stops_it(tmp_path):
     proc = _start("run", "quickstart", "--seeds", "0..3", "--workers", "2", "--out", tmp_path / "out", "--quiet")
     try:

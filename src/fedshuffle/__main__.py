@@ -31,7 +31,9 @@ def main() -> None:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _stop_starting)
     from fedshuffle.cli import main as run_command
+    from fedshuffle.cli.common import run_as_program
 
+    run_as_program()
     try:
         run_command()
     finally:

@@ -108,10 +108,16 @@ def fail_cluster(exc: Exception, hint: str = "") -> None:
 
 #: the signals that stopped this command (SIGTERM raises KeyboardInterrupt like Ctrl-C: :func:`command`)
 _received: list[int] = []
-#: whether the command runs as the ``fedshuffle`` program (not in a notebook or a test): once the command is over or
-#: interrupted the program only exits, and ignores further signals (the interpreter's shutdown would reset a Python
-#: handler to the default, ending the process by the signal instead of its exit status)
+#: whether the command runs as the ``fedshuffle`` program (:func:`run_as_program`), not in a notebook or a test: once
+#: the command is over or interrupted the program only exits, and ignores further signals (the interpreter's shutdown
+#: would reset a Python handler to the default, ending the process by the signal instead of its exit status)
 _program = False
+
+
+def run_as_program() -> None:
+    """The commands run as the ``fedshuffle`` program (:mod:`fedshuffle.__main__`), which only exits after one."""
+    global _program
+    _program = True
 
 
 def interrupted(hint: str, written: bool = True) -> None:
@@ -154,9 +160,7 @@ def command(callback: Callable[..., None]) -> Callable[..., None]:
             }
         except ValueError:  # not the main thread (an embedding application): its handlers stay
             saved = {}
-        global _program
         _received.clear()
-        _program = getattr(saved.get(signal.SIGINT), "__name__", "") == "_stop_starting"  # fedshuffle.__main__'s
         try:
             callback(*args, **kwargs)
         except KeyboardInterrupt:
