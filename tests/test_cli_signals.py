@@ -16,6 +16,7 @@ import pytest
 from conftest import toy_config
 from typer.testing import CliRunner
 
+import fedshuffle.cli.common as common
 import fedshuffle.experiments.sweep as sweep_mod
 from fedshuffle.cli import app
 from fedshuffle.core.errors import ConfigError
@@ -167,6 +168,26 @@ def test_a_sigterm_while_a_finished_command_exits_is_ignored(tmp_path, ctrl_c_ig
     )
     assert proc.returncode == 0, proc.stderr
     assert "interrupted" not in proc.stderr, proc.stderr
+
+
+def test_a_signal_while_the_compiled_libraries_load_waits_until_they_are_loaded(tmp_path, monkeypatch):
+    """PyTorch calls Python from C++ while it loads: a KeyboardInterrupt raised there can surface as an ImportError
+    or abort the process, so a command holds Ctrl-C and SIGTERM back until the compiled libraries are loaded."""
+    (tmp_path / "compiled_stand_in.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(0.2)\nLOADED = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(common, "COMPILED_LIBRARIES", ("compiled_stand_in",))
+    seen: list[bool] = []
+    previous = signal.signal(
+        signal.SIGTERM, lambda signum, frame: seen.append(hasattr(sys.modules.get("compiled_stand_in"), "LOADED"))
+    )
+    try:
+        common._load_compiled_libraries()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sys.modules.pop("compiled_stand_in", None)
+    assert seen == [True]
 
 
 def test_ctrl_c_while_the_fork_server_loads_is_one_line_and_stops_it(tmp_path):

@@ -1,10 +1,12 @@
-"""What every command shares: the application, the consoles, error exits and notes.
+"""What every command shares: the application, the consoles, error exits, signals and notes.
 
-Nothing here imports PyTorch: commands import what they need when they run."""
+Nothing here imports PyTorch at import time: a command loads it when it runs."""
 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import inspect
 import platform
 import shlex
@@ -144,10 +146,41 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
+#: compiled libraries every command loads, which call Python from C++ while they load: a KeyboardInterrupt raised
+#: there can surface as an ImportError or end the process in ``std::terminate``
+COMPILED_LIBRARIES = ("torch", "numba")
+
+
+def _load_compiled_libraries() -> None:
+    """Import :data:`COMPILED_LIBRARIES` (those installed) with Ctrl-C and SIGTERM held back: the first signal
+    arriving meanwhile is handled once they are loaded (at most a second or two later)."""
+    arrived: list[int] = []
+    handlers = {
+        signum: signal.signal(signum, lambda number, frame: arrived.append(number))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
+    try:
+        for name in COMPILED_LIBRARIES:
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    if arrived:
+        handler = handlers[arrived[0]]
+        if callable(handler):
+            handler(arrived[0], None)
+        else:
+            signal.raise_signal(arrived[0])
+
+
 def command(callback: Callable[..., None]) -> Callable[..., None]:
     """``callback`` (a command) run with Ctrl-C raising KeyboardInterrupt and SIGTERM handled alike (a signal the
     process ignores stays ignored); an interruption the command does not handle itself is one line
-    (:func:`interrupted`). The signal handlers in place before are restored afterwards."""
+    (:func:`interrupted`). The compiled libraries load first, in one piece (:func:`_load_compiled_libraries`). The
+    signal handlers in place before are restored afterwards (the ``fedshuffle`` program ignores signals from then on:
+    it only exits)."""
 
     @functools.wraps(callback)
     def run(*args: object, **kwargs: object) -> None:
@@ -162,6 +195,8 @@ def command(callback: Callable[..., None]) -> Callable[..., None]:
             saved = {}
         _received.clear()
         try:
+            if saved:
+                _load_compiled_libraries()
             callback(*args, **kwargs)
         except KeyboardInterrupt:
             interrupted("")
