@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from termination import signals_by_default
+
 from fuzzing import CASE_SECONDS, Hang, Result, _forged_npy, _tail, invoke, time_limit, wall_limit
 
 #: a few rounds of a tiny problem, two variants (one with client state); seeds from the command line
@@ -537,13 +539,6 @@ def _ended(code: int, output: str, left: bool, allowed: tuple[int, ...], case: s
     return None
 
 
-def _signals_by_default() -> None:
-    """Ctrl-C and SIGTERM as a terminal's foreground command has them, also when the fuzzer runs in a script's
-    background (which ignores Ctrl-C; tests/test_cli_signals.py checks the command started that way)."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_DFL)
-
-
 def run_signal_case(seed: int, work: Path) -> Result:
     rng = random.Random(f"signals:{seed}")
     rounds = rng.choice([4, 40])
@@ -562,7 +557,7 @@ def run_signal_case(seed: int, work: Path) -> Result:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
-        preexec_fn=_signals_by_default,
+        preexec_fn=signals_by_default,
     )
     try:
         time.sleep(delay)

@@ -25,6 +25,13 @@ def children() -> list[int]:
     return pids
 
 
+def signals_by_default() -> None:
+    """For ``preexec_fn``: a child started to receive Ctrl-C or SIGTERM gets both at their defaults, as a terminal's
+    foreground command has them, also when the suite runs in a script's background (which ignores Ctrl-C)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM does not interrupt the unwinding
     if "PYTEST_XDIST_WORKER" not in os.environ:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import toy_config
+from termination import signals_by_default
 from typer.testing import CliRunner
 
 import fedshuffle.cli.common as common
@@ -38,6 +39,7 @@ def _start(*args: object, env: dict[str, str] | None = None) -> subprocess.Popen
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=signals_by_default,
     )
 
 
@@ -140,6 +142,7 @@ def test_a_signal_while_a_library_runs_generated_source_ends_with_the_signals_st
         timeout=300,
         check=False,
         start_new_session=True,
+        preexec_fn=signals_by_default,
     )
     assert proc.returncode == status, proc.stderr
     _one_line(proc.stderr, "interrupted")
@@ -164,7 +167,7 @@ def test_a_sigterm_while_a_finished_command_exits_is_ignored(tmp_path, ctrl_c_ig
         timeout=300,
         check=False,
         start_new_session=True,
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ctrl_c_ignored else None,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ctrl_c_ignored else signals_by_default,
     )
     assert proc.returncode == 0, proc.stderr
     assert "interrupted" not in proc.stderr, proc.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from termination import signals_by_default
 from typer.testing import CliRunner
 
 import fedshuffle.experiments.loop as loop_mod
@@ -563,6 +564,7 @@ def test_ctrl_c_exits_130_with_a_resume_hint_and_resumes_exactly(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=signals_by_default,
     )
     try:
         deadline = time.time() + 120

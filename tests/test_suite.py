@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from termination import signals_by_default
 
 TESTS = Path(__file__).resolve().parent
 
@@ -59,7 +60,13 @@ def test_sigterm_stops_the_suite_and_the_process_groups_its_tests_started(tmp_pa
         "test_holder.py",
     ]
     suite = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=signals_by_default,
     )
     held = None
     try:
