@@ -125,24 +125,30 @@ def test_a_signal_while_the_command_starts_is_one_line(tmp_path, signum, status,
     _one_line(stderr, "interrupted")
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_while_a_library_runs_generated_source_ends_with_the_signals_status(tmp_path, signum, status):
-    """A library making a dataclass or namedtuple ``exec``s source text; CPython records a KeyboardInterrupt that
-    leaves it as unhandled even when the command handles it, and ``python -m`` would end by SIGINT (status -2)."""
-    (tmp_path / "generated_source.py").write_text(
-        f"exec('import os, time\\nos.kill(os.getpid(), {int(signum)})\\nfor _ in range(500): time.sleep(0.01)')\n"
-    )
+def _show_with_plugin(tmp_path: Path, source: str, ctrl_c_ignored: bool = False) -> subprocess.CompletedProcess:
+    """``python -m fedshuffle show`` of a config whose consented plugin module (in ``tmp_path``) is ``source``."""
+    (tmp_path / "signal_plugin.py").write_text(source)
     cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=2)
-    cfg.write_text(cfg.read_text().replace("[experiment]\n", '[experiment]\nplugins = ["generated_source"]\n', 1))
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedshuffle", "show", cfg, "--plugins", "generated_source"],
+    cfg.write_text(cfg.read_text().replace("[experiment]\n", '[experiment]\nplugins = ["signal_plugin"]\n', 1))
+    return subprocess.run(
+        [sys.executable, "-m", "fedshuffle", "show", cfg, "--plugins", "signal_plugin"],
         env=_env(),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
         start_new_session=True,
-        preexec_fn=signals_by_default,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ctrl_c_ignored else signals_by_default,
+    )
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_a_library_runs_generated_source_ends_with_the_signals_status(tmp_path, signum, status):
+    """A library making a dataclass or namedtuple ``exec``s source text; CPython records a KeyboardInterrupt that
+    leaves it as unhandled even when the command handles it, and ``python -m`` would end by SIGINT (status -2)."""
+    proc = _show_with_plugin(
+        tmp_path,
+        f"exec('import os, time\\nos.kill(os.getpid(), {int(signum)})\\nfor _ in range(500): time.sleep(0.01)')\n",
     )
     assert proc.returncode == status, proc.stderr
     _one_line(proc.stderr, "interrupted")
@@ -153,21 +159,11 @@ def test_a_signal_while_a_library_runs_generated_source_ends_with_the_signals_st
 def test_a_sigterm_while_a_finished_command_exits_is_ignored(tmp_path, ctrl_c_ignored):
     """A finished command only exits: a SIGTERM landing then (here from an exit handler) changes neither its status
     nor its output — also when it started with Ctrl-C ignored, as a script's background job does."""
-    (tmp_path / "late_signal.py").write_text(
+    proc = _show_with_plugin(
+        tmp_path,
         "import atexit, os, signal, time\n"
-        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))\n"
-    )
-    cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=2)
-    cfg.write_text(cfg.read_text().replace("[experiment]\n", '[experiment]\nplugins = ["late_signal"]\n', 1))
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedshuffle", "show", cfg, "--plugins", "late_signal"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        start_new_session=True,
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ctrl_c_ignored else signals_by_default,
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))\n",
+        ctrl_c_ignored,
     )
     assert proc.returncode == 0, proc.stderr
     assert "interrupted" not in proc.stderr, proc.stderr
