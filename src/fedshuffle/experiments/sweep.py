@@ -697,8 +697,12 @@ def _collect(board: _Outcomes, futures: Mapping[Future, Sequence[int]], ticks: A
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
-    """Stop a pool at once: cancel what has not started, end the workers (their runs resume from checkpoints)."""
-    processes = list(getattr(pool, "_processes", {}).values())
+    """Stop a pool at once: cancel what has not started, end the workers (their runs resume from checkpoints), and
+    wait for the pool's own thread to let go of its queues. Their semaphores are registered with multiprocessing's
+    resource tracker, which :func:`stop_helper_processes` stops next: it would unlink those still held as leaked,
+    and the queues' own clean-up would then print a FileNotFoundError traceback as the command exits."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)  # the pool forgets it on shutdown(wait=False)
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         if process.is_alive():
@@ -708,6 +712,8 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=10)
+    if manager is not None:
+        manager.join(timeout=10)  # it notices the ended workers at once
 
 
 # -- choosing -------------------------------------------------------------------------------------------
