@@ -13,7 +13,8 @@ each with a memory cap (``FEDSHUFFLE_MAX_MEMORY=1G`` for the estimates, and an a
 that an allocation that escapes the estimates fails instead of swapping); a worker that stops answering
 for longer than a case may take is killed and its case counted as a hang, one that dies counts as a
 traceback, and the next worker continues after it. The JSON written has the counts per kind and
-outcome, and every bad case (traceback, hang, nonsense) with its seed, for ``--replay``; the hostile
+outcome, and every bad case (traceback, hang, nonsense) with its seed, for ``--replay``, and, for a command
+run in a process of its own (signals, TMPDIR), the end of its output; the hostile
 cases are also counted per attack (links, FIFOs, names as paths, swapped and malicious checkpoints,
 deep folders).
 """
@@ -71,6 +72,8 @@ def worker(kind: str, start: int, stop: int, root: Path) -> None:
             "case": result.case,
             "seconds": round(time.monotonic() - began, 2),
         }
+        if result.output:
+            line["output"] = result.output
         print(json.dumps(line), flush=True)
         shutil.rmtree(work, ignore_errors=True)
 

@@ -48,6 +48,7 @@ class Result:
     outcome: str
     detail: str = ""
     case: str = ""
+    output: str = ""  # a bad case's command output (its end), where one line of detail cannot say what happened
 
 
 class Hang(BaseException):

@@ -528,12 +528,16 @@ def _spawn(
         proc.wait()
 
 
+#: characters of a command's output kept with a bad case (scripts/fuzz.py writes them into its JSON)
+OUTPUT_KEPT = 6000
+
+
 def _ended(code: int, output: str, left: bool, allowed: tuple[int, ...], case: str) -> Result | None:
     """The outcome of a finished command that did not end as allowed; None when it did."""
     if "Traceback (most recent call last)" in output:
-        return Result("traceback", output.strip().splitlines()[-1][:200], case)
+        return Result("traceback", output.strip().splitlines()[-1][:200], case, output[-OUTPUT_KEPT:])
     if code not in allowed:
-        return Result("traceback", f"exit {code}: {output.strip()[-200:]}", case)
+        return Result("traceback", f"exit {code}: {output.strip()[-200:]}", case, output[-OUTPUT_KEPT:])
     if left:
         return Result("nonsense", "a process of the command's group outlived it", case)
     return None
