@@ -18,7 +18,10 @@ does not import PyTorch.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: ``python -m fedshuffle`` installs its Ctrl-C handler before importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 #: public name → the module that defines it (imported on first access)
 _EXPORTS = {
