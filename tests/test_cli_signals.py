@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -125,20 +126,28 @@ def test_a_signal_while_the_command_starts_is_one_line(tmp_path, signum, status,
     _one_line(stderr, "interrupted")
 
 
-def _show_with_plugin(tmp_path: Path, source: str, ctrl_c_ignored: bool = False) -> subprocess.CompletedProcess:
-    """``python -m fedshuffle show`` of a config whose consented plugin module (in ``tmp_path``) is ``source``."""
-    (tmp_path / "signal_plugin.py").write_text(source)
-    cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=2)
-    cfg.write_text(cfg.read_text().replace("[experiment]\n", '[experiment]\nplugins = ["signal_plugin"]\n', 1))
+def _run_alone(argv: list, before: Callable[[], object] = signals_by_default) -> subprocess.CompletedProcess:
+    """``argv`` run to its end in its own session, ``before`` run in the child first (its signals), output kept."""
     return subprocess.run(
-        [sys.executable, "-m", "fedshuffle", "show", cfg, "--plugins", "signal_plugin"],
+        argv,
         env=_env(),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
         start_new_session=True,
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ctrl_c_ignored else signals_by_default,
+        preexec_fn=before,
+    )
+
+
+def _show_with_plugin(tmp_path: Path, source: str, ctrl_c_ignored: bool = False) -> subprocess.CompletedProcess:
+    """``python -m fedshuffle show`` of a config whose consented plugin module (in ``tmp_path``) is ``source``."""
+    (tmp_path / "signal_plugin.py").write_text(source)
+    cfg = toy_config(tmp_path, method="fedavg", rounds=4, eval_every=2)
+    cfg.write_text(cfg.read_text().replace("[experiment]\n", '[experiment]\nplugins = ["signal_plugin"]\n', 1))
+    return _run_alone(
+        [sys.executable, "-m", "fedshuffle", "show", cfg, "--plugins", "signal_plugin"],
+        (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ctrl_c_ignored else signals_by_default,
     )
 
 
@@ -238,15 +247,7 @@ def test_an_interrupted_pool_lets_go_of_its_queues_before_the_helper_processes_s
     still held them, the tracker unlinked them as leaked and their own clean-up printed a FileNotFoundError traceback
     as the command exited (a busy machine, 1 in 200 signal fuzz cases)."""
     (tmp_path / "stopped_pool.py").write_text(STOPPED_POOL)
-    proc = subprocess.run(
-        [sys.executable, str(tmp_path / "stopped_pool.py")],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        start_new_session=True,
-    )
+    proc = _run_alone([sys.executable, str(tmp_path / "stopped_pool.py")])
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
 
