@@ -53,6 +53,37 @@ def assert_only_loopback(sockets) -> None:
     assert outside_loopback(sockets) == [], outside_loopback(sockets)
 
 
+def run_on_two_nodes(tmp_path, exp, settings: AppSettings, deadline: float, node_configs: list[str] | None = None):
+    """``exp`` as the app ``fedshuffle flower-app`` writes (``settings``), run by ``flwr run`` on a local SuperLink
+    and two SuperNodes (long-lived ClientApps where ``node_configs`` give their data) until every run's summary is
+    written; it must finish completed. Returns the runs, their results folder and the sockets the processes held."""
+    config = tmp_path / "exp.json"
+    config.write_text(exp.model_dump_json())
+    app_dir = write_app(config, tmp_path / "app", settings)
+    out = tmp_path / "out"
+    runs = federated_runs(exp, AppSettings())
+    summaries = [out / run.label / f"seed-{run.seed}" / "summary.json" for run in runs]
+    persistent = node_configs is not None
+    with local_federation(tmp_path / "federation", 2, deadline, node_configs, persistent) as (
+        connection,
+        env,
+        watch,
+        watches,
+    ):
+        status, _ = run_app(
+            app_dir,
+            connection,
+            env,
+            f'out="{out}" round-timeout=60.0',
+            lambda: all(p.exists() for p in summaries),
+            deadline,
+            watch,
+        )
+        watch()
+    assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
+    return runs, out, set().union(*(w.seen for w in watches))
+
+
 def test_every_method_on_flowers_simulation_engine_matches_fedshuffle_run(tmp_path):
     """One Flower simulation (Ray backend bound to 127.0.0.1) runs every registered method in turn on four nodes."""
     exp = experiment([variant(name) for name in METHODS.names()])
@@ -86,24 +117,7 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
         seed=7,
         sampler={"name": "full"},
     )
-    config = tmp_path / "exp.json"
-    config.write_text(exp.model_dump_json())
-    app_dir = write_app(config, tmp_path / "app")
-    out = tmp_path / "out"
-    runs = federated_runs(exp, AppSettings())
-    summaries = [out / run.label / f"seed-{run.seed}" / "summary.json" for run in runs]
-    with local_federation(tmp_path / "federation", 2, deadline) as (connection, env, watch, watches):
-        status, _ = run_app(
-            app_dir,
-            connection,
-            env,
-            f'out="{out}" round-timeout=60.0',
-            lambda: all(p.exists() for p in summaries),
-            deadline,
-            watch,
-        )
-        watch()
-    assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
+    runs, out, sockets = run_on_two_nodes(tmp_path, exp, AppSettings(), deadline)
     run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in runs:
         assert_equal_to_rounding(
@@ -120,7 +134,7 @@ def test_a_superlink_and_two_supernodes_on_localhost_run_fedshuffle_and_scaffold
     sim.store.arrays["control"][:] = 0
     sim.step()
     assert float((sim.params - simulated(runs[1], 2)).abs().max()) > 1e-6
-    assert_only_loopback(set().union(*(w.seen for w in watches)))
+    assert_only_loopback(sockets)
 
 
 def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulation(tmp_path):
@@ -141,31 +155,9 @@ def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulatio
         sampler={"name": "uniform", "cohort": 2},
         run={"eval_every": 1},
     )
-    config = tmp_path / "exp.json"
-    config.write_text(exp.model_dump_json())
-    app_dir = write_app(config, tmp_path / "app", AppSettings(node_data=True))
     folders = write_node_folders(exp, 2, tmp_path / "nodes")
-    out = tmp_path / "out"
-    runs = federated_runs(exp, AppSettings())
-    summaries = [out / run.label / f"seed-{run.seed}" / "summary.json" for run in runs]
     node_configs = [f'data-path="{folder}"' for folder, _ in folders]
-    with local_federation(tmp_path / "federation", 2, deadline, node_configs, persistent=True) as (
-        connection,
-        env,
-        watch,
-        watches,
-    ):
-        status, _ = run_app(
-            app_dir,
-            connection,
-            env,
-            f'out="{out}" round-timeout=60.0',
-            lambda: all(p.exists() for p in summaries),
-            deadline,
-            watch,
-        )
-        watch()
-    assert status == "finished:completed", (tmp_path / "federation" / "superlink.log").read_text()[-3000:]
+    runs, out, sockets = run_on_two_nodes(tmp_path, exp, AppSettings(node_data=True), deadline, node_configs)
     run_experiment(exp, tmp_path / "simulated", show_progress=False)
     for run in runs:
         ours, theirs = out / run.label / f"seed-{run.seed}", tmp_path / "simulated" / run.label / f"seed-{run.seed}"
@@ -178,7 +170,7 @@ def test_a_superlink_and_two_supernodes_with_their_own_data_run_as_the_simulatio
                 err_msg=column,
             )
         assert json.loads((ours / "config.json").read_text())["executor"]["evaluation"] == "federated"
-    assert_only_loopback(set().union(*(w.seen for w in watches)))
+    assert_only_loopback(sockets)
 
 
 def dropped_by_round(log: str) -> dict[int, set[int]]:
