@@ -19,9 +19,9 @@ Each case is drawn from ``random.Random(f"{kind}:{seed}")`` and ends as one of :
   that finishes with an ε below 0 or not a number, or without its summary, is ``nonsense``.
 * ``signals`` — ``python -m fedshuffle run`` (one or two worker processes) sent SIGINT or SIGTERM after
   0.05–8 s, during start-up or while it runs. Anything but exit 0/130/143 with one line and no traceback (or,
-  before the interpreter ran any of fedshuffle's code, the signal's own ending with no output) is a
-  ``traceback``; a process of its group still alive after it ended, or a resume that does not finish with the
-  uninterrupted run's numbers, is ``nonsense``.
+  before the interpreter ran any of fedshuffle's code, the signal's own ending or, for Ctrl-C, Python's own
+  start-up message: ``_interpreter_start``) is a ``traceback``; a process of its group still alive after it
+  ended, or a resume that does not finish with the uninterrupted run's numbers, is ``nonsense``.
 * ``tmpdir`` — ``--workers 2`` under a ``TMPDIR`` of 90–250 characters (existing or not, with spaces or
   non-ASCII letters). Anything but the numbers of the run without workers is ``nonsense``.
 """
@@ -32,6 +32,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -543,6 +544,22 @@ def _ended(code: int, output: str, left: bool, allowed: tuple[int, ...], case: s
     return None
 
 
+#: a traceback's frame in one of the package's files
+_PACKAGE_FRAME = re.compile(r'File "[^"]*/fedshuffle/')
+
+
+def _interpreter_start(code: int, output: str) -> bool:
+    """Whether a command ended by Ctrl-C before the interpreter ran any of fedshuffle's code: CPython installs
+    its KeyboardInterrupt handler before it imports ``site`` and finds the package, and ends with its own
+    message there (``Fatal Python error: init_import_site``, exit 1, or a KeyboardInterrupt traceback, exit -2).
+    Its output starts with that message, and no frame of it is in the package's files."""
+    first = output.lstrip().splitlines()[:1]
+    started = first in (["Fatal Python error: init_import_site: Failed to import the site module"],
+                        ["Traceback (most recent call last):"])  # fmt: skip
+    ours = _PACKAGE_FRAME.search(output) is not None
+    return code in (1, -signal.SIGINT) and started and not ours and output.rstrip().endswith("KeyboardInterrupt")
+
+
 def run_signal_case(seed: int, work: Path) -> Result:
     rng = random.Random(f"signals:{seed}")
     rounds = rng.choice([4, 40])
@@ -583,6 +600,8 @@ def run_signal_case(seed: int, work: Path) -> Result:
         # killed by the signal while the interpreter started, before any of fedshuffle's code ran (a shell
         # reports it as 128 + the signal's number, as fedshuffle's own handler exits)
         return Result("clean_error", "ended by the signal during the interpreter's start", case)
+    if signum == signal.SIGINT and _interpreter_start(proc.returncode, text) and not (work / "out").exists():
+        return Result("clean_error", "Ctrl-C during the interpreter's start: Python's own message", case)
     bad = _ended(proc.returncode, text, left, (0, 128 + signum), case)
     if bad:
         return bad

@@ -126,6 +126,15 @@ def test_a_signal_while_the_command_starts_is_one_line(tmp_path, signum, status,
     _one_line(stderr, "interrupted")
 
 
+def test_the_command_handles_signals_before_it_imports_anything():
+    """``import fedshuffle.__main__`` loads no module the interpreter had not loaded already, so the handler is in
+    place with the package's first instructions: ``signal`` alone (its ``enum``) took 5.3 ms, a window where a
+    Ctrl-C printed a traceback from ``fedshuffle/__main__.py``."""
+    probe = "import sys\nknown = set(sys.modules)\nimport fedshuffle.__main__\nprint(*sorted(set(sys.modules) - known))"
+    loaded = subprocess.run([sys.executable, "-c", probe], env=_env(), capture_output=True, text=True, check=True)
+    assert loaded.stdout.split() == ["fedshuffle", "fedshuffle.__main__"], loaded.stdout
+
+
 def _run_alone(argv: list, before: Callable[[], object] = signals_by_default) -> subprocess.CompletedProcess:
     """``argv`` run to its end in its own session, ``before`` run in the child first (its signals), output kept."""
     return subprocess.run(

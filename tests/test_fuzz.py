@@ -290,3 +290,25 @@ def test_fuzzed_plugins_node_files_checkpoints_and_privacy_end_cleanly(kind, see
     decodes but is not the run's state refused, never resumed to other numbers; privacy at the accountant's
     edges refused or reported with an ε ≥ 0 (tests/fuzzing_trust.py; signals and TMPDIR: scripts/fuzz.py)."""
     check_case(kind, seed, fuzz_env)
+
+
+def test_the_signal_cases_excuse_only_pythons_own_start(tmp_path):
+    """Ctrl-C before the interpreter runs any of the package's code ends with Python's own message (a real one:
+    ``site`` interrupted through a ``sitecustomize`` that sends it); one landing in the package's code is still
+    a traceback of the command's."""
+    import os
+    import subprocess
+    import sys
+
+    from fuzzing_trust import _interpreter_start
+
+    (tmp_path / "sitecustomize.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")
+    started = subprocess.run(
+        [sys.executable, "-c", "pass"], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert _interpreter_start(started.returncode, started.stdout + started.stderr), started
+    ours = "Traceback (most recent call last):\n" + started.stderr.split("Traceback (most recent call last):\n")[1]
+    in_package = ours.replace('File "<frozen site>"', 'File "/site-packages/fedshuffle/__main__.py"')
+    assert not _interpreter_start(-2, in_package), in_package
+    assert not _interpreter_start(130, started.stderr), "the command's own status is not Python's"

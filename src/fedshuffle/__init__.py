@@ -15,11 +15,7 @@ The names below are loaded on first use, so ``import fedshuffle`` (and the comma
 does not import PyTorch.
 """
 
-from __future__ import annotations
-
-import importlib
-
-TYPE_CHECKING = False  # not typing's: ``python -m fedshuffle`` installs its Ctrl-C handler before importing typing
+TYPE_CHECKING = False  # not typing's: ``python -m fedshuffle`` installs its Ctrl-C handler before any import
 if TYPE_CHECKING:
     from typing import Any
 
@@ -90,7 +86,9 @@ _SUBMODULES = frozenset(
 )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
+    import importlib
+
     if name in _SUBMODULES:
         return importlib.import_module(f"fedshuffle.{name}")
     module = _EXPORTS.get(name)
