@@ -128,7 +128,7 @@ def interrupted(hint: str, written: bool = True) -> None:
     signum = _received[-1] if _received else signal.SIGINT
     sweep = sys.modules.get("fedshuffle.experiments.sweep")
     if sweep is not None:
-        sweep.stop_helper_processes()  # started early for worker processes: it would finish loading before it ends
+        sweep.stop_fork_server()  # started early for worker processes: it would finish loading before it ends
     which = " (SIGTERM)" if signum == signal.SIGTERM else ""
     kept = f"everything written is kept. {hint}" if written else "nothing was written."
     err.print(f"interrupted{which}; {kept}".rstrip(), highlight=False, soft_wrap=True)

@@ -22,7 +22,6 @@ import queue as queue_mod
 import re
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -380,9 +379,15 @@ def _socket_folder() -> None:
 def _start_fork_server(context: Any) -> None:
     """Start the fork server of ``context`` (if it uses one) in a temporary folder its sockets fit in, with Ctrl-C
     blocked in it from its first instruction: a terminal's Ctrl-C reaches the whole process group, and one landing
-    while the server's interpreter starts printed Python's fatal start-up error (this command stops the server)."""
+    while the server's interpreter starts printed Python's fatal start-up error (this command stops the server).
+
+    multiprocessing's resource tracker is started first: starting it unblocks Ctrl-C on its way out (its own child
+    is protected the same way), which let the fork server start unprotected (3 of 16 Ctrl-Cs as it started)."""
+    from multiprocessing import resource_tracker
+
     _socket_folder()
     if context.get_start_method() == "forkserver":
+        resource_tracker.ensure_running()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the child inherits the mask
         try:
             multiprocessing.forkserver.ensure_running()
@@ -392,41 +397,28 @@ def _start_fork_server(context: Any) -> None:
 
 @contextlib.contextmanager
 def _helpers_stopped_on_interrupt() -> Iterator[None]:
-    """Ctrl-C or SIGTERM inside: the fork server and the resource tracker are stopped once the workers have ended."""
+    """Ctrl-C or SIGTERM inside: the fork server is stopped once the workers have ended."""
     try:
         yield
     except KeyboardInterrupt:
-        stop_helper_processes()
+        stop_fork_server()
         raise
 
 
-def stop_helper_processes() -> None:
-    """End the fork server (if this process started one) now, also while it still loads, and then multiprocessing's
-    resource tracker: after Ctrl-C or SIGTERM nothing of the command may outlive it. Later pools start new ones."""
-    from multiprocessing import resource_tracker
+def stop_fork_server() -> None:
+    """End the fork server (if this process started one) now, also while it still loads: after Ctrl-C or SIGTERM
+    nothing of the command may outlive it. Later pools start a new one.
 
+    multiprocessing's resource tracker is left to end with this process (it ends when the last process holding its
+    pipe has): this process's semaphores are unregistered by their own finalizers first. Stopped earlier, it
+    unlinked the semaphores of queues still alive (a pool interrupted while it was built or still referenced), and
+    their finalizers printed a FileNotFoundError traceback as the command exited (2 of 400 signal fuzz cases)."""
     server = multiprocessing.forkserver._forkserver  # the process-wide fork server multiprocessing keeps
     if server._forkserver_pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(server._forkserver_pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             server._stop()
-    tracker = resource_tracker._resource_tracker  # it ends when every process holding its pipe has ended
-    if tracker._pid is None or tracker._fd is None:
-        return
-    with contextlib.suppress(OSError):
-        os.close(tracker._fd)
-    pid, tracker._fd, tracker._pid = tracker._pid, None, None
-    deadline = time.monotonic() + 10  # it cleans up and exits within moments
-    try:
-        while not os.waitpid(pid, os.WNOHANG)[0]:
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return
-            time.sleep(0.1)
-    except (ChildProcessError, ProcessLookupError):
-        pass
 
 
 #: why this worker process could not start (a plugin failed to import in it), raised by its tasks
@@ -697,12 +689,8 @@ def _collect(board: _Outcomes, futures: Mapping[Future, Sequence[int]], ticks: A
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
-    """Stop a pool at once: cancel what has not started, end the workers (their runs resume from checkpoints), and
-    wait for the pool's own thread to let go of its queues. Their semaphores are registered with multiprocessing's
-    resource tracker, which :func:`stop_helper_processes` stops next: it would unlink those still held as leaked,
-    and the queues' own clean-up would then print a FileNotFoundError traceback as the command exits."""
+    """Stop a pool at once: cancel what has not started and end the workers (their runs resume from checkpoints)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
-    manager = getattr(pool, "_executor_manager_thread", None)  # the pool forgets it on shutdown(wait=False)
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         if process.is_alive():
@@ -712,8 +700,6 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=10)
-    if manager is not None:
-        manager.join(timeout=10)  # it notices the ended workers at once
 
 
 # -- choosing -------------------------------------------------------------------------------------------
