@@ -16,7 +16,7 @@ traceback, and the next worker continues after it. The JSON written has the coun
 outcome, and every bad case (traceback, hang, nonsense) with its seed, for ``--replay``, and, for a command
 run in a process of its own (signals, TMPDIR), the end of its output; the hostile
 cases are also counted per attack (links, FIFOs, names as paths, swapped and malicious checkpoints,
-deep folders).
+deep folders), and the signal cases per ending (among them those that ended in the interpreter's own start).
 """
 
 from __future__ import annotations
@@ -205,6 +205,7 @@ def report(results: list[dict], seconds: float) -> dict:
     bad = [r for r in results if r["outcome"] in fuzzing.BAD]
     faults = Counter(f"{r['case']} → {r['outcome']}" for r in results if r["kind"] == "data")
     attacks = Counter(f"{r['case'].split(':', 1)[0]} → {r['outcome']}" for r in results if r["kind"] == "hostile")
+    endings = Counter(f"{r['detail']} → {r['outcome']}" for r in results if r["kind"] == "signals")
     slowest = sorted((r for r in results if r["seconds"] is not None), key=lambda r: -r["seconds"])[:5]
     return {
         "cases": len(results),
@@ -214,6 +215,7 @@ def report(results: list[dict], seconds: float) -> dict:
         "bad": bad[:300],
         "data_cases": dict(sorted(faults.items())),
         "hostile_attacks": dict(sorted(attacks.items())),
+        "signal_endings": dict(sorted(endings.items())),
         "slowest": slowest,
     }
 
