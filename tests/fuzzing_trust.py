@@ -551,13 +551,13 @@ _PACKAGE_FRAME = re.compile(r'File "[^"]*/fedshuffle/')
 def _interpreter_start(code: int, output: str) -> bool:
     """Whether a command ended by Ctrl-C before the interpreter ran any of fedshuffle's code: CPython installs
     its KeyboardInterrupt handler before it imports ``site`` and finds the package, and ends with its own
-    message there (``Fatal Python error: init_import_site``, exit 1, or a KeyboardInterrupt traceback, exit -2).
-    Its output starts with that message, and no frame of it is in the package's files."""
+    message there: ``Fatal Python error: init_import_site`` and exit 1, or a KeyboardInterrupt traceback and exit
+    -2. Its output starts with that message, and no frame of it is in the package's files."""
     first = output.lstrip().splitlines()[:1]
-    started = first in (["Fatal Python error: init_import_site: Failed to import the site module"],
-                        ["Traceback (most recent call last):"])  # fmt: skip
-    ours = _PACKAGE_FRAME.search(output) is not None
-    return code in (1, -signal.SIGINT) and started and not ours and output.rstrip().endswith("KeyboardInterrupt")
+    own = (code == 1 and first == ["Fatal Python error: init_import_site: Failed to import the site module"]) or (
+        code == -signal.SIGINT and first == ["Traceback (most recent call last):"]
+    )
+    return own and _PACKAGE_FRAME.search(output) is None and output.rstrip().endswith("KeyboardInterrupt")
 
 
 def run_signal_case(seed: int, work: Path) -> Result:
@@ -600,7 +600,8 @@ def run_signal_case(seed: int, work: Path) -> Result:
         # killed by the signal while the interpreter started, before any of fedshuffle's code ran (a shell
         # reports it as 128 + the signal's number, as fedshuffle's own handler exits)
         return Result("clean_error", "ended by the signal during the interpreter's start", case)
-    if signum == signal.SIGINT and _interpreter_start(proc.returncode, text) and not (work / "out").exists():
+    started = signum == signal.SIGINT and _interpreter_start(proc.returncode, text)
+    if started and not (work / "out").exists() and not left:
         return Result("clean_error", "Ctrl-C during the interpreter's start: Python's own message", case)
     bad = _ended(proc.returncode, text, left, (0, 128 + signum), case)
     if bad:

@@ -259,6 +259,68 @@ def test_the_fork_server_starts_with_ctrl_c_blocked_also_when_it_starts_the_reso
     assert spawned == {"multiprocessing.resource_tracker": "True", "multiprocessing.forkserver": "True"}, spawned
 
 
+FORK_SERVER_LEFT = """
+import multiprocessing.forkserver
+import os
+import signal
+import time
+from multiprocessing import util
+from fedshuffle.experiments import sweep
+
+spawn = util.spawnv_passfds
+servers = []
+
+
+def spawn_then_sigterm(path, args, passfds):
+    pid = spawn(path, args, passfds)
+    if "forkserver" in args[-1]:
+        servers.append(pid)
+        if len(servers) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands before multiprocessing records the server
+    return pid
+
+
+def dead(pid, seconds):
+    for _ in range(int(seconds * 10) + 1):
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def terminate(signum, frame):  # as the command's own SIGTERM handler
+    raise KeyboardInterrupt("SIGTERM")
+
+
+util.spawnv_passfds = spawn_then_sigterm
+signal.signal(signal.SIGTERM, terminate)
+if __name__ == "__main__":
+    context = sweep.worker_context()
+    try:
+        sweep._start_fork_server(context)
+    except KeyboardInterrupt:
+        pass
+    straggler = context.Process(target=time.sleep, args=(60,), daemon=True)
+    straggler.start()  # forked by the fork server, as a worker its pool has not recorded yet
+    sweep.stop_fork_server()
+    print("server", dead(servers[0], 0))  # left alone, it would end once loaded, seconds later
+    print("straggler", dead(straggler.pid, 5))  # ended by SIGKILL, then reaped by init
+"""
+
+
+def test_a_sigterm_as_the_fork_server_starts_leaves_nothing_it_forked(tmp_path):
+    """SIGTERM right after the fork server was spawned, before multiprocessing recorded it, left it loading for
+    seconds after the command; a process the server forked as the interrupt landed (a worker its pool had not
+    recorded, the rounds' queue manager) stayed forever. Both are ended with the server."""
+    (tmp_path / "fork_server_left.py").write_text(FORK_SERVER_LEFT)
+    proc = _run_alone([sys.executable, str(tmp_path / "fork_server_left.py")])
+    assert proc.returncode == 0, proc.stderr
+    assert dict(line.split() for line in proc.stdout.splitlines()) == {"server": "True", "straggler": "True"}
+
+
 STOPPED_POOL = """
 import time
 from concurrent.futures import ProcessPoolExecutor

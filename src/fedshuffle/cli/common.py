@@ -22,6 +22,7 @@ from rich.console import Console
 
 from fedshuffle import plugins
 from fedshuffle.core.errors import ConfigError
+from fedshuffle.core.signals import held_signals
 
 app = typer.Typer(
     add_completion=False,
@@ -154,25 +155,10 @@ COMPILED_LIBRARIES = ("torch", "numba")
 def _load_compiled_libraries() -> None:
     """Import :data:`COMPILED_LIBRARIES` (those installed) with Ctrl-C and SIGTERM held back: the first signal
     arriving meanwhile is handled once they are loaded (at most a second or two later)."""
-    arrived: list[int] = []
-    handlers = {
-        signum: signal.signal(signum, lambda number, frame: arrived.append(number))
-        for signum in (signal.SIGINT, signal.SIGTERM)
-        if signal.getsignal(signum) is not signal.SIG_IGN
-    }
-    try:
+    with held_signals():
         for name in COMPILED_LIBRARIES:
             if importlib.util.find_spec(name) is not None:
                 importlib.import_module(name)
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    if arrived:
-        handler = handlers[arrived[0]]
-        if callable(handler):
-            handler(arrived[0], None)
-        else:
-            signal.raise_signal(arrived[0])
 
 
 def command(callback: Callable[..., None]) -> Callable[..., None]:

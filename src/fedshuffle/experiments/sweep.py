@@ -33,6 +33,7 @@ import numpy as np
 
 from fedshuffle import plugins
 from fedshuffle.core.errors import ClusterError, ConfigError, ResultsError
+from fedshuffle.core.signals import held_signals
 from fedshuffle.data.catalog import PARTITIONS, SOURCES
 from fedshuffle.executors import EXECUTORS
 from fedshuffle.experiments.folders import folder_name, unique_folders
@@ -382,17 +383,20 @@ def _start_fork_server(context: Any) -> None:
     while the server's interpreter starts printed Python's fatal start-up error (this command stops the server).
 
     multiprocessing's resource tracker is started first: starting it unblocks Ctrl-C on its way out (its own child
-    is protected the same way), which let the fork server start unprotected (3 of 16 Ctrl-Cs as it started)."""
+    is protected the same way), which let the fork server start unprotected (3 of 16 Ctrl-Cs as it started). In
+    this process Ctrl-C and SIGTERM are held back until the server is recorded, so that :func:`stop_fork_server`
+    always finds it."""
     from multiprocessing import resource_tracker
 
     _socket_folder()
     if context.get_start_method() == "forkserver":
-        resource_tracker.ensure_running()
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the child inherits the mask
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        with held_signals():
+            resource_tracker.ensure_running()
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the child inherits the mask
+            try:
+                multiprocessing.forkserver.ensure_running()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 @contextlib.contextmanager
@@ -406,7 +410,9 @@ def _helpers_stopped_on_interrupt() -> Iterator[None]:
 
 
 def stop_fork_server() -> None:
-    """End the fork server (if this process started one) now, also while it still loads: after Ctrl-C or SIGTERM
+    """End the fork server (if this process started one) now, also while it still loads, and what it forked that
+    is still alive (a worker forked as the interrupt landed, before its pool recorded it, or the manager process of
+    the rounds' queue as it started; an interrupted pool's own workers have ended already): after Ctrl-C or SIGTERM
     nothing of the command may outlive it. Later pools start a new one.
 
     multiprocessing's resource tracker is left to end with this process (it ends when the last process holding its
@@ -414,11 +420,26 @@ def stop_fork_server() -> None:
     unlinked the semaphores of queues still alive (a pool interrupted while it was built or still referenced), and
     their finalizers printed a FileNotFoundError traceback as the command exited (2 of 400 signal fuzz cases)."""
     server = multiprocessing.forkserver._forkserver  # the process-wide fork server multiprocessing keeps
-    if server._forkserver_pid is not None:
+    if server._forkserver_pid is None:
+        return
+    for pid in [*_children(server._forkserver_pid), server._forkserver_pid]:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(server._forkserver_pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            server._stop()
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        server._stop()
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (Linux, where the fork server is used: read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:  # ended meanwhile
+            continue
+        if stat and int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:  # state, ppid, ...
+            found.append(int(entry.name))
+    return found
 
 
 #: why this worker process could not start (a plugin failed to import in it), raised by its tasks
