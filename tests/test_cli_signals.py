@@ -152,6 +152,12 @@ def _run_alone(argv: list, before: Callable[[], object] = signals_by_default) ->
     )
 
 
+def _run_script(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
+    """``source`` written as a script in ``tmp_path`` and run to its end in its own session (:func:`_run_alone`)."""
+    (tmp_path / "script.py").write_text(source)
+    return _run_alone([sys.executable, str(tmp_path / "script.py")])
+
+
 def _show_with_plugin(tmp_path: Path, source: str, ctrl_c_ignored: bool = False) -> subprocess.CompletedProcess:
     """``python -m fedshuffle show`` of a config whose consented plugin module (in ``tmp_path``) is ``source``."""
     (tmp_path / "signal_plugin.py").write_text(source)
@@ -252,8 +258,7 @@ def test_the_fork_server_starts_with_ctrl_c_blocked_also_when_it_starts_the_reso
     """Starting multiprocessing's resource tracker unblocks Ctrl-C on its way out; started inside the fork server's
     start, it let the server's interpreter start unprotected, and a terminal's Ctrl-C then printed Python's fatal
     start-up error (3 of 16 Ctrl-Cs sent as the fork server appeared)."""
-    (tmp_path / "fork_server_mask.py").write_text(FORK_SERVER_MASK)
-    proc = _run_alone([sys.executable, str(tmp_path / "fork_server_mask.py")])
+    proc = _run_script(tmp_path, FORK_SERVER_MASK)
     assert proc.returncode == 0, proc.stderr
     spawned = dict(line.split() for line in proc.stdout.splitlines())
     assert spawned == {"multiprocessing.resource_tracker": "True", "multiprocessing.forkserver": "True"}, spawned
@@ -315,8 +320,7 @@ def test_a_sigterm_as_the_fork_server_starts_leaves_nothing_it_forked(tmp_path):
     """SIGTERM right after the fork server was spawned, before multiprocessing recorded it, left it loading for
     seconds after the command; a process the server forked as the interrupt landed (a worker its pool had not
     recorded, the rounds' queue manager) stayed forever. Both are ended with the server."""
-    (tmp_path / "fork_server_left.py").write_text(FORK_SERVER_LEFT)
-    proc = _run_alone([sys.executable, str(tmp_path / "fork_server_left.py")])
+    proc = _run_script(tmp_path, FORK_SERVER_LEFT)
     assert proc.returncode == 0, proc.stderr
     assert dict(line.split() for line in proc.stdout.splitlines()) == {"server": "True", "straggler": "True"}
 
@@ -343,8 +347,7 @@ def test_an_interrupted_pool_whose_queues_are_alive_exits_without_a_traceback(tm
     """The pool's queues hold semaphores registered with multiprocessing's resource tracker. Stopped while they were
     alive, the tracker unlinked them as leaked and their own finalizers printed a FileNotFoundError traceback as the
     command exited (2 of 400 signal fuzz cases); the tracker now ends with the command, after those finalizers."""
-    (tmp_path / "stopped_pool.py").write_text(STOPPED_POOL)
-    proc = _run_alone([sys.executable, str(tmp_path / "stopped_pool.py")])
+    proc = _run_script(tmp_path, STOPPED_POOL)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr
 

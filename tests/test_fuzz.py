@@ -6,8 +6,11 @@ hang (every case is a few rounds of a tiny problem) — fails the test.
 """
 
 import json
-import shutil
 import math
+import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -296,10 +299,6 @@ def test_the_signal_cases_excuse_only_pythons_own_start(tmp_path):
     """Ctrl-C before the interpreter runs any of the package's code ends with Python's own message (a real one:
     ``site`` interrupted through a ``sitecustomize`` that sends it); one landing in the package's code is still
     a traceback of the command's."""
-    import os
-    import subprocess
-    import sys
-
     from fuzzing_trust import _interpreter_start
 
     (tmp_path / "sitecustomize.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")

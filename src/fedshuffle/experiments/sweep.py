@@ -17,6 +17,7 @@ import itertools
 import math
 import multiprocessing as mp
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import queue as queue_mod
 import re
@@ -386,12 +387,10 @@ def _start_fork_server(context: Any) -> None:
     is protected the same way), which let the fork server start unprotected (3 of 16 Ctrl-Cs as it started). In
     this process Ctrl-C and SIGTERM are held back until the server is recorded, so that :func:`stop_fork_server`
     always finds it."""
-    from multiprocessing import resource_tracker
-
     _socket_folder()
     if context.get_start_method() == "forkserver":
         with held_signals():
-            resource_tracker.ensure_running()
+            multiprocessing.resource_tracker.ensure_running()
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the child inherits the mask
             try:
                 multiprocessing.forkserver.ensure_running()
@@ -400,7 +399,7 @@ def _start_fork_server(context: Any) -> None:
 
 
 @contextlib.contextmanager
-def _helpers_stopped_on_interrupt() -> Iterator[None]:
+def _fork_server_stopped_on_interrupt() -> Iterator[None]:
     """Ctrl-C or SIGTERM inside: the fork server is stopped once the workers have ended."""
     try:
         yield
@@ -670,7 +669,7 @@ def _run_in_pool(
         plugins.check_reachable(_parts(job.spec))
     context = worker_context()
     _start_fork_server(context)
-    with _helpers_stopped_on_interrupt(), _script_not_rerun(), context.Manager() as manager:
+    with _fork_server_stopped_on_interrupt(), _script_not_rerun(), context.Manager() as manager:
         pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=context,
